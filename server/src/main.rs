@@ -4,6 +4,8 @@
 
 use clap::{Parser, Subcommand};
 
+mod identity_cmd;
+
 /// Decides which EC2 instances become nodes of this cluster, approves their
 /// certificates and serves their configuration.
 #[derive(Debug, Parser)]
@@ -14,9 +16,14 @@ struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
-enum Command {}
+enum Command {
+    /// Inspect and verify EC2 instance identity signatures.
+    Identity(identity_cmd::IdentityArgs),
+}
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    match cli.command {}
+    match cli.command {
+        Command::Identity(args) => identity_cmd::run(args),
+    }
 }

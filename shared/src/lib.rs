@@ -5,7 +5,10 @@
 //! Both halves depend on it, so the contract between them lives here:
 //!
 //! - [`protocol`]: the JSON messages the agent and server exchange.
+//! - [`identity`]: verifying AWS-signed instance identity documents
+//!   (pinned certificates only) and the policy on who may join when.
 
 #![forbid(unsafe_code)]
 
+pub mod identity;
 pub mod protocol;

@@ -1,1 +1,424 @@
-pub fn placeholder() {}
+//! A real Kubernetes control plane on loopback, one per test.
+//!
+//! etcd 3.4 (Debian's), kube-apiserver and kube-controller-manager v1.20.2
+//! (built from Debian's source package by `tests/setup/build-kube`), with
+//! client-certificate authentication, `Node,RBAC` authorization, the
+//! `NodeRestriction` admission plugin, service-account keys, and
+//! kube-controller-manager's csrsigning controller signing with a CA made for
+//! this run. The real Karpenter CRDs are installed before [`ControlPlane::start`]
+//! returns.
+//!
+//! Everything lives in one temporary directory and a handful of child
+//! processes, all owned by the [`ControlPlane`] value: dropping it (at the
+//! end of a test, or while a test panics) kills the processes and removes
+//! the directory. The children also run under `setpriv --pdeathsig KILL`, so
+//! a test process killed outright (a nextest timeout) takes them with it.
+
+use crate::pki::{Ca, CertPair};
+use crate::process::Daemon;
+use anyhow::{bail, Context, Result};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use std::net::{IpAddr, Ipv4Addr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use tempfile::TempDir;
+
+/// Kubernetes version the harness runs; matches `tests/setup/build-kube`.
+pub const KUBE_VERSION: &str = "1.20.2";
+
+/// The Karpenter v1.14.1 CRDs, byte-exact, as the project ships them.
+pub const KARPENTER_CRDS: [(&str, &str); 3] = [
+    (
+        "karpenter.sh_nodeclaims.yaml",
+        include_str!("../../shared/data/karpenter-crds/karpenter.sh_nodeclaims.yaml"),
+    ),
+    (
+        "karpenter.sh_nodepools.yaml",
+        include_str!("../../shared/data/karpenter-crds/karpenter.sh_nodepools.yaml"),
+    ),
+    (
+        "karpenter.k8s.aws_ec2nodeclasses.yaml",
+        include_str!("../../shared/data/karpenter-crds/karpenter.k8s.aws_ec2nodeclasses.yaml"),
+    ),
+];
+
+const START_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// A running control plane. Dropping it stops everything and removes its files.
+pub struct ControlPlane {
+    // Field order is drop order: processes die before their directory goes.
+    controller_manager: Daemon,
+    apiserver: Daemon,
+    etcd: Daemon,
+    ca: Ca,
+    url: String,
+    admin_kubeconfig: PathBuf,
+    dir: TempDir,
+}
+
+impl ControlPlane {
+    /// Starts etcd, kube-apiserver and kube-controller-manager, waits until
+    /// the API answers, and installs the Karpenter CRDs.
+    pub async fn start() -> Result<Self> {
+        let bin = kube_bin_dir()?;
+        let dir = tempfile::Builder::new()
+            .prefix("autonode-cp-")
+            .tempdir()
+            .context("creating control plane directory")?;
+        let ca = Ca::new("autonode-test-cluster-ca")?;
+        let files = Files::write(dir.path(), &ca)?;
+
+        let etcd = start_etcd(dir.path())?;
+        let api_port = free_port()?;
+        let apiserver = start_apiserver(&bin, &files, &etcd, api_port)?;
+        let url = format!("https://127.0.0.1:{api_port}");
+        let admin_kubeconfig = dir.path().join("admin.kubeconfig");
+        write_kubeconfig(&admin_kubeconfig, &url, ca.cert_pem(), &files.admin)?;
+        let kcm_kubeconfig = dir.path().join("kcm.kubeconfig");
+        write_kubeconfig(&kcm_kubeconfig, &url, ca.cert_pem(), &files.kcm)?;
+
+        // On an early return, the locals drop in reverse order: processes
+        // are killed before their directory is removed.
+        let client = kube_client(&admin_kubeconfig).await?;
+        wait_ready(&client, &apiserver).await?;
+        let controller_manager = start_controller_manager(&bin, &files, &kcm_kubeconfig)?;
+        let cp = Self {
+            controller_manager,
+            apiserver,
+            etcd,
+            ca,
+            url,
+            admin_kubeconfig,
+            dir,
+        };
+        install_crds(&client, &KARPENTER_CRDS).await?;
+        Ok(cp)
+    }
+
+    /// The API server URL (`https://127.0.0.1:<port>`).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The cluster CA: it serves the API and signs every kubelet certificate.
+    pub fn ca(&self) -> &Ca {
+        &self.ca
+    }
+
+    /// Path of a kubeconfig for `system:masters`.
+    pub fn admin_kubeconfig(&self) -> &Path {
+        &self.admin_kubeconfig
+    }
+
+    /// The control plane's private directory (logs, kubeconfigs).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Process ids of etcd, kube-apiserver and kube-controller-manager.
+    pub fn pids(&self) -> [u32; 3] {
+        [
+            self.etcd.pid(),
+            self.apiserver.pid(),
+            self.controller_manager.pid(),
+        ]
+    }
+
+    /// A client with cluster-admin rights.
+    pub async fn admin(&self) -> Result<Client> {
+        kube_client(&self.admin_kubeconfig).await
+    }
+
+    /// A client authenticated by a certificate this cluster's CA issues for
+    /// `user` in `group`.
+    pub async fn client_as(&self, user: &str, group: Option<&str>) -> Result<Client> {
+        let pair = self.ca.client(user, group)?;
+        self.client_with_cert(&pair).await
+    }
+
+    /// A client authenticated by the given certificate and key.
+    pub async fn client_with_cert(&self, pair: &CertPair) -> Result<Client> {
+        let path = self
+            .dir
+            .path()
+            .join(format!("client-{}.kubeconfig", unique()));
+        write_kubeconfig(&path, &self.url, self.ca.cert_pem(), pair)?;
+        kube_client(&path).await
+    }
+
+    /// Writes a kubeconfig for `pair` at `path` (for processes under test).
+    pub fn write_kubeconfig(&self, path: &Path, pair: &CertPair) -> Result<()> {
+        write_kubeconfig(path, &self.url, self.ca.cert_pem(), pair)
+    }
+
+    /// The last lines of each component's log, for a failing test's output.
+    pub fn log_tails(&self, lines: usize) -> String {
+        [&self.etcd, &self.apiserver, &self.controller_manager]
+            .iter()
+            .map(|d| d.log_tail(lines))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        // A test that fails by returning Err does not panic; set
+        // AUTONODE_TEST_LOGS=1 to see the logs then too.
+        if std::thread::panicking() || std::env::var_os("AUTONODE_TEST_LOGS").is_some() {
+            eprintln!("control plane logs:\n{}", self.log_tails(40));
+        }
+    }
+}
+
+/// Where the Kubernetes binaries are: `AUTONODE_KUBE_BIN`, or the cache
+/// `tests/setup/build-kube` fills.
+pub fn kube_bin_dir() -> Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("AUTONODE_KUBE_BIN") {
+        return Ok(PathBuf::from(dir));
+    }
+    let root = match std::env::var_os("AUTONODE_CACHE") {
+        Some(root) => PathBuf::from(root),
+        None => PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?)
+            .join(".cache/autonode"),
+    };
+    let dir = root.join(format!("kube-v{KUBE_VERSION}"));
+    if !dir.join("kube-apiserver").exists() {
+        bail!(
+            "no Kubernetes binaries in {}: run tests/setup/install-deps first",
+            dir.display()
+        );
+    }
+    Ok(dir)
+}
+
+/// Certificates and keys the components read, written into the directory.
+struct Files {
+    dir: PathBuf,
+    admin: CertPair,
+    kcm: CertPair,
+}
+
+impl Files {
+    fn write(dir: &Path, ca: &Ca) -> Result<Self> {
+        let loopback = [IpAddr::V4(Ipv4Addr::LOCALHOST)];
+        let serving = ca.server(&["localhost", "kubernetes.default.svc"], &loopback)?;
+        let service_accounts = rcgen::KeyPair::generate().context("service account key")?;
+        let put = |name: &str, text: &str| {
+            std::fs::write(dir.join(name), text).with_context(|| format!("writing {name}"))
+        };
+        put("ca.crt", &ca.pair().cert_pem)?;
+        put("ca.key", &ca.pair().key_pem)?;
+        put("apiserver.crt", &serving.cert_pem)?;
+        put("apiserver.key", &serving.key_pem)?;
+        put("sa.key", &service_accounts.serialize_pem())?;
+        put("sa.pub", &service_accounts.public_key_pem())?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            admin: ca.client("autonode-test-admin", Some("system:masters"))?,
+            kcm: ca.client("system:kube-controller-manager", None)?,
+        })
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.join(name).display().to_string()
+    }
+}
+
+fn start_etcd(dir: &Path) -> Result<Daemon> {
+    let client = free_port()?;
+    let peer = free_port()?;
+    let data = dir.join("etcd");
+    let url = format!("http://127.0.0.1:{client}");
+    let peer_url = format!("http://127.0.0.1:{peer}");
+    let args = vec![
+        format!("--data-dir={}", data.display()),
+        format!("--listen-client-urls={url}"),
+        format!("--advertise-client-urls={url}"),
+        format!("--listen-peer-urls={peer_url}"),
+        format!("--initial-advertise-peer-urls={peer_url}"),
+        format!("--initial-cluster=default={peer_url}"),
+        "--log-level=warn".into(),
+    ];
+    let etcd = Daemon::spawn("etcd", Path::new("etcd"), &args, dir)?;
+    etcd.set_endpoint(url);
+    Ok(etcd)
+}
+
+fn start_apiserver(bin: &Path, files: &Files, etcd: &Daemon, port: u16) -> Result<Daemon> {
+    let args = vec![
+        format!("--etcd-servers={}", etcd.endpoint()),
+        "--bind-address=127.0.0.1".into(),
+        "--advertise-address=127.0.0.1".into(),
+        format!("--secure-port={port}"),
+        "--insecure-port=0".into(),
+        format!("--cert-dir={}", files.path("apiserver-certs")),
+        format!("--tls-cert-file={}", files.path("apiserver.crt")),
+        format!("--tls-private-key-file={}", files.path("apiserver.key")),
+        format!("--client-ca-file={}", files.path("ca.crt")),
+        "--authorization-mode=Node,RBAC".into(),
+        "--enable-admission-plugins=NodeRestriction".into(),
+        format!("--service-account-key-file={}", files.path("sa.pub")),
+        format!(
+            "--service-account-signing-key-file={}",
+            files.path("sa.key")
+        ),
+        "--service-account-issuer=https://kubernetes.default.svc".into(),
+        "--service-cluster-ip-range=10.96.0.0/16".into(),
+        "--profiling=false".into(),
+        "--v=1".into(),
+    ];
+    Daemon::spawn(
+        "kube-apiserver",
+        &bin.join("kube-apiserver"),
+        &args,
+        &files.dir,
+    )
+}
+
+fn start_controller_manager(bin: &Path, files: &Files, kubeconfig: &Path) -> Result<Daemon> {
+    let kubeconfig = kubeconfig.display();
+    let args = vec![
+        format!("--kubeconfig={kubeconfig}"),
+        format!("--authentication-kubeconfig={kubeconfig}"),
+        format!("--authorization-kubeconfig={kubeconfig}"),
+        "--bind-address=127.0.0.1".into(),
+        "--port=0".into(),
+        format!("--secure-port={}", free_port()?),
+        "--leader-elect=false".into(),
+        // Each controller acts as its own service account, as kubeadm runs
+        // it: the controller-manager's own role cannot sign CSRs.
+        "--use-service-account-credentials=true".into(),
+        // Only what the tests rely on: CSR signing and cleanup, service
+        // accounts and their tokens, namespace deletion, garbage collection.
+        "--controllers=csrsigning,csrcleaner,serviceaccount,serviceaccount-token,namespace,garbagecollector".into(),
+        format!("--cluster-signing-cert-file={}", files.path("ca.crt")),
+        format!("--cluster-signing-key-file={}", files.path("ca.key")),
+        format!("--root-ca-file={}", files.path("ca.crt")),
+        format!(
+            "--service-account-private-key-file={}",
+            files.path("sa.key")
+        ),
+        "--profiling=false".into(),
+        "--v=1".into(),
+    ];
+    Daemon::spawn(
+        "kube-controller-manager",
+        &bin.join("kube-controller-manager"),
+        &args,
+        &files.dir,
+    )
+}
+
+/// Polls `/readyz` until the apiserver says ready (or has died).
+async fn wait_ready(client: &Client, apiserver: &Daemon) -> Result<()> {
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        apiserver.check_alive()?;
+        let request = http::Request::get("/readyz").body(Vec::new())?;
+        match client.request_text(request).await {
+            Ok(body) if body.trim() == "ok" => return Ok(()),
+            _ if Instant::now() > deadline => bail!(
+                "kube-apiserver not ready after {START_TIMEOUT:?}:\n{}",
+                apiserver.log_tail(30)
+            ),
+            _ => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+/// Installs CRDs from YAML and waits until each is Established.
+///
+/// The 1.20 apiserver predates `x-kubernetes-validations` (CEL); a plain
+/// create (no client-side validation) makes it drop the field, and the CRDs
+/// serve normally without those rules.
+pub async fn install_crds(client: &Client, crds: &[(&str, &str)]) -> Result<()> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for (file, yaml) in crds {
+        let crd: CustomResourceDefinition =
+            serde_yaml::from_str(yaml).with_context(|| format!("parsing {file}"))?;
+        let name = crd.metadata.name.clone().context("CRD without a name")?;
+        match api.create(&PostParams::default(), &crd).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(e) => return Err(e).with_context(|| format!("creating CRD {name}")),
+        }
+        wait_established(&api, &name).await?;
+    }
+    Ok(())
+}
+
+async fn wait_established(api: &Api<CustomResourceDefinition>, name: &str) -> Result<()> {
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        let crd = api.get(name).await?;
+        let established = crd
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True");
+        if established {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("CRD {name} not Established after {START_TIMEOUT:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Writes a kubeconfig with embedded certificates.
+fn write_kubeconfig(path: &Path, url: &str, ca_pem: &str, pair: &CertPair) -> Result<()> {
+    use base64::Engine as _;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let doc = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "test", "cluster": {
+            "server": url,
+            "certificate-authority-data": b64(ca_pem),
+        }}],
+        "users": [{"name": "user", "user": {
+            "client-certificate-data": b64(&pair.cert_pem),
+            "client-key-data": b64(&pair.key_pem),
+        }}],
+        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "user"}}],
+        "current-context": "test",
+    });
+    let text = serde_json::to_string_pretty(&doc)?;
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+/// A kube client from a kubeconfig file.
+pub async fn kube_client(path: &Path) -> Result<Client> {
+    let kubeconfig = Kubeconfig::read_from(path)
+        .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .context("loading kubeconfig")?;
+    Client::try_from(config).context("building kube client")
+}
+
+/// A port that was free a moment ago on 127.0.0.1.
+///
+/// There is a window between closing the probe socket and the component
+/// binding it; the components fail loudly if they lose that race.
+pub fn free_port() -> Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0").context("probing for a free port")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// A process-unique suffix for names.
+pub fn unique() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}

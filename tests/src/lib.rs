@@ -2,7 +2,20 @@
 //!
 //! - [`controlplane`]: a real etcd, kube-apiserver and kube-controller-manager
 //!   on loopback, with the real Karpenter CRDs installed.
+//! - [`fakecloud`]: the fake AWS: IMDSv2 for an instance, EC2
+//!   `DescribeInstances`, and a test CA that signs identity documents in
+//!   AWS's exact PKCS#7 shape; with faults on demand.
+//! - [`netns`]: network namespaces where an agent finds IMDS at
+//!   169.254.169.254:80, and forwarders from them to host loopback.
+//! - [`karpenter`]: playing Karpenter's part (NodeClaims and friends).
+//! - [`pki`]: throwaway CAs and certificates for a test run.
+//! - [`process`]: child processes that die with their test.
 //!
 //! The cloud is the only stand-in; everything Kubernetes is real.
 
 pub mod controlplane;
+pub mod fakecloud;
+pub mod karpenter;
+pub mod netns;
+pub mod pki;
+pub mod process;

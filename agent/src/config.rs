@@ -1,0 +1,313 @@
+//! The agent's configuration: a TOML document from userData, overridden by
+//! a local file (for AMI builders) and then by flags.
+//!
+//! ```toml
+//! server-url = "https://join.example.com:8443"
+//! server-ca-sha256 = "3f1c…"          # or: server-ca = """-----BEGIN CERTIFICATE-----…"""
+//! cluster-name = "prod-eu-1"
+//! [options]
+//! deadline = "10m"                      # "90s", "10m", or seconds; at most 15m
+//! state-dir = "/var/lib/autonode"
+//! ```
+//!
+//! Nothing here is secret: userData is readable by every process on the
+//! instance and hashed by Karpenter. Unknown keys are an error naming the
+//! key, so a typo never silently falls back to a default.
+
+use hyper::Uri;
+use rustls::pki_types::{pem::PemObject, CertificateDer};
+use serde::Deserialize;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Where AMI builders may put a config that overrides userData.
+pub const LOCAL_FILE: &str = "/etc/autonode/agent.toml";
+/// Default overall deadline: below Karpenter's 15-minute registration limit,
+/// leaving kubelet time to register.
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(600);
+/// Karpenter deletes an instance that has not registered by then.
+pub const MAX_DEADLINE: Duration = Duration::from_secs(900);
+/// Default directory for the agent's keys and state.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/autonode";
+
+/// Why the configuration is unusable.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{origin}: {message}")]
+    Parse { origin: String, message: String },
+    #[error("{0} is not set (put it in the userData config, in {LOCAL_FILE}, or pass a flag)")]
+    Missing(&'static str),
+    #[error("server-url {url:?}: {reason}")]
+    ServerUrl { url: String, reason: &'static str },
+    #[error("server-ca: {0}")]
+    ServerCa(String),
+    #[error("server-ca-sha256: expected 64 hex digits (sha256 of the CA certificate's DER)")]
+    ServerCaPin,
+    #[error("set either server-ca or server-ca-sha256, not both")]
+    BothTrusts,
+    #[error("deadline {value:?}: {reason}")]
+    Deadline { value: String, reason: &'static str },
+    #[error("cluster-name {0:?}: expected 1-63 characters of a-z, 0-9, '-', '_' and '.'")]
+    ClusterName(String),
+    #[error(transparent)]
+    UserData(#[from] crate::userdata::UserDataError),
+}
+
+/// One config document as written: every key optional, so documents can be
+/// layered (userData < local file < flags).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Document {
+    pub server_url: Option<String>,
+    /// Inline PEM of the CA that signs the server's certificate.
+    pub server_ca: Option<String>,
+    /// Hex sha256 of the CA certificate's DER; the server presents the CA
+    /// in its chain.
+    pub server_ca_sha256: Option<String>,
+    pub cluster_name: Option<String>,
+    #[serde(default)]
+    pub options: Options,
+}
+
+/// Options with defaults.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Options {
+    pub deadline: Option<String>,
+    pub state_dir: Option<PathBuf>,
+}
+
+impl Document {
+    /// Parses a TOML document; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            origin: origin.to_string(),
+            message: e.to_string().trim_end().to_string(),
+        })
+    }
+
+    /// Parses the config out of raw userData (any accepted form); an empty
+    /// document when userData holds no agent config.
+    pub fn from_user_data(raw: &[u8]) -> Result<Self, ConfigError> {
+        match crate::userdata::extract(raw)? {
+            Some(text) => Self::parse(&text, "userData"),
+            None => Ok(Self::default()),
+        }
+    }
+
+    /// `upper` wins key by key. The two trust keys are one setting: an
+    /// upper layer that sets either replaces both.
+    pub fn overlay(self, upper: Document) -> Document {
+        let upper_sets_trust = upper.server_ca.is_some() || upper.server_ca_sha256.is_some();
+        let (server_ca, server_ca_sha256) = if upper_sets_trust {
+            (upper.server_ca, upper.server_ca_sha256)
+        } else {
+            (self.server_ca, self.server_ca_sha256)
+        };
+        Document {
+            server_url: upper.server_url.or(self.server_url),
+            server_ca,
+            server_ca_sha256,
+            cluster_name: upper.cluster_name.or(self.cluster_name),
+            options: Options {
+                deadline: upper.options.deadline.or(self.options.deadline),
+                state_dir: upper.options.state_dir.or(self.options.state_dir),
+            },
+        }
+    }
+}
+
+/// How the agent decides to trust the server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServerTrust {
+    /// Only these CA certificates (DER).
+    Ca(Vec<Vec<u8>>),
+    /// The CA whose DER has this sha256, found in the presented chain.
+    Sha256Pin([u8; 32]),
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    pub server_url: Uri,
+    pub server_trust: ServerTrust,
+    pub cluster_name: String,
+    pub deadline: Duration,
+    pub state_dir: PathBuf,
+}
+
+impl Config {
+    /// Validates a layered document.
+    pub fn resolve(doc: Document) -> Result<Self, ConfigError> {
+        let url = doc.server_url.ok_or(ConfigError::Missing("server-url"))?;
+        let server_trust = match (doc.server_ca, doc.server_ca_sha256) {
+            (Some(_), Some(_)) => return Err(ConfigError::BothTrusts),
+            (Some(pem), None) => ServerTrust::Ca(parse_ca(&pem)?),
+            (None, Some(pin)) => ServerTrust::Sha256Pin(parse_pin(&pin)?),
+            (None, None) => return Err(ConfigError::Missing("server-ca or server-ca-sha256")),
+        };
+        let cluster_name = doc.cluster_name.ok_or(ConfigError::Missing("cluster-name"))?;
+        validate_cluster_name(&cluster_name)?;
+        let deadline = match doc.options.deadline {
+            Some(value) => parse_deadline(&value)?,
+            None => DEFAULT_DEADLINE,
+        };
+        Ok(Config {
+            server_url: parse_server_url(&url)?,
+            server_trust,
+            cluster_name,
+            deadline,
+            state_dir: doc.options.state_dir.unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR)),
+        })
+    }
+}
+
+fn parse_server_url(url: &str) -> Result<Uri, ConfigError> {
+    let err = |reason| ConfigError::ServerUrl { url: url.to_string(), reason };
+    let uri: Uri = url.parse().map_err(|_| err("not a URL"))?;
+    if uri.scheme_str() != Some("https") {
+        return Err(err("must start with https://"));
+    }
+    let authority = uri.authority().ok_or_else(|| err("has no host"))?;
+    if authority.as_str().contains('@') {
+        // Credentials in userData would be readable by every process.
+        return Err(err("must not carry credentials"));
+    }
+    if uri.query().is_some() {
+        return Err(err("must not have a query"));
+    }
+    Ok(uri)
+}
+
+fn parse_ca(pem: &str) -> Result<Vec<Vec<u8>>, ConfigError> {
+    let certs: Vec<Vec<u8>> = CertificateDer::pem_slice_iter(pem.as_bytes())
+        .map(|c| c.map(|c| c.to_vec()))
+        .collect::<Result<_, _>>()
+        .map_err(|e| ConfigError::ServerCa(format!("bad PEM: {e}")))?;
+    if certs.is_empty() {
+        return Err(ConfigError::ServerCa("no CERTIFICATE block".into()));
+    }
+    Ok(certs)
+}
+
+/// Accepts plain hex, optionally with `sha256:` in front or `:` between
+/// bytes (as `openssl x509 -fingerprint -sha256` prints it).
+pub fn parse_pin(pin: &str) -> Result<[u8; 32], ConfigError> {
+    let hex: String = pin.trim().trim_start_matches("sha256:").chars().filter(|c| *c != ':').collect();
+    if hex.len() != 64 || !hex.is_ascii() {
+        return Err(ConfigError::ServerCaPin);
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| ConfigError::ServerCaPin)?;
+    }
+    Ok(out)
+}
+
+fn validate_cluster_name(name: &str) -> Result<(), ConfigError> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::ClusterName(name.to_string()))
+    }
+}
+
+/// `"90s"`, `"10m"`, `"1h"` or a number of seconds.
+pub fn parse_deadline(value: &str) -> Result<Duration, ConfigError> {
+    let err = |reason| ConfigError::Deadline { value: value.to_string(), reason };
+    let trimmed = value.trim();
+    let (number, unit) = match trimmed.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => trimmed.split_at(i),
+        None => (trimmed, "s"),
+    };
+    let number: u64 = number.parse().map_err(|_| err("expected e.g. \"90s\", \"10m\" or \"1h\""))?;
+    let seconds = match unit {
+        "s" => number,
+        "m" => number.saturating_mul(60),
+        "h" => number.saturating_mul(3600),
+        _ => return Err(err("unit must be s, m or h")),
+    };
+    let deadline = Duration::from_secs(seconds);
+    if deadline.is_zero() {
+        return Err(err("must be positive"));
+    }
+    if deadline > MAX_DEADLINE {
+        return Err(err("must be at most 15m, Karpenter's registration limit"));
+    }
+    Ok(deadline)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PIN: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+
+    fn doc(text: &str) -> Document {
+        Document::parse(text, "test").unwrap()
+    }
+
+    #[test]
+    fn full_document_resolves() {
+        let config = Config::resolve(doc(&format!(
+            "server-url = \"https://10.1.2.3:8443\"\nserver-ca-sha256 = \"{PIN}\"\ncluster-name = \"prod-1\"\n\
+             [options]\ndeadline = \"5m\"\nstate-dir = \"/tmp/s\"\n"
+        )))
+        .unwrap();
+        assert_eq!(config.server_url.host(), Some("10.1.2.3"));
+        assert_eq!(config.deadline, Duration::from_secs(300));
+        assert_eq!(config.state_dir, PathBuf::from("/tmp/s"));
+        assert!(matches!(config.server_trust, ServerTrust::Sha256Pin(p) if p[1] == 0x11));
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let err = Document::parse("server-url = \"https://x\"\ntoken = \"s3cret\"\n", "userData").unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("userData") && text.contains("token"), "{text}");
+        let err = Document::parse("[options]\ndeadlin = \"5m\"\n", "userData").unwrap_err();
+        assert!(err.to_string().contains("deadlin"), "{err}");
+    }
+
+    #[test]
+    fn layers_override_key_by_key() {
+        let user_data = doc(&format!(
+            "server-url = \"https://a\"\nserver-ca-sha256 = \"{PIN}\"\ncluster-name = \"c\"\n"
+        ));
+        let local = doc("server-url = \"https://b\"\nserver-ca = \"pem\"\n");
+        let merged = user_data.overlay(local);
+        assert_eq!(merged.server_url.as_deref(), Some("https://b"));
+        assert_eq!(merged.server_ca.as_deref(), Some("pem"));
+        assert_eq!(merged.server_ca_sha256, None);
+        assert_eq!(merged.cluster_name.as_deref(), Some("c"));
+    }
+
+    #[test]
+    fn invalid_values_are_refused() {
+        let base = |extra: &str| {
+            Config::resolve(doc(&format!("cluster-name = \"c\"\nserver-ca-sha256 = \"{PIN}\"\n{extra}")))
+        };
+        assert!(matches!(base(""), Err(ConfigError::Missing("server-url"))));
+        assert!(matches!(base("server-url = \"http://x\""), Err(ConfigError::ServerUrl { .. })));
+        assert!(matches!(base("server-url = \"https://u:p@x\""), Err(ConfigError::ServerUrl { .. })));
+        let err = base("server-url = \"https://x\"\n[options]\ndeadline = \"20m\"").unwrap_err();
+        assert!(err.to_string().contains("15m"), "{err}");
+        let err = Config::resolve(doc("server-url = \"https://x\"\ncluster-name = \"c\"\nserver-ca-sha256 = \"ab\"\n"));
+        assert!(matches!(err, Err(ConfigError::ServerCaPin)));
+        let err = Config::resolve(doc("server-url = \"https://x\"\ncluster-name = \"c\"\nserver-ca = \"nope\"\n"));
+        assert!(matches!(err, Err(ConfigError::ServerCa(_))));
+    }
+
+    #[test]
+    fn deadlines_and_pins_parse() {
+        assert_eq!(parse_deadline("90").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_deadline("10m").unwrap(), Duration::from_secs(600));
+        assert!(parse_deadline("0s").is_err());
+        assert!(parse_deadline("5d").is_err());
+        let colons: String = PIN.as_bytes().chunks(2).map(|c| std::str::from_utf8(c).unwrap()).collect::<Vec<_>>().join(":");
+        assert_eq!(parse_pin(&format!("sha256:{colons}")).unwrap(), parse_pin(PIN).unwrap());
+    }
+}

@@ -1,0 +1,206 @@
+//! Writing files so that a crash never leaves half of one, and every path
+//! stays under a root (`/` in production, a temp dir in tests).
+//!
+//! A file is written to a temp file in the same directory with its final
+//! mode, fsynced, renamed over the target, and the directory fsynced: after
+//! a power cut the path holds the old contents or the new, never a mix.
+//! Writes that would change nothing are skipped, so re-runs are idempotent.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write as _};
+use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _};
+use std::path::{Component, Path, PathBuf};
+
+/// A filesystem error with the path it concerns.
+#[derive(Debug, thiserror::Error)]
+pub enum FsError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error("{0:?} must be an absolute path without '..'")]
+    BadPath(String),
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> FsError + '_ {
+    move |source| FsError::Io { path: path.to_path_buf(), source }
+}
+
+/// Owner ids to set; `None` keeps the writer's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Owner {
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+}
+
+/// The directory every absolute path is resolved under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Root(PathBuf);
+
+impl Root {
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Root(path.into())
+    }
+
+    pub fn as_path(&self) -> &Path {
+        &self.0
+    }
+
+    /// `abs` (absolute, no `..`) under the root.
+    pub fn join(&self, abs: &str) -> Result<PathBuf, FsError> {
+        let path = Path::new(abs);
+        if !path.is_absolute() {
+            return Err(FsError::BadPath(abs.into()));
+        }
+        let mut out = self.0.clone();
+        for component in path.components() {
+            match component {
+                Component::RootDir | Component::CurDir => {}
+                Component::Normal(part) => out.push(part),
+                Component::ParentDir | Component::Prefix(_) => return Err(FsError::BadPath(abs.into())),
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Creates `dir` and missing parents with `mode` (parents Ignition-style
+/// 0755); existing directories are left as they are.
+pub fn create_dirs(dir: &Path, mode: u32) -> Result<(), FsError> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    if let Some(parent) = dir.parent() {
+        create_dirs(parent, 0o755)?;
+    }
+    match fs::DirBuilder::new().mode(mode).create(dir) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(io_err(dir)(e)),
+        _ => {}
+    }
+    // DirBuilder's mode is filtered by the umask; set it exactly.
+    fs::set_permissions(dir, fs::Permissions::from_mode(mode)).map_err(io_err(dir))?;
+    if let Some(parent) = dir.parent() {
+        sync_dir(parent)?;
+    }
+    Ok(())
+}
+
+/// Whether `path` already holds exactly `contents` with `mode` and owner.
+pub fn is_current(path: &Path, contents: &[u8], mode: u32, owner: Owner) -> bool {
+    let Ok(meta) = fs::symlink_metadata(path) else { return false };
+    meta.is_file()
+        && meta.mode() & 0o7777 == mode
+        && owner.uid.is_none_or(|uid| uid == meta.uid())
+        && owner.gid.is_none_or(|gid| gid == meta.gid())
+        && meta.len() == contents.len() as u64
+        && fs::read(path).is_ok_and(|existing| existing == contents)
+}
+
+/// Writes `contents` to `path` atomically with `mode` and `owner`, creating
+/// parent directories. Returns whether anything changed.
+pub fn write_atomic(path: &Path, contents: &[u8], mode: u32, owner: Owner) -> Result<bool, FsError> {
+    if is_current(path, contents, mode, owner) {
+        return Ok(false);
+    }
+    let dir = path.parent().ok_or_else(|| FsError::BadPath(path.display().to_string()))?;
+    create_dirs(dir, 0o755)?;
+    let temp = temp_path(path);
+    let result = write_temp(&temp, contents, mode, owner).and_then(|()| fs::rename(&temp, path).map_err(io_err(path)));
+    if result.is_err() {
+        let _ = fs::remove_file(&temp);
+    }
+    result?;
+    sync_dir(dir)?;
+    Ok(true)
+}
+
+fn write_temp(temp: &Path, contents: &[u8], mode: u32, owner: Owner) -> Result<(), FsError> {
+    let _ = fs::remove_file(temp);
+    // Created with the final mode (0600 for keys): never readable by
+    // others, not even for a moment.
+    let mut file = OpenOptions::new().write(true).create_new(true).mode(mode & 0o777).open(temp).map_err(io_err(temp))?;
+    file.write_all(contents).map_err(io_err(temp))?;
+    file.set_permissions(fs::Permissions::from_mode(mode)).map_err(io_err(temp))?;
+    if owner.uid.is_some() || owner.gid.is_some() {
+        std::os::unix::fs::fchown(&file, owner.uid, owner.gid).map_err(io_err(temp))?;
+        // chown clears setuid/setgid bits; put them back.
+        file.set_permissions(fs::Permissions::from_mode(mode)).map_err(io_err(temp))?;
+    }
+    file.sync_all().map_err(io_err(temp))
+}
+
+/// Points `link` at `target`, replacing whatever is at `link` atomically.
+/// Returns whether anything changed.
+pub fn symlink_atomic(target: &Path, link: &Path) -> Result<bool, FsError> {
+    if fs::read_link(link).is_ok_and(|current| current == target) {
+        return Ok(false);
+    }
+    let dir = link.parent().ok_or_else(|| FsError::BadPath(link.display().to_string()))?;
+    create_dirs(dir, 0o755)?;
+    let temp = temp_path(link);
+    let _ = fs::remove_file(&temp);
+    std::os::unix::fs::symlink(target, &temp).map_err(io_err(&temp))?;
+    if let Err(e) = fs::rename(&temp, link) {
+        let _ = fs::remove_file(&temp);
+        return Err(io_err(link)(e));
+    }
+    sync_dir(dir)?;
+    Ok(true)
+}
+
+/// Removes a file or symlink if present. Returns whether anything changed.
+pub fn remove_file(path: &Path) -> Result<bool, FsError> {
+    match fs::remove_file(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(io_err(path)(e)),
+    }
+}
+
+fn temp_path(path: &Path) -> PathBuf {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    path.with_file_name(format!(".{name}.autonode-{}.tmp", std::process::id()))
+}
+
+/// Makes a rename or create in `dir` durable.
+pub fn sync_dir(dir: &Path) -> Result<(), FsError> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io_err(dir))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn root_join_refuses_escapes() {
+        let root = Root::new("/tmp/r");
+        assert_eq!(root.join("/etc/x").unwrap(), PathBuf::from("/tmp/r/etc/x"));
+        assert!(root.join("etc/x").is_err());
+        assert!(root.join("/etc/../../x").is_err());
+    }
+
+    #[test]
+    fn atomic_write_sets_mode_and_is_idempotent() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a/b/key.pem");
+        assert!(write_atomic(&path, b"secret", 0o600, Owner::default()).unwrap());
+        let meta = fs::metadata(&path).unwrap();
+        assert_eq!(meta.mode() & 0o777, 0o600);
+        assert!(!write_atomic(&path, b"secret", 0o600, Owner::default()).unwrap());
+        assert!(write_atomic(&path, b"secret", 0o640, Owner::default()).unwrap());
+        assert!(write_atomic(&path, b"other", 0o640, Owner::default()).unwrap());
+        assert_eq!(fs::read(&path).unwrap(), b"other");
+        let leftovers = fs::read_dir(path.parent().unwrap()).unwrap().count();
+        assert_eq!(leftovers, 1);
+    }
+
+    #[test]
+    fn symlinks_replace_atomically() {
+        let dir = tempfile::tempdir().unwrap();
+        let link = dir.path().join("l");
+        assert!(symlink_atomic(Path::new("/a"), &link).unwrap());
+        assert!(!symlink_atomic(Path::new("/a"), &link).unwrap());
+        assert!(symlink_atomic(Path::new("/b"), &link).unwrap());
+        assert_eq!(fs::read_link(&link).unwrap(), PathBuf::from("/b"));
+        assert!(remove_file(&link).unwrap());
+        assert!(!remove_file(&link).unwrap());
+    }
+}

@@ -1,0 +1,215 @@
+//! Writing kubelet's files and starting it.
+//!
+//! Layout (kubelet's own conventions, so its certificate rotation takes
+//! over from the agent):
+//!
+//! | path | what |
+//! | --- | --- |
+//! | `/var/lib/kubelet/kubeconfig` | API server URL, CA, client cert (JSON, which kubeconfig loaders accept) |
+//! | `/var/lib/kubelet/pki/kubelet-client-<notBefore>.pem` + `kubelet-client-current.pem` symlink | client cert + key, 0600 |
+//! | `/var/lib/kubelet/pki/kubelet-server-<notBefore>.pem` + `kubelet-server-current.pem` symlink | serving cert + key, 0600 |
+//! | `/etc/kubernetes/pki/ca.crt` | cluster CA |
+//! | `/etc/kubernetes/kubelet/config.json` | the server's KubeletConfiguration, verbatim |
+//! | `/etc/autonode/kubelet.env` | `KUBELET_ARGS=...`: the per-node flags |
+//! | `/etc/systemd/system/kubelet.service.d/10-autonode.conf` | drop-in: `EnvironmentFile=` + `ExecStart=<kubelet> $KUBELET_ARGS` |
+//!
+//! The symlinked `-current.pem` files are exactly what kubelet's
+//! certificate store writes, with `--cert-dir=/var/lib/kubelet/pki`: with
+//! `rotateCertificates: true` and `serverTLSBootstrap: true` in the server's
+//! KubeletConfiguration, kubelet renews both itself. Flags carry only what
+//! is per node; everything else is the server's KubeletConfiguration.
+
+use crate::fsutil::{self, FsError, Owner, Root};
+use crate::imds::Identity;
+use autonode_shared::protocol::JoinResponse;
+use rcgen::KeyPair;
+use rustls::pki_types::{pem::PemObject, CertificateDer};
+use std::net::IpAddr;
+use std::path::Path;
+use std::process::Command;
+
+pub const KUBECONFIG: &str = "/var/lib/kubelet/kubeconfig";
+pub const PKI_DIR: &str = "/var/lib/kubelet/pki";
+pub const CLIENT_CURRENT: &str = "/var/lib/kubelet/pki/kubelet-client-current.pem";
+pub const SERVER_CURRENT: &str = "/var/lib/kubelet/pki/kubelet-server-current.pem";
+pub const CLUSTER_CA: &str = "/etc/kubernetes/pki/ca.crt";
+pub const CONFIG: &str = "/etc/kubernetes/kubelet/config.json";
+pub const ENV_FILE: &str = "/etc/autonode/kubelet.env";
+pub const DROPIN: &str = "/etc/systemd/system/kubelet.service.d/10-autonode.conf";
+pub const UNIT: &str = "kubelet.service";
+
+/// Why kubelet could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeletError {
+    /// The server's answer does not fit this node: a refusal.
+    #[error("the server's kubelet settings are unusable: {0}")]
+    Refused(String),
+    #[error(transparent)]
+    Fs(#[from] FsError),
+    #[error("{command}: {reason}")]
+    Command { command: String, reason: String },
+}
+
+fn refused(reason: impl Into<String>) -> KubeletError {
+    KubeletError::Refused(reason.into())
+}
+
+/// The node's two keys.
+pub struct Keys<'a> {
+    pub client: &'a KeyPair,
+    pub serving: &'a KeyPair,
+}
+
+/// Checks the answer against this node and writes every kubelet file.
+/// Returns how many files changed.
+pub fn write(root: &Root, answer: &JoinResponse, keys: &Keys<'_>, identity: &Identity, kubelet_path: &str) -> Result<usize, KubeletError> {
+    validate(answer, identity)?;
+    let client = certificate_file(root, "client", &answer.client_certificate, keys.client)?;
+    let serving = certificate_file(root, "server", &answer.serving_certificate, keys.serving)?;
+    let mut changed = client + serving;
+    let public = Owner::default();
+    changed += usize::from(fsutil::write_atomic(&root.join(CLUSTER_CA)?, answer.cluster_ca.as_bytes(), 0o644, public)?);
+    let config = serde_json::to_vec_pretty(&answer.kubelet.config).map_err(|e| refused(e.to_string()))?;
+    changed += usize::from(fsutil::write_atomic(&root.join(CONFIG)?, &config, 0o644, public)?);
+    let kubeconfig = kubeconfig(&answer.api_server);
+    changed += usize::from(fsutil::write_atomic(&root.join(KUBECONFIG)?, kubeconfig.as_bytes(), 0o600, public)?);
+    changed += usize::from(fsutil::write_atomic(&root.join(ENV_FILE)?, env_file(answer).as_bytes(), 0o644, public)?);
+    changed += usize::from(fsutil::write_atomic(&root.join(DROPIN)?, dropin(kubelet_path).as_bytes(), 0o644, public)?);
+    Ok(changed)
+}
+
+/// Values that end up in flags must be plain tokens: no spaces, quotes or
+/// `$`, which would change the command line systemd builds.
+fn is_token(value: &str) -> bool {
+    !value.is_empty() && value.bytes().all(|b| b.is_ascii_graphic() && !b"\"'\\$`,;".contains(&b))
+}
+
+fn validate(answer: &JoinResponse, identity: &Identity) -> Result<(), KubeletError> {
+    let settings = &answer.kubelet;
+    if settings.provider_id != identity.provider_id() {
+        return Err(refused(format!(
+            "providerID {:?} is not this instance ({})",
+            settings.provider_id,
+            identity.provider_id()
+        )));
+    }
+    let name_ok = answer.node_name.len() <= 253
+        && is_token(&answer.node_name)
+        && answer.node_name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-.".contains(&b));
+    if !name_ok {
+        return Err(refused(format!("node name {:?} is not a DNS name", answer.node_name)));
+    }
+    let ip: IpAddr = settings.node_ip.parse().map_err(|_| refused(format!("node IP {:?}", settings.node_ip)))?;
+    if !identity.ips.contains(&ip) {
+        log::warn!("node IP {ip} is not among this instance's IPs {:?}", identity.ips);
+    }
+    if let Some(bad) = settings.register_with_taints.iter().find(|t| !is_token(t)) {
+        return Err(refused(format!("taint {bad:?}")));
+    }
+    if let Some((k, v)) = settings.node_labels.iter().find(|(k, v)| !is_token(k) || !(v.is_empty() || is_token(v))) {
+        return Err(refused(format!("label {k:?}={v:?}")));
+    }
+    if !answer.api_server.starts_with("https://") || !is_token(&answer.api_server) {
+        return Err(refused(format!("API server URL {:?}", answer.api_server)));
+    }
+    Ok(())
+}
+
+/// Writes `kubelet-<kind>-<notBefore>.pem` (cert + key, 0600) and points
+/// `kubelet-<kind>-current.pem` at it. The certificate must be for `key`.
+fn certificate_file(root: &Root, kind: &str, pem: &str, key: &KeyPair) -> Result<usize, KubeletError> {
+    let der = CertificateDer::from_pem_slice(pem.as_bytes()).map_err(|e| refused(format!("{kind} certificate: {e}")))?;
+    let (_, cert) = x509_parser::parse_x509_certificate(&der).map_err(|e| refused(format!("{kind} certificate: {e}")))?;
+    if cert.public_key().subject_public_key.data.as_ref() != key.public_key_raw() {
+        return Err(refused(format!("{kind} certificate is not for this node's {kind} key")));
+    }
+    let stamp = cert.validity().not_before.to_datetime();
+    let name = format!(
+        "kubelet-{kind}-{:04}-{:02}-{:02}-{:02}-{:02}-{:02}.pem",
+        stamp.year(),
+        u8::from(stamp.month()),
+        stamp.day(),
+        stamp.hour(),
+        stamp.minute(),
+        stamp.second()
+    );
+    let contents = format!("{}\n{}", pem.trim_end(), key.serialize_pem());
+    let file = root.join(&format!("{PKI_DIR}/{name}"))?;
+    let mut changed = usize::from(fsutil::write_atomic(&file, contents.as_bytes(), 0o600, Owner::default())?);
+    let current = root.join(&format!("{PKI_DIR}/kubelet-{kind}-current.pem"))?;
+    // Relative, like kubelet's own: valid under any root.
+    changed += usize::from(fsutil::symlink_atomic(Path::new(&name), &current)?);
+    Ok(changed)
+}
+
+fn kubeconfig(api_server: &str) -> String {
+    let doc = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "cluster", "cluster": {"server": api_server, "certificate-authority": CLUSTER_CA}}],
+        "users": [{"name": "kubelet", "user": {"client-certificate": CLIENT_CURRENT, "client-key": CLIENT_CURRENT}}],
+        "contexts": [{"name": "kubelet", "context": {"cluster": "cluster", "user": "kubelet"}}],
+        "current-context": "kubelet",
+    });
+    format!("{doc:#}\n")
+}
+
+/// The per-node kubelet flags.
+pub fn flags(answer: &JoinResponse) -> Vec<String> {
+    let settings = &answer.kubelet;
+    let mut flags = vec![
+        format!("--kubeconfig={KUBECONFIG}"),
+        format!("--config={CONFIG}"),
+        format!("--cert-dir={PKI_DIR}"),
+        format!("--hostname-override={}", answer.node_name),
+        format!("--node-ip={}", settings.node_ip),
+        format!("--provider-id={}", settings.provider_id),
+    ];
+    if !settings.register_with_taints.is_empty() {
+        flags.push(format!("--register-with-taints={}", settings.register_with_taints.join(",")));
+    }
+    if !settings.node_labels.is_empty() {
+        let labels: Vec<String> = settings.node_labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        flags.push(format!("--node-labels={}", labels.join(",")));
+    }
+    flags
+}
+
+fn env_file(answer: &JoinResponse) -> String {
+    format!(
+        "# Written by autonode-agent; read by kubelet.service through {DROPIN}.\nKUBELET_ARGS=\"{}\"\n",
+        flags(answer).join(" ")
+    )
+}
+
+fn dropin(kubelet_path: &str) -> String {
+    format!(
+        "# Written by autonode-agent.\n[Unit]\nAfter=autonode-agent.service\n\n[Service]\n\
+         EnvironmentFile={ENV_FILE}\nExecStart=\nExecStart={kubelet_path} $KUBELET_ARGS\n"
+    )
+}
+
+/// Reloads systemd and starts `units` plus kubelet without waiting: the
+/// agent's own unit is ordered before kubelet, so a blocking start would
+/// wait for the agent itself.
+pub fn start(systemctl: &str, units: &[String]) -> Result<(), KubeletError> {
+    run(systemctl, &["daemon-reload".to_string()])?;
+    let mut args = vec!["start".to_string(), "--no-block".to_string()];
+    args.extend(units.iter().filter(|u| u.as_str() != UNIT).cloned());
+    args.push(UNIT.to_string());
+    run(systemctl, &args)
+}
+
+fn run(program: &str, args: &[String]) -> Result<(), KubeletError> {
+    let command = format!("{program} {}", args.join(" "));
+    log::info!("running {command}");
+    let output = Command::new(program)
+        .args(args)
+        .output()
+        .map_err(|e| KubeletError::Command { command: command.clone(), reason: e.to_string() })?;
+    if output.status.success() {
+        return Ok(());
+    }
+    let stderr = String::from_utf8_lossy(&output.stderr).trim().to_string();
+    Err(KubeletError::Command { command, reason: format!("{}: {stderr}", output.status) })
+}

@@ -1,0 +1,120 @@
+//! Telling the server how far the agent got, so the control plane knows
+//! why a machine never became a node.
+//!
+//! Best effort by design: a report gets a few quick tries within
+//! [`REPORT_BUDGET`] of its own (even after the join deadline has passed, so
+//! the final failure still goes out) and its failure is only logged.
+//! Once the client key exists, each report carries a [`KeyProof`], so a
+//! process that merely read the identity document cannot fake a failure.
+
+use crate::join::ServerClient;
+use crate::retry::{Deadline, RetryPolicy};
+use autonode_shared::protocol::{InstanceIdentity, KeyProof, Outcome, Phase, ReportRequest, REPORT_PATH};
+use base64::Engine as _;
+use rcgen::{KeyPair, PublicKeyData as _, SigningKey as _};
+use std::time::Duration;
+
+/// The longest one report may hold up the agent.
+pub const REPORT_BUDGET: Duration = Duration::from_secs(10);
+const REPORT_TRY_TIMEOUT: Duration = Duration::from_secs(4);
+/// The server truncates anyway; keep requests small.
+const MAX_MESSAGE: usize = 2048;
+
+/// Builds a report, signed by `key` when there is one.
+pub fn build(
+    rsa2048: &str,
+    phase: Phase,
+    outcome: Outcome,
+    message: &str,
+    timestamp: i64,
+    key: Option<&KeyPair>,
+) -> ReportRequest {
+    let mut message = message.to_string();
+    if message.len() > MAX_MESSAGE {
+        let mut end = MAX_MESSAGE;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+    }
+    let mut report = ReportRequest {
+        identity: InstanceIdentity { rsa2048: rsa2048.to_string() },
+        phase,
+        outcome,
+        message,
+        timestamp,
+        proof: None,
+    };
+    report.proof = key.and_then(|key| sign(key, &report.signed_bytes()));
+    report
+}
+
+fn sign(key: &KeyPair, bytes: &[u8]) -> Option<KeyProof> {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    match key.sign(bytes) {
+        Ok(signature) => Some(KeyProof {
+            public_key: b64.encode(key.subject_public_key_info()),
+            signature: b64.encode(signature),
+        }),
+        Err(e) => {
+            log::warn!("report: cannot sign with the client key: {e}");
+            None
+        }
+    }
+}
+
+/// Sends reports for one run of the agent.
+#[derive(Clone)]
+pub struct Reporter {
+    client: ServerClient,
+    rsa2048: String,
+}
+
+impl Reporter {
+    pub fn new(client: ServerClient, rsa2048: String) -> Self {
+        Reporter { client, rsa2048 }
+    }
+
+    /// Sends one report; logs and forgets a failure.
+    pub async fn send(&self, phase: Phase, outcome: Outcome, message: &str, key: Option<&KeyPair>) {
+        let timestamp = time::OffsetDateTime::now_utc().unix_timestamp();
+        let report = build(&self.rsa2048, phase, outcome, message, timestamp, key);
+        let body = match serde_json::to_vec(&report) {
+            Ok(body) => body,
+            Err(e) => return log::warn!("report: {e}"),
+        };
+        let deadline = Deadline::after(REPORT_BUDGET);
+        let sent = self
+            .client
+            .post(REPORT_PATH, body.into(), &RetryPolicy::REPORT, &deadline, REPORT_TRY_TIMEOUT)
+            .await;
+        if let Err(e) = sent {
+            log::warn!("report phase={} outcome={outcome:?} not delivered: {e}", phase.as_str());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proof_verifies_with_the_public_key() {
+        let key = KeyPair::generate().unwrap();
+        let report = build("sig", Phase::Join, Outcome::Fatal, "refused", 7, Some(&key));
+        let proof = report.proof.clone().unwrap();
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let spki = b64.decode(&proof.public_key).unwrap();
+        assert_eq!(spki, key.subject_public_key_info());
+        let signature = b64.decode(&proof.signature).unwrap();
+        let public = ring::signature::UnparsedPublicKey::new(&ring::signature::ECDSA_P256_SHA256_ASN1, key.public_key_raw());
+        public.verify(&report.signed_bytes(), &signature).unwrap();
+    }
+
+    #[test]
+    fn no_key_no_proof_and_long_messages_truncate() {
+        let report = build("sig", Phase::Identity, Outcome::Retrying, &"é".repeat(5000), 7, None);
+        assert!(report.proof.is_none());
+        assert!(report.message.len() <= MAX_MESSAGE);
+    }
+}

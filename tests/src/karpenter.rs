@@ -1,0 +1,69 @@
+//! Playing Karpenter's part: NodeClaims, NodePools and EC2NodeClasses as
+//! Karpenter v1 writes them.
+
+use anyhow::{Context, Result};
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
+use kube::Client;
+use serde_json::json;
+
+/// `karpenter.sh/v1` NodeClaim.
+pub fn nodeclaim_resource() -> ApiResource {
+    ApiResource::from_gvk(&GroupVersionKind::gvk("karpenter.sh", "v1", "NodeClaim"))
+}
+
+/// `karpenter.k8s.aws/v1` EC2NodeClass.
+pub fn ec2nodeclass_resource() -> ApiResource {
+    ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "karpenter.k8s.aws",
+        "v1",
+        "EC2NodeClass",
+    ))
+}
+
+/// The NodeClaim API (cluster-scoped).
+pub fn nodeclaims(client: &Client) -> Api<DynamicObject> {
+    Api::all_with(client.clone(), &nodeclaim_resource())
+}
+
+/// Creates a NodeClaim for `node_class` the way Karpenter does before it
+/// launches the instance (no status yet).
+pub async fn create_nodeclaim(
+    client: &Client,
+    name: &str,
+    node_class: &str,
+) -> Result<DynamicObject> {
+    let object: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "karpenter.sh/v1",
+        "kind": "NodeClaim",
+        "metadata": {
+            "name": name,
+            "labels": {"karpenter.sh/nodepool": "default"},
+        },
+        "spec": {
+            "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": node_class},
+            "requirements": [
+                {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]},
+            ],
+        },
+    }))?;
+    nodeclaims(client)
+        .create(&PostParams::default(), &object)
+        .await
+        .with_context(|| format!("creating NodeClaim {name}"))
+}
+
+/// Sets `status.providerID` through the status subresource, as Karpenter
+/// does once the instance is launched.
+pub async fn set_provider_id(
+    client: &Client,
+    name: &str,
+    provider_id: &str,
+) -> Result<DynamicObject> {
+    let patch = json!({"status": {"providerID": provider_id}});
+    nodeclaims(client)
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| format!("setting providerID of NodeClaim {name}"))
+}

@@ -1,0 +1,99 @@
+//! Child processes that die with the test that started them.
+
+use anyhow::{bail, Context, Result};
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+
+/// A long-running child process with its output in a log file.
+///
+/// Killed (SIGKILL, then reaped) on drop. Started under
+/// `setpriv --pdeathsig KILL` so it also dies if the test process is killed
+/// before any destructor can run.
+pub struct Daemon {
+    name: String,
+    child: Mutex<Child>,
+    log: PathBuf,
+    endpoint: Mutex<String>,
+}
+
+impl Daemon {
+    /// Starts `program args…` with its output in `<dir>/<name>.log`.
+    pub fn spawn(name: &str, program: &Path, args: &[String], dir: &Path) -> Result<Self> {
+        let log = dir.join(format!("{name}.log"));
+        let out = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let err = out.try_clone()?;
+        let child = Command::new("setpriv")
+            .arg("--pdeathsig=KILL")
+            .arg("--")
+            .arg(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .with_context(|| format!("starting {name} ({})", program.display()))?;
+        Ok(Self {
+            name: name.to_string(),
+            child: Mutex::new(child),
+            log,
+            endpoint: Mutex::new(String::new()),
+        })
+    }
+
+    /// The process id (setpriv execs the program, so it is the program's).
+    pub fn pid(&self) -> u32 {
+        self.lock().id()
+    }
+
+    /// Records the address the daemon serves on.
+    pub fn set_endpoint(&self, endpoint: String) {
+        *self.endpoint.lock().unwrap_or_else(|e| e.into_inner()) = endpoint;
+    }
+
+    /// The address the daemon serves on, if recorded.
+    pub fn endpoint(&self) -> String {
+        self.endpoint
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Fails with the log's tail if the process has exited.
+    pub fn check_alive(&self) -> Result<()> {
+        if let Some(status) = self.lock().try_wait()? {
+            bail!("{} exited with {status}:\n{}", self.name, self.log_tail(30));
+        }
+        Ok(())
+    }
+
+    /// Kills the process and waits for it (idempotent).
+    pub fn kill(&self) {
+        let mut child = self.lock();
+        if matches!(child.try_wait(), Ok(None)) {
+            let _ = child.kill();
+        }
+        let _ = child.wait();
+    }
+
+    /// The last `lines` lines of the log, headed by the daemon's name.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let all: Vec<String> = File::open(&self.log)
+            .map(|f| BufReader::new(f).lines().map_while(Result::ok).collect())
+            .unwrap_or_default();
+        let start = all.len().saturating_sub(lines);
+        format!("--- {} ---\n{}", self.name, all[start..].join("\n"))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Child> {
+        self.child.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
