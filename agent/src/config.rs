@@ -146,7 +146,9 @@ impl Config {
             (None, Some(pin)) => ServerTrust::Sha256Pin(parse_pin(&pin)?),
             (None, None) => return Err(ConfigError::Missing("server-ca or server-ca-sha256")),
         };
-        let cluster_name = doc.cluster_name.ok_or(ConfigError::Missing("cluster-name"))?;
+        let cluster_name = doc
+            .cluster_name
+            .ok_or(ConfigError::Missing("cluster-name"))?;
         validate_cluster_name(&cluster_name)?;
         let deadline = match doc.options.deadline {
             Some(value) => parse_deadline(&value)?,
@@ -157,13 +159,19 @@ impl Config {
             server_trust,
             cluster_name,
             deadline,
-            state_dir: doc.options.state_dir.unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR)),
+            state_dir: doc
+                .options
+                .state_dir
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR)),
         })
     }
 }
 
 fn parse_server_url(url: &str) -> Result<Uri, ConfigError> {
-    let err = |reason| ConfigError::ServerUrl { url: url.to_string(), reason };
+    let err = |reason| ConfigError::ServerUrl {
+        url: url.to_string(),
+        reason,
+    };
     let uri: Uri = url.parse().map_err(|_| err("not a URL"))?;
     if uri.scheme_str() != Some("https") {
         return Err(err("must start with https://"));
@@ -193,13 +201,19 @@ fn parse_ca(pem: &str) -> Result<Vec<Vec<u8>>, ConfigError> {
 /// Accepts plain hex, optionally with `sha256:` in front or `:` between
 /// bytes (as `openssl x509 -fingerprint -sha256` prints it).
 pub fn parse_pin(pin: &str) -> Result<[u8; 32], ConfigError> {
-    let hex: String = pin.trim().trim_start_matches("sha256:").chars().filter(|c| *c != ':').collect();
+    let hex: String = pin
+        .trim()
+        .trim_start_matches("sha256:")
+        .chars()
+        .filter(|c| *c != ':')
+        .collect();
     if hex.len() != 64 || !hex.is_ascii() {
         return Err(ConfigError::ServerCaPin);
     }
     let mut out = [0u8; 32];
     for (i, byte) in out.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| ConfigError::ServerCaPin)?;
+        *byte =
+            u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| ConfigError::ServerCaPin)?;
     }
     Ok(out)
 }
@@ -207,7 +221,9 @@ pub fn parse_pin(pin: &str) -> Result<[u8; 32], ConfigError> {
 fn validate_cluster_name(name: &str) -> Result<(), ConfigError> {
     let ok = !name.is_empty()
         && name.len() <= 63
-        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b));
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b));
     if ok {
         Ok(())
     } else {
@@ -217,13 +233,18 @@ fn validate_cluster_name(name: &str) -> Result<(), ConfigError> {
 
 /// `"90s"`, `"10m"`, `"1h"` or a number of seconds.
 pub fn parse_deadline(value: &str) -> Result<Duration, ConfigError> {
-    let err = |reason| ConfigError::Deadline { value: value.to_string(), reason };
+    let err = |reason| ConfigError::Deadline {
+        value: value.to_string(),
+        reason,
+    };
     let trimmed = value.trim();
     let (number, unit) = match trimmed.find(|c: char| !c.is_ascii_digit()) {
         Some(i) => trimmed.split_at(i),
         None => (trimmed, "s"),
     };
-    let number: u64 = number.parse().map_err(|_| err("expected e.g. \"90s\", \"10m\" or \"1h\""))?;
+    let number: u64 = number
+        .parse()
+        .map_err(|_| err("expected e.g. \"90s\", \"10m\" or \"1h\""))?;
     let seconds = match unit {
         "s" => number,
         "m" => number.saturating_mul(60),
@@ -265,9 +286,16 @@ mod tests {
 
     #[test]
     fn unknown_key_is_named() {
-        let err = Document::parse("server-url = \"https://x\"\ntoken = \"s3cret\"\n", "userData").unwrap_err();
+        let err = Document::parse(
+            "server-url = \"https://x\"\ntoken = \"s3cret\"\n",
+            "userData",
+        )
+        .unwrap_err();
         let text = err.to_string();
-        assert!(text.contains("userData") && text.contains("token"), "{text}");
+        assert!(
+            text.contains("userData") && text.contains("token"),
+            "{text}"
+        );
         let err = Document::parse("[options]\ndeadlin = \"5m\"\n", "userData").unwrap_err();
         assert!(err.to_string().contains("deadlin"), "{err}");
     }
@@ -288,16 +316,28 @@ mod tests {
     #[test]
     fn invalid_values_are_refused() {
         let base = |extra: &str| {
-            Config::resolve(doc(&format!("cluster-name = \"c\"\nserver-ca-sha256 = \"{PIN}\"\n{extra}")))
+            Config::resolve(doc(&format!(
+                "cluster-name = \"c\"\nserver-ca-sha256 = \"{PIN}\"\n{extra}"
+            )))
         };
         assert!(matches!(base(""), Err(ConfigError::Missing("server-url"))));
-        assert!(matches!(base("server-url = \"http://x\""), Err(ConfigError::ServerUrl { .. })));
-        assert!(matches!(base("server-url = \"https://u:p@x\""), Err(ConfigError::ServerUrl { .. })));
+        assert!(matches!(
+            base("server-url = \"http://x\""),
+            Err(ConfigError::ServerUrl { .. })
+        ));
+        assert!(matches!(
+            base("server-url = \"https://u:p@x\""),
+            Err(ConfigError::ServerUrl { .. })
+        ));
         let err = base("server-url = \"https://x\"\n[options]\ndeadline = \"20m\"").unwrap_err();
         assert!(err.to_string().contains("15m"), "{err}");
-        let err = Config::resolve(doc("server-url = \"https://x\"\ncluster-name = \"c\"\nserver-ca-sha256 = \"ab\"\n"));
+        let err = Config::resolve(doc(
+            "server-url = \"https://x\"\ncluster-name = \"c\"\nserver-ca-sha256 = \"ab\"\n",
+        ));
         assert!(matches!(err, Err(ConfigError::ServerCaPin)));
-        let err = Config::resolve(doc("server-url = \"https://x\"\ncluster-name = \"c\"\nserver-ca = \"nope\"\n"));
+        let err = Config::resolve(doc(
+            "server-url = \"https://x\"\ncluster-name = \"c\"\nserver-ca = \"nope\"\n",
+        ));
         assert!(matches!(err, Err(ConfigError::ServerCa(_))));
     }
 
@@ -307,7 +347,15 @@ mod tests {
         assert_eq!(parse_deadline("10m").unwrap(), Duration::from_secs(600));
         assert!(parse_deadline("0s").is_err());
         assert!(parse_deadline("5d").is_err());
-        let colons: String = PIN.as_bytes().chunks(2).map(|c| std::str::from_utf8(c).unwrap()).collect::<Vec<_>>().join(":");
-        assert_eq!(parse_pin(&format!("sha256:{colons}")).unwrap(), parse_pin(PIN).unwrap());
+        let colons: String = PIN
+            .as_bytes()
+            .chunks(2)
+            .map(|c| std::str::from_utf8(c).unwrap())
+            .collect::<Vec<_>>()
+            .join(":");
+        assert_eq!(
+            parse_pin(&format!("sha256:{colons}")).unwrap(),
+            parse_pin(PIN).unwrap()
+        );
     }
 }

@@ -25,20 +25,37 @@ fn node_subject(node_name: &str) -> DistinguishedName {
 
 /// PEM CSR for the kubelet's client certificate.
 pub fn client_csr(key: &KeyPair, node_name: &str) -> Result<String, CsrError> {
-    let err = |e: rcgen::Error| CsrError { which: "client", reason: e.to_string() };
+    let err = |e: rcgen::Error| CsrError {
+        which: "client",
+        reason: e.to_string(),
+    };
     let mut params = CertificateParams::default();
     params.distinguished_name = node_subject(node_name);
-    params.serialize_request(key).and_then(|csr| csr.pem()).map_err(err)
+    params
+        .serialize_request(key)
+        .and_then(|csr| csr.pem())
+        .map_err(err)
 }
 
 /// PEM CSR for the kubelet's serving certificate.
 pub fn serving_csr(key: &KeyPair, node_name: &str, ips: &[IpAddr]) -> Result<String, CsrError> {
-    let err = |reason: String| CsrError { which: "serving", reason };
+    let err = |reason: String| CsrError {
+        which: "serving",
+        reason,
+    };
     let mut params = CertificateParams::default();
     params.distinguished_name = node_subject(node_name);
-    let dns = node_name.to_string().try_into().map_err(|e: rcgen::Error| err(e.to_string()))?;
-    params.subject_alt_names = std::iter::once(SanType::DnsName(dns)).chain(ips.iter().map(|ip| SanType::IpAddress(*ip))).collect();
-    params.serialize_request(key).and_then(|csr| csr.pem()).map_err(|e| err(e.to_string()))
+    let dns = node_name
+        .to_string()
+        .try_into()
+        .map_err(|e: rcgen::Error| err(e.to_string()))?;
+    params.subject_alt_names = std::iter::once(SanType::DnsName(dns))
+        .chain(ips.iter().map(|ip| SanType::IpAddress(*ip)))
+        .collect();
+    params
+        .serialize_request(key)
+        .and_then(|csr| csr.pem())
+        .map_err(|e| err(e.to_string()))
 }
 
 #[cfg(test)]
@@ -58,10 +75,27 @@ mod tests {
         let der = parse(&client_csr(&key, "ip-10-0-0-1.ec2.internal").unwrap());
         let (_, csr) = X509CertificationRequest::from_der(&der).unwrap();
         let subject = csr.certification_request_info.subject.to_string();
-        assert!(subject.contains("CN=system:node:ip-10-0-0-1.ec2.internal"), "{subject}");
+        assert!(
+            subject.contains("CN=system:node:ip-10-0-0-1.ec2.internal"),
+            "{subject}"
+        );
         assert!(subject.contains("O=system:nodes"), "{subject}");
-        assert!(csr.requested_extensions().is_none_or(|mut e| e.next().is_none()));
+        assert!(csr
+            .requested_extensions()
+            .is_none_or(|mut e| e.next().is_none()));
         csr.verify_signature().unwrap();
+    }
+
+    #[test]
+    fn the_servers_own_rules_accept_both() {
+        use autonode_shared::csr::{check_client_csr, check_serving_csr, parse_csr};
+        let name = "ip-10-0-0-1.ec2.internal";
+        let ips: Vec<IpAddr> = vec!["10.0.0.1".parse().unwrap()];
+        let key = KeyPair::generate().unwrap();
+        let client = parse_csr(client_csr(&key, name).unwrap().as_bytes()).unwrap();
+        check_client_csr(&client, name).unwrap();
+        let serving = parse_csr(serving_csr(&key, name, &ips).unwrap().as_bytes()).unwrap();
+        check_serving_csr(&serving, name, &[name.to_string()], &ips).unwrap();
     }
 
     #[test]
@@ -75,7 +109,12 @@ mod tests {
             .into_iter()
             .flatten()
             .filter_map(|e| match e {
-                ParsedExtension::SubjectAlternativeName(san) => Some(san.general_names.iter().map(|n| n.to_string()).collect::<Vec<_>>()),
+                ParsedExtension::SubjectAlternativeName(san) => Some(
+                    san.general_names
+                        .iter()
+                        .map(|n| n.to_string())
+                        .collect::<Vec<_>>(),
+                ),
                 _ => None,
             })
             .flatten()

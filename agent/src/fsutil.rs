@@ -6,22 +6,29 @@
 //! a power cut the path holds the old contents or the new, never a mix.
 //! Writes that would change nothing are skipped, so re-runs are idempotent.
 
+use std::collections::VecDeque;
+use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write as _};
-use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _};
+use std::os::unix::fs::{
+    DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _,
+};
 use std::path::{Component, Path, PathBuf};
 
 /// A filesystem error with the path it concerns.
 #[derive(Debug, thiserror::Error)]
 pub enum FsError {
-    #[error("{path}: {source}")]
-    Io { path: PathBuf, source: io::Error },
+    #[error("{path}: {cause}")]
+    Io { path: PathBuf, cause: io::Error },
     #[error("{0:?} must be an absolute path without '..'")]
     BadPath(String),
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> FsError + '_ {
-    move |source| FsError::Io { path: path.to_path_buf(), source }
+    move |source| FsError::Io {
+        path: path.to_path_buf(),
+        cause: source,
+    }
 }
 
 /// Owner ids to set; `None` keeps the writer's.
@@ -44,22 +51,77 @@ impl Root {
         &self.0
     }
 
-    /// `abs` (absolute, no `..`) under the root.
+    /// `abs` (absolute, no `..`) under the root. Symlinks among the parent
+    /// directories are followed as if the root were `/` (so `/var/run ->
+    /// ../run` and `/lib -> usr/lib` work under a test root, and a link to
+    /// `/etc` cannot lead a write out of the root); the last component is
+    /// not followed.
     pub fn join(&self, abs: &str) -> Result<PathBuf, FsError> {
         let path = Path::new(abs);
         if !path.is_absolute() {
             return Err(FsError::BadPath(abs.into()));
         }
-        let mut out = self.0.clone();
+        let mut parts = Vec::new();
         for component in path.components() {
             match component {
                 Component::RootDir | Component::CurDir => {}
-                Component::Normal(part) => out.push(part),
-                Component::ParentDir | Component::Prefix(_) => return Err(FsError::BadPath(abs.into())),
+                Component::Normal(part) => parts.push(part.to_os_string()),
+                Component::ParentDir | Component::Prefix(_) => {
+                    return Err(FsError::BadPath(abs.into()))
+                }
             }
         }
-        Ok(out)
+        let Some(last) = parts.pop() else {
+            return Ok(self.0.clone());
+        };
+        Ok(self.resolve_dirs(parts, abs)?.join(last))
     }
+
+    fn resolve_dirs(&self, parts: Vec<OsString>, abs: &str) -> Result<PathBuf, FsError> {
+        let mut pending: VecDeque<Part> = parts.into_iter().map(Part::Name).collect();
+        let mut dir = self.0.clone();
+        let mut depth = 0usize;
+        let mut hops = 0;
+        while let Some(part) = pending.pop_front() {
+            let name = match part {
+                Part::Parent => {
+                    if depth > 0 {
+                        dir.pop();
+                        depth -= 1;
+                    }
+                    continue;
+                }
+                Part::Name(name) => name,
+            };
+            let candidate = dir.join(&name);
+            let Ok(target) = fs::read_link(&candidate) else {
+                dir = candidate;
+                depth += 1;
+                continue;
+            };
+            hops += 1;
+            if hops > 40 {
+                return Err(FsError::BadPath(abs.into()));
+            }
+            if target.is_absolute() {
+                dir = self.0.clone();
+                depth = 0;
+            }
+            for component in target.components().rev() {
+                match component {
+                    Component::Normal(part) => pending.push_front(Part::Name(part.to_os_string())),
+                    Component::ParentDir => pending.push_front(Part::Parent),
+                    _ => {}
+                }
+            }
+        }
+        Ok(dir)
+    }
+}
+
+enum Part {
+    Name(OsString),
+    Parent,
 }
 
 /// Creates `dir` and missing parents with `mode` (parents Ignition-style
@@ -85,7 +147,9 @@ pub fn create_dirs(dir: &Path, mode: u32) -> Result<(), FsError> {
 
 /// Whether `path` already holds exactly `contents` with `mode` and owner.
 pub fn is_current(path: &Path, contents: &[u8], mode: u32, owner: Owner) -> bool {
-    let Ok(meta) = fs::symlink_metadata(path) else { return false };
+    let Ok(meta) = fs::symlink_metadata(path) else {
+        return false;
+    };
     meta.is_file()
         && meta.mode() & 0o7777 == mode
         && owner.uid.is_none_or(|uid| uid == meta.uid())
@@ -96,14 +160,22 @@ pub fn is_current(path: &Path, contents: &[u8], mode: u32, owner: Owner) -> bool
 
 /// Writes `contents` to `path` atomically with `mode` and `owner`, creating
 /// parent directories. Returns whether anything changed.
-pub fn write_atomic(path: &Path, contents: &[u8], mode: u32, owner: Owner) -> Result<bool, FsError> {
+pub fn write_atomic(
+    path: &Path,
+    contents: &[u8],
+    mode: u32,
+    owner: Owner,
+) -> Result<bool, FsError> {
     if is_current(path, contents, mode, owner) {
         return Ok(false);
     }
-    let dir = path.parent().ok_or_else(|| FsError::BadPath(path.display().to_string()))?;
+    let dir = path
+        .parent()
+        .ok_or_else(|| FsError::BadPath(path.display().to_string()))?;
     create_dirs(dir, 0o755)?;
     let temp = temp_path(path);
-    let result = write_temp(&temp, contents, mode, owner).and_then(|()| fs::rename(&temp, path).map_err(io_err(path)));
+    let result = write_temp(&temp, contents, mode, owner)
+        .and_then(|()| fs::rename(&temp, path).map_err(io_err(path)));
     if result.is_err() {
         let _ = fs::remove_file(&temp);
     }
@@ -116,13 +188,20 @@ fn write_temp(temp: &Path, contents: &[u8], mode: u32, owner: Owner) -> Result<(
     let _ = fs::remove_file(temp);
     // Created with the final mode (0600 for keys): never readable by
     // others, not even for a moment.
-    let mut file = OpenOptions::new().write(true).create_new(true).mode(mode & 0o777).open(temp).map_err(io_err(temp))?;
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode & 0o777)
+        .open(temp)
+        .map_err(io_err(temp))?;
     file.write_all(contents).map_err(io_err(temp))?;
-    file.set_permissions(fs::Permissions::from_mode(mode)).map_err(io_err(temp))?;
+    file.set_permissions(fs::Permissions::from_mode(mode))
+        .map_err(io_err(temp))?;
     if owner.uid.is_some() || owner.gid.is_some() {
         std::os::unix::fs::fchown(&file, owner.uid, owner.gid).map_err(io_err(temp))?;
         // chown clears setuid/setgid bits; put them back.
-        file.set_permissions(fs::Permissions::from_mode(mode)).map_err(io_err(temp))?;
+        file.set_permissions(fs::Permissions::from_mode(mode))
+            .map_err(io_err(temp))?;
     }
     file.sync_all().map_err(io_err(temp))
 }
@@ -133,7 +212,9 @@ pub fn symlink_atomic(target: &Path, link: &Path) -> Result<bool, FsError> {
     if fs::read_link(link).is_ok_and(|current| current == target) {
         return Ok(false);
     }
-    let dir = link.parent().ok_or_else(|| FsError::BadPath(link.display().to_string()))?;
+    let dir = link
+        .parent()
+        .ok_or_else(|| FsError::BadPath(link.display().to_string()))?;
     create_dirs(dir, 0o755)?;
     let temp = temp_path(link);
     let _ = fs::remove_file(&temp);
@@ -156,13 +237,18 @@ pub fn remove_file(path: &Path) -> Result<bool, FsError> {
 }
 
 fn temp_path(path: &Path) -> PathBuf {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     path.with_file_name(format!(".{name}.autonode-{}.tmp", std::process::id()))
 }
 
 /// Makes a rename or create in `dir` durable.
 pub fn sync_dir(dir: &Path) -> Result<(), FsError> {
-    File::open(dir).and_then(|d| d.sync_all()).map_err(io_err(dir))
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err(dir))
 }
 
 #[cfg(test)]
@@ -175,6 +261,25 @@ mod tests {
         assert_eq!(root.join("/etc/x").unwrap(), PathBuf::from("/tmp/r/etc/x"));
         assert!(root.join("etc/x").is_err());
         assert!(root.join("/etc/../../x").is_err());
+    }
+
+    #[test]
+    fn parent_symlinks_stay_under_the_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path());
+        fs::create_dir_all(dir.path().join("run")).unwrap();
+        fs::create_dir_all(dir.path().join("var")).unwrap();
+        std::os::unix::fs::symlink("../run", dir.path().join("var/run")).unwrap();
+        std::os::unix::fs::symlink("/etc", dir.path().join("escape")).unwrap();
+        assert_eq!(root.join("/var/run/x").unwrap(), dir.path().join("run/x"));
+        assert_eq!(
+            root.join("/escape/passwd").unwrap(),
+            dir.path().join("etc/passwd")
+        );
+        std::os::unix::fs::symlink("../../../..", dir.path().join("up")).unwrap();
+        assert_eq!(root.join("/up/x").unwrap(), dir.path().join("x"));
+        std::os::unix::fs::symlink("loop", dir.path().join("loop")).unwrap();
+        assert!(root.join("/loop/x").is_err());
     }
 
     #[test]

@@ -46,9 +46,18 @@ pub struct Response {
 
 /// Host and port of a URL, with the scheme's default port.
 pub fn host_port(uri: &Uri) -> Result<(String, u16), HttpError> {
-    let host = uri.host().ok_or_else(|| HttpError::BadUrl(uri.to_string()))?;
-    let default_port = if uri.scheme_str() == Some("https") { 443 } else { 80 };
-    let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
+    let host = uri
+        .host()
+        .ok_or_else(|| HttpError::BadUrl(uri.to_string()))?;
+    let default_port = if uri.scheme_str() == Some("https") {
+        443
+    } else {
+        80
+    };
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
     Ok((host, uri.port_u16().unwrap_or(default_port)))
 }
 
@@ -58,10 +67,16 @@ pub async fn connect(host: &str, port: u16) -> Result<TcpStream, HttpError> {
         Ok(ip) => vec![SocketAddr::new(ip, port)],
         Err(_) => tokio::net::lookup_host((host, port))
             .await
-            .map_err(|e| HttpError::Resolve { host: host.to_string(), reason: e.to_string() })?
+            .map_err(|e| HttpError::Resolve {
+                host: host.to_string(),
+                reason: e.to_string(),
+            })?
             .collect(),
     };
-    let mut last = HttpError::Resolve { host: host.to_string(), reason: "no addresses".into() };
+    let mut last = HttpError::Resolve {
+        host: host.to_string(),
+        reason: "no addresses".into(),
+    };
     for addr in addrs {
         match TcpStream::connect(addr).await {
             Ok(stream) => {
@@ -69,7 +84,12 @@ pub async fn connect(host: &str, port: u16) -> Result<TcpStream, HttpError> {
                 let _ = stream.set_nodelay(true);
                 return Ok(stream);
             }
-            Err(e) => last = HttpError::Connect { addr: addr.to_string(), reason: e.to_string() },
+            Err(e) => {
+                last = HttpError::Connect {
+                    addr: addr.to_string(),
+                    reason: e.to_string(),
+                }
+            }
         }
     }
     Err(last)
@@ -77,8 +97,14 @@ pub async fn connect(host: &str, port: u16) -> Result<TcpStream, HttpError> {
 
 /// Builds a request for `path` on `uri`'s host (hyper's connection-level
 /// client sends the URI as given, so it must be origin-form plus Host).
-pub fn request(method: Method, uri: &Uri, path: &str) -> Result<hyper::http::request::Builder, HttpError> {
-    let authority = uri.authority().ok_or_else(|| HttpError::BadUrl(uri.to_string()))?;
+pub fn request(
+    method: Method,
+    uri: &Uri,
+    path: &str,
+) -> Result<hyper::http::request::Builder, HttpError> {
+    let authority = uri
+        .authority()
+        .ok_or_else(|| HttpError::BadUrl(uri.to_string()))?;
     Ok(Request::builder()
         .method(method)
         .uri(path)
@@ -87,12 +113,18 @@ pub fn request(method: Method, uri: &Uri, path: &str) -> Result<hyper::http::req
 
 /// Sends one request over `io` and reads the whole answer, at most
 /// `max_body` bytes of it.
-pub async fn send<S>(io: S, request: Request<Full<Bytes>>, max_body: usize) -> Result<Response, HttpError>
+pub async fn send<S>(
+    io: S,
+    request: Request<Full<Bytes>>,
+    max_body: usize,
+) -> Result<Response, HttpError>
 where
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
     let exchange = |e: hyper::Error| HttpError::Exchange(e.to_string());
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await.map_err(exchange)?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+        .await
+        .map_err(exchange)?;
     let driver = tokio::spawn(async move {
         // Its error also surfaces through send_request.
         let _ = connection.await;
@@ -108,7 +140,11 @@ where
                 Err(e) => HttpError::Exchange(e.to_string()),
             })?
             .to_bytes();
-        Ok(Response { status: parts.status, headers: parts.headers, body })
+        Ok(Response {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        })
     }
     .await;
     driver.abort();
@@ -119,7 +155,11 @@ where
 /// parser here; it is treated as absent).
 pub fn retry_after(headers: &HeaderMap) -> Option<std::time::Duration> {
     let value = headers.get(hyper::header::RETRY_AFTER)?.to_str().ok()?;
-    value.trim().parse::<u64>().ok().map(std::time::Duration::from_secs)
+    value
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .map(std::time::Duration::from_secs)
 }
 
 #[cfg(test)]
@@ -131,7 +171,10 @@ mod tests {
         let uri: Uri = "https://[::1]:8443/x".parse().unwrap();
         assert_eq!(host_port(&uri).unwrap(), ("::1".to_string(), 8443));
         let uri: Uri = "http://169.254.169.254".parse().unwrap();
-        assert_eq!(host_port(&uri).unwrap(), ("169.254.169.254".to_string(), 80));
+        assert_eq!(
+            host_port(&uri).unwrap(),
+            ("169.254.169.254".to_string(), 80)
+        );
         let uri: Uri = "https://join.example".parse().unwrap();
         assert_eq!(host_port(&uri).unwrap().1, 443);
     }
@@ -141,8 +184,14 @@ mod tests {
         let mut headers = HeaderMap::new();
         assert_eq!(retry_after(&headers), None);
         headers.insert(hyper::header::RETRY_AFTER, "7".parse().unwrap());
-        assert_eq!(retry_after(&headers), Some(std::time::Duration::from_secs(7)));
-        headers.insert(hyper::header::RETRY_AFTER, "Wed, 21 Oct 2015 07:28:00 GMT".parse().unwrap());
+        assert_eq!(
+            retry_after(&headers),
+            Some(std::time::Duration::from_secs(7))
+        );
+        headers.insert(
+            hyper::header::RETRY_AFTER,
+            "Wed, 21 Oct 2015 07:28:00 GMT".parse().unwrap(),
+        );
         assert_eq!(retry_after(&headers), None);
     }
 }

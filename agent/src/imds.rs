@@ -39,8 +39,12 @@ const MAX_BODY: usize = 256 * 1024;
 pub enum ImdsError {
     #[error("IMDS endpoint {0:?} must be an http:// URL")]
     BadEndpoint(String),
-    #[error("IMDS at {endpoint} did not answer {path} by the deadline: {source}")]
-    GaveUp { endpoint: String, path: String, source: RetryError<String> },
+    #[error("IMDS at {endpoint} did not answer {path} by the deadline: {reason}")]
+    GaveUp {
+        endpoint: String,
+        path: String,
+        reason: RetryError<String>,
+    },
     #[error("IMDS {path}: {reason}")]
     Refused { path: String, reason: String },
     #[error("IMDS has no {0}")]
@@ -66,33 +70,60 @@ pub struct Imds {
 
 impl Imds {
     pub fn new(endpoint: &str, deadline: Deadline) -> Result<Self, ImdsError> {
-        let uri: Uri = endpoint.trim_end_matches('/').parse().map_err(|_| ImdsError::BadEndpoint(endpoint.into()))?;
+        let uri: Uri = endpoint
+            .trim_end_matches('/')
+            .parse()
+            .map_err(|_| ImdsError::BadEndpoint(endpoint.into()))?;
         if uri.scheme_str() != Some("http") || uri.host().is_none() {
             return Err(ImdsError::BadEndpoint(endpoint.into()));
         }
-        Ok(Imds { endpoint: uri, deadline, policy: RetryPolicy::IMDS, token: Mutex::new(None) })
+        Ok(Imds {
+            endpoint: uri,
+            deadline,
+            policy: RetryPolicy::IMDS,
+            token: Mutex::new(None),
+        })
     }
 
     /// GET `path`; `None` when IMDS says 404.
     pub async fn get(&self, path: &str) -> Result<Option<Bytes>, ImdsError> {
-        let outcome = retry(&self.policy, &self.deadline, &format!("IMDS {path}"), |_| self.attempt(path)).await;
+        let outcome = retry(
+            &self.policy,
+            &self.deadline,
+            &format!("IMDS {path}"),
+            |_| self.attempt(path),
+        )
+        .await;
         outcome.map_err(|source| match source {
-            RetryError::Fatal(reason) => ImdsError::Refused { path: path.into(), reason },
-            gave_up => ImdsError::GaveUp { endpoint: self.endpoint.to_string(), path: path.into(), source: gave_up },
+            RetryError::Fatal(reason) => ImdsError::Refused {
+                path: path.into(),
+                reason,
+            },
+            gave_up => ImdsError::GaveUp {
+                endpoint: self.endpoint.to_string(),
+                path: path.into(),
+                reason: gave_up,
+            },
         })
     }
 
     /// GET `path` as trimmed text; `None` when IMDS says 404.
     pub async fn get_text(&self, path: &str) -> Result<Option<String>, ImdsError> {
-        let Some(body) = self.get(path).await? else { return Ok(None) };
-        let text = String::from_utf8(body.to_vec())
-            .map_err(|_| ImdsError::Invalid { path: path.into(), reason: "not UTF-8".into() })?;
+        let Some(body) = self.get(path).await? else {
+            return Ok(None);
+        };
+        let text = String::from_utf8(body.to_vec()).map_err(|_| ImdsError::Invalid {
+            path: path.into(),
+            reason: "not UTF-8".into(),
+        })?;
         Ok(Some(text.trim().to_string()))
     }
 
     /// GET `path` as text that must be there.
     pub async fn require_text(&self, path: &str) -> Result<String, ImdsError> {
-        self.get_text(path).await?.ok_or_else(|| ImdsError::Missing(path.into()))
+        self.get_text(path)
+            .await?
+            .ok_or_else(|| ImdsError::Missing(path.into()))
     }
 
     async fn attempt(&self, path: &str) -> Attempt<Option<Bytes>, String> {
@@ -100,12 +131,11 @@ impl Imds {
             Ok(token) => token,
             Err(attempt) => return attempt,
         };
-        let request = http::request(Method::GET, &self.endpoint, path)
-            .and_then(|b| {
-                b.header("x-aws-ec2-metadata-token", token)
-                    .body(Full::new(Bytes::new()))
-                    .map_err(|e| HttpError::BadUrl(e.to_string()))
-            });
+        let request = http::request(Method::GET, &self.endpoint, path).and_then(|b| {
+            b.header("x-aws-ec2-metadata-token", token)
+                .body(Full::new(Bytes::new()))
+                .map_err(|e| HttpError::BadUrl(e.to_string()))
+        });
         let response = match request {
             Ok(request) => self.exchange(request).await,
             Err(e) => return Attempt::Fatal(e.to_string()),
@@ -116,10 +146,16 @@ impl Imds {
             Ok(r) if r.status == StatusCode::UNAUTHORIZED => {
                 // The token expired (or IMDS restarted): get a new one.
                 self.forget_token();
-                Attempt::Retry { error: "401: token rejected; fetching a new one".into(), after: None }
+                Attempt::Retry {
+                    error: "401: token rejected; fetching a new one".into(),
+                    after: None,
+                }
             }
             Ok(r) => classify(r.status),
-            Err(e) => Attempt::Retry { error: e.to_string(), after: None },
+            Err(e) => Attempt::Retry {
+                error: e.to_string(),
+                after: None,
+            },
         }
     }
 
@@ -129,11 +165,15 @@ impl Imds {
         if let Some(token) = self.cached_token() {
             return Ok(token);
         }
-        let request = http::request(Method::PUT, &self.endpoint, "/latest/api/token").and_then(|b| {
-            b.header("x-aws-ec2-metadata-token-ttl-seconds", TOKEN_TTL.as_secs().to_string())
+        let request =
+            http::request(Method::PUT, &self.endpoint, "/latest/api/token").and_then(|b| {
+                b.header(
+                    "x-aws-ec2-metadata-token-ttl-seconds",
+                    TOKEN_TTL.as_secs().to_string(),
+                )
                 .body(Full::new(Bytes::new()))
                 .map_err(|e| HttpError::BadUrl(e.to_string()))
-        });
+            });
         let request = request.map_err(|e| Attempt::Fatal(e.to_string()))?;
         let response = self.exchange(request).await.map_err(|e| Attempt::Retry {
             error: format!("token: {e}"),
@@ -147,13 +187,19 @@ impl Imds {
         }
         let value = String::from_utf8_lossy(&response.body).trim().to_string();
         let renew_at = Instant::now() + TOKEN_TTL.saturating_sub(TOKEN_MARGIN);
-        self.store_token(Token { value: value.clone(), renew_at });
+        self.store_token(Token {
+            value: value.clone(),
+            renew_at,
+        });
         Ok(value)
     }
 
     fn cached_token(&self) -> Option<String> {
         let guard = self.token.lock().ok()?;
-        guard.as_ref().filter(|t| Instant::now() < t.renew_at).map(|t| t.value.clone())
+        guard
+            .as_ref()
+            .filter(|t| Instant::now() < t.renew_at)
+            .map(|t| t.value.clone())
     }
 
     fn store_token(&self, token: Token) {
@@ -168,34 +214,53 @@ impl Imds {
         }
     }
 
-    async fn exchange(&self, request: hyper::Request<Full<Bytes>>) -> Result<http::Response, HttpError> {
+    async fn exchange(
+        &self,
+        request: hyper::Request<Full<Bytes>>,
+    ) -> Result<http::Response, HttpError> {
         let limit = self.deadline.clamp(PER_TRY_TIMEOUT);
         let work = async {
             let (host, port) = http::host_port(&self.endpoint)?;
             let stream = http::connect(&host, port).await?;
             http::send(stream, request, MAX_BODY).await
         };
-        tokio::time::timeout(limit, work).await.unwrap_or(Err(HttpError::Timeout(limit.as_secs_f64())))
+        tokio::time::timeout(limit, work)
+            .await
+            .unwrap_or(Err(HttpError::Timeout(limit.as_secs_f64())))
     }
 
     /// Reads everything the join needs about this instance.
     pub async fn identity(&self) -> Result<Identity, ImdsError> {
         let document_path = "/latest/dynamic/instance-identity/document";
         let document_raw = self.require_text(document_path).await?;
-        let document: IdentityDocument = serde_json::from_str(&document_raw)
-            .map_err(|e| ImdsError::Invalid { path: document_path.into(), reason: e.to_string() })?;
-        let rsa2048 = self.require_text("/latest/dynamic/instance-identity/rsa2048").await?;
+        let document: IdentityDocument =
+            serde_json::from_str(&document_raw).map_err(|e| ImdsError::Invalid {
+                path: document_path.into(),
+                reason: e.to_string(),
+            })?;
+        let rsa2048 = self
+            .require_text("/latest/dynamic/instance-identity/rsa2048")
+            .await?;
         let instance_id = self.require_text("/latest/meta-data/instance-id").await?;
-        let availability_zone = self.require_text("/latest/meta-data/placement/availability-zone").await?;
+        let availability_zone = self
+            .require_text("/latest/meta-data/placement/availability-zone")
+            .await?;
         if instance_id != document.instance_id || availability_zone != document.availability_zone {
             return Err(ImdsError::Invalid {
                 path: document_path.into(),
                 reason: "instance id or availability zone differs from the metadata".into(),
             });
         }
-        let local_hostname = self.require_text("/latest/meta-data/local-hostname").await?;
+        let local_hostname = self
+            .require_text("/latest/meta-data/local-hostname")
+            .await?;
         let ips = self.ips().await?;
-        Ok(Identity { document, rsa2048, local_hostname, ips })
+        Ok(Identity {
+            document,
+            rsa2048,
+            local_hostname,
+            ips,
+        })
     }
 
     /// The primary interface's private IPv4s and IPv6s, primary IP first.
@@ -207,7 +272,11 @@ impl Imds {
             lists.push(self.get_text(&format!("{base}/ipv6s")).await?);
         }
         let mut ips: Vec<IpAddr> = Vec::new();
-        for word in lists.iter().flatten().flat_map(|list| list.split_whitespace()) {
+        for word in lists
+            .iter()
+            .flatten()
+            .flat_map(|list| list.split_whitespace())
+        {
             let ip = word.parse().map_err(|_| ImdsError::Invalid {
                 path: "/latest/meta-data (IPs)".into(),
                 reason: format!("{word:?} is not an IP address"),
@@ -256,7 +325,10 @@ pub struct Identity {
 impl Identity {
     /// `aws:///<availability-zone>/<instance-id>`, as Karpenter records it.
     pub fn provider_id(&self) -> String {
-        format!("aws:///{}/{}", self.document.availability_zone, self.document.instance_id)
+        format!(
+            "aws:///{}/{}",
+            self.document.availability_zone, self.document.instance_id
+        )
     }
 }
 
@@ -274,9 +346,18 @@ mod tests {
 
     #[test]
     fn status_classes() {
-        assert!(matches!(classify::<()>(StatusCode::SERVICE_UNAVAILABLE), Attempt::Retry { .. }));
-        assert!(matches!(classify::<()>(StatusCode::TOO_MANY_REQUESTS), Attempt::Retry { .. }));
-        assert!(matches!(classify::<()>(StatusCode::FORBIDDEN), Attempt::Fatal(_)));
+        assert!(matches!(
+            classify::<()>(StatusCode::SERVICE_UNAVAILABLE),
+            Attempt::Retry { .. }
+        ));
+        assert!(matches!(
+            classify::<()>(StatusCode::TOO_MANY_REQUESTS),
+            Attempt::Retry { .. }
+        ));
+        assert!(matches!(
+            classify::<()>(StatusCode::FORBIDDEN),
+            Attempt::Fatal(_)
+        ));
     }
 
     #[tokio::test]
@@ -291,6 +372,9 @@ mod tests {
         let err = imds.get("/latest/user-data").await.unwrap_err();
         assert!(started.elapsed() < Duration::from_secs(3));
         let text = err.to_string();
-        assert!(text.contains(&endpoint) && text.contains("gave up"), "{text}");
+        assert!(
+            text.contains(&endpoint) && text.contains("gave up"),
+            "{text}"
+        );
     }
 }

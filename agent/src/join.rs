@@ -10,7 +10,9 @@ use crate::config::Config;
 use crate::http::{self, HttpError};
 use crate::retry::{retry, Attempt, Deadline, RetryError, RetryPolicy};
 use crate::trust::{self, TrustError};
-use autonode_shared::protocol::{ErrorResponse, JoinRequest, JoinResponse, JOIN_PATH, REQUEST_ID_HEADER};
+use autonode_shared::protocol::{
+    ErrorResponse, JoinRequest, JoinResponse, JOIN_PATH, REQUEST_ID_HEADER,
+};
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{Method, StatusCode, Uri};
@@ -29,7 +31,11 @@ const MAX_RESPONSE: usize = 4 * 1024 * 1024;
 #[derive(Debug, thiserror::Error)]
 pub enum JoinError {
     #[error("the server refused: HTTP {status}: {message} (request id {request_id})")]
-    Refused { status: u16, message: String, request_id: String },
+    Refused {
+        status: u16,
+        message: String,
+        request_id: String,
+    },
     #[error("{0}")]
     Transient(String),
     #[error("no answer from the server by the deadline: {attempts} attempts; last error: {last}")]
@@ -49,13 +55,29 @@ pub struct ServerClient {
 
 impl ServerClient {
     pub fn new(config: &Config) -> Result<Self, JoinError> {
-        Ok(ServerClient { base: config.server_url.clone(), tls: trust::client_config(&config.server_trust)? })
+        Ok(ServerClient {
+            base: config.server_url.clone(),
+            tls: trust::client_config(&config.server_trust)?,
+        })
     }
 
     /// Asks to join, retrying transient failures until `deadline`.
-    pub async fn join(&self, request: &JoinRequest, deadline: &Deadline) -> Result<JoinResponse, JoinError> {
-        let body = serde_json::to_vec(request).map_err(|e| JoinError::BadResponse(e.to_string()))?;
-        let answer = self.post(JOIN_PATH, body.into(), &RetryPolicy::JOIN, deadline, JOIN_TRY_TIMEOUT).await?;
+    pub async fn join(
+        &self,
+        request: &JoinRequest,
+        deadline: &Deadline,
+    ) -> Result<JoinResponse, JoinError> {
+        let body =
+            serde_json::to_vec(request).map_err(|e| JoinError::BadResponse(e.to_string()))?;
+        let answer = self
+            .post(
+                JOIN_PATH,
+                body.into(),
+                &RetryPolicy::JOIN,
+                deadline,
+                JOIN_TRY_TIMEOUT,
+            )
+            .await?;
         serde_json::from_slice(&answer).map_err(|e| JoinError::BadResponse(e.to_string()))
     }
 
@@ -69,20 +91,31 @@ impl ServerClient {
         per_try: Duration,
     ) -> Result<Bytes, JoinError> {
         let what = format!("POST {path}");
-        retry(policy, deadline, &what, |_| self.attempt(path, body.clone(), deadline.clamp(per_try)))
-            .await
-            .map_err(|e| match e {
-                RetryError::Fatal(e) => e,
-                RetryError::GaveUp { attempts, last } => JoinError::GaveUp { attempts, last: last.to_string() },
-            })
+        retry(policy, deadline, &what, |_| {
+            self.attempt(path, body.clone(), deadline.clamp(per_try))
+        })
+        .await
+        .map_err(|e| match e {
+            RetryError::Fatal(e) => e,
+            RetryError::GaveUp { attempts, last } => JoinError::GaveUp {
+                attempts,
+                last: last.to_string(),
+            },
+        })
     }
 
     async fn attempt(&self, path: &str, body: Bytes, limit: Duration) -> Attempt<Bytes, JoinError> {
         let response = match tokio::time::timeout(limit, self.exchange(path, body)).await {
             Ok(Ok(response)) => response,
-            Ok(Err(e)) => return Attempt::Retry { error: JoinError::Transient(e.to_string()), after: None },
+            Ok(Err(e)) => {
+                return Attempt::Retry {
+                    error: JoinError::Transient(e.to_string()),
+                    after: None,
+                }
+            }
             Err(_) => {
-                let error = JoinError::Transient(HttpError::Timeout(limit.as_secs_f64()).to_string());
+                let error =
+                    JoinError::Transient(HttpError::Timeout(limit.as_secs_f64()).to_string());
                 return Attempt::Retry { error, after: None };
             }
         };
@@ -93,12 +126,26 @@ impl ServerClient {
         let request_id = request_id(&response);
         let message = serde_json::from_slice::<ErrorResponse>(&response.body)
             .map(|e| e.error)
-            .unwrap_or_else(|_| String::from_utf8_lossy(&response.body).chars().take(200).collect());
+            .unwrap_or_else(|_| {
+                String::from_utf8_lossy(&response.body)
+                    .chars()
+                    .take(200)
+                    .collect()
+            });
         if status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
-            let error = JoinError::Transient(format!("HTTP {status}: {message} (request id {request_id})"));
-            return Attempt::Retry { error, after: http::retry_after(&response.headers) };
+            let error = JoinError::Transient(format!(
+                "HTTP {status}: {message} (request id {request_id})"
+            ));
+            return Attempt::Retry {
+                error,
+                after: http::retry_after(&response.headers),
+            };
         }
-        Attempt::Fatal(JoinError::Refused { status: status.as_u16(), message, request_id })
+        Attempt::Fatal(JoinError::Refused {
+            status: status.as_u16(),
+            message,
+            request_id,
+        })
     }
 
     async fn exchange(&self, path: &str, body: Bytes) -> Result<http::Response, HttpError> {
@@ -106,15 +153,22 @@ impl ServerClient {
         let full_path = format!("{}{}", self.base.path().trim_end_matches('/'), path);
         let request = http::request(Method::POST, &self.base, &full_path)?
             .header(hyper::header::CONTENT_TYPE, "application/json")
-            .header(hyper::header::USER_AGENT, concat!("autonode-agent/", env!("CARGO_PKG_VERSION")))
+            .header(
+                hyper::header::USER_AGENT,
+                concat!("autonode-agent/", env!("CARGO_PKG_VERSION")),
+            )
             .body(Full::new(body))
             .map_err(|e| HttpError::BadUrl(e.to_string()))?;
         let tcp = http::connect(&host, port).await?;
-        let server_name = ServerName::try_from(host.clone()).map_err(|e| HttpError::BadUrl(e.to_string()))?;
+        let server_name =
+            ServerName::try_from(host.clone()).map_err(|e| HttpError::BadUrl(e.to_string()))?;
         let tls = TlsConnector::from(self.tls.clone())
             .connect(server_name, tcp)
             .await
-            .map_err(|e| HttpError::Tls { host, reason: e.to_string() })?;
+            .map_err(|e| HttpError::Tls {
+                host,
+                reason: e.to_string(),
+            })?;
         http::send(tls, request, MAX_RESPONSE).await
     }
 }
@@ -125,6 +179,10 @@ fn request_id(response: &http::Response) -> String {
         .get(REQUEST_ID_HEADER)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string)
-        .or_else(|| serde_json::from_slice::<ErrorResponse>(&response.body).ok().map(|e| e.request_id))
+        .or_else(|| {
+            serde_json::from_slice::<ErrorResponse>(&response.body)
+                .ok()
+                .map(|e| e.request_id)
+        })
         .unwrap_or_else(|| "none".into())
 }

@@ -28,19 +28,33 @@ pub fn load_or_generate(path: &Path) -> Result<(KeyPair, bool), KeyError> {
     match std::fs::read_to_string(path) {
         Ok(pem) => load(path, &pem).map(|key| (key, false)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).map_err(|e| KeyError::Generate(e.to_string()))?;
-            fsutil::write_atomic(path, key.serialize_pem().as_bytes(), 0o600, Owner::default())?;
+            let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)
+                .map_err(|e| KeyError::Generate(e.to_string()))?;
+            fsutil::write_atomic(
+                path,
+                key.serialize_pem().as_bytes(),
+                0o600,
+                Owner::default(),
+            )?;
             Ok((key, true))
         }
-        Err(source) => Err(FsError::Io { path: path.to_path_buf(), source }.into()),
+        Err(source) => Err(FsError::Io {
+            path: path.to_path_buf(),
+            cause: source,
+        }
+        .into()),
     }
 }
 
 fn load(path: &Path, pem: &str) -> Result<KeyPair, KeyError> {
-    let key = KeyPair::from_pem(pem)
-        .map_err(|e| KeyError::Corrupt { path: path.display().to_string(), reason: e.to_string() })?;
+    let key = KeyPair::from_pem(pem).map_err(|e| KeyError::Corrupt {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    })?;
     if key.algorithm() != &PKCS_ECDSA_P256_SHA256 {
-        return Err(KeyError::WrongAlgorithm { path: path.display().to_string() });
+        return Err(KeyError::WrongAlgorithm {
+            path: path.display().to_string(),
+        });
     }
     Ok(key)
 }
@@ -68,7 +82,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("client.key");
         std::fs::write(&path, "garbage").unwrap();
-        assert!(matches!(load_or_generate(&path), Err(KeyError::Corrupt { .. })));
+        assert!(matches!(
+            load_or_generate(&path),
+            Err(KeyError::Corrupt { .. })
+        ));
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "garbage");
     }
 }

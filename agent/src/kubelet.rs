@@ -62,26 +62,61 @@ pub struct Keys<'a> {
 
 /// Checks the answer against this node and writes every kubelet file.
 /// Returns how many files changed.
-pub fn write(root: &Root, answer: &JoinResponse, keys: &Keys<'_>, identity: &Identity, kubelet_path: &str) -> Result<usize, KubeletError> {
+pub fn write(
+    root: &Root,
+    answer: &JoinResponse,
+    keys: &Keys<'_>,
+    identity: &Identity,
+    kubelet_path: &str,
+) -> Result<usize, KubeletError> {
     validate(answer, identity)?;
     let client = certificate_file(root, "client", &answer.client_certificate, keys.client)?;
     let serving = certificate_file(root, "server", &answer.serving_certificate, keys.serving)?;
     let mut changed = client + serving;
     let public = Owner::default();
-    changed += usize::from(fsutil::write_atomic(&root.join(CLUSTER_CA)?, answer.cluster_ca.as_bytes(), 0o644, public)?);
-    let config = serde_json::to_vec_pretty(&answer.kubelet.config).map_err(|e| refused(e.to_string()))?;
-    changed += usize::from(fsutil::write_atomic(&root.join(CONFIG)?, &config, 0o644, public)?);
+    changed += usize::from(fsutil::write_atomic(
+        &root.join(CLUSTER_CA)?,
+        answer.cluster_ca.as_bytes(),
+        0o644,
+        public,
+    )?);
+    let config =
+        serde_json::to_vec_pretty(&answer.kubelet.config).map_err(|e| refused(e.to_string()))?;
+    changed += usize::from(fsutil::write_atomic(
+        &root.join(CONFIG)?,
+        &config,
+        0o644,
+        public,
+    )?);
     let kubeconfig = kubeconfig(&answer.api_server);
-    changed += usize::from(fsutil::write_atomic(&root.join(KUBECONFIG)?, kubeconfig.as_bytes(), 0o600, public)?);
-    changed += usize::from(fsutil::write_atomic(&root.join(ENV_FILE)?, env_file(answer).as_bytes(), 0o644, public)?);
-    changed += usize::from(fsutil::write_atomic(&root.join(DROPIN)?, dropin(kubelet_path).as_bytes(), 0o644, public)?);
+    changed += usize::from(fsutil::write_atomic(
+        &root.join(KUBECONFIG)?,
+        kubeconfig.as_bytes(),
+        0o600,
+        public,
+    )?);
+    changed += usize::from(fsutil::write_atomic(
+        &root.join(ENV_FILE)?,
+        env_file(answer).as_bytes(),
+        0o644,
+        public,
+    )?);
+    changed += usize::from(fsutil::write_atomic(
+        &root.join(DROPIN)?,
+        dropin(kubelet_path).as_bytes(),
+        0o644,
+        public,
+    )?);
     Ok(changed)
 }
 
 /// Values that end up in flags must be plain tokens: no spaces, quotes or
 /// `$`, which would change the command line systemd builds.
 fn is_token(value: &str) -> bool {
-    !value.is_empty() && value.bytes().all(|b| b.is_ascii_graphic() && !b"\"'\\$`,;".contains(&b))
+    !value.is_empty()
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && !b"\"'\\$`,;".contains(&b))
 }
 
 fn validate(answer: &JoinResponse, identity: &Identity) -> Result<(), KubeletError> {
@@ -95,18 +130,34 @@ fn validate(answer: &JoinResponse, identity: &Identity) -> Result<(), KubeletErr
     }
     let name_ok = answer.node_name.len() <= 253
         && is_token(&answer.node_name)
-        && answer.node_name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-.".contains(&b));
+        && answer
+            .node_name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-.".contains(&b));
     if !name_ok {
-        return Err(refused(format!("node name {:?} is not a DNS name", answer.node_name)));
+        return Err(refused(format!(
+            "node name {:?} is not a DNS name",
+            answer.node_name
+        )));
     }
-    let ip: IpAddr = settings.node_ip.parse().map_err(|_| refused(format!("node IP {:?}", settings.node_ip)))?;
+    let ip: IpAddr = settings
+        .node_ip
+        .parse()
+        .map_err(|_| refused(format!("node IP {:?}", settings.node_ip)))?;
     if !identity.ips.contains(&ip) {
-        log::warn!("node IP {ip} is not among this instance's IPs {:?}", identity.ips);
+        log::warn!(
+            "node IP {ip} is not among this instance's IPs {:?}",
+            identity.ips
+        );
     }
     if let Some(bad) = settings.register_with_taints.iter().find(|t| !is_token(t)) {
         return Err(refused(format!("taint {bad:?}")));
     }
-    if let Some((k, v)) = settings.node_labels.iter().find(|(k, v)| !is_token(k) || !(v.is_empty() || is_token(v))) {
+    if let Some((k, v)) = settings
+        .node_labels
+        .iter()
+        .find(|(k, v)| !is_token(k) || !(v.is_empty() || is_token(v)))
+    {
         return Err(refused(format!("label {k:?}={v:?}")));
     }
     if !answer.api_server.starts_with("https://") || !is_token(&answer.api_server) {
@@ -117,11 +168,20 @@ fn validate(answer: &JoinResponse, identity: &Identity) -> Result<(), KubeletErr
 
 /// Writes `kubelet-<kind>-<notBefore>.pem` (cert + key, 0600) and points
 /// `kubelet-<kind>-current.pem` at it. The certificate must be for `key`.
-fn certificate_file(root: &Root, kind: &str, pem: &str, key: &KeyPair) -> Result<usize, KubeletError> {
-    let der = CertificateDer::from_pem_slice(pem.as_bytes()).map_err(|e| refused(format!("{kind} certificate: {e}")))?;
-    let (_, cert) = x509_parser::parse_x509_certificate(&der).map_err(|e| refused(format!("{kind} certificate: {e}")))?;
+fn certificate_file(
+    root: &Root,
+    kind: &str,
+    pem: &str,
+    key: &KeyPair,
+) -> Result<usize, KubeletError> {
+    let der = CertificateDer::from_pem_slice(pem.as_bytes())
+        .map_err(|e| refused(format!("{kind} certificate: {e}")))?;
+    let (_, cert) = x509_parser::parse_x509_certificate(&der)
+        .map_err(|e| refused(format!("{kind} certificate: {e}")))?;
     if cert.public_key().subject_public_key.data.as_ref() != key.public_key_raw() {
-        return Err(refused(format!("{kind} certificate is not for this node's {kind} key")));
+        return Err(refused(format!(
+            "{kind} certificate is not for this node's {kind} key"
+        )));
     }
     let stamp = cert.validity().not_before.to_datetime();
     let name = format!(
@@ -135,7 +195,12 @@ fn certificate_file(root: &Root, kind: &str, pem: &str, key: &KeyPair) -> Result
     );
     let contents = format!("{}\n{}", pem.trim_end(), key.serialize_pem());
     let file = root.join(&format!("{PKI_DIR}/{name}"))?;
-    let mut changed = usize::from(fsutil::write_atomic(&file, contents.as_bytes(), 0o600, Owner::default())?);
+    let mut changed = usize::from(fsutil::write_atomic(
+        &file,
+        contents.as_bytes(),
+        0o600,
+        Owner::default(),
+    )?);
     let current = root.join(&format!("{PKI_DIR}/kubelet-{kind}-current.pem"))?;
     // Relative, like kubelet's own: valid under any root.
     changed += usize::from(fsutil::symlink_atomic(Path::new(&name), &current)?);
@@ -166,10 +231,17 @@ pub fn flags(answer: &JoinResponse) -> Vec<String> {
         format!("--provider-id={}", settings.provider_id),
     ];
     if !settings.register_with_taints.is_empty() {
-        flags.push(format!("--register-with-taints={}", settings.register_with_taints.join(",")));
+        flags.push(format!(
+            "--register-with-taints={}",
+            settings.register_with_taints.join(",")
+        ));
     }
     if !settings.node_labels.is_empty() {
-        let labels: Vec<String> = settings.node_labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let labels: Vec<String> = settings
+            .node_labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
         flags.push(format!("--node-labels={}", labels.join(",")));
     }
     flags
@@ -206,10 +278,167 @@ fn run(program: &str, args: &[String]) -> Result<(), KubeletError> {
     let output = Command::new(program)
         .args(args)
         .output()
-        .map_err(|e| KubeletError::Command { command: command.clone(), reason: e.to_string() })?;
+        .map_err(|e| KubeletError::Command {
+            command: command.clone(),
+            reason: e.to_string(),
+        })?;
     if output.status.success() {
         return Ok(());
     }
     let stderr = String::from_utf8_lossy(&output.stderr).trim().to_string();
-    Err(KubeletError::Command { command, reason: format!("{}: {stderr}", output.status) })
+    Err(KubeletError::Command {
+        command,
+        reason: format!("{}: {stderr}", output.status),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::imds::IdentityDocument;
+    use autonode_shared::protocol::KubeletSettings;
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer};
+
+    fn identity() -> Identity {
+        Identity {
+            document: IdentityDocument {
+                instance_id: "i-0123456789abcdef0".into(),
+                availability_zone: "us-west-2a".into(),
+                region: "us-west-2".into(),
+                account_id: "123456789012".into(),
+            },
+            rsa2048: "sig".into(),
+            local_hostname: "ip-10-0-0-1.us-west-2.compute.internal".into(),
+            ips: vec!["10.0.0.1".parse().unwrap()],
+        }
+    }
+
+    fn answer(client: &KeyPair, serving: &KeyPair) -> JoinResponse {
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca = ca_params.self_signed(&ca_key).unwrap();
+        let issuer = Issuer::new(ca_params, ca_key);
+        let cert = |key: &KeyPair| {
+            CertificateParams::new(vec!["n".to_string()])
+                .unwrap()
+                .signed_by(key, &issuer)
+                .unwrap()
+                .pem()
+        };
+        JoinResponse {
+            node_name: "ip-10-0-0-1.us-west-2.compute.internal".into(),
+            api_server: "https://10.0.0.2:6443".into(),
+            cluster_ca: ca.pem(),
+            client_certificate: cert(client),
+            serving_certificate: cert(serving),
+            kubelet: KubeletSettings {
+                config: serde_json::json!({"kind": "KubeletConfiguration", "rotateCertificates": true}),
+                provider_id: "aws:///us-west-2a/i-0123456789abcdef0".into(),
+                node_ip: "10.0.0.1".into(),
+                register_with_taints: vec!["karpenter.sh/unregistered:NoExecute".into()],
+                node_labels: [("karpenter.sh/nodepool".to_string(), "default".to_string())].into(),
+            },
+            ignition: serde_json::json!({"ignition": {"version": "3.4.0"}}),
+        }
+    }
+
+    #[test]
+    fn writes_kubelet_files_idempotently() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path());
+        let (client, serving) = (KeyPair::generate().unwrap(), KeyPair::generate().unwrap());
+        let answer = answer(&client, &serving);
+        let keys = Keys {
+            client: &client,
+            serving: &serving,
+        };
+        assert!(write(&root, &answer, &keys, &identity(), "/usr/bin/kubelet").unwrap() >= 8);
+        assert_eq!(
+            write(&root, &answer, &keys, &identity(), "/usr/bin/kubelet").unwrap(),
+            0
+        );
+
+        let current = dir.path().join(CLIENT_CURRENT.trim_start_matches('/'));
+        let pem = std::fs::read_to_string(&current).unwrap();
+        assert!(pem.contains("BEGIN CERTIFICATE") && pem.contains("BEGIN PRIVATE KEY"));
+        assert!(std::fs::read_link(&current)
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("kubelet-client-"));
+        let env =
+            std::fs::read_to_string(dir.path().join(ENV_FILE.trim_start_matches('/'))).unwrap();
+        for flag in [
+            "--provider-id=aws:///us-west-2a/i-0123456789abcdef0",
+            "--node-ip=10.0.0.1",
+            "--register-with-taints=karpenter.sh/unregistered:NoExecute",
+            "--node-labels=karpenter.sh/nodepool=default",
+            "--hostname-override=ip-10-0-0-1.us-west-2.compute.internal",
+        ] {
+            assert!(env.contains(flag), "{env} lacks {flag}");
+        }
+        let kubeconfig: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(dir.path().join(KUBECONFIG.trim_start_matches('/'))).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            kubeconfig["clusters"][0]["cluster"]["server"],
+            "https://10.0.0.2:6443"
+        );
+        assert!(crate::state::verify_joined(&root, 0).is_ok());
+    }
+
+    #[test]
+    fn answers_that_do_not_fit_this_node_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path());
+        let (client, serving) = (KeyPair::generate().unwrap(), KeyPair::generate().unwrap());
+        let keys = Keys {
+            client: &client,
+            serving: &serving,
+        };
+        let mut other = answer(&client, &serving);
+        other.kubelet.provider_id = "aws:///us-west-2a/i-ffffffffffffffff0".into();
+        assert!(matches!(
+            write(&root, &other, &keys, &identity(), "k"),
+            Err(KubeletError::Refused(_))
+        ));
+        let mut injected = answer(&client, &serving);
+        injected.kubelet.register_with_taints = vec!["a=b:NoSchedule --anonymous-auth=true".into()];
+        assert!(matches!(
+            write(&root, &injected, &keys, &identity(), "k"),
+            Err(KubeletError::Refused(_))
+        ));
+        let swapped = answer(&serving, &client);
+        let err = write(&root, &swapped, &keys, &identity(), "k").unwrap_err();
+        assert!(
+            err.to_string().contains("not for this node's client key"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn start_reloads_then_starts_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("calls");
+        let script = dir.path().join("systemctl");
+        std::fs::write(
+            &script,
+            format!("#!/bin/sh\necho \"$@\" >> {}\n", log.display()),
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        start(
+            &script.to_string_lossy(),
+            &["app.service".into(), UNIT.into()],
+        )
+        .unwrap();
+        let calls = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(
+            calls,
+            "daemon-reload\nstart --no-block app.service kubelet.service\n"
+        );
+        assert!(start("/nonexistent/systemctl", &[]).is_err());
+    }
 }

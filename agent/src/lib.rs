@@ -17,6 +17,7 @@ pub mod imds;
 pub mod join;
 pub mod keys;
 pub mod kubelet;
+pub mod logging;
 pub mod report;
 pub mod retry;
 pub mod state;

@@ -1,19 +1,505 @@
 //! autonode-agent: run by systemd at boot, before kubelet.
 //!
-//! config → identity → keys → join → apply → start.
+//! config → identity → keys → join → apply → start, one way. Each phase
+//! logs `phase=<name> started` and `phase=<name> succeeded`, is recorded in
+//! the state directory, and is reported to the server; a failure is logged,
+//! written to the console, reported, and ends the agent with an exit code
+//! that says what kind of failure it was.
 
 #![forbid(unsafe_code)]
 
+use anyhow::Context as _;
+use autonode_agent::config::{self, Config, Document};
+use autonode_agent::fsutil::Root;
+use autonode_agent::ignition::{self, units};
+use autonode_agent::imds::{self, Identity, Imds};
+use autonode_agent::join::{JoinError, ServerClient};
+use autonode_agent::kubelet::{self, KubeletError};
+use autonode_agent::report::{Reporter, REPORT_BUDGET};
+use autonode_agent::retry::Deadline;
+use autonode_agent::state::{self, StateDir};
+use autonode_agent::{csr, keys, logging};
+use autonode_shared::protocol::{JoinRequest, JoinResponse, Outcome, Phase};
 use clap::Parser;
+use rcgen::KeyPair;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use tokio::task::JoinSet;
+
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  joined (or already joined: a second run verifies and exits)
+  1  failed on this node (a file could not be written, systemctl failed, ...)
+  2  refused: the server refused the join, or sent something the agent refuses
+  3  gave up: no answer from IMDS or the server by the deadline
+  4  bad local config: userData, the local config file or flags
+
+Every absolute path the agent writes (and --config-file, --state-dir) is
+resolved under --root.";
 
 /// Makes this EC2 instance a Kubernetes node: reads its identity from IMDSv2,
 /// proves it to autonode-server, and starts kubelet with the credentials and
 /// configuration it receives.
 #[derive(Debug, Parser)]
-#[command(name = "autonode-agent", version, about)]
-struct Cli {}
+#[command(name = "autonode-agent", version, about, after_help = EXIT_CODES)]
+struct Cli {
+    /// Local config file overriding userData (TOML, same keys); may be absent.
+    #[arg(long, value_name = "PATH", default_value = config::LOCAL_FILE)]
+    config_file: String,
+    /// Do not read the config from userData (the local file and flags must
+    /// then hold all of it).
+    #[arg(long)]
+    no_user_data: bool,
+    /// Overrides `server-url`.
+    #[arg(long, value_name = "URL")]
+    server_url: Option<String>,
+    /// Overrides `server-ca` with the PEM in this file.
+    #[arg(long, value_name = "PATH")]
+    server_ca_file: Option<PathBuf>,
+    /// Overrides `server-ca-sha256`.
+    #[arg(long, value_name = "HEX")]
+    server_ca_sha256: Option<String>,
+    /// Overrides `cluster-name`.
+    #[arg(long, value_name = "NAME")]
+    cluster_name: Option<String>,
+    /// Overrides `options.deadline` ("90s", "10m"; at most 15m).
+    #[arg(long, value_name = "DURATION")]
+    deadline: Option<String>,
+    /// Overrides `options.state-dir`.
+    #[arg(long, value_name = "PATH")]
+    state_dir: Option<PathBuf>,
+    /// Directory every path is written under (tests use a temp dir).
+    #[arg(long, value_name = "PATH", default_value = "/")]
+    root: PathBuf,
+    /// IMDS base URL (plain http).
+    #[arg(long, value_name = "URL", env = imds::ENDPOINT_ENV, default_value = imds::DEFAULT_ENDPOINT)]
+    imds_endpoint: String,
+    /// systemctl to run (`daemon-reload`, then `start --no-block <units>`).
+    #[arg(
+        long,
+        alias = "start-command",
+        value_name = "PATH",
+        default_value = "systemctl"
+    )]
+    systemctl: String,
+    /// kubelet binary the kubelet.service drop-in runs.
+    #[arg(long, value_name = "PATH", default_value = "/usr/bin/kubelet")]
+    kubelet_path: String,
+    /// Where failures are echoed for the EC2 console output.
+    #[arg(long, value_name = "PATH", default_value = "/dev/console")]
+    console: PathBuf,
+    /// Log debug messages too.
+    #[arg(long, short)]
+    verbose: bool,
+}
 
-fn main() -> anyhow::Result<()> {
-    let _cli = Cli::parse();
-    anyhow::bail!("the join flow is being built (issue 4)")
+/// What kind of failure ended the run; the exit code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Failed = 1,
+    Refused = 2,
+    Deadline = 3,
+    Config = 4,
+}
+
+#[derive(Debug)]
+struct Failure {
+    kind: Kind,
+    phase: Phase,
+    error: anyhow::Error,
+}
+
+fn fail(kind: Kind, phase: Phase) -> impl FnOnce(anyhow::Error) -> Failure {
+    move |error| Failure { kind, phase, error }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    logging::init(cli.verbose);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build();
+    let outcome = match runtime {
+        Ok(runtime) => runtime.block_on(run(&cli)),
+        Err(e) => Err(Failure {
+            kind: Kind::Failed,
+            phase: Phase::Config,
+            error: e.into(),
+        }),
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            let message = format!(
+                "phase={} failed: {:#}",
+                failure.phase.as_str(),
+                failure.error
+            );
+            log::error!("{message}");
+            logging::to_console(&cli.console, &message);
+            ExitCode::from(failure.kind as u8)
+        }
+    }
+}
+
+/// Everything a run has learnt so far.
+struct Run<'a> {
+    cli: &'a Cli,
+    root: Root,
+    config: Config,
+    deadline: Deadline,
+    state: StateDir,
+    progress: JoinSet<()>,
+}
+
+async fn run(cli: &Cli) -> Result<(), Failure> {
+    let root = Root::new(&cli.root);
+    let started = tokio::time::Instant::now();
+    let config = load_config(cli, &root).await?;
+    let deadline = Deadline::after(config.deadline.saturating_sub(started.elapsed()));
+    let state_dir = root
+        .join(&config.state_dir.to_string_lossy())
+        .context("state-dir")
+        .map_err(fail(Kind::Config, Phase::Config))?;
+    let mut run = Run {
+        cli,
+        root,
+        config,
+        deadline,
+        state: StateDir::new(state_dir),
+        progress: JoinSet::new(),
+    };
+    if already_joined(&run)? {
+        return Ok(());
+    }
+    let identity = phase_identity(&run).await?;
+    let client = ServerClient::new(&run.config)
+        .context("server trust")
+        .map_err(fail(Kind::Config, Phase::Config))?;
+    let reporter = Reporter::new(client.clone(), identity.rsa2048.clone());
+    run.progress(&reporter, Phase::Identity, "identity read", None);
+    let mut key = None;
+    let result = join_and_start(&mut run, &identity, &client, &reporter, &mut key).await;
+    if let Err(failure) = &result {
+        let message = format!("{:#}", failure.error);
+        reporter
+            .send(failure.phase, Outcome::Fatal, &message, key.as_ref())
+            .await;
+    }
+    // Progress reports had their own budget; don't wait longer than that.
+    let _ = tokio::time::timeout(REPORT_BUDGET, async {
+        while run.progress.join_next().await.is_some() {}
+    })
+    .await;
+    result
+}
+
+impl Run<'_> {
+    /// Sends a progress report in the background.
+    fn progress(
+        &mut self,
+        reporter: &Reporter,
+        phase: Phase,
+        message: &str,
+        key: Option<&KeyPair>,
+    ) {
+        let reporter = reporter.clone();
+        let message = message.to_string();
+        let key_pem = key.map(KeyPair::serialize_pem);
+        self.progress.spawn(async move {
+            let key = key_pem.and_then(|pem| KeyPair::from_pem(&pem).ok());
+            reporter
+                .send(phase, Outcome::Succeeded, &message, key.as_ref())
+                .await;
+        });
+    }
+}
+
+fn started(phase: Phase) {
+    log::info!("phase={} started", phase.as_str());
+}
+
+fn succeeded(phase: Phase, detail: &str) {
+    log::info!("phase={} succeeded {detail}", phase.as_str());
+}
+
+/// userData < local file < flags.
+async fn load_config(cli: &Cli, root: &Root) -> Result<Config, Failure> {
+    started(Phase::Config);
+    let bad = fail(Kind::Config, Phase::Config);
+    let local = read_local_file(root, &cli.config_file).map_err(bad)?;
+    let flags = flag_document(cli).map_err(fail(Kind::Config, Phase::Config))?;
+    let upper = local.overlay(flags);
+    let user_data = if cli.no_user_data {
+        Document::default()
+    } else {
+        let early = upper
+            .options
+            .deadline
+            .as_deref()
+            .map(config::parse_deadline)
+            .transpose();
+        let early = early
+            .context("deadline")
+            .map_err(fail(Kind::Config, Phase::Config))?;
+        let imds = Imds::new(
+            &cli.imds_endpoint,
+            Deadline::after(early.unwrap_or(config::DEFAULT_DEADLINE)),
+        )
+        .context("--imds-endpoint")
+        .map_err(fail(Kind::Config, Phase::Config))?;
+        let raw = imds.get("/latest/user-data").await.map_err(|e| {
+            let kind = imds_failure_kind(&e);
+            fail(kind, Phase::Config)(anyhow::Error::new(e).context("reading userData"))
+        })?;
+        Document::from_user_data(raw.as_deref().unwrap_or_default())
+            .map_err(|e| fail(Kind::Config, Phase::Config)(e.into()))?
+    };
+    let config = Config::resolve(user_data.overlay(upper))
+        .map_err(|e| fail(Kind::Config, Phase::Config)(e.into()))?;
+    succeeded(
+        Phase::Config,
+        &format!(
+            "server={} cluster={}",
+            config.server_url, config.cluster_name
+        ),
+    );
+    Ok(config)
+}
+
+fn read_local_file(root: &Root, path: &str) -> anyhow::Result<Document> {
+    let path = root.join(path)?;
+    match std::fs::read_to_string(&path) {
+        Ok(text) => Ok(Document::parse(&text, &path.display().to_string())?),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Document::default()),
+        Err(e) => Err(e).with_context(|| path.display().to_string()),
+    }
+}
+
+fn flag_document(cli: &Cli) -> anyhow::Result<Document> {
+    let server_ca = match &cli.server_ca_file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .with_context(|| format!("--server-ca-file {}", path.display()))?,
+        ),
+        None => None,
+    };
+    Ok(Document {
+        server_url: cli.server_url.clone(),
+        server_ca,
+        server_ca_sha256: cli.server_ca_sha256.clone(),
+        cluster_name: cli.cluster_name.clone(),
+        options: config::Options {
+            deadline: cli.deadline.clone(),
+            state_dir: cli.state_dir.clone(),
+        },
+    })
+}
+
+/// A second run after success: verify and stop, without joining again.
+fn already_joined(run: &Run<'_>) -> Result<bool, Failure> {
+    let state = run
+        .state
+        .load()
+        .context("state")
+        .map_err(fail(Kind::Failed, Phase::Config))?;
+    if state.completed != Some(Phase::Start) {
+        if let Some(phase) = state.completed {
+            log::info!("resuming after phase={}", phase.as_str());
+        }
+        return Ok(false);
+    }
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    match state::verify_joined(&run.root, now) {
+        Ok(()) => {
+            log::info!(
+                "already joined as {}; nothing to do",
+                state.node_name.unwrap_or_default()
+            );
+            Ok(true)
+        }
+        Err(problem) => {
+            log::warn!("an earlier run joined, but {problem}; setting up again");
+            Ok(false)
+        }
+    }
+}
+
+/// IMDS that never answered is the deadline; one that answered wrongly is
+/// a failure of this instance.
+fn imds_failure_kind(error: &imds::ImdsError) -> Kind {
+    if matches!(error, imds::ImdsError::GaveUp { .. }) {
+        Kind::Deadline
+    } else {
+        Kind::Failed
+    }
+}
+
+async fn phase_identity(run: &Run<'_>) -> Result<Identity, Failure> {
+    started(Phase::Identity);
+    let imds = Imds::new(&run.cli.imds_endpoint, run.deadline)
+        .context("--imds-endpoint")
+        .map_err(fail(Kind::Config, Phase::Identity))?;
+    let identity = imds.identity().await.map_err(|e| {
+        let kind = imds_failure_kind(&e);
+        fail(kind, Phase::Identity)(anyhow::Error::new(e).context("reading the instance identity"))
+    })?;
+    succeeded(
+        Phase::Identity,
+        &format!(
+            "instance={} hostname={} ips={:?}",
+            identity.provider_id(),
+            identity.local_hostname,
+            identity.ips
+        ),
+    );
+    Ok(identity)
+}
+
+async fn join_and_start(
+    run: &mut Run<'_>,
+    identity: &Identity,
+    client: &ServerClient,
+    reporter: &Reporter,
+    key_out: &mut Option<KeyPair>,
+) -> Result<(), Failure> {
+    started(Phase::Keys);
+    let keys_failed = fail(Kind::Failed, Phase::Keys);
+    let (client_key, new) = keys::load_or_generate(&run.state.client_key())
+        .context("client key")
+        .map_err(keys_failed)?;
+    let (serving_key, _) = keys::load_or_generate(&run.state.serving_key())
+        .context("serving key")
+        .map_err(fail(Kind::Failed, Phase::Keys))?;
+    *key_out = Some(
+        KeyPair::from_pem(&client_key.serialize_pem())
+            .context("client key")
+            .map_err(fail(Kind::Failed, Phase::Keys))?,
+    );
+    record(run, Phase::Keys, None)?;
+    succeeded(
+        Phase::Keys,
+        if new { "(new keys)" } else { "(existing keys)" },
+    );
+    run.progress(reporter, Phase::Keys, "keys ready", Some(&client_key));
+
+    let answer = phase_join(run, identity, client, &client_key, &serving_key).await?;
+    run.progress(reporter, Phase::Join, "joined", Some(&client_key));
+
+    started(Phase::Apply);
+    let units = apply(run, identity, &answer, &client_key, &serving_key)?;
+    record(run, Phase::Apply, Some(&answer.node_name))?;
+    succeeded(Phase::Apply, &format!("node={}", answer.node_name));
+    run.progress(
+        reporter,
+        Phase::Apply,
+        "configuration applied",
+        Some(&client_key),
+    );
+
+    started(Phase::Start);
+    kubelet::start(&run.cli.systemctl, &units)
+        .context("starting kubelet")
+        .map_err(fail(Kind::Failed, Phase::Start))?;
+    record(run, Phase::Start, Some(&answer.node_name))?;
+    succeeded(Phase::Start, &format!("node={}", answer.node_name));
+    run.progress(reporter, Phase::Start, "kubelet started", Some(&client_key));
+    Ok(())
+}
+
+fn record(run: &Run<'_>, phase: Phase, node_name: Option<&str>) -> Result<(), Failure> {
+    run.state
+        .record(phase, node_name)
+        .context("recording progress")
+        .map_err(fail(Kind::Failed, phase))
+}
+
+/// A saved answer whose client certificate is still valid, else a join.
+async fn phase_join(
+    run: &Run<'_>,
+    identity: &Identity,
+    client: &ServerClient,
+    client_key: &KeyPair,
+    serving_key: &KeyPair,
+) -> Result<JoinResponse, Failure> {
+    started(Phase::Join);
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let saved = run.state.load_response().ok().flatten().filter(|answer| {
+        state::not_after(answer.client_certificate.as_bytes()).is_some_and(|expiry| expiry > now)
+    });
+    if let Some(answer) = saved {
+        succeeded(
+            Phase::Join,
+            &format!("node={} (saved answer)", answer.node_name),
+        );
+        return Ok(answer);
+    }
+    let csr_failed = fail(Kind::Failed, Phase::Keys);
+    let request = JoinRequest {
+        identity: autonode_shared::protocol::InstanceIdentity {
+            rsa2048: identity.rsa2048.clone(),
+        },
+        client_csr: csr::client_csr(client_key, &identity.local_hostname)
+            .map_err(|e| csr_failed(e.into()))?,
+        serving_csr: csr::serving_csr(serving_key, &identity.local_hostname, &identity.ips)
+            .map_err(|e| fail(Kind::Failed, Phase::Keys)(e.into()))?,
+        agent_version: env!("CARGO_PKG_VERSION").to_string(),
+    };
+    let answer = client.join(&request, &run.deadline).await.map_err(|e| {
+        let kind = match e {
+            JoinError::Refused { .. } | JoinError::BadResponse(_) => Kind::Refused,
+            JoinError::GaveUp { .. } => Kind::Deadline,
+            JoinError::Trust(_) => Kind::Config,
+            JoinError::Transient(_) => Kind::Failed,
+        };
+        fail(kind, Phase::Join)(anyhow::Error::new(e).context("joining"))
+    })?;
+    run.state
+        .save_response(&answer)
+        .context("saving the join answer")
+        .map_err(fail(Kind::Failed, Phase::Join))?;
+    record(run, Phase::Join, Some(&answer.node_name))?;
+    succeeded(Phase::Join, &format!("node={}", answer.node_name));
+    Ok(answer)
+}
+
+/// Ignition, kubelet's files, kubelet enabled. The units to start.
+fn apply(
+    run: &Run<'_>,
+    identity: &Identity,
+    answer: &JoinResponse,
+    client_key: &KeyPair,
+    serving_key: &KeyPair,
+) -> Result<Vec<String>, Failure> {
+    let applied = ignition::apply(&run.root, &answer.ignition).map_err(|e| {
+        let kind = if e.is_refusal() {
+            Kind::Refused
+        } else {
+            Kind::Failed
+        };
+        fail(kind, Phase::Apply)(anyhow::Error::new(e).context("applying the Ignition config"))
+    })?;
+    log::info!(
+        "ignition: {} entries changed; enabled units {:?}",
+        applied.changed,
+        applied.enabled_units
+    );
+    let keys = kubelet::Keys {
+        client: client_key,
+        serving: serving_key,
+    };
+    let changed = kubelet::write(&run.root, answer, &keys, identity, &run.cli.kubelet_path)
+        .map_err(|e| {
+            let kind = if matches!(e, KubeletError::Refused(_)) {
+                Kind::Refused
+            } else {
+                Kind::Failed
+            };
+            fail(kind, Phase::Apply)(anyhow::Error::new(e).context("writing kubelet's files"))
+        })?;
+    log::info!("kubelet: {changed} files changed");
+    units::enable(&run.root, kubelet::UNIT)
+        .context("enabling kubelet.service")
+        .map_err(fail(Kind::Failed, Phase::Apply))?;
+    Ok(applied.enabled_units)
 }

@@ -9,7 +9,9 @@
 
 use crate::join::ServerClient;
 use crate::retry::{Deadline, RetryPolicy};
-use autonode_shared::protocol::{InstanceIdentity, KeyProof, Outcome, Phase, ReportRequest, REPORT_PATH};
+use autonode_shared::protocol::{
+    InstanceIdentity, KeyProof, Outcome, Phase, ReportRequest, REPORT_PATH,
+};
 use base64::Engine as _;
 use rcgen::{KeyPair, PublicKeyData as _, SigningKey as _};
 use std::time::Duration;
@@ -38,7 +40,9 @@ pub fn build(
         message.truncate(end);
     }
     let mut report = ReportRequest {
-        identity: InstanceIdentity { rsa2048: rsa2048.to_string() },
+        identity: InstanceIdentity {
+            rsa2048: rsa2048.to_string(),
+        },
         phase,
         outcome,
         message,
@@ -86,10 +90,19 @@ impl Reporter {
         let deadline = Deadline::after(REPORT_BUDGET);
         let sent = self
             .client
-            .post(REPORT_PATH, body.into(), &RetryPolicy::REPORT, &deadline, REPORT_TRY_TIMEOUT)
+            .post(
+                REPORT_PATH,
+                body.into(),
+                &RetryPolicy::REPORT,
+                &deadline,
+                REPORT_TRY_TIMEOUT,
+            )
             .await;
         if let Err(e) = sent {
-            log::warn!("report phase={} outcome={outcome:?} not delivered: {e}", phase.as_str());
+            log::warn!(
+                "report phase={} outcome={outcome:?} not delivered: {e}",
+                phase.as_str()
+            );
         }
     }
 }
@@ -107,13 +120,25 @@ mod tests {
         let spki = b64.decode(&proof.public_key).unwrap();
         assert_eq!(spki, key.subject_public_key_info());
         let signature = b64.decode(&proof.signature).unwrap();
-        let public = ring::signature::UnparsedPublicKey::new(&ring::signature::ECDSA_P256_SHA256_ASN1, key.public_key_raw());
+        let public = ring::signature::UnparsedPublicKey::new(
+            &ring::signature::ECDSA_P256_SHA256_ASN1,
+            key.public_key_raw(),
+        );
         public.verify(&report.signed_bytes(), &signature).unwrap();
+        // And the server's own check accepts it.
+        autonode_shared::proof::verify(&proof, &report.signed_bytes()).unwrap();
     }
 
     #[test]
     fn no_key_no_proof_and_long_messages_truncate() {
-        let report = build("sig", Phase::Identity, Outcome::Retrying, &"é".repeat(5000), 7, None);
+        let report = build(
+            "sig",
+            Phase::Identity,
+            Outcome::Retrying,
+            &"é".repeat(5000),
+            7,
+            None,
+        );
         assert!(report.proof.is_none());
         assert!(report.message.len() <= MAX_MESSAGE);
     }

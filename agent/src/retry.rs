@@ -70,7 +70,9 @@ pub struct Deadline {
 
 impl Deadline {
     pub fn after(duration: Duration) -> Self {
-        Deadline { at: Instant::now() + duration }
+        Deadline {
+            at: Instant::now() + duration,
+        }
     }
 
     pub fn remaining(&self) -> Duration {
@@ -92,7 +94,10 @@ impl Deadline {
 pub enum Attempt<T, E> {
     Done(T),
     /// Transient: try again, not before `after` if the server said so.
-    Retry { error: E, after: Option<Duration> },
+    Retry {
+        error: E,
+        after: Option<Duration>,
+    },
     /// Final: do not try again.
     Fatal(E),
 }
@@ -109,7 +114,12 @@ pub enum RetryError<E: Display> {
 /// Runs `op` until it is done, fatal, out of attempts, or the next try
 /// would start after the deadline. `op` gets the attempt number (from 1)
 /// and must bound its own duration with [`Deadline::clamp`].
-pub async fn retry<T, E, F, Fut>(policy: &RetryPolicy, deadline: &Deadline, what: &str, mut op: F) -> Result<T, RetryError<E>>
+pub async fn retry<T, E, F, Fut>(
+    policy: &RetryPolicy,
+    deadline: &Deadline,
+    what: &str,
+    mut op: F,
+) -> Result<T, RetryError<E>>
 where
     E: Display,
     F: FnMut(u32) -> Fut,
@@ -122,12 +132,20 @@ where
             Attempt::Fatal(error) => return Err(RetryError::Fatal(error)),
             Attempt::Retry { error, after } => (error, after),
         };
-        let delay = policy.delay(attempt, random_unit()).max(after.unwrap_or_default());
+        let delay = policy
+            .delay(attempt, random_unit())
+            .max(after.unwrap_or_default());
         let out_of_attempts = policy.max_attempts.is_some_and(|max| attempt >= max);
         if out_of_attempts || delay >= deadline.remaining() {
-            return Err(RetryError::GaveUp { attempts: attempt, last: error });
+            return Err(RetryError::GaveUp {
+                attempts: attempt,
+                last: error,
+            });
         }
-        log::warn!("{what}: attempt {attempt} failed: {error}; retrying in {:.1}s", delay.as_secs_f64());
+        log::warn!(
+            "{what}: attempt {attempt} failed: {error}; retrying in {:.1}s",
+            delay.as_secs_f64()
+        );
         tokio::time::sleep(delay).await;
         attempt += 1;
     }
@@ -137,7 +155,12 @@ where
 /// the standard library's hasher keys are randomly seeded per process.
 pub fn random_unit() -> f64 {
     let mut hasher = RandomState::new().build_hasher();
-    hasher.write_u128(std::time::UNIX_EPOCH.elapsed().unwrap_or_default().as_nanos());
+    hasher.write_u128(
+        std::time::UNIX_EPOCH
+            .elapsed()
+            .unwrap_or_default()
+            .as_nanos(),
+    );
     (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64
 }
 
@@ -147,7 +170,10 @@ mod tests {
 
     #[test]
     fn backoff_doubles_up_to_the_cap() {
-        let policy = RetryPolicy { jitter: 0.0, ..RetryPolicy::JOIN };
+        let policy = RetryPolicy {
+            jitter: 0.0,
+            ..RetryPolicy::JOIN
+        };
         let delays: Vec<u64> = (1..=7).map(|n| policy.delay(n, 0.9).as_secs()).collect();
         assert_eq!(delays, [1, 2, 4, 8, 16, 30, 30]);
         assert_eq!(policy.delay(u32::MAX, 0.5), policy.cap);
@@ -168,12 +194,19 @@ mod tests {
     async fn stops_at_the_deadline_and_on_fatal() {
         let deadline = Deadline::after(Duration::from_secs(10));
         let result: Result<(), _> = retry(&RetryPolicy::JOIN, &deadline, "t", |_| async {
-            Attempt::<(), _>::Retry { error: "down", after: None }
+            Attempt::<(), _>::Retry {
+                error: "down",
+                after: None,
+            }
         })
         .await;
-        assert!(matches!(result, Err(RetryError::GaveUp { attempts, .. }) if (3..=6).contains(&attempts)));
-        let result: Result<(), _> =
-            retry(&RetryPolicy::JOIN, &deadline, "t", |_| async { Attempt::<(), _>::Fatal("no") }).await;
+        assert!(
+            matches!(result, Err(RetryError::GaveUp { attempts, .. }) if (3..=6).contains(&attempts))
+        );
+        let result: Result<(), _> = retry(&RetryPolicy::JOIN, &deadline, "t", |_| async {
+            Attempt::<(), _>::Fatal("no")
+        })
+        .await;
         assert!(matches!(result, Err(RetryError::Fatal("no"))));
     }
 
@@ -183,7 +216,10 @@ mod tests {
         let start = tokio::time::Instant::now();
         let result = retry(&RetryPolicy::JOIN, &deadline, "t", |n| async move {
             if n < 2 {
-                Attempt::Retry { error: "busy", after: Some(Duration::from_secs(20)) }
+                Attempt::Retry {
+                    error: "busy",
+                    after: Some(Duration::from_secs(20)),
+                }
             } else {
                 Attempt::Done(n)
             }
@@ -192,9 +228,15 @@ mod tests {
         assert_eq!(result.unwrap(), 2);
         assert!(start.elapsed() >= Duration::from_secs(20));
         let result: Result<(), _> = retry(&RetryPolicy::REPORT, &deadline, "t", |_| async {
-            Attempt::<(), _>::Retry { error: "x", after: None }
+            Attempt::<(), _>::Retry {
+                error: "x",
+                after: None,
+            }
         })
         .await;
-        assert!(matches!(result, Err(RetryError::GaveUp { attempts: 3, .. })));
+        assert!(matches!(
+            result,
+            Err(RetryError::GaveUp { attempts: 3, .. })
+        ));
     }
 }

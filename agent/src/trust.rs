@@ -21,7 +21,9 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::client::WebPkiServerVerifier;
 use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{ClientConfig, DigitallySignedStruct, Error as TlsError, RootCertStore, SignatureScheme};
+use rustls::{
+    ClientConfig, DigitallySignedStruct, Error as TlsError, RootCertStore, SignatureScheme,
+};
 use sha2::{Digest as _, Sha256};
 use std::sync::Arc;
 
@@ -47,16 +49,23 @@ pub fn client_config(trust: &ServerTrust) -> Result<Arc<ClientConfig>, TrustErro
         }
         ServerTrust::Sha256Pin(pin) => builder
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(PinnedCa { pin: *pin, provider }))
+            .with_custom_certificate_verifier(Arc::new(PinnedCa {
+                pin: *pin,
+                provider,
+            }))
             .with_no_client_auth(),
     };
     Ok(Arc::new(config))
 }
 
-fn root_store<'a>(certs: impl Iterator<Item = CertificateDer<'a>>) -> Result<RootCertStore, TrustError> {
+fn root_store<'a>(
+    certs: impl Iterator<Item = CertificateDer<'a>>,
+) -> Result<RootCertStore, TrustError> {
     let mut roots = RootCertStore::empty();
     for cert in certs {
-        roots.add(cert).map_err(|e| TrustError(format!("unusable CA certificate: {e}")))?;
+        roots
+            .add(cert)
+            .map_err(|e| TrustError(format!("unusable CA certificate: {e}")))?;
     }
     Ok(roots)
 }
@@ -87,11 +96,17 @@ impl ServerCertVerifier for PinnedCa {
         let ca = intermediates
             .iter()
             .find(|cert| Sha256::digest(cert.as_ref()).as_slice() == self.pin)
-            .ok_or_else(|| TlsError::General("no certificate in the server's chain matches server-ca-sha256".into()))?;
-        let roots = root_store(std::iter::once(ca.clone())).map_err(|e| TlsError::General(e.to_string()))?;
-        let verifier = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), self.provider.clone())
-            .build()
+            .ok_or_else(|| {
+                TlsError::General(
+                    "no certificate in the server's chain matches server-ca-sha256".into(),
+                )
+            })?;
+        let roots = root_store(std::iter::once(ca.clone()))
             .map_err(|e| TlsError::General(e.to_string()))?;
+        let verifier =
+            WebPkiServerVerifier::builder_with_provider(Arc::new(roots), self.provider.clone())
+                .build()
+                .map_err(|e| TlsError::General(e.to_string()))?;
         verifier.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
     }
 
@@ -120,7 +135,10 @@ impl ServerCertVerifier for PinnedCa {
 
 /// The pin of a CA certificate, as `server-ca-sha256` wants it.
 pub fn pin_of(der: &[u8]) -> String {
-    Sha256::digest(der).iter().map(|b| format!("{b:02x}")).collect()
+    Sha256::digest(der)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 #[cfg(test)]
@@ -140,12 +158,26 @@ mod tests {
         let ca = ca_params.self_signed(&ca_key).unwrap();
         let issuer = Issuer::new(ca_params, ca_key);
         let leaf_key = KeyPair::generate().unwrap();
-        let leaf = CertificateParams::new(vec![name.to_string()]).unwrap().signed_by(&leaf_key, &issuer).unwrap();
-        Chain { ca: ca.der().to_vec(), leaf: leaf.der().to_vec() }
+        let leaf = CertificateParams::new(vec![name.to_string()])
+            .unwrap()
+            .signed_by(&leaf_key, &issuer)
+            .unwrap();
+        Chain {
+            ca: ca.der().to_vec(),
+            leaf: leaf.der().to_vec(),
+        }
     }
 
-    fn verify(pin: [u8; 32], presented: &Chain, ca_in_chain: &[u8], name: &str) -> Result<ServerCertVerified, TlsError> {
-        let verifier = PinnedCa { pin, provider: provider() };
+    fn verify(
+        pin: [u8; 32],
+        presented: &Chain,
+        ca_in_chain: &[u8],
+        name: &str,
+    ) -> Result<ServerCertVerified, TlsError> {
+        let verifier = PinnedCa {
+            pin,
+            provider: provider(),
+        };
         let server_name = ServerName::try_from(name.to_string()).unwrap();
         verifier.verify_server_cert(
             &CertificateDer::from(presented.leaf.clone()),
@@ -181,7 +213,10 @@ mod tests {
     #[test]
     fn pin_of_is_hex_sha256() {
         let text = pin_of(b"abc");
-        assert_eq!(text, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+        assert_eq!(
+            text,
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
         assert_eq!(crate::config::parse_pin(&text).unwrap(), pin(b"abc"));
     }
 }

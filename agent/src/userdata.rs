@@ -82,9 +82,9 @@ fn gunzip_if_compressed(raw: &[u8]) -> Result<Vec<u8>, UserDataError> {
 /// with `MIME-Version`).
 fn is_mime(data: &[u8]) -> bool {
     let (headers, _) = split_headers(data);
-    headers
-        .iter()
-        .any(|(name, value)| name == "content-type" && value.to_ascii_lowercase().starts_with("multipart/"))
+    headers.iter().any(|(name, value)| {
+        name == "content-type" && value.to_ascii_lowercase().starts_with("multipart/")
+    })
 }
 
 fn extract_from_mime(data: &[u8]) -> Result<Option<String>, UserDataError> {
@@ -115,7 +115,11 @@ fn decode_part(body: &[u8], encoding: Option<&str>) -> Result<Vec<u8>, UserDataE
     match encoding.map(|e| e.trim().to_ascii_lowercase()).as_deref() {
         None | Some("7bit" | "8bit" | "binary") => Ok(body.to_vec()),
         Some("base64") => {
-            let compact: Vec<u8> = body.iter().copied().filter(|b| !b.is_ascii_whitespace()).collect();
+            let compact: Vec<u8> = body
+                .iter()
+                .copied()
+                .filter(|b| !b.is_ascii_whitespace())
+                .collect();
             base64::engine::general_purpose::STANDARD
                 .decode(compact)
                 .map_err(|e| UserDataError::Mime(format!("{CONTENT_TYPE} part: bad base64: {e}")))
@@ -132,7 +136,10 @@ fn split_headers(data: &[u8]) -> (Vec<(String, String)>, &[u8]) {
     let mut headers: Vec<(String, String)> = Vec::new();
     let mut offset = 0;
     while offset < data.len() {
-        let end = data[offset..].iter().position(|&b| b == b'\n').map_or(data.len(), |i| offset + i);
+        let end = data[offset..]
+            .iter()
+            .position(|&b| b == b'\n')
+            .map_or(data.len(), |i| offset + i);
         let line = String::from_utf8_lossy(&data[offset..end]);
         let line = line.trim_end_matches('\r');
         offset = (end + 1).min(data.len());
@@ -147,7 +154,9 @@ fn split_headers(data: &[u8]) -> (Vec<(String, String)>, &[u8]) {
             continue;
         }
         match line.split_once(':') {
-            Some((name, value)) => headers.push((name.trim().to_ascii_lowercase(), value.trim().to_string())),
+            Some((name, value)) => {
+                headers.push((name.trim().to_ascii_lowercase(), value.trim().to_string()))
+            }
             // Not a header: this is no MIME header block.
             None => return (Vec::new(), data),
         }
@@ -156,11 +165,19 @@ fn split_headers(data: &[u8]) -> (Vec<(String, String)>, &[u8]) {
 }
 
 fn header(headers: &[(String, String)], name: &str) -> Option<String> {
-    headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone())
+    headers
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.clone())
 }
 
 fn media_type(content_type: &str) -> String {
-    content_type.split(';').next().unwrap_or_default().trim().to_ascii_lowercase()
+    content_type
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase()
 }
 
 /// A `name=value` or `name="value"` parameter of a header value.
@@ -179,8 +196,13 @@ fn split_parts<'a>(body: &'a [u8], boundary: &str) -> Result<Vec<&'a [u8]>, User
     let mut part_start: Option<usize> = None;
     let mut offset = 0;
     while offset < body.len() {
-        let end = body[offset..].iter().position(|&b| b == b'\n').map_or(body.len(), |i| offset + i);
-        let line = body[offset..end].strip_suffix(b"\r").unwrap_or(&body[offset..end]);
+        let end = body[offset..]
+            .iter()
+            .position(|&b| b == b'\n')
+            .map_or(body.len(), |i| offset + i);
+        let line = body[offset..end]
+            .strip_suffix(b"\r")
+            .unwrap_or(&body[offset..end]);
         let line = trim_trailing_space(line);
         let is_close = line == format!("{delimiter}--").as_bytes();
         if line == delimiter.as_bytes() || is_close {
@@ -194,11 +216,16 @@ fn split_parts<'a>(body: &'a [u8], boundary: &str) -> Result<Vec<&'a [u8]>, User
         }
         offset = end + 1;
     }
-    Err(UserDataError::Mime(format!("no closing boundary {delimiter}--")))
+    Err(UserDataError::Mime(format!(
+        "no closing boundary {delimiter}--"
+    )))
 }
 
 fn trim_trailing_space(line: &[u8]) -> &[u8] {
-    let len = line.iter().rposition(|b| !matches!(b, b' ' | b'\t')).map_or(0, |i| i + 1);
+    let len = line
+        .iter()
+        .rposition(|b| !matches!(b, b' ' | b'\t'))
+        .map_or(0, |i| i + 1);
     &line[..len]
 }
 
@@ -226,7 +253,9 @@ mod tests {
             "Content-Type: multipart/mixed; boundary=\"==BOUNDARY==\"\r\nMIME-Version: 1.0\r\n\r\npreamble\r\n",
         );
         for (content_type, encoding, body) in parts {
-            out.push_str(&format!("--==BOUNDARY==\r\nContent-Type: {content_type}; charset=\"us-ascii\"\r\n"));
+            out.push_str(&format!(
+                "--==BOUNDARY==\r\nContent-Type: {content_type}; charset=\"us-ascii\"\r\n"
+            ));
             if let Some(encoding) = encoding {
                 out.push_str(&format!("Content-Transfer-Encoding: {encoding}\r\n"));
             }
@@ -243,7 +272,10 @@ mod tests {
 
     #[test]
     fn gzip_toml() {
-        assert_eq!(extract(&gzip(DOC.as_bytes())).unwrap().as_deref(), Some(DOC));
+        assert_eq!(
+            extract(&gzip(DOC.as_bytes())).unwrap().as_deref(),
+            Some(DOC)
+        );
     }
 
     #[test]
@@ -253,14 +285,20 @@ mod tests {
             (CONTENT_TYPE, Some("7bit"), DOC.trim_end()),
             ("text/cloud-config", None, "#cloud-config\nruncmd: []"),
         ]);
-        assert_eq!(extract(data.as_bytes()).unwrap().as_deref(), Some(DOC.trim_end()));
+        assert_eq!(
+            extract(data.as_bytes()).unwrap().as_deref(),
+            Some(DOC.trim_end())
+        );
     }
 
     #[test]
     fn mime_base64_part_and_gzip_whole() {
         let encoded = base64::engine::general_purpose::STANDARD.encode(DOC);
         let data = mime(&[(CONTENT_TYPE, Some("base64"), &encoded)]);
-        assert_eq!(extract(&gzip(data.as_bytes())).unwrap().as_deref(), Some(DOC));
+        assert_eq!(
+            extract(&gzip(data.as_bytes())).unwrap().as_deref(),
+            Some(DOC)
+        );
     }
 
     #[test]
@@ -280,12 +318,22 @@ mod tests {
     fn broken_forms_are_errors() {
         let truncated = &gzip(DOC.as_bytes())[..12];
         assert!(matches!(extract(truncated), Err(UserDataError::Gzip(_))));
-        let unclosed = "Content-Type: multipart/mixed; boundary=b\n\n--b\nContent-Type: text/plain\n\nx\n";
-        assert!(matches!(extract(unclosed.as_bytes()), Err(UserDataError::Mime(_))));
+        let unclosed =
+            "Content-Type: multipart/mixed; boundary=b\n\n--b\nContent-Type: text/plain\n\nx\n";
+        assert!(matches!(
+            extract(unclosed.as_bytes()),
+            Err(UserDataError::Mime(_))
+        ));
         let no_boundary = "Content-Type: multipart/mixed\n\n";
-        assert!(matches!(extract(no_boundary.as_bytes()), Err(UserDataError::Mime(_))));
+        assert!(matches!(
+            extract(no_boundary.as_bytes()),
+            Err(UserDataError::Mime(_))
+        ));
         let twice = mime(&[(CONTENT_TYPE, None, DOC), (CONTENT_TYPE, None, DOC)]);
-        assert_eq!(extract(twice.as_bytes()), Err(UserDataError::DuplicatePart(2)));
+        assert_eq!(
+            extract(twice.as_bytes()),
+            Err(UserDataError::DuplicatePart(2))
+        );
         assert_eq!(extract(&[0xff, 0xfe, 0x00]), Err(UserDataError::NotUtf8));
     }
 

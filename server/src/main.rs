@@ -4,7 +4,9 @@
 
 use clap::{Parser, Subcommand};
 
+mod config;
 mod identity_cmd;
+mod serve;
 
 /// Decides which EC2 instances become nodes of this cluster, approves their
 /// certificates and serves their configuration.
@@ -19,11 +21,33 @@ struct Cli {
 enum Command {
     /// Inspect and verify EC2 instance identity signatures.
     Identity(identity_cmd::IdentityArgs),
+    /// Serve the join API and watch the guest cluster.
+    Serve(Box<config::ServeArgs>),
 }
 
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let args = config::expand_config_file::<Cli>(std::env::args_os().collect())?;
+    let cli = Cli::parse_from(args);
     match cli.command {
         Command::Identity(args) => identity_cmd::run(args),
+        Command::Serve(args) => {
+            init_logging(&args.log_format)?;
+            tokio::runtime::Runtime::new()?.block_on(serve::run(*args))
+        }
     }
+}
+
+/// Logs to stderr as text or JSON lines; `RUST_LOG` filters (default info).
+fn init_logging(format: &str) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        "json" => builder.json().init(),
+        "text" => builder.init(),
+        other => anyhow::bail!("--log-format must be text or json, not {other}"),
+    }
+    Ok(())
 }

@@ -6,9 +6,17 @@
 //!
 //! - [`protocol`]: the JSON messages the agent and server exchange.
 //! - [`identity`]: verifying AWS-signed instance identity documents
-//!   (pinned certificates only) and the policy on who may join when.
+//!   (pinned certificates only) and the policy on who may join when. Its
+//!   one I/O is the explicit loading of an operator's certificate files
+//!   (`TrustStore::load_file`/`load_dir`); AWS's are parsed once, lazily.
+//! - [`labels`]: which node labels kubelet may set on itself.
+//! - [`proof`]: proof that a report comes from the node's bound client key.
+//! - [`csr`]: parsing kubelet CSRs and the rules for approving them.
 
 #![forbid(unsafe_code)]
 
+pub mod csr;
 pub mod identity;
+pub mod labels;
+pub mod proof;
 pub mod protocol;

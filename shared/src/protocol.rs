@@ -180,7 +180,7 @@ impl ReportRequest {
             b"autonode-report-v1",
             self.identity.rsa2048.as_bytes(),
             self.phase.as_str().as_bytes(),
-            outcome_name(self.outcome).as_bytes(),
+            self.outcome.as_str().as_bytes(),
             self.message.as_bytes(),
             timestamp.as_bytes(),
         ];
@@ -193,11 +193,14 @@ impl ReportRequest {
     }
 }
 
-fn outcome_name(outcome: Outcome) -> &'static str {
-    match outcome {
-        Outcome::Succeeded => "succeeded",
-        Outcome::Retrying => "retrying",
-        Outcome::Fatal => "fatal",
+impl Outcome {
+    /// The name used in logs, metrics and Events.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Succeeded => "succeeded",
+            Outcome::Retrying => "retrying",
+            Outcome::Fatal => "fatal",
+        }
     }
 }
 

@@ -7,15 +7,19 @@
 //!   AWS's exact PKCS#7 shape; with faults on demand.
 //! - [`netns`]: network namespaces where an agent finds IMDS at
 //!   169.254.169.254:80, and forwarders from them to host loopback.
+//! - [`joiner`]: the join protocol spoken directly (refusal and load tests).
 //! - [`karpenter`]: playing Karpenter's part (NodeClaims and friends).
 //! - [`pki`]: throwaway CAs and certificates for a test run.
 //! - [`process`]: child processes that die with their test.
+//! - [`server`]: autonode-server as a real process, under the shipped RBAC.
 //!
 //! The cloud is the only stand-in; everything Kubernetes is real.
 
 pub mod controlplane;
 pub mod fakecloud;
+pub mod joiner;
 pub mod karpenter;
 pub mod netns;
 pub mod pki;
 pub mod process;
+pub mod server;

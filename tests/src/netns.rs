@@ -203,3 +203,91 @@ async fn relay(mut inbound: TcpStream, host_addr: SocketAddr) {
         Err(e) => eprintln!("netns forward to {host_addr}: {e}"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fakecloud::signer::tests::shared_ca;
+    use crate::fakecloud::{Imds, Instance};
+    use std::io::{Read as _, Write as _};
+    use std::sync::Arc;
+
+    /// What a process inside gets from IMDS, with nothing but bash.
+    const PUT_TOKEN: &str = r#"exec 3<>/dev/tcp/169.254.169.254/80
+printf 'PUT /latest/api/token HTTP/1.1\r\nHost: 169.254.169.254\r\nX-aws-ec2-metadata-token-ttl-seconds: 60\r\nConnection: close\r\n\r\n' >&3
+cat <&3"#;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_process_inside_reaches_imds_at_the_link_local_address() {
+        let ns = NetNs::new().expect("create namespace");
+        let socket = ns.bind(IMDS_ADDR).expect("bind IMDS inside");
+        let imds = Imds::start_on(socket, &Instance::builder().build(), &shared_ca(), None)
+            .expect("start IMDS");
+        assert_eq!(imds.addr(), IMDS_ADDR);
+        let output = ns
+            .command("bash")
+            .args(["-c", PUT_TOKEN])
+            .output()
+            .await
+            .expect("run bash inside");
+        let text = String::from_utf8_lossy(&output.stdout);
+        assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
+        let token = text.rsplit("\r\n\r\n").next().expect("a body");
+        assert_eq!(token.len(), 56, "{text}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn forward_reaches_host_loopback_from_inside() {
+        let ns = Arc::new(NetNs::new().expect("create namespace"));
+        let host = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind host");
+        let host_addr = host.local_addr().expect("addr");
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = host.accept().await {
+                let _ = tokio::io::AsyncWriteExt::write_all(&mut stream, b"hello from host").await;
+            }
+        });
+        let inside = ns.clone();
+        // Before forwarding, the same address inside the namespace is dead.
+        let refused = tokio::task::spawn_blocking(move || {
+            inside.run(|| std::net::TcpStream::connect(host_addr).map(drop))
+        })
+        .await
+        .expect("join")
+        .expect("run inside");
+        assert!(refused.is_err());
+
+        // Same address inside as outside, so configs work unchanged.
+        let forwarder = forward(&ns, host_addr, host_addr).expect("forward");
+        assert_eq!(forwarder.addr(), host_addr);
+        let inside = ns.clone();
+        let greeting = tokio::task::spawn_blocking(move || {
+            inside.run(|| {
+                let mut stream = std::net::TcpStream::connect(host_addr)?;
+                stream.write_all(b"hi")?;
+                let mut text = String::new();
+                stream.read_to_string(&mut text)?;
+                Ok::<_, std::io::Error>(text)
+            })
+        })
+        .await
+        .expect("join")
+        .expect("run inside")
+        .expect("talk to the host through the forward");
+        assert_eq!(greeting, "hello from host");
+    }
+
+    #[test]
+    fn namespace_is_deleted_on_drop_even_on_panic() {
+        let ns = NetNs::new().expect("create namespace");
+        let path = ns.path();
+        assert!(path.exists());
+        let result = std::panic::catch_unwind(move || {
+            let _ns = ns;
+            panic!("test failure inside");
+        });
+        assert!(result.is_err());
+        assert!(!path.exists(), "{} left behind", path.display());
+    }
+}

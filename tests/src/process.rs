@@ -22,6 +22,17 @@ pub struct Daemon {
 impl Daemon {
     /// Starts `program args…` with its output in `<dir>/<name>.log`.
     pub fn spawn(name: &str, program: &Path, args: &[String], dir: &Path) -> Result<Self> {
+        Self::spawn_with_env(name, program, args, dir, &[])
+    }
+
+    /// Like [`Daemon::spawn`], with extra environment variables.
+    pub fn spawn_with_env(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        dir: &Path,
+        env: &[(&str, &str)],
+    ) -> Result<Self> {
         let log = dir.join(format!("{name}.log"));
         let out = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
         let err = out.try_clone()?;
@@ -30,6 +41,7 @@ impl Daemon {
             .arg("--")
             .arg(program)
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)

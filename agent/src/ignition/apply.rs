@@ -18,7 +18,10 @@ use std::path::Path;
 const MAX_FILE: u64 = 64 * 1024 * 1024;
 
 fn owner(user: OwnerId, group: OwnerId) -> Owner {
-    Owner { uid: user.id, gid: group.id }
+    Owner {
+        uid: user.id,
+        gid: group.id,
+    }
 }
 
 /// Applies one `storage.directories` entry.
@@ -29,7 +32,10 @@ pub fn directory(root: &Root, dir: &Directory) -> Result<bool, IgnitionError> {
     let mut changed = false;
     if meta.as_ref().is_some_and(|m| !m.is_dir()) {
         if dir.overwrite != Some(true) {
-            return Err(conflict(&dir.path, "exists and is not a directory (overwrite is false)"));
+            return Err(conflict(
+                &dir.path,
+                "exists and is not a directory (overwrite is false)",
+            ));
         }
         changed |= fsutil::remove_file(&path)?;
     }
@@ -48,7 +54,10 @@ pub fn file(root: &Root, file: &File) -> Result<bool, IgnitionError> {
     let exists_as_file = meta.as_ref().is_some_and(|m| m.is_file());
     let overwrite = file.overwrite == Some(true);
     if meta.is_some() && !exists_as_file && !overwrite {
-        return Err(conflict(&file.path, "exists and is not a regular file (overwrite is false)"));
+        return Err(conflict(
+            &file.path,
+            "exists and is not a regular file (overwrite is false)",
+        ));
     }
     let owner = owner(file.user, file.group);
     let contents = match &file.contents.source {
@@ -57,12 +66,21 @@ pub fn file(root: &Root, file: &File) -> Result<bool, IgnitionError> {
         None if exists_as_file => std::fs::read(&path).map_err(|e| io(&path, e))?,
         None => Vec::new(),
     };
-    let existing_mode = meta.as_ref().filter(|_| exists_as_file).map(|m| m.mode() & 0o7777);
-    let mode = file.mode.or(existing_mode.filter(|_| file.contents.source.is_none())).unwrap_or(0o644);
+    let existing_mode = meta
+        .as_ref()
+        .filter(|_| exists_as_file)
+        .map(|m| m.mode() & 0o7777);
+    let mode = file
+        .mode
+        .or(existing_mode.filter(|_| file.contents.source.is_none()))
+        .unwrap_or(0o644);
     if exists_as_file && !overwrite && file.contents.source.is_some() {
         let same = std::fs::read(&path).is_ok_and(|current| current == contents);
         if !same {
-            return Err(conflict(&file.path, "exists with other contents (overwrite is false)"));
+            return Err(conflict(
+                &file.path,
+                "exists with other contents (overwrite is false)",
+            ));
         }
     }
     if meta.is_some() && !exists_as_file {
@@ -78,14 +96,20 @@ pub fn link(root: &Root, link: &Link) -> Result<bool, IgnitionError> {
     let target = Path::new(&link.target);
     let current = std::fs::read_link(&path).ok();
     if current.as_deref() == Some(target) {
-        return Ok(set_link_owner(&path, owner(link.user, link.group))?);
+        return set_link_owner(&path, owner(link.user, link.group));
     }
     if std::fs::symlink_metadata(&path).is_ok() {
         if link.overwrite != Some(true) {
-            return Err(conflict(&link.path, "exists and is not this link (overwrite is false)"));
+            return Err(conflict(
+                &link.path,
+                "exists and is not this link (overwrite is false)",
+            ));
         }
         if path.is_dir() && current.is_none() {
-            return Err(conflict(&link.path, "is a directory; refusing to delete it"));
+            return Err(conflict(
+                &link.path,
+                "is a directory; refusing to delete it",
+            ));
         }
     }
     fsutil::symlink_atomic(target, &path)?;
@@ -96,7 +120,10 @@ pub fn link(root: &Root, link: &Link) -> Result<bool, IgnitionError> {
 /// The file's contents: data URL, decompressed, verified.
 pub fn decode(contents: &Contents, path: &str) -> Result<Vec<u8>, IgnitionError> {
     let source = contents.source.as_deref().unwrap_or_default();
-    let bad = |reason: String| IgnitionError::Source { path: path.to_string(), reason };
+    let bad = |reason: String| IgnitionError::Source {
+        path: path.to_string(),
+        reason,
+    };
     let raw = data_url(source).map_err(bad)?;
     let data = match contents.compression.as_deref() {
         Some("gzip") => gunzip(&raw).map_err(bad)?,
@@ -114,8 +141,13 @@ pub fn data_url(url: &str) -> Result<Vec<u8>, String> {
     let (meta, data) = rest.split_once(',').ok_or("data: URL without ','")?;
     let bytes = percent_decode(data)?;
     if meta.split(';').any(|p| p.eq_ignore_ascii_case("base64")) {
-        let compact: Vec<u8> = bytes.into_iter().filter(|b| !b.is_ascii_whitespace()).collect();
-        return base64::engine::general_purpose::STANDARD.decode(compact).map_err(|e| format!("bad base64: {e}"));
+        let compact: Vec<u8> = bytes
+            .into_iter()
+            .filter(|b| !b.is_ascii_whitespace())
+            .collect();
+        return base64::engine::general_purpose::STANDARD
+            .decode(compact)
+            .map_err(|e| format!("bad base64: {e}"));
     }
     Ok(bytes)
 }
@@ -126,8 +158,12 @@ fn percent_decode(data: &str) -> Result<Vec<u8>, String> {
     let mut i = 0;
     while i < bytes.len() {
         if bytes[i] == b'%' {
-            let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
-            let byte = hex.and_then(|h| u8::from_str_radix(h, 16).ok()).ok_or("bad %-escape in data: URL")?;
+            let hex = bytes
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok());
+            let byte = hex
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or("bad %-escape in data: URL")?;
             out.push(byte);
             i += 3;
         } else {
@@ -158,7 +194,10 @@ fn verify(hash: &str, data: &[u8]) -> Result<(), String> {
         _ => return Err(format!("unsupported hash {hash:?}")),
     };
     let hex: String = actual.iter().map(|b| format!("{b:02x}")).collect();
-    let expected = hash.split_once('-').map(|(_, h)| h.to_ascii_lowercase()).unwrap_or_default();
+    let expected = hash
+        .split_once('-')
+        .map(|(_, h)| h.to_ascii_lowercase())
+        .unwrap_or_default();
     if hex == expected {
         Ok(())
     } else {
@@ -170,13 +209,15 @@ fn verify(hash: &str, data: &[u8]) -> Result<(), String> {
 fn set_meta(path: &Path, mode: u32, owner: Owner) -> Result<bool, IgnitionError> {
     let meta = std::fs::metadata(path).map_err(|e| io(path, e))?;
     let mut changed = false;
-    let wrong_owner = owner.uid.is_some_and(|u| u != meta.uid()) || owner.gid.is_some_and(|g| g != meta.gid());
+    let wrong_owner =
+        owner.uid.is_some_and(|u| u != meta.uid()) || owner.gid.is_some_and(|g| g != meta.gid());
     if wrong_owner {
         std::os::unix::fs::chown(path, owner.uid, owner.gid).map_err(|e| io(path, e))?;
         changed = true;
     }
     if wrong_owner || meta.mode() & 0o7777 != mode {
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|e| io(path, e))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+            .map_err(|e| io(path, e))?;
         changed = true;
     }
     Ok(changed)
@@ -195,11 +236,17 @@ fn set_link_owner(path: &Path, owner: Owner) -> Result<bool, IgnitionError> {
 }
 
 fn conflict(path: &str, reason: &str) -> IgnitionError {
-    IgnitionError::Conflict { path: path.to_string(), reason: reason.to_string() }
+    IgnitionError::Conflict {
+        path: path.to_string(),
+        reason: reason.to_string(),
+    }
 }
 
 fn io(path: &Path, source: std::io::Error) -> IgnitionError {
-    IgnitionError::Fs(fsutil::FsError::Io { path: path.to_path_buf(), source })
+    IgnitionError::Fs(fsutil::FsError::Io {
+        path: path.to_path_buf(),
+        cause: source,
+    })
 }
 
 #[cfg(test)]
@@ -208,8 +255,14 @@ mod tests {
 
     #[test]
     fn data_urls() {
-        assert_eq!(data_url("data:,hello%20world%0A").unwrap(), b"hello world\n");
-        assert_eq!(data_url("data:text/plain;charset=utf-8;base64,aGk=").unwrap(), b"hi");
+        assert_eq!(
+            data_url("data:,hello%20world%0A").unwrap(),
+            b"hello world\n"
+        );
+        assert_eq!(
+            data_url("data:text/plain;charset=utf-8;base64,aGk=").unwrap(),
+            b"hi"
+        );
         assert!(data_url("data:;base64,***").is_err());
         assert!(data_url("data:,%zz").is_err());
         assert!(data_url("https://x").is_err());

@@ -89,7 +89,11 @@ fn check_shape(value: &Value, shape: &Shape, path: &str) -> Result<(), SpecError
     match (shape, value) {
         (Shape::Object(fields), Value::Object(map)) => {
             for (key, child) in map {
-                let child_path = if path.is_empty() { key.clone() } else { format!("{path}.{key}") };
+                let child_path = if path.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{path}.{key}")
+                };
                 match fields.iter().find(|(name, _)| name == key) {
                     Some((_, child_shape)) => check_shape(child, child_shape, &child_path)?,
                     None if child.is_null() => {}
@@ -214,7 +218,8 @@ pub struct Dropin {
 pub fn parse(value: &Value) -> Result<Config, SpecError> {
     check_shape(value, &CONFIG, "")?;
     check_version(value)?;
-    let config: Config = serde_json::from_value(value.clone()).map_err(|e| SpecError::Invalid(e.to_string()))?;
+    let config: Config =
+        serde_json::from_value(value.clone()).map_err(|e| SpecError::Invalid(e.to_string()))?;
     for (i, file) in config.storage.files.iter().enumerate() {
         check_contents(&file.contents, &format!("storage.files[{i}].contents"))?;
     }
@@ -227,10 +232,16 @@ pub fn parse(value: &Value) -> Result<Config, SpecError> {
 }
 
 fn check_version(value: &Value) -> Result<(), SpecError> {
-    let version = value.pointer("/ignition/version").and_then(Value::as_str).unwrap_or_default();
+    let version = value
+        .pointer("/ignition/version")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     let mut parts = version.split('.');
     let supported = parts.next() == Some("3")
-        && parts.next().and_then(|minor| minor.parse::<u32>().ok()).is_some_and(|minor| minor <= 5)
+        && parts
+            .next()
+            .and_then(|minor| minor.parse::<u32>().ok())
+            .is_some_and(|minor| minor <= 5)
         && parts.next() == Some("0")
         && parts.next().is_none();
     if supported {
@@ -244,16 +255,24 @@ fn check_contents(contents: &Contents, path: &str) -> Result<(), SpecError> {
     if let Some(source) = &contents.source {
         if !source.starts_with("data:") {
             let scheme = source.split(':').next().unwrap_or_default();
-            return Err(SpecError::Unsupported(format!("{path}.source ({scheme}: sources; only data: URLs)")));
+            return Err(SpecError::Unsupported(format!(
+                "{path}.source ({scheme}: sources; only data: URLs)"
+            )));
         }
     }
     match contents.compression.as_deref() {
         None | Some("") | Some("gzip") => {}
-        Some(other) => return Err(SpecError::Unsupported(format!("{path}.compression {other:?}"))),
+        Some(other) => {
+            return Err(SpecError::Unsupported(format!(
+                "{path}.compression {other:?}"
+            )))
+        }
     }
     if let Some(hash) = &contents.verification.hash {
         if !(hash.starts_with("sha256-") || hash.starts_with("sha512-")) {
-            return Err(SpecError::Unsupported(format!("{path}.verification.hash {hash:?}")));
+            return Err(SpecError::Unsupported(format!(
+                "{path}.verification.hash {hash:?}"
+            )));
         }
     }
     Ok(())
@@ -284,9 +303,18 @@ mod tests {
     #[test]
     fn unsupported_sections_are_named() {
         let cases = [
-            (json!({"ignition": {"version": "3.4.0"}, "passwd": {"users": []}}), "passwd"),
-            (json!({"ignition": {"version": "3.4.0"}, "storage": {"disks": [{}]}}), "storage.disks"),
-            (json!({"ignition": {"version": "3.4.0", "config": {"merge": []}}}), "ignition.config"),
+            (
+                json!({"ignition": {"version": "3.4.0"}, "passwd": {"users": []}}),
+                "passwd",
+            ),
+            (
+                json!({"ignition": {"version": "3.4.0"}, "storage": {"disks": [{}]}}),
+                "storage.disks",
+            ),
+            (
+                json!({"ignition": {"version": "3.4.0", "config": {"merge": []}}}),
+                "ignition.config",
+            ),
             (
                 json!({"ignition": {"version": "3.4.0"}, "storage": {"files": [{"path": "/x", "append": []}]}}),
                 "storage.files[0].append",
@@ -320,7 +348,9 @@ mod tests {
             );
         }
         assert!(matches!(
-            parse(&json!({"ignition": {"version": "3.1.0"}, "storage": {"files": [{"mode": 420}]}})),
+            parse(
+                &json!({"ignition": {"version": "3.1.0"}, "storage": {"files": [{"mode": 420}]}})
+            ),
             Err(SpecError::Invalid(_))
         ));
     }

@@ -18,15 +18,31 @@ use std::path::{Path, PathBuf};
 pub const UNIT_DIR: &str = "/etc/systemd/system";
 /// Where installed units are looked for when the config only enables one.
 const SEARCH_DIRS: [&str; 3] = [UNIT_DIR, "/usr/lib/systemd/system", "/lib/systemd/system"];
-const SUFFIXES: [&str; 9] =
-    [".service", ".socket", ".timer", ".target", ".path", ".mount", ".automount", ".swap", ".slice"];
+const SUFFIXES: [&str; 9] = [
+    ".service",
+    ".socket",
+    ".timer",
+    ".target",
+    ".path",
+    ".mount",
+    ".automount",
+    ".swap",
+    ".slice",
+];
 
 fn invalid(name: &str, reason: &str) -> IgnitionError {
-    IgnitionError::Unit { name: name.to_string(), reason: reason.to_string() }
+    IgnitionError::Unit {
+        name: name.to_string(),
+        reason: reason.to_string(),
+    }
 }
 
 fn check_name(name: &str, suffixes: &[&str]) -> bool {
-    !name.contains('/') && !name.starts_with('.') && suffixes.iter().any(|s| name.len() > s.len() && name.ends_with(s))
+    !name.contains('/')
+        && !name.starts_with('.')
+        && suffixes
+            .iter()
+            .any(|s| name.len() > s.len() && name.ends_with(s))
 }
 
 /// Applies one unit; whether anything changed.
@@ -41,7 +57,9 @@ pub fn apply(root: &Root, unit: &Unit) -> Result<bool, IgnitionError> {
             return Err(invalid(&unit.name, "mask and contents are exclusive"));
         }
         changed |= fsutil::symlink_atomic(Path::new("/dev/null"), &path)?;
-    } else if unit.mask == Some(false) && std::fs::read_link(&path).is_ok_and(|t| t == Path::new("/dev/null")) {
+    } else if unit.mask == Some(false)
+        && std::fs::read_link(&path).is_ok_and(|t| t == Path::new("/dev/null"))
+    {
         changed |= fsutil::remove_file(&path)?;
     }
     if let Some(contents) = &unit.contents {
@@ -49,11 +67,15 @@ pub fn apply(root: &Root, unit: &Unit) -> Result<bool, IgnitionError> {
     }
     for dropin in &unit.dropins {
         if !check_name(&dropin.name, &[".conf"]) {
-            return Err(invalid(&unit.name, &format!("drop-in {:?} is not a .conf file name", dropin.name)));
+            return Err(invalid(
+                &unit.name,
+                &format!("drop-in {:?} is not a .conf file name", dropin.name),
+            ));
         }
         if let Some(contents) = &dropin.contents {
             let dropin_path = root.join(&format!("{UNIT_DIR}/{}.d/{}", unit.name, dropin.name))?;
-            changed |= fsutil::write_atomic(&dropin_path, contents.as_bytes(), 0o644, Owner::default())?;
+            changed |=
+                fsutil::write_atomic(&dropin_path, contents.as_bytes(), 0o644, Owner::default())?;
         }
     }
     changed |= match unit.enabled {
@@ -87,8 +109,10 @@ fn find_unit(root: &Root, name: &str) -> Result<Option<(PathBuf, String)>, Ignit
 
 /// Symlinks for the unit's `[Install]` section, as `systemctl enable` does.
 pub fn enable(root: &Root, name: &str) -> Result<bool, IgnitionError> {
-    let (path, real) = find_unit(root, name)?.ok_or_else(|| invalid(name, "enabled, but no unit file exists"))?;
-    let text = std::fs::read_to_string(&path).map_err(|e| IgnitionError::Fs(fsutil::FsError::Io { path, source: e }))?;
+    let (path, real) =
+        find_unit(root, name)?.ok_or_else(|| invalid(name, "enabled, but no unit file exists"))?;
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| IgnitionError::Fs(fsutil::FsError::Io { path, cause: e }))?;
     let install = install_section(&text);
     if install.is_empty() {
         log::warn!("unit {name} has no [Install] section; enabling it does nothing");
@@ -102,7 +126,10 @@ pub fn enable(root: &Root, name: &str) -> Result<bool, IgnitionError> {
             _ => continue,
         };
         if value.contains('/') {
-            return Err(invalid(name, &format!("[Install] {key}={value} is not a unit name")));
+            return Err(invalid(
+                name,
+                &format!("[Install] {key}={value} is not a unit name"),
+            ));
         }
         changed |= fsutil::symlink_atomic(Path::new(&real), &root.join(&link)?)?;
     }
@@ -112,7 +139,9 @@ pub fn enable(root: &Root, name: &str) -> Result<bool, IgnitionError> {
 /// Removes the unit's links from every `.wants`/`.requires` directory.
 pub fn disable(root: &Root, name: &str) -> Result<bool, IgnitionError> {
     let dir = root.join(UNIT_DIR)?;
-    let Ok(entries) = std::fs::read_dir(&dir) else { return Ok(false) };
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return Ok(false);
+    };
     let mut changed = false;
     for entry in entries.flatten() {
         let file_name = entry.file_name().to_string_lossy().into_owned();

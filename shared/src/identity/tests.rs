@@ -328,7 +328,10 @@ fn any_pem_file_is_trusted_for_every_region() {
 
 // ---- shape refusals ---------------------------------------------------------
 
-fn shaped_err(change: impl FnOnce(&mut Signer)) -> IdentityError {
+/// One change to an otherwise AWS-shaped signature.
+type Change = Box<dyn FnOnce(&mut Signer)>;
+
+fn shaped_err(change: Change) -> IdentityError {
     let mut signer = Signer::aws_shaped(&test_ca().cert);
     change(&mut signer);
     err(
@@ -342,7 +345,7 @@ fn shape_refusals_each_have_their_variant() {
     use IdentityError as E;
     let sha512 = rasn::types::Oid::const_new(&[2, 16, 840, 1, 101, 3, 4, 2, 3]);
     let ecdsa = rasn::types::Oid::const_new(&[1, 2, 840, 10045, 4, 3, 2]);
-    let cases: Vec<(Box<dyn FnOnce(&mut Signer)>, E)> = vec![
+    let cases: Vec<(Change, E)> = vec![
         (Box::new(|s| s.detached = true), E::NoContent),
         (Box::new(|s| s.signers = 2), E::SignerCount(2)),
         (Box::new(|s| s.signers = 0), E::SignerCount(0)),

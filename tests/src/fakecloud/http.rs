@@ -175,7 +175,7 @@ async fn serve_connection(stream: TcpStream, faults: Faults, service: Arc<dyn Se
     let handler = hyper::service::service_fn(move |request: Request<Incoming>| {
         let faults = faults.clone();
         let service = Arc::clone(&service);
-        async move { Ok::<_, hyper::Error>(answer(request, &faults, &*service).await?) }
+        async move { answer(request, &faults, &*service).await }
     });
     let result = hyper::server::conn::http1::Builder::new()
         .serve_connection(TokioIo::new(stream), handler)

@@ -448,4 +448,57 @@ mod tests {
         assert!(cloud.instance(&i.instance_id).is_none());
         assert!(cloud.terminate(&i.instance_id).is_none());
     }
+
+    /// The project's own verifier accepts what the fake IMDS serves once
+    /// the test CA is pinned, and only then.
+    #[test]
+    fn the_shared_verifier_accepts_our_signatures_with_our_ca_pinned() {
+        use autonode_shared::identity::{verify, Scope, TrustStore};
+        let ca = signer::tests::shared_ca();
+        let instance = Instance::builder()
+            .region("eu-central-1")
+            .private_ip(Ipv4Addr::new(10, 0, 7, 9))
+            .build();
+        let document = instance.identity_document();
+        let rsa2048 = ca
+            .rsa2048(document.as_bytes(), OffsetDateTime::now_utc())
+            .expect("sign");
+
+        let mut trust = TrustStore::empty();
+        trust
+            .add_pem(Scope::AnyRegion, &ca.ca_pem())
+            .expect("pin the test CA");
+        let verified = verify(rsa2048.as_bytes(), &trust).expect("verifier accepts the fake cloud");
+        assert_eq!(verified.content_bytes(), document.as_bytes());
+        let doc = verified.document();
+        assert_eq!(doc.instance_id, instance.instance_id);
+        assert_eq!(doc.region, "eu-central-1");
+        assert_eq!(doc.availability_zone, instance.availability_zone);
+        assert_eq!(doc.pending_time, instance.pending_time);
+        assert_eq!(
+            doc.private_ip,
+            Some(std::net::IpAddr::V4(instance.private_ip))
+        );
+
+        let mut regional = TrustStore::empty();
+        regional
+            .add_pem(Scope::Region("eu-central-1".into()), &ca.ca_pem())
+            .expect("pin");
+        assert!(verify(rsa2048.as_bytes(), &regional).is_ok());
+        let mut wrong_region = TrustStore::empty();
+        wrong_region
+            .add_pem(Scope::Region("us-west-2".into()), &ca.ca_pem())
+            .expect("pin");
+        assert!(verify(rsa2048.as_bytes(), &wrong_region).is_err());
+        assert!(
+            verify(rsa2048.as_bytes(), &TrustStore::aws()).is_err(),
+            "AWS's certs must not vouch for the test CA"
+        );
+        let other_ca = TestCa::generate().expect("another CA");
+        let mut other = TrustStore::empty();
+        other
+            .add_pem(Scope::AnyRegion, &other_ca.ca_pem())
+            .expect("pin");
+        assert!(verify(rsa2048.as_bytes(), &other).is_err());
+    }
 }

@@ -1,0 +1,175 @@
+//! What earlier runs of the agent achieved, so a second run either
+//! verifies and exits, or resumes where a crash left off with the same keys.
+//!
+//! The state directory holds `client.key` and `serving.key` (0600),
+//! `join-response.json` (0600: the server's answer, so a crash after the
+//! join resumes without asking again) and `state.json` (the last phase that
+//! completed).
+
+use crate::fsutil::{self, FsError, Owner, Root};
+use crate::kubelet;
+use autonode_shared::protocol::{JoinResponse, Phase};
+use rustls::pki_types::{pem::PemObject, CertificateDer};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// Why the state could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error(transparent)]
+    Fs(#[from] FsError),
+    #[error("{path}: {reason}")]
+    Corrupt { path: PathBuf, reason: String },
+}
+
+/// `state.json`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct State {
+    /// The last phase that completed.
+    pub completed: Option<Phase>,
+    pub node_name: Option<String>,
+    pub agent_version: String,
+}
+
+/// The state directory.
+#[derive(Debug, Clone)]
+pub struct StateDir {
+    dir: PathBuf,
+}
+
+impl StateDir {
+    pub fn new(dir: PathBuf) -> Self {
+        StateDir { dir }
+    }
+
+    pub fn client_key(&self) -> PathBuf {
+        self.dir.join("client.key")
+    }
+
+    pub fn serving_key(&self) -> PathBuf {
+        self.dir.join("serving.key")
+    }
+
+    fn state_file(&self) -> PathBuf {
+        self.dir.join("state.json")
+    }
+
+    fn response_file(&self) -> PathBuf {
+        self.dir.join("join-response.json")
+    }
+
+    /// The state, or the empty state before the first run.
+    pub fn load(&self) -> Result<State, StateError> {
+        read_json(&self.state_file()).map(Option::unwrap_or_default)
+    }
+
+    /// Records that `phase` completed.
+    pub fn record(&self, phase: Phase, node_name: Option<&str>) -> Result<(), StateError> {
+        let state = State {
+            completed: Some(phase),
+            node_name: node_name.map(str::to_string),
+            agent_version: env!("CARGO_PKG_VERSION").to_string(),
+        };
+        write_json(&self.state_file(), &state, 0o644)
+    }
+
+    /// The saved join answer, if any.
+    pub fn load_response(&self) -> Result<Option<JoinResponse>, StateError> {
+        read_json(&self.response_file())
+    }
+
+    pub fn save_response(&self, response: &JoinResponse) -> Result<(), StateError> {
+        write_json(&self.response_file(), response, 0o600)
+    }
+}
+
+fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Option<T>, StateError> {
+    match std::fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| StateError::Corrupt {
+                path: path.to_path_buf(),
+                reason: e.to_string(),
+            }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(FsError::Io {
+            path: path.to_path_buf(),
+            cause: source,
+        }
+        .into()),
+    }
+}
+
+fn write_json<T: Serialize>(path: &Path, value: &T, mode: u32) -> Result<(), StateError> {
+    let bytes = serde_json::to_vec_pretty(value).map_err(|e| StateError::Corrupt {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })?;
+    fsutil::write_atomic(path, &bytes, mode, Owner::default())?;
+    Ok(())
+}
+
+/// Seconds since the epoch after which the certificate in `pem` expires.
+pub fn not_after(pem: &[u8]) -> Option<i64> {
+    let der = CertificateDer::from_pem_slice(pem).ok()?;
+    let (_, cert) = x509_parser::parse_x509_certificate(&der).ok()?;
+    Some(cert.validity().not_after.timestamp())
+}
+
+/// Checks that an earlier successful run's result is still in place: every
+/// kubelet file present and the client certificate not expired. `Err`
+/// says what is wrong.
+pub fn verify_joined(root: &Root, now: i64) -> Result<(), String> {
+    for file in [
+        kubelet::KUBECONFIG,
+        kubelet::CLUSTER_CA,
+        kubelet::CONFIG,
+        kubelet::ENV_FILE,
+        kubelet::DROPIN,
+        kubelet::SERVER_CURRENT,
+    ] {
+        let path = root.join(file).map_err(|e| e.to_string())?;
+        if !path.is_file() {
+            return Err(format!("{file} is missing"));
+        }
+    }
+    let path = root
+        .join(kubelet::CLIENT_CURRENT)
+        .map_err(|e| e.to_string())?;
+    let pem = std::fs::read(&path).map_err(|e| format!("{}: {e}", kubelet::CLIENT_CURRENT))?;
+    match not_after(&pem) {
+        Some(expiry) if expiry > now => Ok(()),
+        Some(_) => Err(format!(
+            "the client certificate in {} has expired",
+            kubelet::CLIENT_CURRENT
+        )),
+        None => Err(format!("{} holds no certificate", kubelet::CLIENT_CURRENT)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::new(dir.path().join("s"));
+        assert_eq!(state.load().unwrap(), State::default());
+        state.record(Phase::Join, Some("n")).unwrap();
+        let loaded = state.load().unwrap();
+        assert_eq!(loaded.completed, Some(Phase::Join));
+        assert_eq!(loaded.node_name.as_deref(), Some("n"));
+        assert_eq!(state.load_response().unwrap(), None);
+        std::fs::write(dir.path().join("s/state.json"), "{").unwrap();
+        assert!(matches!(state.load(), Err(StateError::Corrupt { .. })));
+    }
+
+    #[test]
+    fn verify_names_the_missing_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = verify_joined(&Root::new(dir.path()), 0).unwrap_err();
+        assert!(err.contains("kubeconfig"), "{err}");
+    }
+}

@@ -1,0 +1,206 @@
+//! The join client against a small HTTPS server on loopback: CA pinning
+//! (inline PEM and sha256 pin), retries of 5xx/429 honouring Retry-After,
+//! and refusals that are final. (The real server is tested by the lead's
+//! end-to-end tests; this only plays the status codes.)
+
+use autonode_agent::config::{Config, ServerTrust};
+use autonode_agent::join::{JoinError, ServerClient};
+use autonode_agent::retry::Deadline;
+use autonode_shared::protocol::{InstanceIdentity, JoinRequest, JoinResponse, KubeletSettings};
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Full};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use sha2::Digest as _;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+struct Pki {
+    ca_der: Vec<u8>,
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+}
+
+fn pki() -> Pki {
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let leaf_key = KeyPair::generate().unwrap();
+    let leaf = CertificateParams::new(vec!["127.0.0.1".to_string()])
+        .unwrap()
+        .signed_by(&leaf_key, &issuer)
+        .unwrap();
+    Pki {
+        ca_der: ca.der().to_vec(),
+        chain: vec![leaf.der().clone(), ca.der().clone()],
+        key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(leaf_key.serialize_der())),
+    }
+}
+
+/// Answers with `script[n]` for the n-th request (the last one repeats).
+async fn serve(pki: &Pki, script: Vec<(u16, Option<&'static str>)>) -> (String, Arc<AtomicU32>) {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(pki.chain.clone(), pki.key.clone_key())
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("https://{}", listener.local_addr().unwrap());
+    let count = Arc::new(AtomicU32::new(0));
+    let counter = count.clone();
+    let script = Arc::new(script);
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (acceptor, counter, script) = (acceptor.clone(), counter.clone(), script.clone());
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let service =
+                    hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
+                        let (counter, script) = (counter.clone(), script.clone());
+                        async move {
+                            let body = request.into_body().collect().await?.to_bytes();
+                            let _: JoinRequest =
+                                serde_json::from_slice(&body).expect("a JoinRequest");
+                            let n = counter.fetch_add(1, Ordering::SeqCst) as usize;
+                            let (status, retry_after) = script[n.min(script.len() - 1)];
+                            Ok::<_, hyper::Error>(answer(status, retry_after))
+                        }
+                    });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tls), service)
+                    .await;
+            });
+        }
+    });
+    (url, count)
+}
+
+fn answer(status: u16, retry_after: Option<&str>) -> Response<Full<Bytes>> {
+    let body = if status == 200 {
+        serde_json::to_vec(&join_response()).unwrap()
+    } else {
+        br#"{"error":"no","requestId":"req-1"}"#.to_vec()
+    };
+    let mut builder = Response::builder().status(StatusCode::from_u16(status).unwrap());
+    if let Some(after) = retry_after {
+        builder = builder.header("retry-after", after);
+    }
+    builder.body(Full::new(Bytes::from(body))).unwrap()
+}
+
+fn join_response() -> JoinResponse {
+    JoinResponse {
+        node_name: "ip-10-0-0-1.ec2.internal".into(),
+        api_server: "https://10.0.0.2:6443".into(),
+        cluster_ca: "ca".into(),
+        client_certificate: "c".into(),
+        serving_certificate: "s".into(),
+        kubelet: KubeletSettings {
+            config: serde_json::json!({"kind": "KubeletConfiguration"}),
+            provider_id: "aws:///us-west-2a/i-0123456789abcdef0".into(),
+            node_ip: "10.0.0.1".into(),
+            register_with_taints: vec!["karpenter.sh/unregistered:NoExecute".into()],
+            node_labels: Default::default(),
+        },
+        ignition: serde_json::json!({"ignition": {"version": "3.4.0"}}),
+    }
+}
+
+fn request() -> JoinRequest {
+    JoinRequest {
+        identity: InstanceIdentity {
+            rsa2048: "sig".into(),
+        },
+        client_csr: "csr".into(),
+        serving_csr: "csr".into(),
+        agent_version: "test".into(),
+    }
+}
+
+fn client(url: &str, trust: ServerTrust) -> ServerClient {
+    let config = Config {
+        server_url: url.parse().unwrap(),
+        server_trust: trust,
+        cluster_name: "c".into(),
+        deadline: Duration::from_secs(60),
+        state_dir: "/tmp".into(),
+    };
+    ServerClient::new(&config).unwrap()
+}
+
+fn pin(pki: &Pki) -> ServerTrust {
+    ServerTrust::Sha256Pin(sha2::Sha256::digest(&pki.ca_der).into())
+}
+
+#[tokio::test]
+async fn joins_with_a_pinned_ca_and_with_an_inline_ca() {
+    let pki = pki();
+    let (url, _) = serve(&pki, vec![(200, None)]).await;
+    let deadline = Deadline::after(Duration::from_secs(20));
+    let answer = client(&url, pin(&pki))
+        .join(&request(), &deadline)
+        .await
+        .unwrap();
+    assert_eq!(answer, join_response());
+    let answer = client(&url, ServerTrust::Ca(vec![pki.ca_der.clone()]))
+        .join(&request(), &deadline)
+        .await
+        .unwrap();
+    assert_eq!(answer.node_name, "ip-10-0-0-1.ec2.internal");
+}
+
+#[tokio::test]
+async fn transient_failures_are_retried_honouring_retry_after() {
+    let pki = pki();
+    let (url, count) = serve(&pki, vec![(503, None), (429, Some("2")), (200, None)]).await;
+    let started = Instant::now();
+    let answer = client(&url, pin(&pki))
+        .join(&request(), &Deadline::after(Duration::from_secs(30)))
+        .await;
+    assert!(answer.is_ok(), "{answer:?}");
+    assert_eq!(count.load(Ordering::SeqCst), 3);
+    assert!(started.elapsed() >= Duration::from_secs(2));
+}
+
+#[tokio::test]
+async fn refusals_are_final() {
+    let pki = pki();
+    let (url, count) = serve(&pki, vec![(403, None), (200, None)]).await;
+    let err = client(&url, pin(&pki))
+        .join(&request(), &Deadline::after(Duration::from_secs(30)))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, JoinError::Refused { status: 403, request_id, .. } if request_id == "req-1"),
+        "{err}"
+    );
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_server_without_the_pinned_ca_is_never_trusted() {
+    let pki = pki();
+    let other = self::pki();
+    let (url, count) = serve(&pki, vec![(200, None)]).await;
+    let err = client(&url, pin(&other))
+        .join(&request(), &Deadline::after(Duration::from_secs(3)))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, JoinError::GaveUp { .. }), "{err}");
+    assert!(err.to_string().contains("server-ca-sha256"), "{err}");
+    assert_eq!(
+        count.load(Ordering::SeqCst),
+        0,
+        "no request may reach an untrusted server"
+    );
+}

@@ -1,0 +1,224 @@
+//! `autonode-server serve` settings: flags, environment, and a file.
+//!
+//! Precedence, highest first: a flag on the command line, its environment
+//! variable (`AUTONODE_…`), the `--config` TOML file, the default. The file
+//! uses the flags' long names as keys (`allowed-accounts = ["1234…"]`);
+//! an unknown key is an error naming it.
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, CommandFactory};
+use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Settings of the `serve` command.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// TOML file with defaults for any of these settings (keys are the long
+    /// flag names).
+    #[arg(long, env = "AUTONODE_CONFIG")]
+    pub config: Option<PathBuf>,
+
+    /// Address of the join API (HTTPS).
+    #[arg(long, env = "AUTONODE_LISTEN", default_value = "0.0.0.0:8443")]
+    pub listen: SocketAddr,
+
+    /// PEM certificate (chain) the join API serves; reloaded when it changes.
+    #[arg(long, env = "AUTONODE_TLS_CERT")]
+    pub tls_cert: PathBuf,
+
+    /// PEM private key of --tls-cert; reloaded when it changes.
+    #[arg(long, env = "AUTONODE_TLS_KEY")]
+    pub tls_key: PathBuf,
+
+    /// Address for /metrics, /healthz and /readyz (plain HTTP).
+    #[arg(long, env = "AUTONODE_METRICS_LISTEN", default_value = "0.0.0.0:9090")]
+    pub metrics_listen: SocketAddr,
+
+    /// Kubeconfig of the guest cluster (the server runs outside it).
+    #[arg(long, env = "AUTONODE_KUBECONFIG")]
+    pub kubeconfig: PathBuf,
+
+    /// API server URL nodes are given; default: the kubeconfig's.
+    #[arg(long, env = "AUTONODE_API_SERVER_URL")]
+    pub api_server_url: Option<String>,
+
+    /// PEM CA bundle nodes trust for the API server; default: the
+    /// kubeconfig's certificate-authority data.
+    #[arg(long, env = "AUTONODE_CLUSTER_CA_FILE")]
+    pub cluster_ca_file: Option<PathBuf>,
+
+    /// AWS accounts whose instances may join (comma-separated). Empty
+    /// refuses everyone.
+    #[arg(
+        long,
+        env = "AUTONODE_ALLOWED_ACCOUNTS",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub allowed_accounts: Vec<String>,
+
+    /// AWS regions whose instances may join (comma-separated).
+    #[arg(
+        long,
+        env = "AUTONODE_ALLOWED_REGIONS",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub allowed_regions: Vec<String>,
+
+    /// Oldest instance pendingTime accepted, in seconds before now.
+    #[arg(
+        long = "max-instance-age",
+        env = "AUTONODE_MAX_INSTANCE_AGE",
+        default_value = "900",
+        value_name = "SECONDS"
+    )]
+    pub max_instance_age_secs: u64,
+
+    /// How far pendingTime may be ahead of this server's clock, in seconds.
+    #[arg(
+        long = "clock-skew",
+        env = "AUTONODE_CLOCK_SKEW",
+        default_value = "60",
+        value_name = "SECONDS"
+    )]
+    pub clock_skew_secs: u64,
+
+    /// Extra pinned identity certificates: a directory of `<region>.pem` /
+    /// `any.pem` files, added to AWS's built-in ones.
+    #[arg(long, env = "AUTONODE_IDENTITY_CERTS")]
+    pub identity_certs: Option<PathBuf>,
+
+    /// EC2 endpoint override (default: the regional AWS endpoint).
+    #[arg(long, env = "AUTONODE_EC2_ENDPOINT")]
+    pub ec2_endpoint: Option<String>,
+
+    /// Cluster DNS service IPs written into every kubelet config.
+    #[arg(
+        long,
+        env = "AUTONODE_CLUSTER_DNS",
+        value_delimiter = ',',
+        default_value = "10.96.0.10"
+    )]
+    pub cluster_dns: Vec<String>,
+
+    /// Cluster DNS domain.
+    #[arg(long, env = "AUTONODE_CLUSTER_DOMAIN", default_value = "cluster.local")]
+    pub cluster_domain: String,
+
+    /// Joins processed at once; more get 503 with Retry-After.
+    #[arg(long, env = "AUTONODE_MAX_CONCURRENT_JOINS", default_value = "256")]
+    pub max_concurrent_joins: usize,
+
+    /// Seconds to wait for kube-controller-manager to sign a CSR.
+    #[arg(
+        long = "csr-timeout",
+        env = "AUTONODE_CSR_TIMEOUT",
+        default_value = "60",
+        value_name = "SECONDS"
+    )]
+    pub csr_timeout_secs: u64,
+
+    /// Delete a NodeClaim whose agent reports a fatal failure, so Karpenter
+    /// replaces the machine at once.
+    #[arg(long, env = "AUTONODE_DELETE_FAILED_NODECLAIMS", default_value = "true", action = clap::ArgAction::Set)]
+    pub delete_failed_nodeclaims: bool,
+
+    /// Name of this replica in Events (the pod name in Kubernetes).
+    #[arg(long, env = "POD_NAME", default_value = "autonode-server")]
+    pub instance_name: String,
+
+    /// Log format: `text` or `json` (one JSON object per line).
+    #[arg(long, env = "AUTONODE_LOG_FORMAT", default_value = "text")]
+    pub log_format: String,
+}
+
+impl ServeArgs {
+    pub fn max_instance_age(&self) -> Duration {
+        Duration::from_secs(self.max_instance_age_secs)
+    }
+    pub fn clock_skew(&self) -> Duration {
+        Duration::from_secs(self.clock_skew_secs)
+    }
+    pub fn csr_timeout(&self) -> Duration {
+        Duration::from_secs(self.csr_timeout_secs)
+    }
+}
+
+/// Expands `--config FILE` into flags placed before the real arguments, so
+/// real flags win; keys whose environment variable is set are skipped, so
+/// the environment wins over the file.
+pub fn expand_config_file<C: CommandFactory>(args: Vec<OsString>) -> Result<Vec<OsString>> {
+    let Some(path) = config_path(&args) else {
+        return Ok(args);
+    };
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("reading config file {}", path.display()))?;
+    let table: toml::Table = text
+        .parse()
+        .with_context(|| format!("parsing config file {}", path.display()))?;
+    let command = C::command();
+    let serve = command
+        .find_subcommand("serve")
+        .context("no serve subcommand")?;
+    let mut injected = Vec::new();
+    for (key, value) in table {
+        let arg = serve
+            .get_arguments()
+            .find(|a| a.get_long() == Some(key.as_str()) && key != "config")
+            .with_context(|| format!("{}: unknown setting `{key}`", path.display()))?;
+        if arg
+            .get_env()
+            .is_some_and(|env| std::env::var_os(env).is_some())
+        {
+            continue;
+        }
+        injected.push(OsString::from(format!(
+            "--{key}={}",
+            flag_value(&key, &value)?
+        )));
+    }
+    // Insert right after the subcommand name so they parse as its flags.
+    let at = args
+        .iter()
+        .position(|a| a == "serve")
+        .map_or(args.len(), |i| i + 1);
+    let mut out = args;
+    out.splice(at..at, injected);
+    Ok(out)
+}
+
+fn config_path(args: &[OsString]) -> Option<PathBuf> {
+    let mut iter = args.iter();
+    while let Some(arg) = iter.next() {
+        let text = arg.to_string_lossy();
+        if let Some(path) = text.strip_prefix("--config=") {
+            return Some(PathBuf::from(path));
+        }
+        if text == "--config" {
+            return iter.next().map(PathBuf::from);
+        }
+    }
+    std::env::var_os("AUTONODE_CONFIG").map(PathBuf::from)
+}
+
+fn flag_value(key: &str, value: &toml::Value) -> Result<String> {
+    Ok(match value {
+        toml::Value::String(s) => s.clone(),
+        toml::Value::Integer(i) => i.to_string(),
+        toml::Value::Boolean(b) => b.to_string(),
+        toml::Value::Array(items) => items
+            .iter()
+            .map(|v| flag_value(key, v))
+            .collect::<Result<Vec<_>>>()?
+            .join(","),
+        other => bail!("setting `{key}`: unsupported value {other}"),
+    })
+}
+
+/// Reads a file that must exist, with the path in the error.
+pub fn read(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+}

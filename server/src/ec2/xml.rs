@@ -1,0 +1,163 @@
+//! Reading EC2's XML: `DescribeInstancesResponse` and the error envelope.
+//!
+//! Elements are matched by local name and by position in the tree (never
+//! "anywhere below"): tags, interfaces and addresses all nest `<item>`s, and
+//! a value from the wrong level would be a wrong name or address for a node.
+//! roxmltree refuses DTDs, so entity expansion attacks cannot happen here.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use roxmltree::{Document, Node};
+
+use super::{Ec2Instance, InstanceState, LookupError};
+
+/// An EC2 error: `<Response><Errors><Error><Code>..` and the request ID
+/// AWS support asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct ApiError {
+    pub code: String,
+    pub message: String,
+    pub request_id: Option<String>,
+}
+
+/// The instance with `instance_id` in a `DescribeInstancesResponse`;
+/// `Ok(None)` if the response does not hold it.
+pub(super) fn parse_describe(
+    body: &[u8],
+    instance_id: &str,
+) -> Result<Option<Ec2Instance>, LookupError> {
+    let body = std::str::from_utf8(body).map_err(|e| malformed(format!("not UTF-8: {e}")))?;
+    let doc = Document::parse(body).map_err(|e| malformed(format!("not XML: {e}")))?;
+    let root = doc.root_element();
+    if root.tag_name().name() != "DescribeInstancesResponse" {
+        return Err(malformed(format!(
+            "unexpected <{}>",
+            root.tag_name().name()
+        )));
+    }
+    let reservations =
+        child(root, "reservationSet").ok_or_else(|| malformed("no reservationSet".into()))?;
+    let found = children(reservations, "item")
+        .filter_map(|reservation| child(reservation, "instancesSet"))
+        .flat_map(|set| children(set, "item"))
+        .find(|item| text(*item, &["instanceId"]) == Some(instance_id));
+    found.map(instance).transpose()
+}
+
+/// The error in an EC2 error response, if the body is one.
+pub(super) fn parse_error(body: &[u8]) -> Option<ApiError> {
+    let doc = Document::parse(std::str::from_utf8(body).ok()?).ok()?;
+    let root = doc.root_element();
+    // EC2 says <Response><Errors><Error>; other AWS query services say
+    // <ErrorResponse><Error>, which a proxy or a regional quirk could send.
+    let error = match root.tag_name().name() {
+        "Response" => child(child(root, "Errors")?, "Error")?,
+        "ErrorResponse" => child(root, "Error")?,
+        _ => return None,
+    };
+    Some(ApiError {
+        code: text(error, &["Code"])?.to_string(),
+        message: text(error, &["Message"]).unwrap_or_default().to_string(),
+        request_id: text(root, &["RequestID"])
+            .or_else(|| text(root, &["RequestId"]))
+            .map(str::to_string),
+    })
+}
+
+/// One `instancesSet/item`.
+fn instance(item: Node) -> Result<Ec2Instance, LookupError> {
+    let required = |path: &[&str]| {
+        text(item, path).ok_or_else(|| malformed(format!("instance without {}", path.join("/"))))
+    };
+    let optional = |path: &[&str]| text(item, path).unwrap_or_default().to_string();
+    Ok(Ec2Instance {
+        instance_id: required(&["instanceId"])?.to_string(),
+        state: InstanceState::from_name(required(&["instanceState", "name"])?),
+        image_id: required(&["imageId"])?.to_string(),
+        instance_type: optional(&["instanceType"]),
+        availability_zone: optional(&["placement", "availabilityZone"]),
+        architecture: optional(&["architecture"]),
+        private_dns_name: optional(&["privateDnsName"]),
+        private_ips: addresses(item)?,
+        tags: tags(item),
+    })
+}
+
+/// The primary private IPv4, then each interface's private IPv4s and IPv6
+/// addresses, in EC2's order, each once.
+fn addresses(item: Node) -> Result<Vec<IpAddr>, LookupError> {
+    let mut texts: Vec<&str> = Vec::new();
+    texts.extend(text(item, &["privateIpAddress"]));
+    texts.extend(text(item, &["ipv6Address"]));
+    let interfaces = child(item, "networkInterfaceSet")
+        .into_iter()
+        .flat_map(|set| children(set, "item"));
+    for interface in interfaces {
+        texts.extend(text(interface, &["privateIpAddress"]));
+        let private = child(interface, "privateIpAddressesSet")
+            .into_iter()
+            .flat_map(|s| children(s, "item"));
+        texts.extend(private.filter_map(|a| text(a, &["privateIpAddress"])));
+        let ipv6 = child(interface, "ipv6AddressesSet")
+            .into_iter()
+            .flat_map(|s| children(s, "item"));
+        texts.extend(ipv6.filter_map(|a| text(a, &["ipv6Address"])));
+    }
+    let mut ips: Vec<IpAddr> = Vec::new();
+    for t in texts {
+        let ip: IpAddr = t
+            .parse()
+            .map_err(|_| malformed(format!("bad address {t:?}")))?;
+        if !ips.contains(&ip) {
+            ips.push(ip);
+        }
+    }
+    Ok(ips)
+}
+
+/// `tagSet/item/{key,value}`; AWS leaves `tagSet` out when there are none.
+fn tags(item: Node) -> BTreeMap<String, String> {
+    let items = child(item, "tagSet")
+        .into_iter()
+        .flat_map(|set| children(set, "item"));
+    items
+        .filter_map(|tag| {
+            let key = text(tag, &["key"])?;
+            Some((
+                key.to_string(),
+                text(tag, &["value"]).unwrap_or_default().to_string(),
+            ))
+        })
+        .collect()
+}
+
+fn child<'a, 'i>(node: Node<'a, 'i>, name: &str) -> Option<Node<'a, 'i>> {
+    node.children()
+        .find(|n| n.is_element() && n.tag_name().name() == name)
+}
+
+fn children<'a, 'i: 'a>(
+    node: Node<'a, 'i>,
+    name: &'a str,
+) -> impl Iterator<Item = Node<'a, 'i>> + 'a {
+    node.children()
+        .filter(move |n| n.is_element() && n.tag_name().name() == name)
+}
+
+/// The text of the element at `path` below `node`; `None` if it is missing
+/// or empty (`<privateDnsName/>`).
+fn text<'a>(node: Node<'a, '_>, path: &[&str]) -> Option<&'a str> {
+    let mut at = node;
+    for name in path {
+        at = child(at, name)?;
+    }
+    at.text().map(str::trim).filter(|t| !t.is_empty())
+}
+
+fn malformed(what: String) -> LookupError {
+    LookupError::Malformed(what)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,308 @@
+//! One join request, start to end: parse → verify → bind → approve → render.
+//!
+//! Every step either hands the next one stronger facts or stops the join
+//! with a [`Refusal`] (final) or [`JoinError::Unavailable`] (retry). Names
+//! and addresses come from EC2 and the NodeClaim, never from the request.
+
+use crate::binding::{self, Binding};
+use crate::ec2::{Ec2Instance, InstanceLookup};
+use crate::events::Events;
+use crate::issuer::{IssueRequest, Issuer};
+use crate::karpenter::{aws_provider_id, NodeClaim};
+use crate::metrics::{JoinLabels, KindLabels, Metrics};
+use crate::nodeclaim::{self, NodeClaims};
+use crate::refusal::{JoinError, Refusal};
+use crate::render::{self, ClusterSettings, NodeFacts};
+use autonode_shared::csr::{self, ParsedCsr, Purpose};
+use autonode_shared::identity::{self, IdentityDocument, Policy, TrustStore};
+use autonode_shared::protocol::{JoinRequest, JoinResponse};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+use time::OffsetDateTime;
+
+/// The guest cluster as a node sees it.
+#[derive(Debug, Clone)]
+pub struct ClusterInfo {
+    /// The API server URL nodes use.
+    pub api_server: String,
+    /// PEM bundle nodes trust for the API server.
+    pub ca_pem: String,
+    pub settings: ClusterSettings,
+}
+
+/// Everything a join needs, shared by all requests.
+pub struct JoinContext {
+    pub trust: TrustStore,
+    pub policy: Policy,
+    pub claims: NodeClaims,
+    pub ec2: Arc<dyn InstanceLookup>,
+    pub issuer: Issuer,
+    pub cluster: ClusterInfo,
+    pub events: Events,
+    pub metrics: Metrics,
+    /// Injected so tests can set the time.
+    pub clock: fn() -> OffsetDateTime,
+}
+
+/// What attestation established about the machine.
+struct Attested {
+    doc: IdentityDocument,
+    claim: Arc<NodeClaim>,
+    instance: Ec2Instance,
+    provider_id: String,
+}
+
+/// Handles one join, recording its outcome in logs, Events and metrics.
+pub async fn handle(
+    ctx: &JoinContext,
+    request_id: &str,
+    request: JoinRequest,
+) -> Result<JoinResponse, JoinError> {
+    let started = Instant::now();
+    ctx.metrics.joins_in_flight.inc();
+    let mut claim_seen = None;
+    let outcome = join(ctx, request, &mut claim_seen).await;
+    ctx.metrics.joins_in_flight.dec();
+    ctx.metrics
+        .join_seconds
+        .observe(started.elapsed().as_secs_f64());
+    record(ctx, request_id, claim_seen.as_deref(), &outcome);
+    outcome.map(|(response, _)| response)
+}
+
+async fn join(
+    ctx: &JoinContext,
+    request: JoinRequest,
+    claim_seen: &mut Option<Arc<NodeClaim>>,
+) -> Result<(JoinResponse, Binding), JoinError> {
+    let (client_csr, serving_csr) = parse(&request)?;
+    let attested = attest(ctx, &request, claim_seen).await?;
+    let node_name = attested.instance.private_dns_name.clone();
+    check_csrs(&client_csr, &serving_csr, &attested)?;
+    let name = attested.claim.metadata.name.as_deref().unwrap_or_default();
+    let fingerprint = client_csr.public_key_fingerprint();
+    let binding = binding::bind(
+        &ctx.claims,
+        &attested.claim,
+        &attested.doc.instance_id,
+        &fingerprint,
+    )
+    .await?;
+    let (client_cert, serving_cert) = tokio::try_join!(
+        issue(
+            ctx,
+            &attested,
+            &request.client_csr,
+            &client_csr,
+            Purpose::Client
+        ),
+        issue(
+            ctx,
+            &attested,
+            &request.serving_csr,
+            &serving_csr,
+            Purpose::Serving
+        ),
+    )?;
+    let facts = NodeFacts {
+        claim: &attested.claim,
+        provider_id: &attested.provider_id,
+        node_ip: node_ip(&attested),
+    };
+    tracing::debug!(nodeclaim = name, "rendering node config");
+    let response = JoinResponse {
+        node_name,
+        api_server: ctx.cluster.api_server.clone(),
+        cluster_ca: ctx.cluster.ca_pem.clone(),
+        client_certificate: client_cert,
+        serving_certificate: serving_cert,
+        kubelet: render::kubelet(&ctx.cluster.settings, &facts),
+        ignition: render::ignition(),
+    };
+    Ok((response, binding))
+}
+
+/// Step 1: the request's own structure. Nothing is trusted yet.
+fn parse(request: &JoinRequest) -> Result<(ParsedCsr, ParsedCsr), Refusal> {
+    let client = csr::parse_csr(request.client_csr.as_bytes()).map_err(Refusal::ClientCsr)?;
+    let serving = csr::parse_csr(request.serving_csr.as_bytes()).map_err(Refusal::ServingCsr)?;
+    Ok((client, serving))
+}
+
+/// Step 2: the signature, the policy, the NodeClaim and EC2.
+async fn attest(
+    ctx: &JoinContext,
+    request: &JoinRequest,
+    claim_seen: &mut Option<Arc<NodeClaim>>,
+) -> Result<Attested, JoinError> {
+    let verified =
+        identity::verify(request.identity.rsa2048.as_bytes(), &ctx.trust).map_err(Refusal::from)?;
+    let doc = verified.into_document();
+    ctx.policy
+        .check(&doc, (ctx.clock)())
+        .map_err(Refusal::from)?;
+    ctx.claims.ready().await?;
+    let provider_id = aws_provider_id(&doc.availability_zone, &doc.instance_id);
+    let matches = ctx.claims.by_provider_id(&provider_id);
+    if let [only] = matches.as_slice() {
+        *claim_seen = Some(only.clone());
+    }
+    let claim = nodeclaim::select(&provider_id, matches, doc.pending_time)?;
+    let instance = lookup(ctx, &doc).await?;
+    Ok(Attested {
+        doc,
+        claim,
+        instance,
+        provider_id,
+    })
+}
+
+/// The instance as EC2 sees it: live, same image, with a DNS name.
+async fn lookup(ctx: &JoinContext, doc: &IdentityDocument) -> Result<Ec2Instance, JoinError> {
+    let instance = match ctx
+        .ec2
+        .describe_instance(&doc.region, &doc.instance_id)
+        .await
+    {
+        Ok(instance) => instance,
+        Err(e) if e.is_transient() => return Err(JoinError::Unavailable(format!("EC2: {e}"))),
+        Err(e) => return Err(Refusal::Lookup(e).into()),
+    };
+    if !instance.state.is_live() {
+        return Err(Refusal::InstanceNotLive {
+            instance_id: doc.instance_id.clone(),
+            state: format!("{:?}", instance.state).to_lowercase(),
+        }
+        .into());
+    }
+    if instance.image_id != doc.image_id {
+        return Err(Refusal::ImageMismatch {
+            instance_id: doc.instance_id.clone(),
+            signed: doc.image_id.clone(),
+            actual: instance.image_id,
+        }
+        .into());
+    }
+    if instance.private_dns_name.is_empty() {
+        return Err(Refusal::NoPrivateDnsName(doc.instance_id.clone()).into());
+    }
+    Ok(instance)
+}
+
+/// Step 3: the CSRs against what EC2 says this machine is.
+fn check_csrs(client: &ParsedCsr, serving: &ParsedCsr, attested: &Attested) -> Result<(), Refusal> {
+    let node = &attested.instance.private_dns_name;
+    csr::check_client_csr(client, node).map_err(Refusal::ClientCsr)?;
+    let dns = [node.clone()];
+    csr::check_serving_csr(serving, node, &dns, &attested.instance.private_ips)
+        .map_err(Refusal::ServingCsr)
+}
+
+/// Step 4: a CSR object, approved, signed by kube-controller-manager.
+async fn issue(
+    ctx: &JoinContext,
+    attested: &Attested,
+    pem: &str,
+    parsed: &ParsedCsr,
+    purpose: Purpose,
+) -> Result<String, JoinError> {
+    let (kind, signer) = match purpose {
+        Purpose::Client => ("client", csr::CLIENT_SIGNER),
+        Purpose::Serving => ("serving", csr::SERVING_SIGNER),
+    };
+    let instance_id = &attested.doc.instance_id;
+    let claim = attested.claim.metadata.name.clone().unwrap_or_default();
+    let usages = csr::usages_for(purpose);
+    let fingerprint = parsed.public_key_fingerprint();
+    let request = IssueRequest {
+        name: format!("autonode-{instance_id}-{kind}-{}", &fingerprint[..16]),
+        signer,
+        usages: &usages,
+        request_pem: pem,
+        labels: BTreeMap::from([
+            ("autonode.dev/instance-id".to_string(), instance_id.clone()),
+            ("autonode.dev/nodeclaim".to_string(), claim.clone()),
+        ]),
+        approval_message: format!(
+            "autonode-server: instance {instance_id} attested by its AWS identity document for NodeClaim {claim}"
+        ),
+    };
+    let cert = ctx.issuer.issue(request).await?;
+    ctx.metrics
+        .approvals
+        .get_or_create(&KindLabels { kind })
+        .inc();
+    Ok(cert)
+}
+
+fn node_ip(attested: &Attested) -> String {
+    attested
+        .doc
+        .private_ip
+        .or_else(|| attested.instance.private_ips.first().copied())
+        .map(|ip| ip.to_string())
+        .unwrap_or_default()
+}
+
+/// Logs, counts and reports the outcome on the NodeClaim.
+fn record(
+    ctx: &JoinContext,
+    request_id: &str,
+    claim: Option<&NodeClaim>,
+    outcome: &Result<(JoinResponse, Binding), JoinError>,
+) {
+    let claim_name = claim
+        .and_then(|c| c.metadata.name.as_deref())
+        .unwrap_or("-");
+    let labels = match outcome {
+        Ok((response, binding)) => {
+            let result = if *binding == Binding::Resumed {
+                "resumed"
+            } else {
+                "joined"
+            };
+            tracing::info!(request_id, nodeclaim = claim_name, node = %response.node_name, result, "join granted");
+            if let Some(claim) = claim {
+                ctx.events.normal(
+                    claim,
+                    "Attested",
+                    format!(
+                        "instance attested; certificates issued for node {} ({result})",
+                        response.node_name
+                    ),
+                );
+            }
+            JoinLabels {
+                result,
+                reason: "none",
+            }
+        }
+        Err(JoinError::Unavailable(why)) => {
+            tracing::warn!(request_id, nodeclaim = claim_name, reason = %why, "join could not complete now");
+            JoinLabels {
+                result: "unavailable",
+                reason: "unavailable",
+            }
+        }
+        Err(JoinError::Refused(refusal)) => {
+            tracing::warn!(request_id, nodeclaim = claim_name, reason = refusal.reason(), detail = %refusal, "join refused");
+            if matches!(refusal, Refusal::PossibleReplay { .. }) {
+                ctx.metrics.possible_replays.inc();
+            }
+            if let Some(claim) = claim {
+                let reason = match refusal {
+                    Refusal::PossibleReplay { .. } => "PossibleReplay",
+                    _ => "JoinRefused",
+                };
+                ctx.events
+                    .warning(claim, reason, format!("{refusal} (request {request_id})"));
+            }
+            JoinLabels {
+                result: "refused",
+                reason: refusal.reason(),
+            }
+        }
+    };
+    ctx.metrics.joins.get_or_create(&labels).inc();
+}

@@ -1,0 +1,204 @@
+//! Karpenter's v1 objects, as far as autonode reads them.
+//!
+//! Only the fields autonode needs are typed; serde ignores the rest. These
+//! types are for reading: autonode writes to Karpenter's objects only with
+//! patches that name the fields it owns (an annotation, its own condition),
+//! never by sending a whole object back, so unknown fields are never lost.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::core::{ClusterResourceScope, Resource};
+use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+/// Annotation recording the SHA-256 of the client key an instance joined
+/// with: the one-shot binding.
+pub const BINDING_ANNOTATION: &str = "autonode.dev/client-key-sha256";
+/// Karpenter's condition type set once the Node has registered.
+pub const REGISTERED: &str = "Registered";
+/// The taint every node registers with until Karpenter takes it off.
+pub const UNREGISTERED_TAINT: &str = "karpenter.sh/unregistered";
+
+/// `karpenter.sh/v1` NodeClaim.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+pub struct NodeClaim {
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: NodeClaimSpec,
+    #[serde(default)]
+    pub status: Option<NodeClaimStatus>,
+}
+
+/// The parts of a NodeClaim's spec that shape the node.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeClaimSpec {
+    #[serde(default)]
+    pub taints: Vec<Taint>,
+    #[serde(default)]
+    pub startup_taints: Vec<Taint>,
+    #[serde(default)]
+    pub node_class_ref: Option<NodeClassRef>,
+}
+
+/// A taint as Karpenter writes it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+pub struct Taint {
+    pub key: String,
+    #[serde(default)]
+    pub value: Option<String>,
+    pub effect: String,
+}
+
+/// Which EC2NodeClass a NodeClaim was launched from.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+pub struct NodeClassRef {
+    pub group: String,
+    pub kind: String,
+    pub name: String,
+}
+
+/// The parts of a NodeClaim's status autonode reads.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeClaimStatus {
+    #[serde(rename = "providerID", default)]
+    pub provider_id: Option<String>,
+    #[serde(default)]
+    pub node_name: Option<String>,
+    #[serde(rename = "imageID", default)]
+    pub image_id: Option<String>,
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+/// A status condition (metav1.Condition's shape).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+impl NodeClaim {
+    /// `status.providerID`, if Karpenter has set it.
+    pub fn provider_id(&self) -> Option<&str> {
+        self.status.as_ref()?.provider_id.as_deref()
+    }
+
+    /// Whether Karpenter has marked it Registered (its Node exists).
+    pub fn is_registered(&self) -> bool {
+        self.condition(REGISTERED)
+            .is_some_and(|c| c.status == "True")
+    }
+
+    /// Whether it is being deleted.
+    pub fn is_deleting(&self) -> bool {
+        self.metadata.deletion_timestamp.is_some()
+    }
+
+    /// The condition of this type, if present.
+    pub fn condition(&self, type_: &str) -> Option<&Condition> {
+        self.status
+            .as_ref()?
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_)
+    }
+
+    /// The client key fingerprint this NodeClaim's instance is bound to.
+    pub fn bound_key(&self) -> Option<&str> {
+        self.metadata
+            .annotations
+            .as_ref()?
+            .get(BINDING_ANNOTATION)
+            .map(String::as_str)
+    }
+
+    /// Labels (empty when none).
+    pub fn labels(&self) -> BTreeMap<String, String> {
+        self.metadata.labels.clone().unwrap_or_default()
+    }
+}
+
+impl Resource for NodeClaim {
+    type DynamicType = ();
+    type Scope = ClusterResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        "NodeClaim".into()
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        "karpenter.sh".into()
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        "v1".into()
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        "nodeclaims".into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// `aws:///<availability-zone>/<instance-id>`: how Karpenter and kubelet
+/// name an EC2 instance.
+pub fn aws_provider_id(availability_zone: &str, instance_id: &str) -> String {
+    format!("aws:///{availability_zone}/{instance_id}")
+}
+
+/// The instance id and zone in an AWS provider ID, if it is one.
+pub fn parse_aws_provider_id(provider_id: &str) -> Option<(&str, &str)> {
+    let rest = provider_id.strip_prefix("aws:///")?;
+    let (zone, instance) = rest.split_once('/')?;
+    (!zone.is_empty() && instance.starts_with("i-") && !instance.contains('/'))
+        .then_some((zone, instance))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn provider_ids_round_trip() {
+        let id = aws_provider_id("us-west-2a", "i-0123456789abcdef0");
+        assert_eq!(id, "aws:///us-west-2a/i-0123456789abcdef0");
+        assert_eq!(
+            parse_aws_provider_id(&id),
+            Some(("us-west-2a", "i-0123456789abcdef0"))
+        );
+        assert_eq!(parse_aws_provider_id("aws://us-west-2a/i-1"), None);
+        assert_eq!(parse_aws_provider_id("aws:///us-west-2a/x-1"), None);
+        assert_eq!(parse_aws_provider_id("aws:////i-1"), None);
+    }
+
+    #[test]
+    fn reads_karpenter_status_and_ignores_the_rest() {
+        let claim: NodeClaim = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "default-abc", "annotations": {BINDING_ANNOTATION: "ab"}},
+            "spec": {"nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"},
+                     "requirements": [], "taints": [{"key": "a", "effect": "NoSchedule"}]},
+            "status": {"providerID": "aws:///us-west-2a/i-1", "imageID": "ami-1",
+                       "conditions": [{"type": "Registered", "status": "True", "lastTransitionTime": "2024-01-01T00:00:00Z", "reason": "Registered", "message": ""}]}
+        }))
+        .unwrap();
+        assert_eq!(claim.provider_id(), Some("aws:///us-west-2a/i-1"));
+        assert!(claim.is_registered());
+        assert!(!claim.is_deleting());
+        assert_eq!(claim.bound_key(), Some("ab"));
+        assert_eq!(claim.spec.taints.len(), 1);
+    }
+}

@@ -1,0 +1,32 @@
+//! autonode-server as a library: the parts of the control plane half of
+//! autonode that the binary, the integration tests and the test harness
+//! share.
+//!
+//! A join request flows one way through these modules:
+//! [`api`] (HTTPS, limits) → [`join`]: parse → verify (the `shared`
+//! verifier) → bind ([`nodeclaim`], [`ec2`], [`binding`]) → approve
+//! ([`issuer`]) → render ([`render`]). Outcomes go to [`events`] and
+//! [`metrics`]; [`refusal`] says why a join was not granted. Agents'
+//! progress reports arrive through [`report`].
+//!
+//! - [`ec2`]: looking booting instances up in EC2 (`DescribeInstances`).
+//! - [`karpenter`]: Karpenter's objects as far as autonode reads them.
+//! - [`tls`]: the serving certificate, reloaded when it changes.
+//! - [`observe`]: `/metrics`, `/healthz`, `/readyz`.
+
+#![forbid(unsafe_code)]
+
+pub mod api;
+pub mod binding;
+pub mod ec2;
+pub mod events;
+pub mod issuer;
+pub mod join;
+pub mod karpenter;
+pub mod metrics;
+pub mod nodeclaim;
+pub mod observe;
+pub mod refusal;
+pub mod render;
+pub mod report;
+pub mod tls;

@@ -1,0 +1,126 @@
+//! Prometheus metrics.
+//!
+//! Labels are low-cardinality by construction: results and refusal reasons
+//! come from fixed `&'static str` labels, never from request data.
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use std::sync::Arc;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct JoinLabels {
+    /// `joined`, `resumed`, `refused` or `unavailable`.
+    pub result: &'static str,
+    /// The refusal reason, or `none`.
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    /// `client` or `serving`.
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabels {
+    pub phase: &'static str,
+    pub outcome: &'static str,
+}
+
+/// Every metric the server exports.
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Arc<Registry>,
+    pub joins: Family<JoinLabels, Counter>,
+    pub join_seconds: Histogram,
+    pub possible_replays: Counter,
+    pub approvals: Family<KindLabels, Counter>,
+    pub renewals_refused: Family<KindLabels, Counter>,
+    pub agent_reports: Family<PhaseLabels, Counter>,
+    pub joins_in_flight: Gauge,
+    pub nodeclaims_deleted: Counter,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("autonode");
+        let joins = Family::<JoinLabels, Counter>::default();
+        registry.register(
+            "joins",
+            "Join requests by result and refusal reason",
+            joins.clone(),
+        );
+        let join_seconds = Histogram::new(exponential_buckets(0.01, 2.0, 14));
+        registry.register(
+            "join_duration_seconds",
+            "Time to answer a join request",
+            join_seconds.clone(),
+        );
+        let possible_replays = Counter::default();
+        registry.register(
+            "possible_replays",
+            "Joins refused because the instance is bound to another client key",
+            possible_replays.clone(),
+        );
+        let approvals = Family::<KindLabels, Counter>::default();
+        registry.register(
+            "csr_approvals",
+            "CSRs approved by autonode",
+            approvals.clone(),
+        );
+        let renewals_refused = Family::<KindLabels, Counter>::default();
+        registry.register(
+            "csr_renewals_refused",
+            "Kubelet renewal CSRs autonode declined to approve",
+            renewals_refused.clone(),
+        );
+        let agent_reports = Family::<PhaseLabels, Counter>::default();
+        registry.register(
+            "agent_reports",
+            "Progress reports from agents",
+            agent_reports.clone(),
+        );
+        let joins_in_flight = Gauge::default();
+        registry.register(
+            "joins_in_flight",
+            "Join requests being processed",
+            joins_in_flight.clone(),
+        );
+        let nodeclaims_deleted = Counter::default();
+        registry.register(
+            "nodeclaims_deleted",
+            "NodeClaims deleted because their machine failed to bootstrap",
+            nodeclaims_deleted.clone(),
+        );
+        Self {
+            registry: Arc::new(registry),
+            joins,
+            join_seconds,
+            possible_replays,
+            approvals,
+            renewals_refused,
+            agent_reports,
+            joins_in_flight,
+            nodeclaims_deleted,
+        }
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

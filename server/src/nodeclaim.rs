@@ -1,0 +1,207 @@
+//! Finding an instance's NodeClaim, and the rules it must pass.
+//!
+//! Lookups come from a watch-backed cache (a kube-runtime reflector), never
+//! a LIST per join: a scale-out of a thousand machines must not become a
+//! thousand LISTs of every NodeClaim.
+
+use crate::karpenter::NodeClaim;
+use crate::refusal::{JoinError, Refusal};
+use futures::StreamExt;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use time::OffsetDateTime;
+
+/// The NodeClaim cache.
+#[derive(Clone)]
+pub struct NodeClaims {
+    store: Store<NodeClaim>,
+    api: Api<NodeClaim>,
+    ready: Arc<AtomicBool>,
+}
+
+impl NodeClaims {
+    /// Starts watching NodeClaims in the background.
+    pub fn start(client: Client) -> Self {
+        let api: Api<NodeClaim> = Api::all(client);
+        let (store, writer) = reflector::store();
+        let stream = reflector::reflector(writer, watcher(api.clone(), watcher::Config::default()))
+            .default_backoff()
+            .touched_objects();
+        let ready = Arc::new(AtomicBool::new(false));
+        let (flag, waiter) = (ready.clone(), store.clone());
+        tokio::spawn(async move {
+            if waiter.wait_until_ready().await.is_ok() {
+                flag.store(true, Ordering::Release);
+            }
+        });
+        tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(event) = stream.next().await {
+                if let Err(e) = event {
+                    tracing::warn!(error = %e, "NodeClaim watch interrupted; retrying");
+                }
+            }
+        });
+        Self { store, api, ready }
+    }
+
+    /// Waits until the first full list has arrived.
+    pub async fn ready(&self) -> Result<(), JoinError> {
+        self.store
+            .wait_until_ready()
+            .await
+            .map_err(|e| JoinError::Unavailable(format!("NodeClaim cache: {e}")))
+    }
+
+    /// Whether the first full list has arrived.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    /// The NodeClaims whose `status.providerID` is exactly `provider_id`.
+    pub fn by_provider_id(&self, provider_id: &str) -> Vec<Arc<NodeClaim>> {
+        self.store
+            .state()
+            .into_iter()
+            .filter(|c| c.provider_id() == Some(provider_id))
+            .collect()
+    }
+
+    /// The NodeClaim as the API server has it now (for conflict handling).
+    pub async fn get_fresh(&self, name: &str) -> Result<Option<NodeClaim>, JoinError> {
+        Ok(self.api.get_opt(name).await?)
+    }
+
+    /// The NodeClaim API.
+    pub fn api(&self) -> &Api<NodeClaim> {
+        &self.api
+    }
+}
+
+/// Picks the one NodeClaim an attested instance may join as, or says why
+/// there is none: exactly one match, not Registered, not deleting, and the
+/// instance's `pendingTime` no earlier than the NodeClaim's creation (an
+/// instance older than its claim is not the machine Karpenter launched for
+/// it).
+pub fn select(
+    provider_id: &str,
+    matches: Vec<Arc<NodeClaim>>,
+    pending_time: OffsetDateTime,
+) -> Result<Arc<NodeClaim>, Refusal> {
+    let claim = match matches.len() {
+        0 => return Err(Refusal::NoNodeClaim(provider_id.to_string())),
+        1 => matches
+            .into_iter()
+            .next()
+            .ok_or_else(|| Refusal::NoNodeClaim(provider_id.to_string()))?,
+        count => {
+            return Err(Refusal::ManyNodeClaims {
+                provider_id: provider_id.to_string(),
+                count,
+            })
+        }
+    };
+    check(&claim, pending_time)?;
+    Ok(claim)
+}
+
+/// The rules one NodeClaim must pass.
+pub fn check(claim: &NodeClaim, pending_time: OffsetDateTime) -> Result<(), Refusal> {
+    let name = claim.metadata.name.clone().unwrap_or_default();
+    if claim.is_deleting() {
+        return Err(Refusal::Deleting(name));
+    }
+    if claim.is_registered() {
+        return Err(Refusal::AlreadyRegistered(name));
+    }
+    let created = claim
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .and_then(|t| OffsetDateTime::from_unix_timestamp(t.0.as_second()).ok());
+    match created {
+        // The API server stores whole seconds: compare at that resolution.
+        Some(created) if pending_time.unix_timestamp() >= created.unix_timestamp() => Ok(()),
+        created => Err(Refusal::PendingBeforeNodeClaim {
+            nodeclaim: name,
+            pending: pending_time.to_string(),
+            created: created
+                .map(|c| c.to_string())
+                .unwrap_or_else(|| "unknown".into()),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use time::macros::datetime;
+
+    fn claim(extra: serde_json::Value) -> Arc<NodeClaim> {
+        let mut base = json!({
+            "metadata": {"name": "c1", "creationTimestamp": "2026-01-01T10:00:00Z"},
+            "spec": {},
+            "status": {"providerID": "aws:///us-west-2a/i-1"},
+        });
+        merge(&mut base, extra);
+        Arc::new(serde_json::from_value(base).unwrap())
+    }
+
+    fn merge(base: &mut serde_json::Value, extra: serde_json::Value) {
+        if let (Some(b), serde_json::Value::Object(e)) = (base.as_object_mut(), extra) {
+            for (k, v) in e {
+                match b.get_mut(&k) {
+                    Some(existing) if existing.is_object() && v.is_object() => merge(existing, v),
+                    _ => {
+                        b.insert(k, v);
+                    }
+                }
+            }
+        }
+    }
+
+    const PID: &str = "aws:///us-west-2a/i-1";
+    const AFTER: OffsetDateTime = datetime!(2026-01-01 10:00:30 UTC);
+
+    #[test]
+    fn one_fresh_claim_is_selected() {
+        assert!(select(PID, vec![claim(json!({}))], AFTER).is_ok());
+    }
+
+    #[test]
+    fn none_or_many_are_refused() {
+        assert!(matches!(
+            select(PID, vec![], AFTER),
+            Err(Refusal::NoNodeClaim(_))
+        ));
+        let two = vec![claim(json!({})), claim(json!({}))];
+        assert!(matches!(
+            select(PID, two, AFTER),
+            Err(Refusal::ManyNodeClaims { count: 2, .. })
+        ));
+    }
+
+    #[test]
+    fn registered_deleting_and_older_instances_are_refused() {
+        let registered =
+            claim(json!({"status": {"conditions": [{"type": "Registered", "status": "True"}]}}));
+        assert!(matches!(
+            select(PID, vec![registered], AFTER),
+            Err(Refusal::AlreadyRegistered(_))
+        ));
+        let deleting = claim(json!({"metadata": {"deletionTimestamp": "2026-01-01T10:01:00Z"}}));
+        assert!(matches!(
+            select(PID, vec![deleting], AFTER),
+            Err(Refusal::Deleting(_))
+        ));
+        let before = datetime!(2026-01-01 09:59:59 UTC);
+        assert!(matches!(
+            select(PID, vec![claim(json!({}))], before),
+            Err(Refusal::PendingBeforeNodeClaim { .. })
+        ));
+    }
+}

@@ -1,0 +1,179 @@
+//! `autonode-server serve`: wires the join API, the caches and the
+//! observability endpoints together and runs until SIGTERM.
+
+use crate::config::{self, ServeArgs};
+use anyhow::{Context, Result};
+use autonode_server::api::{self, Api, Limits};
+use autonode_server::ec2::{Ec2Client, Ec2Settings};
+use autonode_server::events::Events;
+use autonode_server::issuer::Issuer;
+use autonode_server::join::{ClusterInfo, JoinContext};
+use autonode_server::metrics::Metrics;
+use autonode_server::nodeclaim::NodeClaims;
+use autonode_server::observe;
+use autonode_server::render::ClusterSettings;
+use autonode_server::report::ReportContext;
+use autonode_server::tls::ReloadingCert;
+use autonode_shared::identity::{Policy, TrustStore};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+
+pub async fn run(args: ServeArgs) -> Result<()> {
+    let (client, cluster) = guest_cluster(&args).await?;
+    let trust = trust_store(&args)?;
+    let policy = policy(&args)?;
+    let metrics = Metrics::new();
+    let events = Events::new(client.clone(), args.instance_name.clone());
+    let claims = NodeClaims::start(client.clone());
+    let issuer = Issuer::start(client.clone(), args.csr_timeout());
+    let ec2 = Ec2Client::new(Ec2Settings {
+        endpoint: args.ec2_endpoint.clone(),
+        ..Ec2Settings::default()
+    })
+    .await
+    .context("setting up the EC2 client")?;
+
+    let join = Arc::new(JoinContext {
+        trust: trust.clone(),
+        policy: policy.clone(),
+        claims: claims.clone(),
+        ec2: Arc::new(ec2),
+        issuer,
+        cluster,
+        events: events.clone(),
+        metrics: metrics.clone(),
+        clock: time::OffsetDateTime::now_utc,
+    });
+    let report = Arc::new(ReportContext {
+        trust,
+        policy,
+        claims: claims.clone(),
+        events,
+        metrics: metrics.clone(),
+        delete_on_fatal: args.delete_failed_nodeclaims,
+    });
+    let limits = Limits {
+        max_concurrent_joins: args.max_concurrent_joins,
+        ..Limits::default()
+    };
+
+    let cert = ReloadingCert::load(&args.tls_cert, &args.tls_key)
+        .context("loading the serving certificate")?;
+    cert.spawn_reloader();
+    let acceptor = TlsAcceptor::from(Arc::new(cert.server_config()));
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("listening on {}", args.listen))?;
+    let metrics_listener = TcpListener::bind(args.metrics_listen)
+        .await
+        .with_context(|| format!("listening on {}", args.metrics_listen))?;
+    tracing::info!(join_api = %listener.local_addr()?, metrics = %metrics_listener.local_addr()?, "autonode-server serving");
+
+    tokio::spawn(observe::serve(metrics_listener, metrics, claims));
+    tokio::select! {
+        _ = api::serve(listener, acceptor, Api::new(join, report, limits)) => {}
+        _ = shutdown_signal() => tracing::info!("shutting down"),
+    }
+    Ok(())
+}
+
+/// A client for the guest cluster, and how nodes are to reach it.
+async fn guest_cluster(args: &ServeArgs) -> Result<(kube::Client, ClusterInfo)> {
+    let kubeconfig = Kubeconfig::read_from(&args.kubeconfig)
+        .with_context(|| format!("reading kubeconfig {}", args.kubeconfig.display()))?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .context("loading the guest cluster kubeconfig")?;
+    let api_server = match &args.api_server_url {
+        Some(url) => url.clone(),
+        None => config
+            .cluster_url
+            .to_string()
+            .trim_end_matches('/')
+            .to_string(),
+    };
+    let ca_pem = match &args.cluster_ca_file {
+        Some(path) => config::read(path)?,
+        None => kubeconfig_ca(&config)
+            .context("the kubeconfig has no CA data; pass --cluster-ca-file")?,
+    };
+    let client = kube::Client::try_from(config).context("building the guest cluster client")?;
+    let settings = ClusterSettings {
+        cluster_dns: args.cluster_dns.clone(),
+        cluster_domain: args.cluster_domain.clone(),
+    };
+    Ok((
+        client,
+        ClusterInfo {
+            api_server,
+            ca_pem,
+            settings,
+        },
+    ))
+}
+
+fn kubeconfig_ca(config: &kube::Config) -> Option<String> {
+    use base64::Engine as _;
+    let certs = config.root_cert.as_ref()?;
+    let pem: String = certs
+        .iter()
+        .map(|der| {
+            let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+            let lines: Vec<&str> = b64
+                .as_bytes()
+                .chunks(64)
+                .filter_map(|c| std::str::from_utf8(c).ok())
+                .collect();
+            format!(
+                "-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n",
+                lines.join("\n")
+            )
+        })
+        .collect();
+    (!pem.is_empty()).then_some(pem)
+}
+
+fn trust_store(args: &ServeArgs) -> Result<TrustStore> {
+    let mut trust = TrustStore::aws();
+    if let Some(dir) = &args.identity_certs {
+        let added = trust
+            .load_dir(dir)
+            .with_context(|| format!("loading identity certificates from {}", dir.display()))?;
+        tracing::info!(dir = %dir.display(), added, "extra identity certificates pinned");
+    }
+    Ok(trust)
+}
+
+fn policy(args: &ServeArgs) -> Result<Policy> {
+    let mut policy = Policy::new(
+        args.allowed_accounts
+            .iter()
+            .filter(|a| !a.is_empty())
+            .cloned(),
+        args.allowed_regions
+            .iter()
+            .filter(|r| !r.is_empty())
+            .cloned(),
+    );
+    policy.max_age =
+        time::Duration::try_from(args.max_instance_age()).context("max instance age")?;
+    policy.clock_skew = time::Duration::try_from(args.clock_skew()).context("clock skew")?;
+    Ok(policy)
+}
+
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+}

@@ -1,0 +1,296 @@
+//! autonode-server run as a real process against a test control plane.
+//!
+//! The server authenticates to the guest cluster as the ServiceAccount in
+//! `packaging/guest/rbac.yaml`, bound only to that manifest's role, so every
+//! test that joins through it also proves the shipped RBAC is sufficient.
+
+use crate::controlplane::{free_port, ControlPlane};
+use crate::fakecloud::ec2::{TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY};
+use crate::pki::Ca;
+use crate::process::Daemon;
+use anyhow::{bail, Context, Result};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::core::GroupVersionKind;
+use kube::discovery::{pinned_kind, Scope};
+use kube::Client;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use tempfile::TempDir;
+
+/// The guest-cluster RBAC the project ships.
+pub const GUEST_RBAC: &str = include_str!("../../packaging/guest/rbac.yaml");
+/// The namespace and name of the server's ServiceAccount in that manifest.
+pub const SERVER_SERVICE_ACCOUNT: (&str, &str) = ("autonode-system", "autonode-server");
+
+/// What the server is told about the cloud.
+pub struct CloudSettings {
+    /// PEM of the CA that plays AWS's identity-signing role.
+    pub identity_ca_pem: String,
+    /// The fake EC2 endpoint.
+    pub ec2_endpoint: String,
+    pub accounts: Vec<String>,
+    pub regions: Vec<String>,
+}
+
+/// A running autonode-server.
+pub struct TestServer {
+    daemon: Daemon,
+    url: String,
+    metrics_url: String,
+    ca_pem: String,
+    dir: TempDir,
+}
+
+impl TestServer {
+    /// Applies the guest RBAC and starts the server under its ServiceAccount.
+    pub async fn start(
+        cp: &ControlPlane,
+        cloud: &CloudSettings,
+        extra_args: &[String],
+    ) -> Result<Self> {
+        let admin = cp.admin().await?;
+        apply_manifest(&admin, GUEST_RBAC).await?;
+        let token = service_account_token(&admin, SERVER_SERVICE_ACCOUNT).await?;
+        let dir = tempfile::Builder::new()
+            .prefix("autonode-server-")
+            .tempdir()?;
+        let kubeconfig = dir.path().join("guest.kubeconfig");
+        write_token_kubeconfig(&kubeconfig, cp.url(), cp.ca().cert_pem(), &token)?;
+
+        let join_ca = Ca::new("autonode-join-ca")?;
+        let serving = join_ca.server(&["localhost"], &[IpAddr::V4(Ipv4Addr::LOCALHOST)])?;
+        let put = |name: &str, text: &str| -> Result<PathBuf> {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).with_context(|| format!("writing {name}"))?;
+            Ok(path)
+        };
+        let cert = put("tls.crt", &serving.cert_pem)?;
+        let key = put("tls.key", &serving.key_pem)?;
+        std::fs::create_dir_all(dir.path().join("identity-certs"))?;
+        put("identity-certs/any.pem", &cloud.identity_ca_pem)?;
+
+        let (port, metrics_port) = (free_port()?, free_port()?);
+        let mut args = vec![
+            "serve".to_string(),
+            format!("--listen=127.0.0.1:{port}"),
+            format!("--metrics-listen=127.0.0.1:{metrics_port}"),
+            format!("--tls-cert={}", cert.display()),
+            format!("--tls-key={}", key.display()),
+            format!("--kubeconfig={}", kubeconfig.display()),
+            format!(
+                "--identity-certs={}",
+                dir.path().join("identity-certs").display()
+            ),
+            format!("--ec2-endpoint={}", cloud.ec2_endpoint),
+            format!("--allowed-accounts={}", cloud.accounts.join(",")),
+            format!("--allowed-regions={}", cloud.regions.join(",")),
+            "--csr-timeout=30".to_string(),
+        ];
+        args.extend_from_slice(extra_args);
+        let daemon = Daemon::spawn_with_env(
+            "autonode-server",
+            &binary("autonode-server")?,
+            &args,
+            dir.path(),
+            &[
+                ("RUST_LOG", "info,autonode_server=debug"),
+                ("AWS_ACCESS_KEY_ID", TEST_ACCESS_KEY_ID),
+                ("AWS_SECRET_ACCESS_KEY", TEST_SECRET_ACCESS_KEY),
+                ("AWS_REGION", "us-west-2"),
+                ("AWS_EC2_METADATA_DISABLED", "true"),
+            ],
+        )?;
+        let server = Self {
+            daemon,
+            url: format!("https://127.0.0.1:{port}"),
+            metrics_url: format!("http://127.0.0.1:{metrics_port}"),
+            ca_pem: join_ca.cert_pem().to_string(),
+            dir,
+        };
+        server.wait_ready().await?;
+        Ok(server)
+    }
+
+    /// The join API's base URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The `/metrics` port's base URL.
+    pub fn metrics_url(&self) -> &str {
+        &self.metrics_url
+    }
+
+    /// The CA the join API's certificate chains to (what agents pin).
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("autonode-server.log")).unwrap_or_default()
+    }
+
+    /// Process id.
+    pub fn pid(&self) -> u32 {
+        self.daemon.pid()
+    }
+
+    /// Its working directory.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Polls `/readyz` until the NodeClaim cache has synced.
+    async fn wait_ready(&self) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            self.daemon.check_alive()?;
+            if http_get(&format!("{}/readyz", self.metrics_url))
+                .await
+                .is_ok_and(|(s, _)| s == 200)
+            {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "autonode-server not ready after 30s:\n{}",
+                    self.daemon.log_tail(40)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if std::thread::panicking() || std::env::var_os("AUTONODE_TEST_LOGS").is_some() {
+            eprintln!("{}", self.daemon.log_tail(60));
+        }
+    }
+}
+
+/// A plain HTTP GET on loopback: (status, body).
+pub async fn http_get(url: &str) -> Result<(u16, String)> {
+    let output = tokio::process::Command::new("bash")
+        .arg("-c")
+        .arg(r#"exec 3<>"/dev/tcp/$1/$2"; printf 'GET %s HTTP/1.0\r\nHost: x\r\n\r\n' "$3" >&3; cat <&3"#)
+        .arg("get")
+        .args(split_url(url)?)
+        .output()
+        .await?;
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .context("no HTTP status")?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+fn split_url(url: &str) -> Result<[String; 3]> {
+    let rest = url.strip_prefix("http://").context("only http:// URLs")?;
+    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let (host, port) = authority.rsplit_once(':').context("URL needs a port")?;
+    Ok([host.to_string(), port.to_string(), format!("/{path}")])
+}
+
+/// Where cargo put a workspace binary (built by `cargo build --workspace`,
+/// which `tests/run` does before the tests).
+pub fn binary(name: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    // target/<profile>/deps/<test-binary> → target/<profile>/<name>
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .context("test binary has no target directory")?;
+    let path = profile_dir.join(name);
+    if !path.exists() {
+        bail!(
+            "{} is not built: run `cargo build --workspace` (tests/run does)",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// Server-side applies every document of a YAML manifest.
+pub async fn apply_manifest(client: &Client, yaml: &str) -> Result<()> {
+    use serde::Deserialize;
+    for document in serde_yaml::Deserializer::from_str(yaml) {
+        let object = DynamicObject::deserialize(document)?;
+        let types = object
+            .types
+            .clone()
+            .context("manifest object without apiVersion/kind")?;
+        let gvk = GroupVersionKind::try_from(&types)?;
+        let (resource, caps) = pinned_kind(client, &gvk).await?;
+        let name = object
+            .metadata
+            .name
+            .clone()
+            .context("manifest object without a name")?;
+        let api: Api<DynamicObject> = match (&caps.scope, &object.metadata.namespace) {
+            (Scope::Namespaced, Some(ns)) => Api::namespaced_with(client.clone(), ns, &resource),
+            _ => Api::all_with(client.clone(), &resource),
+        };
+        api.patch(
+            &name,
+            &PatchParams::apply("autonode-tests").force(),
+            &Patch::Apply(&object),
+        )
+        .await
+        .with_context(|| format!("applying {} {name}", gvk.kind))?;
+    }
+    Ok(())
+}
+
+/// The token of a ServiceAccount (1.20: from the Secret the tokens
+/// controller creates for it).
+pub async fn service_account_token(
+    client: &Client,
+    (namespace, name): (&str, &str),
+) -> Result<String> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let list = secrets.list(&Default::default()).await?;
+        let token = list.items.iter().find_map(|s| {
+            let annotations = s.metadata.annotations.as_ref()?;
+            (annotations.get("kubernetes.io/service-account.name")? == name)
+                .then(|| s.data.as_ref()?.get("token").cloned())
+                .flatten()
+        });
+        if let Some(token) = token {
+            return Ok(String::from_utf8(token.0)?);
+        }
+        if Instant::now() > deadline {
+            bail!("no token for ServiceAccount {namespace}/{name} after 30s");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn write_token_kubeconfig(path: &Path, url: &str, ca_pem: &str, token: &str) -> Result<()> {
+    use base64::Engine as _;
+    let doc = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "guest", "cluster": {
+            "server": url,
+            "certificate-authority-data": base64::engine::general_purpose::STANDARD.encode(ca_pem),
+        }}],
+        "users": [{"name": "autonode-server", "user": {"token": token}}],
+        "contexts": [{"name": "guest", "context": {"cluster": "guest", "user": "autonode-server"}}],
+        "current-context": "guest",
+    });
+    std::fs::write(path, serde_json::to_string_pretty(&doc)?)
+        .with_context(|| format!("writing {}", path.display()))
+}

@@ -1,0 +1,329 @@
+//! Attested joins against a real control plane, through the real
+//! autonode-server process running under the shipped guest RBAC.
+
+use anyhow::{Context, Result};
+use autonode_tests::controlplane::{unique, ControlPlane};
+use autonode_tests::fakecloud::ec2::Ec2;
+use autonode_tests::fakecloud::{FakeCloud, Instance, InstanceState};
+use autonode_tests::joiner::{self, Answer, CsrShape, Joiner, NodeKeys};
+use autonode_tests::karpenter;
+use autonode_tests::pki::CertPair;
+use autonode_tests::server::{CloudSettings, TestServer};
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::api::core::v1::{Node, NodeSpec, Taint};
+use kube::api::{Api, ListParams, ObjectMeta, PostParams};
+use std::net::{IpAddr, Ipv4Addr};
+
+const ACCOUNT: &str = "123456789012";
+const REGION: &str = "us-west-2";
+
+/// A control plane, a fake cloud and a server, shared by one test's cases.
+// Field order is drop order: the server stops before the control plane.
+struct World {
+    joiner: Joiner,
+    server: TestServer,
+    _ec2: Ec2,
+    cloud: FakeCloud,
+    cp: ControlPlane,
+}
+
+impl World {
+    async fn start() -> Result<Self> {
+        let cp = ControlPlane::start().await?;
+        let cloud = FakeCloud::new()?;
+        let ec2 = cloud.start_ec2(REGION)?;
+        let settings = CloudSettings {
+            identity_ca_pem: cloud.ca().ca_pem(),
+            ec2_endpoint: ec2.url(),
+            accounts: vec![ACCOUNT.into()],
+            regions: vec![REGION.into()],
+        };
+        let server = TestServer::start(&cp, &settings, &[]).await?;
+        let joiner = Joiner::new(server.url(), server.ca_pem())?;
+        Ok(Self {
+            cp,
+            cloud,
+            _ec2: ec2,
+            server,
+            joiner,
+        })
+    }
+
+    /// Karpenter's part: a NodeClaim, then the instance, then its providerID.
+    async fn launch(
+        &self,
+        customise: impl FnOnce(Instance) -> Instance,
+    ) -> Result<(String, Instance)> {
+        let admin = self.cp.admin().await?;
+        let claim = format!("default-{}", unique());
+        karpenter::create_nodeclaim(&admin, &claim, "default").await?;
+        let built = Instance::builder()
+            .account_id(ACCOUNT)
+            .region(REGION)
+            .build();
+        let instance = self.cloud.launch(customise(built));
+        karpenter::set_provider_id(&admin, &claim, &instance.provider_id()).await?;
+        Ok((claim, instance))
+    }
+
+    /// CSRs autonode created for this instance.
+    async fn csrs_for(&self, instance: &Instance) -> Result<Vec<CertificateSigningRequest>> {
+        let api: Api<CertificateSigningRequest> = Api::all(self.cp.admin().await?);
+        let selector = format!("autonode.dev/instance-id={}", instance.instance_id);
+        Ok(api
+            .list(&ListParams::default().labels(&selector))
+            .await?
+            .items)
+    }
+
+    /// Asserts a refusal: 403, nothing created or approved for the
+    /// instance, and the precise reason logged against the request id.
+    async fn assert_refused(
+        &self,
+        answer: Answer,
+        instance: &Instance,
+        reason: &str,
+    ) -> Result<()> {
+        let Answer::Refused(status, body) = answer else {
+            panic!("expected a refusal for {reason}, the join was granted");
+        };
+        assert_eq!(status, 403, "{reason}: {body:?}");
+        assert_eq!(
+            body.error, "join refused",
+            "the caller learns nothing precise"
+        );
+        assert!(
+            self.csrs_for(instance).await?.is_empty(),
+            "{reason}: a CSR exists"
+        );
+        let log = self.server.log();
+        let line = log
+            .lines()
+            .find(|l| l.contains(&body.request_id) && l.contains("join refused"))
+            .with_context(|| format!("no log line for request {}", body.request_id))?;
+        assert!(line.contains(reason), "expected reason {reason} in: {line}");
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn an_attested_node_registers_itself_with_its_certificate() -> Result<()> {
+    let world = World::start().await?;
+    let (claim, instance) = world.launch(|i| i).await?;
+    let keys = NodeKeys::generate()?;
+    let request = joiner::honest_request(&instance, world.cloud.ca(), &keys)?;
+    let response = world.joiner.join(&request).await?.granted();
+
+    assert_eq!(response.node_name, instance.private_dns_name);
+    assert_eq!(response.kubelet.provider_id, instance.provider_id());
+    assert_eq!(
+        response.kubelet.register_with_taints[0],
+        "karpenter.sh/unregistered:NoExecute"
+    );
+    assert_eq!(response.api_server, world.cp.url());
+
+    // The node's own certificate registers its Node under NodeRestriction.
+    let node_client = world
+        .cp
+        .client_with_cert(&CertPair {
+            cert_pem: response.client_certificate.clone(),
+            key_pem: keys.client.serialize_pem(),
+        })
+        .await?;
+    let node = Node {
+        metadata: ObjectMeta {
+            name: Some(response.node_name.clone()),
+            ..Default::default()
+        },
+        spec: Some(NodeSpec {
+            provider_id: Some(response.kubelet.provider_id.clone()),
+            taints: Some(vec![Taint {
+                key: "karpenter.sh/unregistered".into(),
+                effect: "NoExecute".into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        status: None,
+    };
+    let created = Api::<Node>::all(node_client)
+        .create(&PostParams::default(), &node)
+        .await?;
+    assert_eq!(
+        created.spec.and_then(|s| s.provider_id),
+        Some(instance.provider_id())
+    );
+
+    // The binding is recorded; the same key resumes with the same CSRs.
+    let claims = karpenter::nodeclaims(&world.cp.admin().await?);
+    let annotations = claims
+        .get(&claim)
+        .await?
+        .metadata
+        .annotations
+        .unwrap_or_default();
+    assert!(annotations.contains_key("autonode.dev/client-key-sha256"));
+    let again = joiner::honest_request(&instance, world.cloud.ca(), &keys)?;
+    world.joiner.join(&again).await?.granted();
+    assert_eq!(
+        world.csrs_for(&instance).await?.len(),
+        2,
+        "a resumed join reuses its CSRs"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn refusals_approve_nothing_and_log_the_reason() -> Result<()> {
+    let world = World::start().await?;
+    let ca = world.cloud.ca();
+    let honest = |instance: &Instance| -> Result<_> {
+        let keys = NodeKeys::generate()?;
+        joiner::honest_request(instance, ca, &keys)
+    };
+
+    // No NodeClaim for this instance at all.
+    let stray = world.cloud.launch(
+        Instance::builder()
+            .account_id(ACCOUNT)
+            .region(REGION)
+            .build(),
+    );
+    let answer = world.joiner.join(&honest(&stray)?).await?;
+    world.assert_refused(answer, &stray, "no_nodeclaim").await?;
+
+    // Wrong account, wrong region (documents signed by the trusted CA).
+    let (_, other_account) = world
+        .launch(|i| Instance {
+            account_id: "999999999999".into(),
+            ..i
+        })
+        .await?;
+    let answer = world.joiner.join(&honest(&other_account)?).await?;
+    world
+        .assert_refused(answer, &other_account, "account")
+        .await?;
+
+    // Terminated in EC2.
+    let (_, gone) = world.launch(|i| i).await?;
+    world.cloud.terminate(&gone.instance_id);
+    let answer = world.joiner.join(&honest(&gone)?).await?;
+    world
+        .assert_refused(answer, &gone, "instance_not_live")
+        .await?;
+
+    // Client CSR with another node's name, with SANs; serving CSR with a
+    // foreign IP.
+    let (_, instance) = world.launch(|i| i).await?;
+    let keys = NodeKeys::generate()?;
+    let mut request = joiner::honest_request(&instance, ca, &keys)?;
+    request.client_csr =
+        CsrShape::client("ip-10-9-9-9.us-west-2.compute.internal").csr(&keys.client)?;
+    let answer = world.joiner.join(&request).await?;
+    world
+        .assert_refused(answer, &instance, "client_csr")
+        .await?;
+
+    let mut with_sans = CsrShape::client(&instance.private_dns_name);
+    with_sans.dns = vec![instance.private_dns_name.clone()];
+    request.client_csr = with_sans.csr(&keys.client)?;
+    let answer = world.joiner.join(&request).await?;
+    world
+        .assert_refused(answer, &instance, "client_csr")
+        .await?;
+
+    let mut foreign_ip = CsrShape::serving(&instance);
+    foreign_ip
+        .ips
+        .push(IpAddr::V4(Ipv4Addr::new(10, 200, 0, 1)));
+    let request = autonode_shared::protocol::JoinRequest {
+        serving_csr: foreign_ip.csr(&keys.serving)?,
+        ..joiner::honest_request(&instance, ca, &keys)?
+    };
+    let answer = world.joiner.join(&request).await?;
+    world
+        .assert_refused(answer, &instance, "serving_csr")
+        .await?;
+
+    // Replay: the instance joins, then someone else presents its document
+    // with another key.
+    let (_, bound) = world.launch(|i| i).await?;
+    world.joiner.join(&honest(&bound)?).await?.granted();
+    let answer = world.joiner.join(&honest(&bound)?).await?;
+    let Answer::Refused(403, body) = answer else {
+        panic!("replay was granted")
+    };
+    let log = world.server.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains(&body.request_id) && l.contains("possible_replay")),
+        "no possible_replay log line"
+    );
+
+    // A NodeClaim being deleted (held by a finalizer) and one already
+    // Registered.
+    let (claim, deleting) = world.launch(|i| i).await?;
+    let admin = world.cp.admin().await?;
+    let claims = karpenter::nodeclaims(&admin);
+    let finalizer = serde_json::json!({"metadata": {"finalizers": ["karpenter.sh/termination"]}});
+    claims
+        .patch(
+            &claim,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&finalizer),
+        )
+        .await?;
+    claims.delete(&claim, &Default::default()).await?;
+    wait_for_cache().await;
+    let answer = world.joiner.join(&honest(&deleting)?).await?;
+    world
+        .assert_refused(answer, &deleting, "nodeclaim_deleting")
+        .await?;
+
+    let (claim, registered) = world.launch(|i| i).await?;
+    let condition = serde_json::json!({"status": {"conditions": [{
+        "type": "Registered", "status": "True", "reason": "Registered", "message": "node registered",
+        "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
+    claims
+        .patch_status(
+            &claim,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&condition),
+        )
+        .await?;
+    wait_for_cache().await;
+    let answer = world.joiner.join(&honest(&registered)?).await?;
+    world
+        .assert_refused(answer, &registered, "nodeclaim_registered")
+        .await?;
+
+    // An instance running in EC2 as stopped-then-started keeps the claim
+    // but a pendingTime before the NodeClaim existed is not this launch.
+    let (_, early) = world
+        .launch(|i| Instance {
+            pending_time: time::OffsetDateTime::now_utc() - time::Duration::minutes(5),
+            ..i
+        })
+        .await?;
+    let answer = world.joiner.join(&honest(&early)?).await?;
+    world
+        .assert_refused(answer, &early, "pending_before_nodeclaim")
+        .await?;
+
+    let (_, stopped) = world
+        .launch(|i| Instance {
+            state: InstanceState::Stopped,
+            ..i
+        })
+        .await?;
+    let answer = world.joiner.join(&honest(&stopped)?).await?;
+    world
+        .assert_refused(answer, &stopped, "instance_not_live")
+        .await?;
+    Ok(())
+}
+
+/// The server's NodeClaim cache follows a watch: give it a moment.
+async fn wait_for_cache() {
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+}
