@@ -126,6 +126,15 @@ pub struct ServeArgs {
     #[arg(long, env = "AUTONODE_DELETE_FAILED_NODECLAIMS", default_value = "true", action = clap::ArgAction::Set)]
     pub delete_failed_nodeclaims: bool,
 
+    /// Approve the CSRs kubelet makes itself (client renewals, serving
+    /// certificates) when they match the node's NodeClaim and EC2 facts.
+    #[arg(long, env = "AUTONODE_APPROVE_KUBELET_CSRS", default_value = "true", action = clap::ArgAction::Set)]
+    pub approve_kubelet_csrs: bool,
+
+    /// Pending kubelet CSRs one node may have before more are ignored.
+    #[arg(long, env = "AUTONODE_PENDING_CSR_CAP", default_value = "5")]
+    pub pending_csr_cap: usize,
+
     /// Name of this replica in Events (the pod name in Kubernetes).
     #[arg(long, env = "POD_NAME", default_value = "autonode-server")]
     pub instance_name: String,

@@ -5,7 +5,7 @@
 //! and addresses come from EC2 and the NodeClaim, never from the request.
 
 use crate::binding::{self, Binding};
-use crate::ec2::{Ec2Instance, InstanceLookup};
+use crate::ec2::{Ec2Instance, InstanceLookup, LookupError};
 use crate::events::Events;
 use crate::issuer::{IssueRequest, Issuer};
 use crate::karpenter::{aws_provider_id, NodeClaim};
@@ -167,6 +167,11 @@ async fn lookup(ctx: &JoinContext, doc: &IdentityDocument) -> Result<Ec2Instance
     {
         Ok(instance) => instance,
         Err(e) if e.is_transient() => return Err(JoinError::Unavailable(format!("EC2: {e}"))),
+        // The document is AWS-signed, so the instance exists; EC2's API is
+        // eventually consistent and may not list a just-launched instance.
+        Err(e @ LookupError::NotFound { .. }) => {
+            return Err(JoinError::Unavailable(format!("EC2: {e}")))
+        }
         Err(e) => return Err(Refusal::Lookup(e).into()),
     };
     if !instance.state.is_live() {

@@ -9,6 +9,7 @@
 //! [`metrics`]; [`refusal`] says why a join was not granted. Agents'
 //! progress reports arrive through [`report`].
 //!
+//! - [`approver`]: approves kubelet's own renewal and serving CSRs.
 //! - [`ec2`]: looking booting instances up in EC2 (`DescribeInstances`).
 //! - [`karpenter`]: Karpenter's objects as far as autonode reads them.
 //! - [`tls`]: the serving certificate, reloaded when it changes.
@@ -17,6 +18,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod approver;
 pub mod binding;
 pub mod ec2;
 pub mod events;

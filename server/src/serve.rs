@@ -4,6 +4,7 @@
 use crate::config::{self, ServeArgs};
 use anyhow::{Context, Result};
 use autonode_server::api::{self, Api, Limits};
+use autonode_server::approver;
 use autonode_server::ec2::{Ec2Client, Ec2Settings};
 use autonode_server::events::Events;
 use autonode_server::issuer::Issuer;
@@ -35,11 +36,21 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     .await
     .context("setting up the EC2 client")?;
 
+    let ec2: Arc<dyn autonode_server::ec2::InstanceLookup> = Arc::new(ec2);
+    if args.approve_kubelet_csrs {
+        let settings = approver::Settings {
+            claims: claims.clone(),
+            ec2: ec2.clone(),
+            metrics: metrics.clone(),
+            pending_cap: args.pending_csr_cap,
+        };
+        tokio::spawn(approver::run(client.clone(), settings));
+    }
     let join = Arc::new(JoinContext {
         trust: trust.clone(),
         policy: policy.clone(),
         claims: claims.clone(),
-        ec2: Arc::new(ec2),
+        ec2,
         issuer,
         cluster,
         events: events.clone(),

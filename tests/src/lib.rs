@@ -12,6 +12,7 @@
 //! - [`pki`]: throwaway CAs and certificates for a test run.
 //! - [`process`]: child processes that die with their test.
 //! - [`server`]: autonode-server as a real process, under the shipped RBAC.
+//! - [`world`]: one test's control plane, fake cloud and server together.
 //!
 //! The cloud is the only stand-in; everything Kubernetes is real.
 
@@ -23,3 +24,4 @@ pub mod netns;
 pub mod pki;
 pub mod process;
 pub mod server;
+pub mod world;

@@ -1,110 +1,15 @@
 //! Attested joins against a real control plane, through the real
 //! autonode-server process running under the shipped guest RBAC.
 
-use anyhow::{Context, Result};
-use autonode_tests::controlplane::{unique, ControlPlane};
-use autonode_tests::fakecloud::ec2::Ec2;
-use autonode_tests::fakecloud::{FakeCloud, Instance, InstanceState};
-use autonode_tests::joiner::{self, Answer, CsrShape, Joiner, NodeKeys};
+use anyhow::Result;
+use autonode_tests::fakecloud::{Instance, InstanceState};
+use autonode_tests::joiner::{self, Answer, CsrShape, NodeKeys};
 use autonode_tests::karpenter;
 use autonode_tests::pki::CertPair;
-use autonode_tests::server::{CloudSettings, TestServer};
-use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use autonode_tests::world::{World, ACCOUNT, REGION};
 use k8s_openapi::api::core::v1::{Node, NodeSpec, Taint};
-use kube::api::{Api, ListParams, ObjectMeta, PostParams};
+use kube::api::{Api, ObjectMeta, PostParams};
 use std::net::{IpAddr, Ipv4Addr};
-
-const ACCOUNT: &str = "123456789012";
-const REGION: &str = "us-west-2";
-
-/// A control plane, a fake cloud and a server, shared by one test's cases.
-// Field order is drop order: the server stops before the control plane.
-struct World {
-    joiner: Joiner,
-    server: TestServer,
-    _ec2: Ec2,
-    cloud: FakeCloud,
-    cp: ControlPlane,
-}
-
-impl World {
-    async fn start() -> Result<Self> {
-        let cp = ControlPlane::start().await?;
-        let cloud = FakeCloud::new()?;
-        let ec2 = cloud.start_ec2(REGION)?;
-        let settings = CloudSettings {
-            identity_ca_pem: cloud.ca().ca_pem(),
-            ec2_endpoint: ec2.url(),
-            accounts: vec![ACCOUNT.into()],
-            regions: vec![REGION.into()],
-        };
-        let server = TestServer::start(&cp, &settings, &[]).await?;
-        let joiner = Joiner::new(server.url(), server.ca_pem())?;
-        Ok(Self {
-            cp,
-            cloud,
-            _ec2: ec2,
-            server,
-            joiner,
-        })
-    }
-
-    /// Karpenter's part: a NodeClaim, then the instance, then its providerID.
-    async fn launch(
-        &self,
-        customise: impl FnOnce(Instance) -> Instance,
-    ) -> Result<(String, Instance)> {
-        let admin = self.cp.admin().await?;
-        let claim = format!("default-{}", unique());
-        karpenter::create_nodeclaim(&admin, &claim, "default").await?;
-        let built = Instance::builder()
-            .account_id(ACCOUNT)
-            .region(REGION)
-            .build();
-        let instance = self.cloud.launch(customise(built));
-        karpenter::set_provider_id(&admin, &claim, &instance.provider_id()).await?;
-        Ok((claim, instance))
-    }
-
-    /// CSRs autonode created for this instance.
-    async fn csrs_for(&self, instance: &Instance) -> Result<Vec<CertificateSigningRequest>> {
-        let api: Api<CertificateSigningRequest> = Api::all(self.cp.admin().await?);
-        let selector = format!("autonode.dev/instance-id={}", instance.instance_id);
-        Ok(api
-            .list(&ListParams::default().labels(&selector))
-            .await?
-            .items)
-    }
-
-    /// Asserts a refusal: 403, nothing created or approved for the
-    /// instance, and the precise reason logged against the request id.
-    async fn assert_refused(
-        &self,
-        answer: Answer,
-        instance: &Instance,
-        reason: &str,
-    ) -> Result<()> {
-        let Answer::Refused(status, body) = answer else {
-            panic!("expected a refusal for {reason}, the join was granted");
-        };
-        assert_eq!(status, 403, "{reason}: {body:?}");
-        assert_eq!(
-            body.error, "join refused",
-            "the caller learns nothing precise"
-        );
-        assert!(
-            self.csrs_for(instance).await?.is_empty(),
-            "{reason}: a CSR exists"
-        );
-        let log = self.server.log();
-        let line = log
-            .lines()
-            .find(|l| l.contains(&body.request_id) && l.contains("join refused"))
-            .with_context(|| format!("no log line for request {}", body.request_id))?;
-        assert!(line.contains(reason), "expected reason {reason} in: {line}");
-        Ok(())
-    }
-}
 
 #[tokio::test]
 async fn an_attested_node_registers_itself_with_its_certificate() -> Result<()> {

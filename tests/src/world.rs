@@ -1,0 +1,109 @@
+//! One test's world: a control plane, a fake cloud, and autonode-server,
+//! with helpers that play Karpenter's part and check outcomes.
+
+use crate::controlplane::{unique, ControlPlane};
+use crate::fakecloud::ec2::Ec2;
+use crate::fakecloud::{FakeCloud, Instance};
+use crate::joiner::{Answer, Joiner};
+use crate::karpenter;
+use crate::server::{CloudSettings, TestServer};
+use anyhow::{Context, Result};
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use kube::api::{Api, ListParams};
+
+pub const ACCOUNT: &str = "123456789012";
+pub const REGION: &str = "us-west-2";
+
+/// A control plane, a fake cloud and a server, shared by one test's cases.
+// Field order is drop order: the server stops before the control plane.
+pub struct World {
+    pub joiner: Joiner,
+    pub server: TestServer,
+    pub ec2: Ec2,
+    pub cloud: FakeCloud,
+    pub cp: ControlPlane,
+}
+
+impl World {
+    pub async fn start() -> Result<Self> {
+        Self::start_with(&[]).await
+    }
+
+    /// Like [`World::start`], with extra `autonode-server serve` flags.
+    pub async fn start_with(server_args: &[String]) -> Result<Self> {
+        let cp = ControlPlane::start().await?;
+        let cloud = FakeCloud::new()?;
+        let ec2 = cloud.start_ec2(REGION)?;
+        let settings = CloudSettings {
+            identity_ca_pem: cloud.ca().ca_pem(),
+            ec2_endpoint: ec2.url(),
+            accounts: vec![ACCOUNT.into()],
+            regions: vec![REGION.into()],
+        };
+        let server = TestServer::start(&cp, &settings, server_args).await?;
+        let joiner = Joiner::new(server.url(), server.ca_pem())?;
+        Ok(Self {
+            cp,
+            cloud,
+            ec2,
+            server,
+            joiner,
+        })
+    }
+
+    /// Karpenter's part: a NodeClaim, then the instance, then its providerID.
+    pub async fn launch(
+        &self,
+        customise: impl FnOnce(Instance) -> Instance,
+    ) -> Result<(String, Instance)> {
+        let admin = self.cp.admin().await?;
+        let claim = format!("default-{}", unique());
+        karpenter::create_nodeclaim(&admin, &claim, "default").await?;
+        let built = Instance::builder()
+            .account_id(ACCOUNT)
+            .region(REGION)
+            .build();
+        let instance = self.cloud.launch(customise(built));
+        karpenter::set_provider_id(&admin, &claim, &instance.provider_id()).await?;
+        Ok((claim, instance))
+    }
+
+    /// CSRs autonode created for this instance.
+    pub async fn csrs_for(&self, instance: &Instance) -> Result<Vec<CertificateSigningRequest>> {
+        let api: Api<CertificateSigningRequest> = Api::all(self.cp.admin().await?);
+        let selector = format!("autonode.dev/instance-id={}", instance.instance_id);
+        Ok(api
+            .list(&ListParams::default().labels(&selector))
+            .await?
+            .items)
+    }
+
+    /// Asserts a refusal: 403, nothing created or approved for the
+    /// instance, and the precise reason logged against the request id.
+    pub async fn assert_refused(
+        &self,
+        answer: Answer,
+        instance: &Instance,
+        reason: &str,
+    ) -> Result<()> {
+        let Answer::Refused(status, body) = answer else {
+            panic!("expected a refusal for {reason}, the join was granted");
+        };
+        assert_eq!(status, 403, "{reason}: {body:?}");
+        assert_eq!(
+            body.error, "join refused",
+            "the caller learns nothing precise"
+        );
+        assert!(
+            self.csrs_for(instance).await?.is_empty(),
+            "{reason}: a CSR exists"
+        );
+        let log = self.server.log();
+        let line = log
+            .lines()
+            .find(|l| l.contains(&body.request_id) && l.contains("join refused"))
+            .with_context(|| format!("no log line for request {}", body.request_id))?;
+        assert!(line.contains(reason), "expected reason {reason} in: {line}");
+        Ok(())
+    }
+}
