@@ -144,7 +144,7 @@ async fn attest(
         .map_err(Refusal::from)?;
     ctx.claims.ready().await?;
     let provider_id = aws_provider_id(&doc.availability_zone, &doc.instance_id);
-    let matches = ctx.claims.by_provider_id(&provider_id);
+    let matches = ctx.claims.find(&provider_id).await;
     if let [only] = matches.as_slice() {
         *claim_seen = Some(only.clone());
     }

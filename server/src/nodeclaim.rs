@@ -12,7 +12,11 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 use time::OffsetDateTime;
+
+/// How long a join waits for the cache to show a NodeClaim it lacks.
+pub const CACHE_GRACE: Duration = Duration::from_secs(3);
 
 /// The NodeClaim cache.
 #[derive(Clone)]
@@ -59,6 +63,20 @@ impl NodeClaims {
     /// Whether the first full list has arrived.
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
+    }
+
+    /// Like [`NodeClaims::by_provider_id`], but when nothing matches, gives
+    /// the watch up to [`CACHE_GRACE`] to deliver a providerID Karpenter
+    /// has just written, rather than refuse a machine for our cache's lag.
+    pub async fn find(&self, provider_id: &str) -> Vec<Arc<NodeClaim>> {
+        let deadline = tokio::time::Instant::now() + CACHE_GRACE;
+        loop {
+            let found = self.by_provider_id(provider_id);
+            if !found.is_empty() || tokio::time::Instant::now() >= deadline {
+                return found;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// The NodeClaims whose `status.providerID` is exactly `provider_id`.

@@ -109,6 +109,38 @@ async fn refusals_approve_nothing_and_log_the_reason() -> Result<()> {
         .assert_refused(answer, &other_account, "account")
         .await?;
 
+    // A document signed by a CA nobody pinned, for an instance that does
+    // have a NodeClaim: a forgery.
+    let (_, forged_for) = world.launch(|i| i).await?;
+    let forger = autonode_tests::fakecloud::FakeCloud::new()?;
+    let keys = NodeKeys::generate()?;
+    let forged = joiner::honest_request(&forged_for, forger.ca(), &keys)?;
+    let answer = world.joiner.join(&forged).await?;
+    world
+        .assert_refused(answer, &forged_for, "signer_not_pinned")
+        .await?;
+
+    // A region not on the allow-list; a launch older than the window.
+    let (_, elsewhere) = world
+        .launch(|i| Instance {
+            region: "eu-west-1".into(),
+            availability_zone: "eu-west-1a".into(),
+            ..i
+        })
+        .await?;
+    let answer = world.joiner.join(&honest(&elsewhere)?).await?;
+    world
+        .assert_refused(answer, &elsewhere, "region_not_allowed")
+        .await?;
+    let (_, stale) = world
+        .launch(|i| Instance {
+            pending_time: time::OffsetDateTime::now_utc() - time::Duration::minutes(20),
+            ..i
+        })
+        .await?;
+    let answer = world.joiner.join(&honest(&stale)?).await?;
+    world.assert_refused(answer, &stale, "too_old").await?;
+
     // Terminated in EC2.
     let (_, gone) = world.launch(|i| i).await?;
     world.cloud.terminate(&gone.instance_id);
