@@ -1,61 +1,93 @@
 //! Kubernetes Events on NodeClaims: what operators see in
 //! `kubectl describe nodeclaim`.
 //!
+//! NodeClaims are cluster-scoped. Core/v1 Events in the `default` namespace
+//! are how every API server version accepts Events about cluster-scoped
+//! objects (1.20's events.k8s.io/v1 refuses them), so autonode writes those.
 //! Published in the background: an Event is worth a log line if it fails,
 //! never a slower or failed join.
 
 use crate::karpenter::NodeClaim;
-use k8s_openapi::api::core::v1::ObjectReference;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::{Client, Resource};
+use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
+use kube::api::{ObjectMeta, PostParams};
+use kube::{Api, Client, Resource};
+
+/// The component name on every Event.
+pub const COMPONENT: &str = "autonode-server";
 
 /// Publishes Events as `autonode-server`.
 #[derive(Clone)]
 pub struct Events {
-    recorder: Recorder,
+    api: Api<Event>,
+    instance: String,
 }
 
 impl Events {
     /// A publisher identifying this replica as `instance`.
     pub fn new(client: Client, instance: String) -> Self {
-        let reporter = Reporter {
-            controller: "autonode-server".into(),
-            instance: Some(instance),
-        };
         Self {
-            recorder: Recorder::new(client, reporter),
+            api: Api::namespaced(client, "default"),
+            instance,
         }
     }
 
     /// A Normal event on the NodeClaim.
     pub fn normal(&self, claim: &NodeClaim, reason: &str, note: String) {
-        self.publish(claim, EventType::Normal, reason, note);
+        self.publish(claim, "Normal", reason, note);
     }
 
     /// A Warning event on the NodeClaim.
     pub fn warning(&self, claim: &NodeClaim, reason: &str, note: String) {
-        self.publish(claim, EventType::Warning, reason, note);
+        self.publish(claim, "Warning", reason, note);
     }
 
-    fn publish(&self, claim: &NodeClaim, type_: EventType, reason: &str, note: String) {
-        let reference: ObjectReference = claim.object_ref(&());
-        let event = Event {
-            type_,
-            reason: reason.to_string(),
-            note: Some(truncate(note)),
-            action: "Bootstrap".into(),
-            secondary: None,
-        };
-        let recorder = self.recorder.clone();
+    fn publish(&self, claim: &NodeClaim, type_: &str, reason: &str, note: String) {
+        let event = self.event(claim.object_ref(&()), type_, reason, truncate(note));
+        let api = self.api.clone();
         tokio::spawn(async move {
-            if let Err(e) = recorder.publish(&event, &reference).await {
-                tracing::warn!(error = %e, reason = %event.reason, "could not publish Event");
+            if let Err(e) = api.create(&PostParams::default(), &event).await {
+                tracing::warn!(error = %e, reason = ?event.reason, "could not publish Event");
             }
         });
     }
+
+    fn event(
+        &self,
+        regarding: ObjectReference,
+        type_: &str,
+        reason: &str,
+        message: String,
+    ) -> Event {
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let object = regarding.name.clone().unwrap_or_default();
+        Event {
+            metadata: ObjectMeta {
+                generate_name: Some(format!("{object}.")),
+                namespace: Some("default".into()),
+                ..Default::default()
+            },
+            involved_object: regarding,
+            type_: Some(type_.into()),
+            reason: Some(reason.into()),
+            message: Some(message),
+            count: Some(1),
+            first_timestamp: Some(Time(now)),
+            last_timestamp: Some(Time(now)),
+            event_time: Some(MicroTime(now)),
+            action: Some("Bootstrap".into()),
+            reporting_component: Some(COMPONENT.into()),
+            reporting_instance: Some(self.instance.clone()),
+            source: Some(EventSource {
+                component: Some(COMPONENT.into()),
+                host: None,
+            }),
+            ..Default::default()
+        }
+    }
 }
 
-// The API server refuses notes over 1 KiB.
+// Keep messages short enough for any API server's limits.
 fn truncate(mut note: String) -> String {
     if note.len() > 1000 {
         let mut end = 1000;

@@ -8,6 +8,7 @@
 //! - [`netns`]: network namespaces where an agent finds IMDS at
 //!   169.254.169.254:80, and forwarders from them to host loopback.
 //! - [`joiner`]: the join protocol spoken directly (refusal and load tests).
+//! - [`node`]: a simulated instance (netns, IMDS, root dir) for the agent binary.
 //! - [`karpenter`]: playing Karpenter's part (NodeClaims and friends).
 //! - [`pki`]: throwaway CAs and certificates for a test run.
 //! - [`process`]: child processes that die with their test.
@@ -21,6 +22,7 @@ pub mod fakecloud;
 pub mod joiner;
 pub mod karpenter;
 pub mod netns;
+pub mod node;
 pub mod pki;
 pub mod process;
 pub mod server;

@@ -1,0 +1,138 @@
+//! A simulated EC2 instance for the real agent binary: its own network
+//! namespace where the fake IMDS answers on 169.254.169.254:80, the
+//! autonode-server port forwarded in from host loopback, and a directory
+//! standing in for the machine's root filesystem.
+
+use crate::fakecloud::imds::{Imds, IMDS_ADDR};
+use crate::fakecloud::Instance;
+use crate::netns::{self, Forward, NetNs};
+use crate::server::binary;
+use crate::world::World;
+use anyhow::{Context, Result};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use tempfile::TempDir;
+
+/// The agent config an EC2NodeClass's userData would carry for `world`.
+pub fn user_data(world: &World) -> String {
+    format!(
+        "server-url = \"{}\"\nserver-ca = \"\"\"\n{}\"\"\"\ncluster-name = \"autonode-test\"\n\n[options]\ndeadline = \"60s\"\n",
+        world.server.url(),
+        world.server.ca_pem()
+    )
+}
+
+/// One machine: namespace, IMDS, forwarded server, root directory.
+// Field order is drop order: servers stop before the namespace goes.
+pub struct SimulatedNode {
+    pub imds: Imds,
+    _forward: Forward,
+    pub root: TempDir,
+    pub netns: NetNs,
+    pub instance: Instance,
+}
+
+impl SimulatedNode {
+    /// Boots the "machine" for `instance` (whose userData must be set).
+    pub fn boot(world: &World, instance: &Instance) -> Result<Self> {
+        let netns = NetNs::new()?;
+        let imds = Imds::start_on(netns.bind(IMDS_ADDR)?, instance, world.cloud.ca(), None)?;
+        let server: SocketAddr = world
+            .server
+            .url()
+            .trim_start_matches("https://")
+            .parse()
+            .context("server URL is not ip:port")?;
+        // The same address inside, so the userData URL works unchanged.
+        let forward = netns::forward(&netns, server, server)?;
+        let root = tempfile::Builder::new()
+            .prefix("autonode-node-")
+            .tempdir()?;
+        write_fake_systemctl(root.path())?;
+        write_kubelet_unit(root.path())?;
+        // Stands in for /dev/console, which exists on every machine.
+        std::fs::write(root.path().join("console.log"), "")?;
+        Ok(Self {
+            imds,
+            _forward: forward,
+            root,
+            netns,
+            instance: instance.clone(),
+        })
+    }
+
+    /// Runs the agent binary inside the namespace, its root at
+    /// [`SimulatedNode::root`], systemctl replaced by a recorder.
+    pub async fn run_agent(&self, extra: &[&str]) -> Result<Output> {
+        let root = self.root.path();
+        let mut command = self.netns.command(binary("autonode-agent")?);
+        command
+            .arg(format!("--root={}", root.display()))
+            .arg(format!(
+                "--systemctl={}",
+                root.join("fake-systemctl").display()
+            ))
+            .arg(format!("--console={}", root.join("console.log").display()))
+            .args(extra)
+            .env_remove("AWS_EC2_METADATA_SERVICE_ENDPOINT");
+        command.output().await.context("running autonode-agent")
+    }
+
+    /// Path of a file on the machine.
+    pub fn path(&self, absolute: &str) -> PathBuf {
+        self.root.path().join(absolute.trim_start_matches('/'))
+    }
+
+    /// What the agent asked systemctl to do.
+    pub fn systemctl_calls(&self) -> String {
+        std::fs::read_to_string(self.root.path().join("systemctl.log")).unwrap_or_default()
+    }
+
+    /// A client from the kubeconfig the agent wrote for kubelet, its file
+    /// references resolved under the machine's root.
+    pub async fn kubelet_client(&self) -> Result<kube::Client> {
+        let text = std::fs::read_to_string(self.path("/var/lib/kubelet/kubeconfig"))?;
+        let mut doc: serde_json::Value = serde_json::from_str(&text)?;
+        for pointer in [
+            "/clusters/0/cluster/certificate-authority",
+            "/users/0/user/client-certificate",
+            "/users/0/user/client-key",
+        ] {
+            if let Some(value) = doc.pointer_mut(pointer) {
+                let on_node = value.as_str().context("kubeconfig path is not a string")?;
+                *value = self.path(on_node).display().to_string().into();
+            }
+        }
+        let kubeconfig: Kubeconfig = serde_json::from_value(doc)?;
+        let config =
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+        Ok(kube::Client::try_from(config)?)
+    }
+}
+
+/// A systemctl that only records its arguments.
+fn write_fake_systemctl(root: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = root.join("fake-systemctl");
+    let log = root.join("systemctl.log");
+    std::fs::write(
+        &path,
+        format!("#!/bin/sh\necho \"$@\" >> '{}'\n", log.display()),
+    )?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))?;
+    Ok(())
+}
+
+/// The kubelet unit an AMI ships with kubelet's package; the agent adds a
+/// drop-in and starts it.
+fn write_kubelet_unit(root: &Path) -> Result<()> {
+    let dir = root.join("usr/lib/systemd/system");
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(
+        dir.join("kubelet.service"),
+        "[Unit]\nDescription=kubelet\n\n[Service]\nExecStart=/usr/bin/kubelet\n\n[Install]\nWantedBy=multi-user.target\n",
+    )?;
+    Ok(())
+}

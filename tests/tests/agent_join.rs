@@ -1,0 +1,104 @@
+//! The real agent binary, on a simulated instance in its own network
+//! namespace, joining through the real server and control plane.
+
+use anyhow::Result;
+use autonode_tests::fakecloud::Instance;
+use autonode_tests::node::{user_data, SimulatedNode};
+use autonode_tests::world::World;
+use k8s_openapi::api::core::v1::{Node, NodeSpec, Taint};
+use kube::api::{Api, ObjectMeta, PostParams};
+
+#[tokio::test]
+async fn the_agent_joins_and_its_kubeconfig_registers_the_node() -> Result<()> {
+    let world = World::start().await?;
+    let user_data = user_data(&world);
+    let (_, instance) = world
+        .launch(|i| Instance {
+            user_data: user_data.into_bytes(),
+            ..i
+        })
+        .await?;
+    let node = SimulatedNode::boot(&world, &instance)?;
+    let run = node.run_agent(&[]).await?;
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(0), "agent failed:\n{stderr}");
+    assert!(
+        node.systemctl_calls().contains("kubelet.service"),
+        "kubelet not started"
+    );
+
+    // The kubeconfig the agent wrote works: the node registers itself.
+    let kubelet = node.kubelet_client().await?;
+    let registered = Api::<Node>::all(kubelet)
+        .create(&PostParams::default(), &registration(&instance))
+        .await?;
+    assert_eq!(
+        registered.spec.and_then(|s| s.provider_id),
+        Some(instance.provider_id())
+    );
+
+    // A second run verifies and exits without joining again.
+    let again = node.run_agent(&[]).await?;
+    assert_eq!(
+        again.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    let grants = world
+        .server
+        .log()
+        .lines()
+        .filter(|l| l.contains("join granted"))
+        .count();
+    assert_eq!(grants, 1, "the second run joined again");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_refused_agent_says_so_and_starts_nothing() -> Result<()> {
+    let world = World::start().await?;
+    // No NodeClaim: this machine was not launched by Karpenter.
+    let instance = world.cloud.launch(
+        Instance::builder()
+            .account_id(autonode_tests::world::ACCOUNT)
+            .region(autonode_tests::world::REGION)
+            .user_data(user_data(&world).into_bytes())
+            .build(),
+    );
+    let node = SimulatedNode::boot(&world, &instance)?;
+    let run = node.run_agent(&[]).await?;
+    assert_eq!(
+        run.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(
+        !node.systemctl_calls().contains("kubelet"),
+        "kubelet was started"
+    );
+    let console = std::fs::read_to_string(node.path("/console.log")).unwrap_or_default();
+    assert!(console.contains("refused"), "console says: {console}");
+    assert!(world.csrs_for(&instance).await?.is_empty());
+    Ok(())
+}
+
+fn registration(instance: &Instance) -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: Some(instance.private_dns_name.clone()),
+            ..Default::default()
+        },
+        spec: Some(NodeSpec {
+            provider_id: Some(instance.provider_id()),
+            taints: Some(vec![Taint {
+                key: "karpenter.sh/unregistered".into(),
+                effect: "NoExecute".into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
