@@ -9,7 +9,7 @@
 
 use crate::karpenter::NodeClaim;
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client, Resource};
 
@@ -74,13 +74,12 @@ impl Events {
             count: Some(1),
             first_timestamp: Some(Time(now)),
             last_timestamp: Some(Time(now)),
-            event_time: Some(MicroTime(now)),
-            action: Some("Bootstrap".into()),
-            reporting_component: Some(COMPONENT.into()),
-            reporting_instance: Some(self.instance.clone()),
+            // The legacy form (no eventTime/reporting*): the new form's
+            // validation demands involvedObject.namespace == namespace,
+            // which a cluster-scoped object cannot meet before 1.22.
             source: Some(EventSource {
                 component: Some(COMPONENT.into()),
-                host: None,
+                host: Some(self.instance.clone()),
             }),
             ..Default::default()
         }

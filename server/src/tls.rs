@@ -141,3 +141,59 @@ fn modified(cert_path: &Path, key_path: &Path) -> Option<SystemTime> {
         .ok()?;
     Some(cert.max(key))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write_pair(dir: &Path, name: &str) -> Vec<u8> {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec![name.to_string()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        std::fs::write(dir.join("tls.crt"), cert.pem()).unwrap();
+        std::fs::write(dir.join("tls.key"), key.serialize_pem()).unwrap();
+        cert.der().to_vec()
+    }
+
+    fn served(cert: &ReloadingCert) -> Vec<u8> {
+        cert.current.read().unwrap().0.cert[0].to_vec()
+    }
+
+    #[test]
+    fn a_rotated_pair_is_served_and_a_broken_one_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = write_pair(dir.path(), "one.example");
+        let cert =
+            ReloadingCert::load(&dir.path().join("tls.crt"), &dir.path().join("tls.key")).unwrap();
+        assert_eq!(served(&cert), first);
+
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let second = write_pair(dir.path(), "two.example");
+        cert.refresh();
+        assert_eq!(served(&cert), second);
+
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(dir.path().join("tls.key"), "half-written").unwrap();
+        cert.refresh();
+        assert_eq!(
+            served(&cert),
+            second,
+            "a broken pair must not replace a good one"
+        );
+    }
+
+    #[test]
+    fn missing_or_empty_files_are_clear_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = ReloadingCert::load(&dir.path().join("nope.crt"), &dir.path().join("nope.key"))
+            .unwrap_err();
+        assert!(err.to_string().contains("nope.crt"), "{err}");
+        std::fs::write(dir.path().join("tls.crt"), "").unwrap();
+        std::fs::write(dir.path().join("tls.key"), "").unwrap();
+        let err = ReloadingCert::load(&dir.path().join("tls.crt"), &dir.path().join("tls.key"))
+            .unwrap_err();
+        assert!(matches!(err, TlsError::NoCertificate(_)), "{err}");
+    }
+}

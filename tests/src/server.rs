@@ -206,19 +206,18 @@ fn split_url(url: &str) -> Result<[String; 3]> {
 /// which `tests/run` does before the tests).
 pub fn binary(name: &str) -> Result<PathBuf> {
     let exe = std::env::current_exe()?;
-    // target/<profile>/deps/<test-binary> → target/<profile>/<name>
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .context("test binary has no target directory")?;
-    let path = profile_dir.join(name);
-    if !path.exists() {
-        bail!(
-            "{} is not built: run `cargo build --workspace` (tests/run does)",
-            path.display()
-        );
-    }
-    Ok(path)
+    // Tests run from target/<profile>/deps/, the demo from target/<profile>/.
+    let candidates: Vec<PathBuf> = exe
+        .ancestors()
+        .skip(1)
+        .take(2)
+        .map(|dir| dir.join(name))
+        .collect();
+    candidates
+        .iter()
+        .find(|p| p.exists())
+        .cloned()
+        .with_context(|| format!("{name} is not built next to {}: run `cargo build --workspace --bins` (tests/run does)", exe.display()))
 }
 
 /// Server-side applies every document of a YAML manifest.

@@ -106,4 +106,26 @@ impl World {
         assert!(line.contains(reason), "expected reason {reason} in: {line}");
         Ok(())
     }
+
+    /// The reasons of the Events on NodeClaim `claim`, once one with
+    /// `awaited` has arrived (Events are published in the background).
+    pub async fn event_reasons(&self, claim: &str, awaited: &str) -> Result<Vec<String>> {
+        use k8s_openapi::api::core::v1::Event;
+        let api: Api<Event> = Api::namespaced(self.cp.admin().await?, "default");
+        let selector = format!("involvedObject.name={claim}");
+        for _ in 0..50 {
+            let reasons: Vec<String> = api
+                .list(&ListParams::default().fields(&selector))
+                .await?
+                .items
+                .into_iter()
+                .filter_map(|e| e.reason)
+                .collect();
+            if reasons.iter().any(|r| r == awaited) {
+                return Ok(reasons);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        anyhow::bail!("no {awaited} Event on NodeClaim {claim}")
+    }
 }

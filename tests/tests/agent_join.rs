@@ -12,7 +12,7 @@ use kube::api::{Api, ObjectMeta, PostParams};
 async fn the_agent_joins_and_its_kubeconfig_registers_the_node() -> Result<()> {
     let world = World::start().await?;
     let user_data = user_data(&world);
-    let (_, instance) = world
+    let (claim, instance) = world
         .launch(|i| Instance {
             user_data: user_data.into_bytes(),
             ..i
@@ -35,6 +35,17 @@ async fn the_agent_joins_and_its_kubeconfig_registers_the_node() -> Result<()> {
     assert_eq!(
         registered.spec.and_then(|s| s.provider_id),
         Some(instance.provider_id())
+    );
+
+    // The NodeClaim tells the story.
+    let reasons = world.event_reasons(&claim, "AgentProgress").await?;
+    assert!(
+        reasons.contains(&"Attested".to_string()),
+        "events: {reasons:?}"
+    );
+    assert!(
+        reasons.contains(&"AgentProgress".to_string()),
+        "events: {reasons:?}"
     );
 
     // A second run verifies and exits without joining again.

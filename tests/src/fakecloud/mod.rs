@@ -234,11 +234,7 @@ impl InstanceBuilder {
 
     pub fn build(self) -> Instance {
         let region = self.region.unwrap_or_else(|| DEFAULT_REGION.into());
-        let mut rng = rand::thread_rng();
-        // AWS reserves the first four and the last address of a subnet.
-        let private_ip = self.private_ip.unwrap_or_else(|| {
-            Ipv4Addr::new(10, 0, rng.gen_range(0..=255), rng.gen_range(4..=254))
-        });
+        let private_ip = self.private_ip.unwrap_or_else(next_private_ip);
         let private_dns_name = private_dns_name(private_ip, &region);
         let now = OffsetDateTime::now_utc();
         Instance {
@@ -295,6 +291,21 @@ fn random_mac() -> String {
     let bytes: [u8; 5] = rand::random();
     let rest: Vec<String> = bytes.iter().map(|b| format!("{b:02x}")).collect();
     format!("02:{}", rest.join(":"))
+}
+
+/// A private address no other instance built in this process has: EC2
+/// never gives two live instances of a VPC the same one. Starts at a random
+/// point so separate test processes look different.
+fn next_private_ip() -> Ipv4Addr {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::OnceLock;
+    static START: OnceLock<u32> = OnceLock::new();
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let start = *START.get_or_init(|| rand::thread_rng().gen_range(0..60_000));
+    let n = (start + NEXT.fetch_add(1, Ordering::Relaxed)) % 64_000;
+    // AWS reserves the first four and the last address of a subnet: use
+    // .4 to .253 of each /24.
+    Ipv4Addr::new(10, 0, (n / 250) as u8, (n % 250 + 4) as u8)
 }
 
 /// What EC2 knows: instances by ID, shared by every [`Ec2`] endpoint.
