@@ -9,6 +9,8 @@ use crate::netns::{self, Forward, NetNs};
 use crate::server::binary;
 use crate::world::World;
 use anyhow::{Context, Result};
+use k8s_openapi::api::core::v1::{Node, NodeSpec, Taint};
+use kube::api::ObjectMeta;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -109,6 +111,27 @@ impl SimulatedNode {
         let config =
             kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
         Ok(kube::Client::try_from(config)?)
+    }
+}
+
+/// The Node kubelet registers for `instance`: its name, its providerID and
+/// the taint Karpenter requires at registration.
+pub fn registration(instance: &Instance) -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: Some(instance.private_dns_name.clone()),
+            ..Default::default()
+        },
+        spec: Some(NodeSpec {
+            provider_id: Some(instance.provider_id()),
+            taints: Some(vec![Taint {
+                key: "karpenter.sh/unregistered".into(),
+                effect: "NoExecute".into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        status: None,
     }
 }
 

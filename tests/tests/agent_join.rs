@@ -3,10 +3,10 @@
 
 use anyhow::Result;
 use autonode_tests::fakecloud::Instance;
-use autonode_tests::node::{user_data, SimulatedNode};
+use autonode_tests::node::{registration, user_data, SimulatedNode};
 use autonode_tests::world::World;
-use k8s_openapi::api::core::v1::{Node, NodeSpec, Taint};
-use kube::api::{Api, ObjectMeta, PostParams};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, PostParams};
 
 #[tokio::test]
 async fn the_agent_joins_and_its_kubeconfig_registers_the_node() -> Result<()> {
@@ -93,23 +93,4 @@ async fn a_refused_agent_says_so_and_starts_nothing() -> Result<()> {
     assert!(console.contains("refused"), "console says: {console}");
     assert!(world.csrs_for(&instance).await?.is_empty());
     Ok(())
-}
-
-fn registration(instance: &Instance) -> Node {
-    Node {
-        metadata: ObjectMeta {
-            name: Some(instance.private_dns_name.clone()),
-            ..Default::default()
-        },
-        spec: Some(NodeSpec {
-            provider_id: Some(instance.provider_id()),
-            taints: Some(vec![Taint {
-                key: "karpenter.sh/unregistered".into(),
-                effect: "NoExecute".into(),
-                ..Default::default()
-            }]),
-            ..Default::default()
-        }),
-        status: None,
-    }
 }

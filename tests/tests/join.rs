@@ -5,10 +5,11 @@ use anyhow::Result;
 use autonode_tests::fakecloud::{Instance, InstanceState};
 use autonode_tests::joiner::{self, Answer, CsrShape, NodeKeys};
 use autonode_tests::karpenter;
+use autonode_tests::node::registration;
 use autonode_tests::pki::CertPair;
 use autonode_tests::world::{World, ACCOUNT, REGION};
-use k8s_openapi::api::core::v1::{Node, NodeSpec, Taint};
-use kube::api::{Api, ObjectMeta, PostParams};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, PostParams};
 use std::net::{IpAddr, Ipv4Addr};
 
 #[tokio::test]
@@ -35,22 +36,7 @@ async fn an_attested_node_registers_itself_with_its_certificate() -> Result<()> 
             key_pem: keys.client.serialize_pem(),
         })
         .await?;
-    let node = Node {
-        metadata: ObjectMeta {
-            name: Some(response.node_name.clone()),
-            ..Default::default()
-        },
-        spec: Some(NodeSpec {
-            provider_id: Some(response.kubelet.provider_id.clone()),
-            taints: Some(vec![Taint {
-                key: "karpenter.sh/unregistered".into(),
-                effect: "NoExecute".into(),
-                ..Default::default()
-            }]),
-            ..Default::default()
-        }),
-        status: None,
-    };
+    let node = registration(&instance);
     let created = Api::<Node>::all(node_client)
         .create(&PostParams::default(), &node)
         .await?;

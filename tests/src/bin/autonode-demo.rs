@@ -9,10 +9,10 @@
 use anyhow::{Context, Result};
 use autonode_tests::fakecloud::Instance;
 use autonode_tests::karpenter;
-use autonode_tests::node::{user_data, SimulatedNode};
+use autonode_tests::node::{registration, user_data, SimulatedNode};
 use autonode_tests::world::World;
-use k8s_openapi::api::core::v1::{Event, Node, NodeSpec, Taint};
-use kube::api::{Api, ListParams, ObjectMeta, PostParams};
+use k8s_openapi::api::core::v1::{Event, Node};
+use kube::api::{Api, ListParams, PostParams};
 use std::time::Instant;
 
 #[tokio::main]
@@ -105,25 +105,6 @@ async fn main() -> Result<()> {
         started.elapsed().as_secs_f64()
     ));
     Ok(())
-}
-
-fn registration(instance: &Instance) -> Node {
-    Node {
-        metadata: ObjectMeta {
-            name: Some(instance.private_dns_name.clone()),
-            ..Default::default()
-        },
-        spec: Some(NodeSpec {
-            provider_id: Some(instance.provider_id()),
-            taints: Some(vec![Taint {
-                key: "karpenter.sh/unregistered".into(),
-                effect: "NoExecute".into(),
-                ..Default::default()
-            }]),
-            ..Default::default()
-        }),
-        status: None,
-    }
 }
 
 fn step(what: &str) {
