@@ -154,6 +154,99 @@ impl Resource for NodeClaim {
     }
 }
 
+/// `karpenter.k8s.aws/v1` EC2NodeClass, as far as autonode reads it.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+pub struct Ec2NodeClass {
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: Ec2NodeClassSpec,
+}
+
+/// The parts of an EC2NodeClass autonode reads or keeps.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Ec2NodeClassSpec {
+    #[serde(default)]
+    pub ami_family: Option<String>,
+    #[serde(default)]
+    pub ami_selector_terms: Vec<serde_json::Value>,
+    #[serde(default)]
+    pub user_data: Option<String>,
+    /// Kubelet settings Karpenter bin-packs with; the node must match them.
+    #[serde(default)]
+    pub kubelet: Option<KubeletSpec>,
+}
+
+/// `EC2NodeClass.spec.kubelet`, field for field.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KubeletSpec {
+    #[serde(
+        rename = "clusterDNS",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub cluster_dns: Option<Vec<String>>,
+    #[serde(
+        rename = "cpuCFSQuota",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub cpu_cfs_quota: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eviction_hard: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eviction_max_pod_grace_period: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eviction_soft: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eviction_soft_grace_period: Option<BTreeMap<String, String>>,
+    #[serde(
+        rename = "imageGCHighThresholdPercent",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub image_gc_high_threshold_percent: Option<i32>,
+    #[serde(
+        rename = "imageGCLowThresholdPercent",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub image_gc_low_threshold_percent: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kube_reserved: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_pods: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pods_per_core: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_reserved: Option<BTreeMap<String, String>>,
+}
+
+impl Resource for Ec2NodeClass {
+    type DynamicType = ();
+    type Scope = ClusterResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        "EC2NodeClass".into()
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        "karpenter.k8s.aws".into()
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        "v1".into()
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        "ec2nodeclasses".into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
 /// `aws:///<availability-zone>/<instance-id>`: how Karpenter and kubelet
 /// name an EC2 instance.
 pub fn aws_provider_id(availability_zone: &str, instance_id: &str) -> String {
