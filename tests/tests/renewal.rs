@@ -56,6 +56,9 @@ async fn only_a_nodes_own_renewals_are_approved() -> Result<()> {
     )
     .await?;
 
+    // The node's own name, but usages no kubelet asks for.
+    let wrong_usages = submit(&csrs, "renew-usages", CLIENT, "code signing", &CsrShape::client(name)).await?;
+
     // The node's own client renewal and serving certificate.
     let own = submit(
         &csrs,
@@ -82,7 +85,7 @@ async fn only_a_nodes_own_renewals_are_approved() -> Result<()> {
 
     // The others were judged and left pending.
     let log = world.server.log();
-    for csr in [&foreign_client, &foreign_serving] {
+    for csr in [&foreign_client, &foreign_serving, &wrong_usages] {
         assert!(
             log.lines()
                 .any(|l| l.contains(csr.as_str()) && l.contains("left pending")),
