@@ -37,6 +37,7 @@ pub const RENEWAL_REASON: &str = "AutonodeRenewal";
 pub const DEFAULT_PENDING_CAP: usize = 5;
 
 /// What the approver is given.
+#[derive(Clone)]
 pub struct Settings {
     pub claims: NodeClaims,
     pub ec2: Arc<dyn InstanceLookup>,

@@ -108,6 +108,22 @@ pub struct ServeArgs {
     #[arg(long, env = "AUTONODE_CLUSTER_DOMAIN", default_value = "cluster.local")]
     pub cluster_domain: String,
 
+    /// Namespace (in the guest cluster) of the ConfigMaps holding Ignition
+    /// configs: the base one and those EC2NodeClasses name in their
+    /// `autonode.dev/ignition` annotation.
+    #[arg(
+        long,
+        env = "AUTONODE_IGNITION_NAMESPACE",
+        default_value = "autonode-system"
+    )]
+    pub ignition_namespace: String,
+
+    /// ConfigMap (in --ignition-namespace, key `config.ign`) with the
+    /// Ignition config every node gets; EC2NodeClasses' configs and
+    /// autonode's own files are merged over it.
+    #[arg(long, env = "AUTONODE_BASE_IGNITION", value_name = "CONFIGMAP")]
+    pub base_ignition: Option<String>,
+
     /// Joins processed at once; more get 503 with Retry-After.
     #[arg(long, env = "AUTONODE_MAX_CONCURRENT_JOINS", default_value = "256")]
     pub max_concurrent_joins: usize,
@@ -135,6 +151,24 @@ pub struct ServeArgs {
     #[arg(long, env = "AUTONODE_PENDING_CSR_CAP", default_value = "5")]
     pub pending_csr_cap: usize,
 
+    /// Namespace (in the guest cluster) of the leader election Lease.
+    #[arg(
+        long,
+        env = "AUTONODE_LEADER_NAMESPACE",
+        default_value = "autonode-system"
+    )]
+    pub leader_namespace: String,
+
+    /// Seconds a leader's Lease lasts unrenewed before another replica
+    /// takes over the controllers.
+    #[arg(
+        long = "leader-lease",
+        env = "AUTONODE_LEADER_LEASE",
+        default_value = "15",
+        value_name = "SECONDS"
+    )]
+    pub leader_lease_secs: u64,
+
     /// Name of this replica in Events (the pod name in Kubernetes).
     #[arg(long, env = "POD_NAME", default_value = "autonode-server")]
     pub instance_name: String,
@@ -142,6 +176,14 @@ pub struct ServeArgs {
     /// Log format: `text` or `json` (one JSON object per line).
     #[arg(long, env = "AUTONODE_LOG_FORMAT", default_value = "text")]
     pub log_format: String,
+
+    /// What userData tells nodes (shared with `render-userdata`).
+    #[command(flatten)]
+    pub node_config: crate::render_userdata_cmd::NodeConfigArgs,
+
+    /// EC2NodeClass upkeep and the Karpenter CRDs.
+    #[command(flatten)]
+    pub nodeclasses: NodeClassArgs,
 }
 
 impl ServeArgs {
@@ -230,4 +272,72 @@ fn flag_value(key: &str, value: &toml::Value) -> Result<String> {
 /// Reads a file that must exist, with the path in the error.
 pub fn read(path: &Path) -> Result<String> {
     std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+}
+
+/// `serve`'s settings for Karpenter's objects: EC2NodeClass upkeep
+/// (`autonode_server::nodeclass`) and CRD installation.
+#[derive(Debug, Clone, Args)]
+pub struct NodeClassArgs {
+    /// Keep EC2NodeClasses' userData, amiFamily (Custom) and, with
+    /// --ami-ids, amiSelectorTerms as rendered. Needs --public-url,
+    /// --join-ca-file and --cluster-name; without them it stays off.
+    #[arg(long, env = "AUTONODE_MANAGE_NODECLASSES", default_value = "true", action = clap::ArgAction::Set)]
+    pub manage_nodeclasses: bool,
+
+    /// Label selector: keep only the EC2NodeClasses it matches (default all).
+    #[arg(long, env = "AUTONODE_NODECLASS_SELECTOR")]
+    pub nodeclass_selector: Option<String>,
+
+    /// AMIs with the agent, per architecture (comma-separated
+    /// `arch=ami-id`, e.g. amd64=ami-0123,arm64=ami-0456); kept as the
+    /// classes' amiSelectorTerms. Unset: amiSelectorTerms are left alone.
+    #[arg(long, env = "AUTONODE_AMI_IDS", value_delimiter = ',')]
+    pub ami_ids: Vec<String>,
+
+    /// Seconds between comparisons of an unchanged EC2NodeClass.
+    #[arg(
+        long = "nodeclass-resync",
+        env = "AUTONODE_NODECLASS_RESYNC",
+        default_value = "300",
+        value_name = "SECONDS",
+        hide = true
+    )]
+    pub nodeclass_resync_secs: u64,
+
+    /// Install or update the Karpenter CRDs in the guest cluster at start
+    /// (needs packaging/guest/rbac-install-crds.yaml).
+    #[arg(long, env = "AUTONODE_INSTALL_CRDS", default_value = "false", num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub install_crds: bool,
+}
+
+impl NodeClassArgs {
+    /// The controller's settings, or `None` when upkeep is off (disabled,
+    /// or the userData settings are not given).
+    pub fn settings(
+        &self,
+        node: &crate::render_userdata_cmd::NodeConfigArgs,
+        metrics: &autonode_server::metrics::Metrics,
+        events: &autonode_server::events::Events,
+    ) -> Result<Option<autonode_server::nodeclass::Settings>> {
+        use autonode_server::nodeclass::{ami_selector_terms, Desired, Settings};
+        if !self.manage_nodeclasses {
+            return Ok(None);
+        }
+        if !node.is_set() {
+            tracing::warn!("EC2NodeClass upkeep is off: --public-url, --join-ca-file and --cluster-name are not set");
+            return Ok(None);
+        }
+        let user_data = autonode_server::userdata::render(&node.node_config()?);
+        let ami_terms = ami_selector_terms(&self.ami_ids).context("--ami-ids")?;
+        Ok(Some(Settings {
+            desired: Desired {
+                user_data,
+                ami_terms,
+            },
+            selector: self.nodeclass_selector.clone(),
+            resync: Duration::from_secs(self.nodeclass_resync_secs.max(1)),
+            metrics: metrics.clone(),
+            events: events.clone(),
+        }))
+    }
 }

@@ -1,13 +1,12 @@
-//! Kubernetes Events on NodeClaims: what operators see in
-//! `kubectl describe nodeclaim`.
+//! Kubernetes Events on NodeClaims and EC2NodeClasses: what operators see
+//! in `kubectl describe nodeclaim` (or `ec2nodeclass`).
 //!
-//! NodeClaims are cluster-scoped. Core/v1 Events in the `default` namespace
+//! Both are cluster-scoped. Core/v1 Events in the `default` namespace
 //! are how every API server version accepts Events about cluster-scoped
 //! objects (1.20's events.k8s.io/v1 refuses them), so autonode writes those.
 //! Published in the background: an Event is worth a log line if it fails,
 //! never a slower or failed join.
 
-use crate::karpenter::NodeClaim;
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{ObjectMeta, PostParams};
@@ -32,18 +31,24 @@ impl Events {
         }
     }
 
-    /// A Normal event on the NodeClaim.
-    pub fn normal(&self, claim: &NodeClaim, reason: &str, note: String) {
-        self.publish(claim, "Normal", reason, note);
+    /// A Normal event on `object` (a NodeClaim, an EC2NodeClass).
+    pub fn normal<K: Resource<DynamicType = ()>>(&self, object: &K, reason: &str, note: String) {
+        self.publish(object, "Normal", reason, note);
     }
 
-    /// A Warning event on the NodeClaim.
-    pub fn warning(&self, claim: &NodeClaim, reason: &str, note: String) {
-        self.publish(claim, "Warning", reason, note);
+    /// A Warning event on `object`.
+    pub fn warning<K: Resource<DynamicType = ()>>(&self, object: &K, reason: &str, note: String) {
+        self.publish(object, "Warning", reason, note);
     }
 
-    fn publish(&self, claim: &NodeClaim, type_: &str, reason: &str, note: String) {
-        let event = self.event(claim.object_ref(&()), type_, reason, truncate(note));
+    fn publish<K: Resource<DynamicType = ()>>(
+        &self,
+        object: &K,
+        type_: &str,
+        reason: &str,
+        note: String,
+    ) {
+        let event = self.event(object.object_ref(&()), type_, reason, truncate(note));
         let api = self.api.clone();
         tokio::spawn(async move {
             if let Err(e) = api.create(&PostParams::default(), &event).await {

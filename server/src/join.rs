@@ -11,8 +11,9 @@ use crate::issuer::{IssueRequest, Issuer};
 use crate::karpenter::{aws_provider_id, NodeClaim};
 use crate::metrics::{JoinLabels, KindLabels, Metrics};
 use crate::nodeclaim::{self, NodeClaims};
+use crate::nodeconfig::NodeConfig;
 use crate::refusal::{JoinError, Refusal};
-use crate::render::{self, ClusterSettings, NodeFacts};
+use crate::render::{ClusterSettings, NodeFacts};
 use autonode_shared::csr::{self, ParsedCsr, Purpose};
 use autonode_shared::identity::{self, IdentityDocument, Policy, TrustStore};
 use autonode_shared::protocol::{JoinRequest, JoinResponse};
@@ -41,8 +42,13 @@ pub struct JoinContext {
     pub cluster: ClusterInfo,
     pub events: Events,
     pub metrics: Metrics,
+    /// Per-node config: EC2NodeClasses and Ignition ConfigMaps.
+    pub nodeconfig: NodeConfig,
     /// Injected so tests can set the time.
     pub clock: fn() -> OffsetDateTime,
+    /// Delete the NodeClaim of an instance refused for good (see
+    /// [`Refusal::dooms_instance`]), so Karpenter replaces it now.
+    pub delete_refused: bool,
 }
 
 /// What attestation established about the machine.
@@ -89,6 +95,9 @@ async fn join(
         &fingerprint,
     )
     .await?;
+    if binding == Binding::New {
+        observe(ctx, &attested.claim, "attested");
+    }
     let (client_cert, serving_cert) = tokio::try_join!(
         issue(
             ctx,
@@ -111,16 +120,27 @@ async fn join(
         node_ip: node_ip(&attested),
     };
     tracing::debug!(nodeclaim = name, "rendering node config");
+    let (kubelet, ignition) = ctx.nodeconfig.render(&ctx.cluster.settings, &facts).await?;
     let response = JoinResponse {
         node_name,
         api_server: ctx.cluster.api_server.clone(),
         cluster_ca: ctx.cluster.ca_pem.clone(),
         client_certificate: client_cert,
         serving_certificate: serving_cert,
-        kubelet: render::kubelet(&ctx.cluster.settings, &facts),
-        ignition: render::ignition(),
+        kubelet,
+        ignition,
     };
+    if binding == Binding::New {
+        observe(ctx, &attested.claim, "certificates");
+    }
     Ok((response, binding))
+}
+
+/// Records a bootstrap milestone's latency from the NodeClaim's creation.
+fn observe(ctx: &JoinContext, claim: &NodeClaim, milestone: &'static str) {
+    if let Some(age) = crate::feedback::age_seconds(claim) {
+        ctx.metrics.observe_phase(milestone, age);
+    }
 }
 
 /// Step 1: the request's own structure. Nothing is trusted yet.
@@ -139,15 +159,17 @@ async fn attest(
     let verified =
         identity::verify(request.identity.rsa2048.as_bytes(), &ctx.trust).map_err(Refusal::from)?;
     let doc = verified.into_document();
-    ctx.policy
-        .check(&doc, (ctx.clock)())
-        .map_err(Refusal::from)?;
+    // The NodeClaim is looked up before the policy is applied so that a
+    // policy refusal can be reported on it.
     ctx.claims.ready().await?;
     let provider_id = aws_provider_id(&doc.availability_zone, &doc.instance_id);
     let matches = ctx.claims.find(&provider_id).await;
     if let [only] = matches.as_slice() {
         *claim_seen = Some(only.clone());
     }
+    ctx.policy
+        .check(&doc, (ctx.clock)())
+        .map_err(Refusal::from)?;
     let claim = nodeclaim::select(&provider_id, matches, doc.pending_time)?;
     let instance = lookup(ctx, &doc).await?;
     Ok(Attested {
@@ -250,6 +272,24 @@ fn node_ip(attested: &Attested) -> String {
         .unwrap_or_default()
 }
 
+/// Deletes a NodeClaim whose instance can never join, in the background.
+fn delete_doomed(ctx: &JoinContext, claim: NodeClaim, request_id: String) {
+    let (claims, metrics) = (ctx.claims.clone(), ctx.metrics.clone());
+    tokio::spawn(async move {
+        let name = claim.metadata.name.clone().unwrap_or_default();
+        match claims.delete_failed(&claim).await {
+            Ok(true) => {
+                metrics.nodeclaims_deleted.inc();
+                tracing::warn!(request_id, nodeclaim = %name, "instance refused for good; NodeClaim deleted so Karpenter replaces it now");
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(request_id, nodeclaim = %name, error = %e, "could not delete the NodeClaim of a refused instance")
+            }
+        }
+    });
+}
+
 /// Logs, counts and reports the outcome on the NodeClaim.
 fn record(
     ctx: &JoinContext,
@@ -296,6 +336,13 @@ fn record(
                 ctx.metrics.possible_replays.inc();
             }
             if let Some(claim) = claim {
+                if ctx.delete_refused
+                    && refusal.dooms_instance()
+                    && claim.bound_key().is_none()
+                    && !claim.is_registered()
+                {
+                    delete_doomed(ctx, claim.clone(), request_id.to_string());
+                }
                 let reason = match refusal {
                     Refusal::PossibleReplay { .. } => "PossibleReplay",
                     _ => "JoinRefused",

@@ -11,24 +11,36 @@
 //!
 //! - [`approver`]: approves kubelet's own renewal and serving CSRs.
 //! - [`ec2`]: looking booting instances up in EC2 (`DescribeInstances`).
+//! - [`feedback`]: autonode's condition, milestone Events and latencies on NodeClaims.
+//! - [`leader`]: Lease-based leader election; controllers run on the leader only.
 //! - [`karpenter`]: Karpenter's objects as far as autonode reads them.
 //! - [`tls`]: the serving certificate, reloaded when it changes.
 //! - [`observe`]: `/metrics`, `/healthz`, `/readyz`.
+//! - [`nodeconfig`]: the inputs of a node's config (EC2NodeClass, Ignition
+//!   ConfigMaps) from watch-backed caches; [`render`] turns them into JSON.
+//! - [`nodeclass`]: keeps EC2NodeClasses' userData ([`userdata`]) and AMIs.
+//! - [`crds`]: installs or updates Karpenter's CRDs (`--install-crds`).
 
 #![forbid(unsafe_code)]
 
 pub mod api;
 pub mod approver;
 pub mod binding;
+pub mod crds;
 pub mod ec2;
 pub mod events;
+pub mod feedback;
 pub mod issuer;
 pub mod join;
 pub mod karpenter;
+pub mod leader;
 pub mod metrics;
 pub mod nodeclaim;
+pub mod nodeclass;
+pub mod nodeconfig;
 pub mod observe;
 pub mod refusal;
 pub mod render;
 pub mod report;
 pub mod tls;
+pub mod userdata;

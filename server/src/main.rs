@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 
 mod config;
 mod identity_cmd;
+mod render_userdata_cmd;
 mod serve;
 
 /// Decides which EC2 instances become nodes of this cluster, approves their
@@ -23,6 +24,9 @@ enum Command {
     Identity(identity_cmd::IdentityArgs),
     /// Serve the join API and watch the guest cluster.
     Serve(Box<config::ServeArgs>),
+    /// Print the EC2NodeClass userData (the agent's config) that `serve`
+    /// keeps, from the same flags.
+    RenderUserdata(render_userdata_cmd::NodeConfigArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -30,6 +34,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse_from(args);
     match cli.command {
         Command::Identity(args) => identity_cmd::run(args),
+        Command::RenderUserdata(args) => render_userdata_cmd::run(args),
         Command::Serve(args) => {
             init_logging(&args.log_format)?;
             tokio::runtime::Runtime::new()?.block_on(serve::run(*args))

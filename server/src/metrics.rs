@@ -27,6 +27,12 @@ pub struct KindLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MilestoneLabels {
+    /// `attested`, `certificates`, `registered` or `ready`.
+    pub milestone: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PhaseLabels {
     pub phase: &'static str,
     pub outcome: &'static str,
@@ -44,6 +50,10 @@ pub struct Metrics {
     pub agent_reports: Family<PhaseLabels, Counter>,
     pub joins_in_flight: Gauge,
     pub nodeclaims_deleted: Counter,
+    pub nodeclass_checks: Counter,
+    pub nodeclass_writes: Counter,
+    pub milestone_seconds: Family<MilestoneLabels, Histogram>,
+    pub leader: Gauge,
 }
 
 impl Metrics {
@@ -97,6 +107,32 @@ impl Metrics {
             "NodeClaims deleted because their machine failed to bootstrap",
             nodeclaims_deleted.clone(),
         );
+        let nodeclass_checks = Counter::default();
+        registry.register(
+            "nodeclass_checks",
+            "EC2NodeClasses compared with the rendered userData and AMIs",
+            nodeclass_checks.clone(),
+        );
+        let nodeclass_writes = Counter::default();
+        registry.register(
+            "nodeclass_writes",
+            "EC2NodeClasses written because a kept field differed",
+            nodeclass_writes.clone(),
+        );
+        let milestone_seconds = Family::<MilestoneLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(1.0, 2.0, 12))
+        });
+        registry.register(
+            "milestone_seconds",
+            "Seconds from NodeClaim creation to each bootstrap milestone",
+            milestone_seconds.clone(),
+        );
+        let leader = Gauge::default();
+        registry.register(
+            "leader",
+            "1 while this replica runs the controllers",
+            leader.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             joins,
@@ -107,7 +143,19 @@ impl Metrics {
             agent_reports,
             joins_in_flight,
             nodeclaims_deleted,
+            nodeclass_checks,
+            nodeclass_writes,
+            milestone_seconds,
+            leader,
         }
+    }
+
+    /// Records that a NodeClaim reached `milestone` `seconds` after it was
+    /// created.
+    pub fn observe_phase(&self, milestone: &'static str, seconds: f64) {
+        self.milestone_seconds
+            .get_or_create(&MilestoneLabels { milestone })
+            .observe(seconds);
     }
 
     /// The OpenMetrics text exposition.

@@ -7,6 +7,7 @@
 use crate::karpenter::NodeClaim;
 use crate::refusal::{JoinError, Refusal};
 use futures::StreamExt;
+use kube::api::{DeleteParams, Preconditions};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
@@ -91,6 +92,25 @@ impl NodeClaims {
     /// The NodeClaim as the API server has it now (for conflict handling).
     pub async fn get_fresh(&self, name: &str) -> Result<Option<NodeClaim>, JoinError> {
         Ok(self.api.get_opt(name).await?)
+    }
+
+    /// Deletes a NodeClaim whose machine failed to bootstrap, so Karpenter
+    /// replaces it now; only if it is still the object we judged (same
+    /// uid). `Ok(false)` when it was already gone or replaced.
+    pub async fn delete_failed(&self, claim: &NodeClaim) -> Result<bool, kube::Error> {
+        let name = claim.metadata.name.clone().unwrap_or_default();
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: claim.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match self.api.delete(&name, &params).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// The NodeClaim API.

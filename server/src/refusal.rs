@@ -62,6 +62,27 @@ pub enum Refusal {
 }
 
 impl Refusal {
+    /// Whether this refusal means the instance itself can never join (its
+    /// account, region, age, EC2 state or image), as opposed to a bad
+    /// request that someone else holding its document could have sent (a
+    /// forged signature, foreign CSRs, a replay): only the former may get
+    /// its NodeClaim deleted, or a leaked document would be a way to have
+    /// healthy machines replaced.
+    pub fn dooms_instance(&self) -> bool {
+        // A pendingTime "in the future" may be our own clock's fault.
+        if let Self::Policy(PolicyError::PendingTimeInFuture { .. }) = self {
+            return false;
+        }
+        matches!(
+            self,
+            Self::Policy(_)
+                | Self::PendingBeforeNodeClaim { .. }
+                | Self::InstanceNotLive { .. }
+                | Self::ImageMismatch { .. }
+                | Self::NoPrivateDnsName(_)
+        )
+    }
+
     /// A short, stable label for metrics and Event reasons.
     pub fn reason(&self) -> &'static str {
         match self {

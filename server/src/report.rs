@@ -14,7 +14,6 @@ use crate::nodeclaim::NodeClaims;
 use autonode_shared::identity::{self, Policy, TrustStore};
 use autonode_shared::proof;
 use autonode_shared::protocol::{Outcome, ReportRequest};
-use kube::api::{DeleteParams, Preconditions};
 use std::sync::Arc;
 use thiserror::Error;
 
@@ -55,12 +54,17 @@ pub async fn handle(
     tracing::info!(request_id, nodeclaim = %name, phase, outcome, message = %report.message, "agent report");
     let note = format!("agent phase {phase} {outcome}: {}", report.message);
     match report.outcome {
-        Outcome::Succeeded => ctx.events.normal(&claim, "AgentProgress", note),
-        Outcome::Retrying => ctx.events.warning(&claim, "AgentRetrying", note),
+        Outcome::Succeeded => ctx.events.normal(claim.as_ref(), "AgentProgress", note),
+        Outcome::Retrying => ctx.events.warning(claim.as_ref(), "AgentRetrying", note),
         Outcome::Fatal => {
-            ctx.events.warning(&claim, "BootstrapFailed", note);
-            if ctx.delete_on_fatal && !claim.is_registered() {
+            ctx.events
+                .warning(claim.as_ref(), "BootstrapFailed", note.clone());
+            if claim.is_registered() {
+                // Its Node exists: whatever failed, the machine is a node.
+            } else if ctx.delete_on_fatal {
                 delete(ctx, &claim, request_id).await?;
+            } else {
+                mark_failed(ctx, &claim, &note).await?;
             }
         }
     }
@@ -112,27 +116,42 @@ async fn authenticate(
     Ok(claim)
 }
 
-/// Deletes the NodeClaim, only if it is still the one we judged.
+/// Records the failure on the NodeClaim for the feedback controller's
+/// condition, when deleting is turned off.
+async fn mark_failed(
+    ctx: &ReportContext,
+    claim: &NodeClaim,
+    note: &str,
+) -> Result<(), ReportError> {
+    let name = claim.metadata.name.clone().unwrap_or_default();
+    let patch = serde_json::json!({"metadata": {"annotations": {crate::feedback::FAILED_ANNOTATION: note}}});
+    ctx.claims
+        .api()
+        .patch(
+            &name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| ReportError::Unavailable(format!("marking NodeClaim {name} failed: {e}")))
+}
+
+/// Deletes the NodeClaim so Karpenter replaces the machine now.
 async fn delete(
     ctx: &ReportContext,
     claim: &NodeClaim,
     request_id: &str,
 ) -> Result<(), ReportError> {
     let name = claim.metadata.name.clone().unwrap_or_default();
-    let params = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: claim.metadata.uid.clone(),
-            resource_version: None,
-        }),
-        ..DeleteParams::default()
-    };
-    match ctx.claims.api().delete(&name, &params).await {
-        Ok(_) => {
-            tracing::warn!(request_id, nodeclaim = %name, "agent failed for good; NodeClaim deleted so Karpenter replaces the machine now");
-            ctx.metrics.nodeclaims_deleted.inc();
+    match ctx.claims.delete_failed(claim).await {
+        Ok(deleted) => {
+            if deleted {
+                tracing::warn!(request_id, nodeclaim = %name, "agent failed for good; NodeClaim deleted so Karpenter replaces the machine now");
+                ctx.metrics.nodeclaims_deleted.inc();
+            }
             Ok(())
         }
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
         Err(e) => Err(ReportError::Unavailable(format!(
             "deleting NodeClaim {name}: {e}"
         ))),

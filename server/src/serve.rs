@@ -4,25 +4,32 @@
 use crate::config::{self, ServeArgs};
 use anyhow::{Context, Result};
 use autonode_server::api::{self, Api, Limits};
-use autonode_server::approver;
 use autonode_server::ec2::{Ec2Client, Ec2Settings};
 use autonode_server::events::Events;
 use autonode_server::issuer::Issuer;
 use autonode_server::join::{ClusterInfo, JoinContext};
 use autonode_server::metrics::Metrics;
 use autonode_server::nodeclaim::NodeClaims;
+use autonode_server::nodeconfig::{NodeConfig, NodeConfigSettings};
 use autonode_server::observe;
 use autonode_server::render::ClusterSettings;
 use autonode_server::report::ReportContext;
 use autonode_server::tls::ReloadingCert;
+use autonode_server::{approver, feedback, leader};
 use autonode_shared::identity::{Policy, TrustStore};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use std::sync::Arc;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
 pub async fn run(args: ServeArgs) -> Result<()> {
     let (client, cluster) = guest_cluster(&args).await?;
+    if args.nodeclasses.install_crds {
+        autonode_server::crds::install(&client)
+            .await
+            .context("installing the Karpenter CRDs")?;
+    }
     let trust = trust_store(&args)?;
     let policy = policy(&args)?;
     let metrics = Metrics::new();
@@ -37,6 +44,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     .context("setting up the EC2 client")?;
 
     let ec2: Arc<dyn autonode_server::ec2::InstanceLookup> = Arc::new(ec2);
+    let leading = start_election(&args, &client, &metrics);
     if args.approve_kubelet_csrs {
         let settings = approver::Settings {
             claims: claims.clone(),
@@ -44,7 +52,43 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             metrics: metrics.clone(),
             pending_cap: args.pending_csr_cap,
         };
-        tokio::spawn(approver::run(client.clone(), settings));
+        let client = client.clone();
+        tokio::spawn(leader::while_leading(
+            leading.clone(),
+            "csr-approver",
+            move || approver::run(client.clone(), settings.clone()),
+        ));
+    }
+    {
+        let (client, claims, events, metrics) = (
+            client.clone(),
+            claims.clone(),
+            events.clone(),
+            metrics.clone(),
+        );
+        tokio::spawn(leader::while_leading(
+            leading.clone(),
+            "nodeclaim-feedback",
+            move || {
+                feedback::run(
+                    client.clone(),
+                    claims.clone(),
+                    events.clone(),
+                    metrics.clone(),
+                )
+            },
+        ));
+    }
+    if let Some(settings) = args
+        .nodeclasses
+        .settings(&args.node_config, &metrics, &events)?
+    {
+        let client = client.clone();
+        tokio::spawn(leader::while_leading(
+            leading.clone(),
+            "ec2nodeclass-upkeep",
+            move || autonode_server::nodeclass::run(client.clone(), settings.clone()),
+        ));
     }
     let join = Arc::new(JoinContext {
         trust: trust.clone(),
@@ -55,7 +99,16 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         cluster,
         events: events.clone(),
         metrics: metrics.clone(),
+        nodeconfig: NodeConfig::start(
+            client.clone(),
+            NodeConfigSettings {
+                namespace: args.ignition_namespace.clone(),
+                base_ignition: args.base_ignition.clone(),
+            },
+            events.clone(),
+        ),
         clock: time::OffsetDateTime::now_utc,
+        delete_refused: args.delete_failed_nodeclaims,
     });
     let report = Arc::new(ReportContext {
         trust,
@@ -88,6 +141,35 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         _ = shutdown_signal() => tracing::info!("shutting down"),
     }
     Ok(())
+}
+
+/// Starts leader election; the receiver says whether this replica leads.
+fn start_election(
+    args: &ServeArgs,
+    client: &kube::Client,
+    metrics: &Metrics,
+) -> watch::Receiver<bool> {
+    let (tx, rx) = watch::channel(false);
+    let lease = std::time::Duration::from_secs(args.leader_lease_secs.max(3));
+    let election = leader::Election {
+        namespace: args.leader_namespace.clone(),
+        name: "autonode-server".into(),
+        // Unique per process even where replicas share a name.
+        identity: format!("{}_{:08x}", args.instance_name, rand::random::<u32>()),
+        lease_duration: lease,
+        renew_every: lease / 3,
+    };
+    tokio::spawn(election.run(client.clone(), tx));
+    let (mut watching, gauge) = (rx.clone(), metrics.leader.clone());
+    tokio::spawn(async move {
+        loop {
+            gauge.set(i64::from(*watching.borrow_and_update()));
+            if watching.changed().await.is_err() {
+                return;
+            }
+        }
+    });
+    rx
 }
 
 /// A client for the guest cluster, and how nodes are to reach it.

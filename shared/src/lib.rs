@@ -12,11 +12,14 @@
 //! - [`labels`]: which node labels kubelet may set on itself.
 //! - [`proof`]: proof that a report comes from the node's bound client key.
 //! - [`csr`]: parsing kubelet CSRs and the rules for approving them.
+//! - [`ignition`]: the Ignition v3 subset autonode supports (the server
+//!   validates and merges with it, the agent applies it).
 
 #![forbid(unsafe_code)]
 
 pub mod csr;
 pub mod identity;
+pub mod ignition;
 pub mod labels;
 pub mod proof;
 pub mod protocol;

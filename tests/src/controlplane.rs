@@ -63,6 +63,14 @@ impl ControlPlane {
     /// Starts etcd, kube-apiserver and kube-controller-manager, waits until
     /// the API answers, and installs the Karpenter CRDs.
     pub async fn start() -> Result<Self> {
+        let cp = Self::start_without_crds().await?;
+        install_crds(&cp.admin().await?, &KARPENTER_CRDS).await?;
+        Ok(cp)
+    }
+
+    /// Like [`ControlPlane::start`], without the Karpenter CRDs (for
+    /// installing them some other way).
+    pub async fn start_without_crds() -> Result<Self> {
         let bin = kube_bin_dir()?;
         let dir = tempfile::Builder::new()
             .prefix("autonode-cp-")
@@ -85,7 +93,7 @@ impl ControlPlane {
         let client = kube_client(&admin_kubeconfig).await?;
         wait_ready(&client, &apiserver).await?;
         let controller_manager = start_controller_manager(&bin, &files, &kcm_kubeconfig)?;
-        let cp = Self {
+        Ok(Self {
             controller_manager,
             apiserver,
             etcd,
@@ -93,9 +101,7 @@ impl ControlPlane {
             url,
             admin_kubeconfig,
             dir,
-        };
-        install_crds(&client, &KARPENTER_CRDS).await?;
-        Ok(cp)
+        })
     }
 
     /// The API server URL (`https://127.0.0.1:<port>`).

@@ -67,3 +67,34 @@ pub async fn set_provider_id(
         .await
         .with_context(|| format!("setting providerID of NodeClaim {name}"))
 }
+
+/// The EC2NodeClass API (cluster-scoped).
+pub fn ec2nodeclasses(client: &Client) -> Api<DynamicObject> {
+    Api::all_with(client.clone(), &ec2nodeclass_resource())
+}
+
+/// Creates an EC2NodeClass as a user would for Karpenter's own AMIs: the
+/// required selector terms, a role, `amiFamily: AL2023` and `user_data`.
+pub async fn create_ec2nodeclass(
+    client: &Client,
+    name: &str,
+    user_data: &str,
+) -> Result<DynamicObject> {
+    let object: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "karpenter.k8s.aws/v1",
+        "kind": "EC2NodeClass",
+        "metadata": {"name": name},
+        "spec": {
+            "amiFamily": "AL2023",
+            "amiSelectorTerms": [{"alias": "al2023@latest"}],
+            "role": "KarpenterNodeRole-test",
+            "securityGroupSelectorTerms": [{"tags": {"karpenter.sh/discovery": "test"}}],
+            "subnetSelectorTerms": [{"tags": {"karpenter.sh/discovery": "test"}}],
+            "userData": user_data,
+        },
+    }))?;
+    ec2nodeclasses(client)
+        .create(&PostParams::default(), &object)
+        .await
+        .with_context(|| format!("creating EC2NodeClass {name}"))
+}

@@ -156,9 +156,17 @@ async fn refusals_approve_nothing_and_log_the_reason() -> Result<()> {
         .await?;
 
     // A 1024-bit RSA client key (openssl makes what rcgen will not).
-    request.client_csr = openssl_rsa_csr(1024, &format!("/CN=system:node:{}/O=system:nodes", instance.private_dns_name))?;
+    request.client_csr = openssl_rsa_csr(
+        1024,
+        &format!(
+            "/CN=system:node:{}/O=system:nodes",
+            instance.private_dns_name
+        ),
+    )?;
     let answer = world.joiner.join(&request).await?;
-    world.assert_refused(answer, &instance, "client_csr").await?;
+    world
+        .assert_refused(answer, &instance, "client_csr")
+        .await?;
 
     let mut foreign_ip = CsrShape::serving(&instance);
     foreign_ip
@@ -254,9 +262,23 @@ async fn refusals_approve_nothing_and_log_the_reason() -> Result<()> {
 /// A PEM CSR for a fresh RSA key of `bits`, made by the openssl CLI.
 fn openssl_rsa_csr(bits: u32, subject: &str) -> Result<String> {
     let output = std::process::Command::new("openssl")
-        .args(["req", "-new", "-newkey", &format!("rsa:{bits}"), "-nodes", "-keyout", "/dev/null", "-subj", subject])
+        .args([
+            "req",
+            "-new",
+            "-newkey",
+            &format!("rsa:{bits}"),
+            "-nodes",
+            "-keyout",
+            "/dev/null",
+            "-subj",
+            subject,
+        ])
         .output()?;
-    anyhow::ensure!(output.status.success(), "openssl req failed: {}", String::from_utf8_lossy(&output.stderr));
+    anyhow::ensure!(
+        output.status.success(),
+        "openssl req failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     Ok(String::from_utf8(output.stdout)?)
 }
 

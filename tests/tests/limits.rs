@@ -14,7 +14,11 @@ async fn past_the_cap_joins_are_told_to_retry_and_then_succeed() -> Result<()> {
     let mut requests = Vec::new();
     for _ in 0..12 {
         let (_, instance) = world.launch(|i| i).await?;
-        requests.push(joiner::honest_request(&instance, world.cloud.ca(), &NodeKeys::generate()?)?);
+        requests.push(joiner::honest_request(
+            &instance,
+            world.cloud.ca(),
+            &NodeKeys::generate()?,
+        )?);
     }
     let joins = requests.into_iter().map(|request| {
         let joiner = world.joiner.clone();
@@ -37,7 +41,10 @@ async fn past_the_cap_joins_are_told_to_retry_and_then_succeed() -> Result<()> {
         assert_eq!(answer.status(), 200, "{answer:?}");
         told_to_retry += busy;
     }
-    assert!(told_to_retry > 0, "twelve joins at once never met the cap of one");
+    assert!(
+        told_to_retry > 0,
+        "twelve joins at once never met the cap of one"
+    );
     Ok(())
 }
 
@@ -46,7 +53,10 @@ async fn oversized_and_malformed_bodies_are_refused() -> Result<()> {
     let world = World::start().await?;
     let (status, _) = world.joiner.post(JOIN_PATH, vec![b'{'; 256 * 1024]).await?;
     assert_eq!(status, 413);
-    let (status, body) = world.joiner.post(JOIN_PATH, b"{\"identity\":{}}".to_vec()).await?;
+    let (status, body) = world
+        .joiner
+        .post(JOIN_PATH, b"{\"identity\":{}}".to_vec())
+        .await?;
     assert_eq!(status, 400, "{}", String::from_utf8_lossy(&body));
     let (status, _) = world.joiner.post("/v1/nothing", b"{}".to_vec()).await?;
     assert_eq!(status, 404);

@@ -57,7 +57,14 @@ async fn only_a_nodes_own_renewals_are_approved() -> Result<()> {
     .await?;
 
     // The node's own name, but usages no kubelet asks for.
-    let wrong_usages = submit(&csrs, "renew-usages", CLIENT, "code signing", &CsrShape::client(name)).await?;
+    let wrong_usages = submit(
+        &csrs,
+        "renew-usages",
+        CLIENT,
+        "code signing",
+        &CsrShape::client(name),
+    )
+    .await?;
 
     // The node's own client renewal and serving certificate.
     let own = submit(

@@ -1,0 +1,307 @@
+//! Finding the inputs of a node's config, then rendering it with
+//! [`render`].
+//!
+//! Inputs, from watch-backed caches (never a GET per join, so a scale-out
+//! of a thousand machines costs no API calls here):
+//!
+//! - the NodeClaim (given): taints, startup taints, labels and
+//!   `spec.nodeClassRef`. Karpenter copies what the NodePool says about the
+//!   node onto the NodeClaim when it creates it, so the NodePool itself is
+//!   not read: it may have changed since.
+//! - its EC2NodeClass: `spec.kubelet`, and the annotation
+//!   [`IGNITION_ANNOTATION`] naming a ConfigMap with the class's Ignition
+//!   config.
+//! - ConfigMaps in one namespace of the guest cluster (`--ignition-namespace`,
+//!   default `autonode-system`): the base config every node gets
+//!   (`--base-ignition=<name>`) and the classes' configs, each under the key
+//!   [`IGNITION_KEY`].
+//!
+//! A referenced ConfigMap that is missing, lacks the key or holds a config
+//! the agent would refuse is an operator's error that can be fixed while
+//! the agent keeps retrying: the join is [`JoinError::Unavailable`] (503,
+//! retried until the agent's deadline), and a Warning Event says why on the
+//! EC2NodeClass (on the NodeClaim when there is no class).
+//!
+//! A NodeClaim whose EC2NodeClass is not found (after a short grace for the
+//! watch) gets the server's defaults and the base config, with a warning in
+//! the log: Karpenter keeps a class that NodeClaims still use (a finalizer),
+//! so this is a NodeClaim created by hand or by something other than
+//! Karpenter's AWS provider.
+
+use crate::events::Events;
+use crate::karpenter::{Ec2NodeClass, NodeClaim};
+use crate::refusal::JoinError;
+use crate::render::{self, ClusterSettings, IgnitionError, NodeFacts};
+use autonode_shared::ignition::Config;
+use autonode_shared::protocol::KubeletSettings;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// EC2NodeClass annotation naming the ConfigMap (in the Ignition
+/// namespace) with the class's Ignition config.
+pub const IGNITION_ANNOTATION: &str = "autonode.dev/ignition";
+/// The ConfigMap key holding an Ignition config (JSON, as Butane writes it).
+pub const IGNITION_KEY: &str = "config.ign";
+/// Default namespace of the Ignition ConfigMaps.
+pub const DEFAULT_NAMESPACE: &str = "autonode-system";
+/// How long a join waits for the cache to show a missing EC2NodeClass.
+/// Short: Karpenter launches only from a class that has been Ready for a
+/// while, so in practice only a class created just before its NodeClaim
+/// (tests, scripts) can be missing from a synced cache.
+const CLASS_GRACE: Duration = Duration::from_secs(1);
+/// How long a join waits for the caches' first list.
+const SYNC_WAIT: Duration = Duration::from_secs(10);
+/// At most one Event per object and message this often: every agent of a
+/// class retries while its config is broken.
+const EVENT_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Where the operator's Ignition configs are.
+#[derive(Debug, Clone)]
+pub struct NodeConfigSettings {
+    /// Namespace of the Ignition ConfigMaps.
+    pub namespace: String,
+    /// The ConfigMap with the base config every node gets, if any.
+    pub base_ignition: Option<String>,
+}
+
+/// Why a node's config cannot be rendered now.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeConfigError {
+    #[error("the {0} cache has not synced")]
+    NotSynced(&'static str),
+    #[error("ConfigMap {namespace}/{name} ({purpose}) does not exist")]
+    MissingConfigMap {
+        namespace: String,
+        name: String,
+        purpose: String,
+    },
+    #[error("ConfigMap {namespace}/{name} ({purpose}) has no key {IGNITION_KEY:?} in data")]
+    MissingKey {
+        namespace: String,
+        name: String,
+        purpose: String,
+    },
+    #[error(transparent)]
+    Ignition(#[from] IgnitionError),
+}
+
+/// The caches and settings per-node config is rendered from.
+#[derive(Clone)]
+pub struct NodeConfig {
+    classes: Store<Ec2NodeClass>,
+    configmaps: Store<ConfigMap>,
+    settings: Arc<NodeConfigSettings>,
+    events: Events,
+    /// When each (object, message) Event was last published.
+    reported: Arc<Mutex<HashMap<(String, String), Instant>>>,
+}
+
+impl NodeConfig {
+    /// Starts watching EC2NodeClasses and the Ignition namespace's
+    /// ConfigMaps in the background.
+    pub fn start(client: Client, settings: NodeConfigSettings, events: Events) -> Self {
+        let classes = watch(Api::all(client.clone()), "EC2NodeClass");
+        let configmaps = watch(
+            Api::namespaced(client, &settings.namespace),
+            "Ignition ConfigMap",
+        );
+        Self {
+            classes,
+            configmaps,
+            settings: Arc::new(settings),
+            events,
+            reported: Arc::default(),
+        }
+    }
+
+    /// The node's kubelet settings and Ignition config.
+    pub async fn render(
+        &self,
+        cluster: &ClusterSettings,
+        facts: &NodeFacts<'_>,
+    ) -> Result<(KubeletSettings, serde_json::Value), JoinError> {
+        let class = self.class_of(facts.claim).await?;
+        let kubelet_spec = class.as_ref().and_then(|c| c.spec.kubelet.as_ref());
+        let kubelet = render::kubelet(cluster, kubelet_spec, facts);
+        let ignition = self
+            .layers(class.as_deref())
+            .await
+            .and_then(|layers| Ok(render::ignition(&layers, &kubelet.config)?));
+        match ignition {
+            Ok(ignition) => Ok((kubelet, ignition)),
+            Err(e) => {
+                self.report(class.as_deref(), facts.claim, &e);
+                Err(JoinError::Unavailable(format!("node config: {e}")))
+            }
+        }
+    }
+
+    /// The NodeClaim's EC2NodeClass, if it names one that exists.
+    async fn class_of(&self, claim: &NodeClaim) -> Result<Option<Arc<Ec2NodeClass>>, JoinError> {
+        let Some(reference) = &claim.spec.node_class_ref else {
+            return Ok(None);
+        };
+        let (kind, group) = (Ec2NodeClass::kind(&()), Ec2NodeClass::group(&()));
+        if reference.kind != kind || reference.group != group {
+            return Ok(None);
+        }
+        ready(&self.classes, "EC2NodeClass").await?;
+        let found = self.find_class(&reference.name).await;
+        if found.is_none() {
+            tracing::warn!(
+                nodeclaim = claim.metadata.name.as_deref().unwrap_or("-"),
+                ec2nodeclass = %reference.name,
+                "EC2NodeClass not found; rendering with the server's defaults"
+            );
+        }
+        Ok(found)
+    }
+
+    /// The class named `name`, giving the watch up to [`CLASS_GRACE`] to
+    /// deliver a class created just before the NodeClaim.
+    async fn find_class(&self, name: &str) -> Option<Arc<Ec2NodeClass>> {
+        let deadline = tokio::time::Instant::now() + CLASS_GRACE;
+        loop {
+            let found = self.classes.get(&ObjectRef::new(name));
+            if found.is_some() || tokio::time::Instant::now() >= deadline {
+                return found;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The operator's layers, lowest precedence first: base, then class.
+    async fn layers(&self, class: Option<&Ec2NodeClass>) -> Result<Vec<Config>, NodeConfigError> {
+        let class_map = class.and_then(|c| {
+            let name = c.metadata.annotations.as_ref()?.get(IGNITION_ANNOTATION)?;
+            let purpose = format!("Ignition of EC2NodeClass {}", c.metadata.name.as_deref()?);
+            (!name.is_empty()).then(|| (name.clone(), purpose))
+        });
+        let base_map = (self.settings.base_ignition.clone())
+            .map(|name| (name, "base Ignition, --base-ignition".to_string()));
+        let wanted: Vec<_> = base_map.into_iter().chain(class_map).collect();
+        if wanted.is_empty() {
+            return Ok(Vec::new());
+        }
+        wait(&self.configmaps, "Ignition ConfigMap").await?;
+        wanted
+            .iter()
+            .map(|(name, purpose)| self.layer(name, purpose))
+            .collect()
+    }
+
+    /// One ConfigMap's config, parsed and checked.
+    fn layer(&self, name: &str, purpose: &str) -> Result<Config, NodeConfigError> {
+        let namespace = &self.settings.namespace;
+        let map = self
+            .configmaps
+            .get(&ObjectRef::new(name).within(namespace))
+            .ok_or_else(|| NodeConfigError::MissingConfigMap {
+                namespace: namespace.clone(),
+                name: name.to_string(),
+                purpose: purpose.to_string(),
+            })?;
+        let text = map
+            .data
+            .as_ref()
+            .and_then(|data| data.get(IGNITION_KEY))
+            .ok_or_else(|| NodeConfigError::MissingKey {
+                namespace: namespace.clone(),
+                name: name.to_string(),
+                purpose: purpose.to_string(),
+            })?;
+        let origin = format!("ConfigMap {namespace}/{name} ({purpose})");
+        Ok(render::parse_layer(&origin, text)?)
+    }
+
+    /// A Warning Event on the class (else the NodeClaim), at most once per
+    /// [`EVENT_INTERVAL`] for the same object and message.
+    fn report(&self, class: Option<&Ec2NodeClass>, claim: &NodeClaim, error: &NodeConfigError) {
+        if matches!(error, NodeConfigError::NotSynced(_)) {
+            return;
+        }
+        let message = error.to_string();
+        let object = match class {
+            Some(c) => format!("ec2nodeclass/{}", c.metadata.name.as_deref().unwrap_or("")),
+            None => format!("nodeclaim/{}", claim.metadata.name.as_deref().unwrap_or("")),
+        };
+        if !self.first_in_interval(object, message.clone()) {
+            return;
+        }
+        const REASON: &str = "NodeConfigInvalid";
+        match class {
+            Some(class) => self.events.warning(class, REASON, message),
+            None => self.events.warning(claim, REASON, message),
+        }
+    }
+
+    fn first_in_interval(&self, object: String, message: String) -> bool {
+        let now = Instant::now();
+        let Ok(mut reported) = self.reported.lock() else {
+            return true;
+        };
+        // Bounded: stale entries go once the map grows.
+        if reported.len() > 1024 {
+            reported.retain(|_, at| now.duration_since(*at) < EVENT_INTERVAL);
+        }
+        match reported.get(&(object.clone(), message.clone())) {
+            Some(at) if now.duration_since(*at) < EVENT_INTERVAL => false,
+            _ => {
+                reported.insert((object, message), now);
+                true
+            }
+        }
+    }
+}
+
+/// A reflector store for `api`, kept up to date in the background.
+fn watch<K>(api: Api<K>, what: &'static str) -> Store<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+{
+    let (store, writer) = reflector::store();
+    let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
+        .default_backoff()
+        .touched_objects();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            if let Err(e) = event {
+                tracing::warn!(error = %e, "{what} watch interrupted; retrying");
+            }
+        }
+    });
+    store
+}
+
+/// Waits (bounded) for a store's first full list.
+async fn wait<K>(store: &Store<K>, what: &'static str) -> Result<(), NodeConfigError>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Eq + Hash + Clone,
+{
+    match tokio::time::timeout(SYNC_WAIT, store.wait_until_ready()).await {
+        Ok(Ok(())) => Ok(()),
+        _ => Err(NodeConfigError::NotSynced(what)),
+    }
+}
+
+async fn ready<K>(store: &Store<K>, what: &'static str) -> Result<(), JoinError>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Eq + Hash + Clone,
+{
+    wait(store, what)
+        .await
+        .map_err(|e| JoinError::Unavailable(e.to_string()))
+}

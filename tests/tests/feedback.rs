@@ -1,0 +1,274 @@
+//! What Karpenter and operators are told back: autonode's condition on the
+//! NodeClaim, milestone Events, deletion of machines that failed for good,
+//! metrics, and controllers that move to another replica when the leader
+//! stops.
+
+use anyhow::{bail, Context, Result};
+use autonode_shared::protocol::{Outcome, Phase, ReportRequest, REPORT_PATH};
+use autonode_tests::fakecloud::Instance;
+use autonode_tests::joiner::{self, NodeKeys};
+use autonode_tests::karpenter;
+use autonode_tests::node::registration;
+use autonode_tests::pki::CertPair;
+use autonode_tests::server::{http_get, CloudSettings, TestServer};
+use autonode_tests::world::{World, ACCOUNT, REGION};
+use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeStatus};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use std::time::{Duration, Instant};
+
+const CONDITION: &str = "AutonodeBootstrapped";
+
+#[tokio::test]
+async fn the_condition_follows_the_node_and_survives_karpenters_status_writes() -> Result<()> {
+    let world = World::start_with(&["--leader-lease=3".into()]).await?;
+    let (claim, instance) = world.launch(|i| i).await?;
+    let keys = NodeKeys::generate()?;
+    let response = world
+        .joiner
+        .join(&joiner::honest_request(&instance, world.cloud.ca(), &keys)?)
+        .await?
+        .granted();
+    let admin = world.cp.admin().await?;
+    let claims = karpenter::nodeclaims(&admin);
+    wait_condition(&claims, &claim, "Unknown", "Attested").await?;
+
+    // kubelet registers, then reports Ready.
+    let kubelet = world
+        .cp
+        .client_with_cert(&CertPair {
+            cert_pem: response.client_certificate,
+            key_pem: keys.client.serialize_pem(),
+        })
+        .await?;
+    let nodes: Api<Node> = Api::all(kubelet);
+    nodes
+        .create(&PostParams::default(), &registration(&instance))
+        .await?;
+    wait_condition(&claims, &claim, "Unknown", "NodeRegistered").await?;
+    let ready = NodeStatus {
+        conditions: Some(vec![NodeCondition {
+            type_: "Ready".into(),
+            status: "True".into(),
+            reason: Some("KubeletReady".into()),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    };
+    nodes
+        .patch_status(
+            &instance.private_dns_name,
+            &PatchParams::default(),
+            &Patch::Merge(&serde_json::json!({"status": ready})),
+        )
+        .await?;
+    wait_condition(&claims, &claim, "True", "NodeReady").await?;
+    let reasons = world.event_reasons(&claim, "NodeReady").await?;
+    assert!(
+        reasons.contains(&"NodeRegistered".to_string()),
+        "{reasons:?}"
+    );
+
+    // Karpenter writes its status with a merge patch that replaces the
+    // whole conditions list: ours is dropped, and must come back.
+    let karpenters = serde_json::json!({"status": {"conditions": [{
+        "type": "Registered", "status": "True", "reason": "Registered",
+        "message": "registered", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
+    claims
+        .patch_status(&claim, &PatchParams::default(), &Patch::Merge(&karpenters))
+        .await?;
+    wait_condition(&claims, &claim, "True", "NodeReady").await?;
+    let after = claims.get(&claim).await?;
+    let registered = after.data["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "Registered");
+    assert!(
+        registered,
+        "autonode must not remove Karpenter's conditions: {:#}",
+        after.data["status"]
+    );
+
+    let metrics = http_get(&format!("{}/metrics", world.server.metrics_url()))
+        .await?
+        .1;
+    assert!(
+        metrics.contains(r#"autonode_joins_total{result="joined",reason="none"} 1"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("autonode_milestone_seconds_count{milestone=\"ready\"} 1"),
+        "{metrics}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_fatal_report_replaces_the_machine_and_a_transient_one_does_not() -> Result<()> {
+    let world = World::start().await?;
+    let admin = world.cp.admin().await?;
+    let claims = karpenter::nodeclaims(&admin);
+
+    let (transient, instance) = world.launch(|i| i).await?;
+    send_report(&world, &instance, Outcome::Retrying).await?;
+    let (fatal, doomed) = world.launch(|i| i).await?;
+    send_report(&world, &doomed, Outcome::Fatal).await?;
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while claims.get_opt(&fatal).await?.is_some() {
+        if Instant::now() > deadline {
+            bail!("the NodeClaim of a machine that failed for good was not deleted");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        claims.get_opt(&transient).await?.is_some(),
+        "a transient failure deleted the NodeClaim"
+    );
+    let metrics = http_get(&format!("{}/metrics", world.server.metrics_url()))
+        .await?
+        .1;
+    assert!(
+        metrics.contains("autonode_nodeclaims_deleted_total 1"),
+        "{metrics}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_the_leader_stops_another_replica_takes_over() -> Result<()> {
+    let world = World::start_with(&["--leader-lease=3".into()]).await?;
+    let settings = CloudSettings {
+        identity_ca_pem: world.cloud.ca().ca_pem(),
+        ec2_endpoint: world.ec2.url(),
+        accounts: vec![ACCOUNT.into()],
+        regions: vec![REGION.into()],
+    };
+    let second = TestServer::start(&world.cp, &settings, &["--leader-lease=3".into()]).await?;
+    let second_joiner = joiner::Joiner::new(second.url(), second.ca_pem())?;
+
+    // One of the two leads; it is the World's (started first), give or take.
+    let first_leads = wait_leader(&[&world.server, &second]).await? == 0;
+    let (leader, follower, follower_joiner) = if first_leads {
+        (world.server.pid(), &second, &second_joiner)
+    } else {
+        (second.pid(), &world.server, &world.joiner)
+    };
+
+    // Both serve joins.
+    for joiner in [&world.joiner, &second_joiner] {
+        let (_, instance) = world.launch(|i| i).await?;
+        joiner
+            .join(&joiner::honest_request(
+                &instance,
+                world.cloud.ca(),
+                &NodeKeys::generate()?,
+            )?)
+            .await?
+            .granted();
+    }
+
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(leader as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )?;
+    let started = Instant::now();
+    while leads(follower).await? != 1 {
+        if started.elapsed() > Duration::from_secs(20) {
+            bail!("the follower did not take over within 20 s");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Joins keep working through the survivor.
+    let (_, instance) = world.launch(|i| i).await?;
+    follower_joiner
+        .join(&joiner::honest_request(
+            &instance,
+            world.cloud.ca(),
+            &NodeKeys::generate()?,
+        )?)
+        .await?
+        .granted();
+    Ok(())
+}
+
+async fn send_report(world: &World, instance: &Instance, outcome: Outcome) -> Result<()> {
+    let report = ReportRequest {
+        identity: joiner::identity(instance, world.cloud.ca())?,
+        phase: Phase::Apply,
+        outcome,
+        message: "the test says so".into(),
+        timestamp: time::OffsetDateTime::now_utc().unix_timestamp(),
+        proof: None,
+    };
+    let (status, body) = world
+        .joiner
+        .post(REPORT_PATH, serde_json::to_vec(&report)?)
+        .await?;
+    anyhow::ensure!(
+        status == 202,
+        "report answered {status}: {}",
+        String::from_utf8_lossy(&body)
+    );
+    Ok(())
+}
+
+async fn wait_condition(
+    claims: &Api<kube::api::DynamicObject>,
+    name: &str,
+    status: &str,
+    reason: &str,
+) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let claim = claims.get(name).await?;
+        let found = claim.data["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == CONDITION)
+            .cloned();
+        if found
+            .as_ref()
+            .is_some_and(|c| c["status"] == status && c["reason"] == reason)
+        {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("NodeClaim {name}: expected {CONDITION}={status}/{reason}, found {found:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `autonode_leader` of a server (1 leading, 0 not).
+async fn leads(server: &TestServer) -> Result<u8> {
+    let metrics = http_get(&format!("{}/metrics", server.metrics_url()))
+        .await?
+        .1;
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with("autonode_leader "))
+        .context("no autonode_leader metric")?;
+    Ok(line.trim_start_matches("autonode_leader ").trim().parse()?)
+}
+
+/// Index of the one server that leads, once exactly one does.
+async fn wait_leader(servers: &[&TestServer]) -> Result<usize> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut leaders = Vec::new();
+        for (i, server) in servers.iter().enumerate() {
+            if leads(server).await? == 1 {
+                leaders.push(i);
+            }
+        }
+        if let [one] = leaders.as_slice() {
+            return Ok(*one);
+        }
+        if Instant::now() > deadline {
+            bail!("no single leader after 20 s: {leaders:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

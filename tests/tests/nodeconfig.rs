@@ -1,0 +1,299 @@
+//! Per-node config rendered from the NodeClaim, its EC2NodeClass and the
+//! operator's Ignition ConfigMaps, through the real server under the
+//! shipped RBAC (ConfigMaps in autonode-system, EC2NodeClasses cluster-wide).
+
+use anyhow::{bail, Result};
+use autonode_shared::ignition;
+use autonode_shared::protocol::{JoinRequest, JoinResponse};
+use autonode_tests::controlplane::unique;
+use autonode_tests::fakecloud::Instance;
+use autonode_tests::joiner::{self, Answer, NodeKeys};
+use autonode_tests::karpenter::{self, ec2nodeclass_resource};
+use autonode_tests::node::{user_data, SimulatedNode};
+use autonode_tests::world::{World, ACCOUNT, REGION};
+use base64::Engine as _;
+use k8s_openapi::api::core::v1::{ConfigMap, Event};
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+const NAMESPACE: &str = "autonode-system";
+
+/// Every `EC2NodeClass.spec.kubelet` field.
+fn full_kubelet() -> Value {
+    json!({
+        "maxPods": 58, "podsPerCore": 4,
+        "systemReserved": {"cpu": "100m", "memory": "100Mi", "ephemeral-storage": "1Gi"},
+        "kubeReserved": {"cpu": "200m", "memory": "300Mi"},
+        "evictionHard": {"memory.available": "5%", "nodefs.available": "10%"},
+        "evictionSoft": {"memory.available": "10%"},
+        "evictionSoftGracePeriod": {"memory.available": "1m30s"},
+        "evictionMaxPodGracePeriod": 60,
+        "imageGCHighThresholdPercent": 85, "imageGCLowThresholdPercent": 80,
+        "cpuCFSQuota": false, "clusterDNS": ["10.100.0.10"],
+    })
+}
+
+const BASE: &str = r#"{"ignition": {"version": "3.2.0"},
+  "storage": {"files": [{"path": "/etc/motd", "contents": {"source": "data:,base"}},
+                        {"path": "/etc/base-only", "contents": {"source": "data:,b"}}]},
+  "systemd": {"units": [{"name": "base.service", "contents": "[Service]\nExecStart=/bin/true\n"}]}}"#;
+const CLASS: &str = r#"{"ignition": {"version": "3.3.0"},
+  "storage": {"files": [{"path": "/etc/motd", "overwrite": true, "contents": {"source": "data:,class"}}]}}"#;
+const BROKEN: &str =
+    r#"{"ignition": {"version": "3.3.0"}, "passwd": {"users": [{"name": "core"}]}}"#;
+
+/// An EC2NodeClass as an operator writes it, with `spec.kubelet` and the
+/// ConfigMap holding its Ignition config.
+async fn create_class(world: &World, name: &str, kubelet: Value, ignition: &str) -> Result<()> {
+    let object: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "karpenter.k8s.aws/v1",
+        "kind": "EC2NodeClass",
+        "metadata": {"name": name, "annotations": {"autonode.dev/ignition": ignition}},
+        "spec": {
+            "amiFamily": "Custom",
+            "amiSelectorTerms": [{"id": "ami-0123456789abcdef0"}],
+            "securityGroupSelectorTerms": [{"id": "sg-0123456789abcdef0"}],
+            "subnetSelectorTerms": [{"id": "subnet-0123456789abcdef0"}],
+            "role": "KarpenterNodeRole",
+            "kubelet": kubelet,
+        },
+    }))?;
+    let api: Api<DynamicObject> = Api::all_with(world.cp.admin().await?, &ec2nodeclass_resource());
+    api.create(&PostParams::default(), &object).await?;
+    Ok(())
+}
+
+/// Creates or replaces an Ignition ConfigMap.
+async fn put_configmap(world: &World, name: &str, config: &str) -> Result<()> {
+    let api: Api<ConfigMap> = Api::namespaced(world.cp.admin().await?, NAMESPACE);
+    let map = json!({"apiVersion": "v1", "kind": "ConfigMap",
+                     "metadata": {"name": name, "namespace": NAMESPACE},
+                     "data": {"config.ign": config}});
+    api.patch(
+        name,
+        &PatchParams::apply("nodeconfig-test"),
+        &Patch::Apply(&map),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Karpenter's part for a NodeClaim of `class` with taints, startup taints
+/// and labels (some kubelet may not set), then the instance.
+async fn launch(world: &World, class: &str) -> Result<Instance> {
+    let admin = world.cp.admin().await?;
+    let name = format!("{class}-{}", unique());
+    let object: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "karpenter.sh/v1",
+        "kind": "NodeClaim",
+        "metadata": {"name": name, "labels": {
+            "karpenter.sh/nodepool": "gpu",
+            "team": "ml",
+            "node-role.kubernetes.io/worker": "",
+        }},
+        "spec": {
+            "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": class},
+            "requirements": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}],
+            "taints": [{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}],
+            "startupTaints": [{"key": "node.cilium.io/agent-not-ready", "effect": "NoExecute"}],
+        },
+    }))?;
+    karpenter::nodeclaims(&admin)
+        .create(&PostParams::default(), &object)
+        .await?;
+    let instance = world.cloud.launch(
+        Instance::builder()
+            .account_id(ACCOUNT)
+            .region(REGION)
+            .build(),
+    );
+    karpenter::set_provider_id(&admin, &name, &instance.provider_id()).await?;
+    Ok(instance)
+}
+
+/// Joins as an agent does: 503s (caches catching up with objects the test
+/// just wrote) are retried.
+async fn join(world: &World, request: &JoinRequest) -> Result<JoinResponse> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match world.joiner.join(request).await? {
+            Answer::Granted(response) => return Ok(*response),
+            Answer::Refused(503, _) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Answer::Refused(status, body) => bail!("join answered {status}: {body:?}"),
+        }
+    }
+}
+
+/// The decoded contents of `path` in a rendered Ignition config.
+fn file(config: &Value, path: &str) -> Option<Vec<u8>> {
+    let parsed = ignition::parse(config).expect("the agent accepts the config");
+    let file = parsed.storage.files.into_iter().find(|f| f.path == path)?;
+    let source = file.contents.source?;
+    let (meta, data) = source.strip_prefix("data:")?.split_once(',')?;
+    if meta.ends_with(";base64") {
+        return base64::engine::general_purpose::STANDARD.decode(data).ok();
+    }
+    Some(data.as_bytes().to_vec())
+}
+
+#[tokio::test]
+async fn the_class_shapes_kubelet_and_ignition_is_merged_identically_for_each_node() -> Result<()> {
+    let world = World::start_with(&["--base-ignition=base".into()]).await?;
+    put_configmap(&world, "base", BASE).await?;
+    put_configmap(&world, "gpu-ignition", CLASS).await?;
+    create_class(&world, "gpu", full_kubelet(), "gpu-ignition").await?;
+
+    let first = launch(&world, "gpu").await?;
+    let keys = NodeKeys::generate()?;
+    let response = join(
+        &world,
+        &joiner::honest_request(&first, world.cloud.ca(), &keys)?,
+    )
+    .await?;
+
+    let config = &response.kubelet.config;
+    for (key, value) in full_kubelet().as_object().into_iter().flatten() {
+        assert_eq!(&config[key], value, "spec.kubelet.{key}");
+    }
+    assert_eq!(config["rotateCertificates"], true);
+    assert_eq!(config["serverTLSBootstrap"], true);
+    assert_eq!(config["shutdownGracePeriod"], "45s");
+    assert_eq!(config["clusterDomain"], "cluster.local");
+    assert_eq!(
+        response.kubelet.register_with_taints,
+        [
+            "karpenter.sh/unregistered:NoExecute",
+            "nvidia.com/gpu=true:NoSchedule",
+            "node.cilium.io/agent-not-ready:NoExecute",
+        ]
+    );
+    let labels: Vec<_> = response.kubelet.node_labels.iter().collect();
+    assert_eq!(
+        labels,
+        [
+            (&"karpenter.sh/nodepool".to_string(), &"gpu".to_string()),
+            (&"team".to_string(), &"ml".to_string()),
+        ],
+        "node-role.kubernetes.io/* is not kubelet's to set"
+    );
+
+    // base < class < generated.
+    let ignition = &response.ignition;
+    assert_eq!(ignition["ignition"]["version"], "3.4.0");
+    assert_eq!(file(ignition, "/etc/motd").as_deref(), Some(&b"class"[..]));
+    assert_eq!(file(ignition, "/etc/base-only").as_deref(), Some(&b"b"[..]));
+    assert_eq!(ignition["systemd"]["units"][0]["name"], "base.service");
+    let kubelet_file = file(ignition, "/etc/kubernetes/kubelet/config.json").expect("generated");
+    assert_eq!(serde_json::from_slice::<Value>(&kubelet_file)?, *config);
+
+    // Another node of the same class gets byte-identical config.
+    let second = launch(&world, "gpu").await?;
+    let keys = NodeKeys::generate()?;
+    let other = join(
+        &world,
+        &joiner::honest_request(&second, world.cloud.ca(), &keys)?,
+    )
+    .await?;
+    assert_eq!(
+        serde_json::to_vec(&other.kubelet.config)?,
+        serde_json::to_vec(&response.kubelet.config)?
+    );
+    assert_eq!(
+        serde_json::to_vec(&other.ignition)?,
+        serde_json::to_vec(&response.ignition)?
+    );
+    assert_eq!(
+        other.kubelet.register_with_taints,
+        response.kubelet.register_with_taints
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_broken_ignition_config_is_retryable_and_reported_on_the_class() -> Result<()> {
+    let world = World::start().await?;
+    put_configmap(&world, "broken-ignition", BROKEN).await?;
+    create_class(&world, "broken", json!({"maxPods": 20}), "broken-ignition").await?;
+    let instance = launch(&world, "broken").await?;
+    let keys = NodeKeys::generate()?;
+    let request = joiner::honest_request(&instance, world.cloud.ca(), &keys)?;
+
+    let answer = world.joiner.join(&request).await?;
+    let Answer::Refused(503, body) = answer else {
+        let log: String = world
+            .server
+            .log()
+            .lines()
+            .filter(|l| l.contains("WARN") || l.contains("EC2NodeClass"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        panic!("expected 503 for a broken Ignition config, got {answer:?}\nDEBUGLOG\n{log}");
+    };
+    assert_eq!(body.error, "temporarily unavailable");
+    for _ in 0..3 {
+        let again = world.joiner.join(&request).await?;
+        assert_eq!(again.status(), 503, "still broken");
+    }
+    world.event_reasons("broken", "NodeConfigInvalid").await?;
+    let events: Api<Event> = Api::namespaced(world.cp.admin().await?, "default");
+    let selector = "involvedObject.kind=EC2NodeClass,involvedObject.name=broken";
+    let on_class = events
+        .list(&ListParams::default().fields(selector))
+        .await?
+        .items;
+    assert_eq!(
+        on_class.len(),
+        1,
+        "one Event, however often the agent retried"
+    );
+    let message = on_class[0].message.clone().unwrap_or_default();
+    assert!(message.contains("`passwd`"), "{message}");
+    let log = world.server.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains(&body.request_id))
+        .expect("the refusal is logged");
+    assert!(
+        line.contains("autonode-system/broken-ignition") && line.contains("passwd"),
+        "the log names the ConfigMap and the problem: {line}"
+    );
+
+    // The operator fixes the config; the agent's retry succeeds.
+    put_configmap(&world, "broken-ignition", CLASS).await?;
+    let response = join(&world, &request).await?;
+    assert_eq!(response.kubelet.config["maxPods"], 20);
+    assert_eq!(
+        file(&response.ignition, "/etc/motd").as_deref(),
+        Some(&b"class"[..])
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_agent_applies_the_merged_config() -> Result<()> {
+    let world = World::start_with(&["--base-ignition=base".into()]).await?;
+    put_configmap(&world, "base", BASE).await?;
+    put_configmap(&world, "default-ignition", CLASS).await?;
+    create_class(&world, "default", full_kubelet(), "default-ignition").await?;
+    let user_data = user_data(&world);
+    let (_, instance) = world
+        .launch(|i| Instance {
+            user_data: user_data.into_bytes(),
+            ..i
+        })
+        .await?;
+    let node = SimulatedNode::boot(&world, &instance)?;
+    let run = node.run_agent(&[]).await?;
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(0), "agent failed:\n{stderr}");
+    assert_eq!(std::fs::read(node.path("/etc/motd"))?, b"class");
+    assert_eq!(std::fs::read(node.path("/etc/base-only"))?, b"b");
+    let written: Value = serde_json::from_slice(&std::fs::read(
+        node.path("/etc/kubernetes/kubelet/config.json"),
+    )?)?;
+    assert_eq!(written["maxPods"], 58);
+    Ok(())
+}
