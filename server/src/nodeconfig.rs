@@ -1,8 +1,8 @@
 //! Finding the inputs of a node's config, then rendering it with
 //! [`render`].
 //!
-//! Inputs, from watch-backed caches (never a GET per join, so a scale-out
-//! of a thousand machines costs no API calls here):
+//! Inputs, from watch-backed caches (not a GET per join, so a scale-out of
+//! a thousand machines costs no API calls here):
 //!
 //! - the NodeClaim (given): taints, startup taints, labels and
 //!   `spec.nodeClassRef`. Karpenter copies what the NodePool says about the
@@ -22,8 +22,8 @@
 //! retried until the agent's deadline), and a Warning Event says why on the
 //! EC2NodeClass (on the NodeClaim when there is no class).
 //!
-//! A NodeClaim whose EC2NodeClass is not found (after a short grace for the
-//! watch) gets the server's defaults and the base config, with a warning in
+//! A NodeClaim whose EC2NodeClass is not found (in the cache, nor then by a
+//! GET) gets the server's defaults and the base config, with a warning in
 //! the log: Karpenter keeps a class that NodeClaims still use (a finalizer),
 //! so this is a NodeClaim created by hand or by something other than
 //! Karpenter's AWS provider.
@@ -53,11 +53,6 @@ pub const IGNITION_ANNOTATION: &str = "autonode.dev/ignition";
 pub const IGNITION_KEY: &str = "config.ign";
 /// Default namespace of the Ignition ConfigMaps.
 pub const DEFAULT_NAMESPACE: &str = "autonode-system";
-/// How long a join waits for the cache to show a missing EC2NodeClass.
-/// Short: Karpenter launches only from a class that has been Ready for a
-/// while, so in practice only a class created just before its NodeClaim
-/// (tests, scripts) can be missing from a synced cache.
-const CLASS_GRACE: Duration = Duration::from_secs(1);
 /// How long a join waits for the caches' first list.
 const SYNC_WAIT: Duration = Duration::from_secs(10);
 /// At most one Event per object and message this often: every agent of a
@@ -98,6 +93,7 @@ pub enum NodeConfigError {
 #[derive(Clone)]
 pub struct NodeConfig {
     classes: Store<Ec2NodeClass>,
+    class_api: Api<Ec2NodeClass>,
     configmaps: Store<ConfigMap>,
     settings: Arc<NodeConfigSettings>,
     events: Events,
@@ -109,13 +105,15 @@ impl NodeConfig {
     /// Starts watching EC2NodeClasses and the Ignition namespace's
     /// ConfigMaps in the background.
     pub fn start(client: Client, settings: NodeConfigSettings, events: Events) -> Self {
-        let classes = watch(Api::all(client.clone()), "EC2NodeClass");
+        let class_api = Api::all(client.clone());
+        let classes = watch(class_api.clone(), "EC2NodeClass");
         let configmaps = watch(
             Api::namespaced(client, &settings.namespace),
             "Ignition ConfigMap",
         );
         Self {
             classes,
+            class_api,
             configmaps,
             settings: Arc::new(settings),
             events,
@@ -155,7 +153,7 @@ impl NodeConfig {
             return Ok(None);
         }
         ready(&self.classes, "EC2NodeClass").await?;
-        let found = self.find_class(&reference.name).await;
+        let found = self.find_class(&reference.name).await?;
         if found.is_none() {
             tracing::warn!(
                 nodeclaim = claim.metadata.name.as_deref().unwrap_or("-"),
@@ -166,17 +164,15 @@ impl NodeConfig {
         Ok(found)
     }
 
-    /// The class named `name`, giving the watch up to [`CLASS_GRACE`] to
-    /// deliver a class created just before the NodeClaim.
-    async fn find_class(&self, name: &str) -> Option<Arc<Ec2NodeClass>> {
-        let deadline = tokio::time::Instant::now() + CLASS_GRACE;
-        loop {
-            let found = self.classes.get(&ObjectRef::new(name));
-            if found.is_some() || tokio::time::Instant::now() >= deadline {
-                return found;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+    /// The class named `name`: from the cache, else (a class created just
+    /// before its NodeClaim, while the watch catches up) from the API
+    /// server. Karpenter launches only from classes that exist, so the GET
+    /// is rare.
+    async fn find_class(&self, name: &str) -> Result<Option<Arc<Ec2NodeClass>>, JoinError> {
+        if let Some(class) = self.classes.get(&ObjectRef::new(name)) {
+            return Ok(Some(class));
         }
+        Ok(self.class_api.get_opt(name).await?.map(Arc::new))
     }
 
     /// The operator's layers, lowest precedence first: base, then class.

@@ -92,7 +92,7 @@ async fn authenticate(
         .await
         .map_err(|e| ReportError::Unavailable(e.to_string()))?;
     let provider_id = aws_provider_id(&doc.availability_zone, &doc.instance_id);
-    let claim = match ctx.claims.by_provider_id(&provider_id).as_slice() {
+    let claim = match ctx.claims.find(&provider_id).await.as_slice() {
         [only] => only.clone(),
         other => {
             return Err(refused(format!(
