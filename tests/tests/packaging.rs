@@ -238,7 +238,8 @@ fn deb_installs_enabled_and_removes_cleanly() -> Result<()> {
 }
 
 /// The .rpm: files with their modes, the scripts enable and never start or
-/// stop, the version, and no shared-library requirements.
+/// stop, the version, no shared-library requirements; then installed into
+/// the Debian root and erased.
 #[test]
 fn rpm_contents_and_scripts() -> Result<()> {
     let rpm = package("autonode-agent-", ".x86_64.rpm")?;
@@ -304,6 +305,29 @@ fn rpm_contents_and_scripts() -> Result<()> {
         "a static binary needs no libraries:\n{requires}"
     );
     assert!(requires.contains("systemd"), "{requires}");
+
+    // Installed and erased for real, scripts included (they run chrooted):
+    // Debian's rpm into the Debian root, with its own database.
+    let root = debian_root()?;
+    let r = root.path();
+    let r_arg = format!("--root={}", r.display());
+    run("rpm", &[&r_arg, "--initdb"])?;
+    // --nodeps: the root's systemd is a dpkg package, unknown to rpm.
+    run("rpm", &[&r_arg, "-i", "--nodeps", &rpm])?;
+    assert_eq!(mode(&r.join("etc/autonode"))?, 0o755);
+    assert_eq!(mode(&r.join("var/lib/autonode"))?, 0o700);
+    let enabled = chroot(r, &["systemctl", "is-enabled", "autonode-agent.service"])?;
+    assert_eq!(enabled.trim(), "enabled");
+    run("rpm", &[&r_arg, "-e", "autonode-agent"])?;
+    assert!(!r
+        .join("usr/lib/systemd/system/autonode-agent.service")
+        .exists());
+    assert!(!r
+        .join("usr/lib/systemd/system/kubelet.service.d/10-autonode-agent.conf")
+        .exists());
+    let links = unit_symlinks(&r.join("etc/systemd"))?;
+    assert!(links.is_empty(), "symlinks left after erase: {links:?}");
+    assert!(!r.join("var/lib/autonode").exists());
     Ok(())
 }
 
