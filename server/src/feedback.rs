@@ -120,7 +120,13 @@ async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Action, E
             other => other?,
         }
     }
-    Ok(Action::requeue(Duration::from_secs(300)))
+    // The Node watch that woke us may run ahead of the Node cache we read:
+    // until the machine is Ready (or failed), look again soon.
+    let next = match stage {
+        Stage::Ready | Stage::Failed => Duration::from_secs(300),
+        Stage::Attested | Stage::Registered => Duration::from_secs(3),
+    };
+    Ok(Action::requeue(next))
 }
 
 /// Derives the stage from the NodeClaim and its Node.

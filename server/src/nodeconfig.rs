@@ -182,7 +182,10 @@ impl NodeConfig {
             let purpose = format!("Ignition of EC2NodeClass {}", c.metadata.name.as_deref()?);
             (!name.is_empty()).then(|| (name.clone(), purpose))
         });
-        let base_map = (self.settings.base_ignition.clone())
+        let base_map = self
+            .settings
+            .base_ignition
+            .clone()
             .map(|name| (name, "base Ignition, --base-ignition".to_string()));
         let wanted: Vec<_> = base_map.into_iter().chain(class_map).collect();
         if wanted.is_empty() {

@@ -133,6 +133,20 @@ impl ControlPlane {
         ]
     }
 
+    /// Stops kube-apiserver (SIGKILL); etcd and kube-controller-manager
+    /// keep running. Clients get connection errors until
+    /// [`ControlPlane::start_apiserver`].
+    pub fn stop_apiserver(&self) {
+        self.apiserver.kill();
+    }
+
+    /// Starts kube-apiserver again with the same port, flags and etcd, and
+    /// waits until it is ready.
+    pub async fn start_apiserver(&self) -> Result<()> {
+        self.apiserver.restart()?;
+        wait_ready(&self.admin().await?, &self.apiserver).await
+    }
+
     /// A client with cluster-admin rights.
     pub async fn admin(&self) -> Result<Client> {
         kube_client(&self.admin_kubeconfig).await

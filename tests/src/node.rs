@@ -26,6 +26,16 @@ pub fn user_data(world: &World) -> String {
     )
 }
 
+/// The agent binary [`SimulatedNode::run_agent`] runs: `$AUTONODE_AGENT_BIN`
+/// when set (the benchmarks point it at the static release build), else
+/// the one built next to the tests.
+pub fn agent_binary() -> Result<PathBuf> {
+    match std::env::var_os("AUTONODE_AGENT_BIN") {
+        Some(path) => Ok(PathBuf::from(path)),
+        None => binary("autonode-agent"),
+    }
+}
+
 /// One machine: namespace, IMDS, forwarded server, root directory.
 // Field order is drop order: servers stop before the namespace goes.
 pub struct SimulatedNode {
@@ -69,7 +79,7 @@ impl SimulatedNode {
     /// [`SimulatedNode::root`], systemctl replaced by a recorder.
     pub async fn run_agent(&self, extra: &[&str]) -> Result<Output> {
         let root = self.root.path();
-        let mut command = self.netns.command(binary("autonode-agent")?);
+        let mut command = self.netns.command(agent_binary()?);
         command
             .arg(format!("--root={}", root.display()))
             .arg(format!(

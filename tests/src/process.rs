@@ -1,7 +1,7 @@
 //! Child processes that die with the test that started them.
 
 use anyhow::{bail, Context, Result};
-use std::fs::File;
+use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -11,12 +11,46 @@ use std::sync::Mutex;
 ///
 /// Killed (SIGKILL, then reaped) on drop. Started under
 /// `setpriv --pdeathsig KILL` so it also dies if the test process is killed
-/// before any destructor can run.
+/// before any destructor can run. [`Daemon::restart`] starts it again with
+/// the same program, arguments and environment (fault-injection tests).
 pub struct Daemon {
     name: String,
     child: Mutex<Child>,
     log: PathBuf,
     endpoint: Mutex<String>,
+    launch: Launch,
+}
+
+/// How the daemon was started, to start it again.
+struct Launch {
+    program: PathBuf,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+}
+
+impl Launch {
+    /// Starts the process with its output appended to `log`.
+    fn spawn(&self, name: &str, log: &Path, truncate: bool) -> Result<Child> {
+        let out = OpenOptions::new()
+            .create(true)
+            .write(true)
+            .append(!truncate)
+            .truncate(truncate)
+            .open(log)
+            .with_context(|| format!("creating {}", log.display()))?;
+        let err = out.try_clone()?;
+        Command::new("setpriv")
+            .arg("--pdeathsig=KILL")
+            .arg("--")
+            .arg(&self.program)
+            .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .with_context(|| format!("starting {name} ({})", self.program.display()))
+    }
 }
 
 impl Daemon {
@@ -34,25 +68,35 @@ impl Daemon {
         env: &[(&str, &str)],
     ) -> Result<Self> {
         let log = dir.join(format!("{name}.log"));
-        let out = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-        let err = out.try_clone()?;
-        let child = Command::new("setpriv")
-            .arg("--pdeathsig=KILL")
-            .arg("--")
-            .arg(program)
-            .args(args)
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .with_context(|| format!("starting {name} ({})", program.display()))?;
+        let launch = Launch {
+            program: program.to_path_buf(),
+            args: args.to_vec(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        };
+        let child = launch.spawn(name, &log, true)?;
         Ok(Self {
             name: name.to_string(),
             child: Mutex::new(child),
             log,
             endpoint: Mutex::new(String::new()),
+            launch,
         })
+    }
+
+    /// Kills the process if it still runs and starts it again with the same
+    /// program, arguments and environment; its output goes on in the same
+    /// log.
+    pub fn restart(&self) -> Result<()> {
+        let mut child = self.lock();
+        if matches!(child.try_wait(), Ok(None)) {
+            let _ = child.kill();
+        }
+        let _ = child.wait();
+        *child = self.launch.spawn(&self.name, &self.log, false)?;
+        Ok(())
     }
 
     /// The process id (setpriv execs the program, so it is the program's).
@@ -81,7 +125,7 @@ impl Daemon {
         Ok(())
     }
 
-    /// Kills the process and waits for it (idempotent).
+    /// Kills the process (SIGKILL) and waits for it (idempotent).
     pub fn kill(&self) {
         let mut child = self.lock();
         if matches!(child.try_wait(), Ok(None)) {

@@ -143,6 +143,32 @@ impl TestServer {
         self.dir.path()
     }
 
+    /// Kills the server outright (SIGKILL: no shutdown, in-flight joins
+    /// cut off) and waits for it to be gone.
+    pub fn kill(&self) {
+        self.daemon.kill();
+    }
+
+    /// Starts the server again (killing it first if it still runs): same
+    /// ports, certificates, kubeconfig and flags; its log goes on in the
+    /// same file. Returns once it is ready.
+    pub async fn restart(&self) -> Result<()> {
+        self.daemon.restart()?;
+        self.wait_ready().await
+    }
+
+    /// The server's resident memory (`VmRSS`), in bytes.
+    pub fn rss_bytes(&self) -> Result<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))?;
+        let kib: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next())
+            .context("no VmRSS")?
+            .parse()?;
+        Ok(kib * 1024)
+    }
+
     /// Polls `/readyz` until the NodeClaim cache has synced.
     async fn wait_ready(&self) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(30);

@@ -1,0 +1,699 @@
+//! autonode-bench: the join benchmarks (not a test; `tests/bench/run` runs it).
+//!
+//! Against a real control plane on this machine, with the release builds:
+//!
+//! 1. **join vs bare CSR**: one join at a time, the real agent binary
+//!    (`$AUTONODE_AGENT_BIN`, the static release build) on a simulated
+//!    instance, timed from the agent's start to its exit 0 (credentials
+//!    written, kubelet started through the fake systemctl); interleaved with
+//!    the bare Kubernetes path a kubelet bootstrap takes on the same API
+//!    server (create a client CSR, approve it, wait for the certificate).
+//!    Each agent run is reaped with `wait4`, which gives its peak RSS and CPU
+//!    time.
+//! 2. **burst**: a fresh control plane and server; N instances with their
+//!    NodeClaims and signed documents made first, then N joins at once
+//!    through the join protocol (no agent processes), each retrying 503 after
+//!    `Retry-After` as the agent does, until every one has its certificates
+//!    or has finally failed. The server's peak RSS is its `VmHWM`.
+//!
+//! Writes the numbers as JSON (merged with `tests/bench/identity`'s when
+//! `--identity` names its file) and prints a table.
+
+use anyhow::{bail, ensure, Context, Result};
+use autonode_shared::protocol::{JoinRequest, JoinResponse, JOIN_PATH};
+use autonode_tests::controlplane::unique;
+use autonode_tests::fakecloud::Instance;
+use autonode_tests::joiner::{self, CsrShape, NodeKeys};
+use autonode_tests::karpenter;
+use autonode_tests::node::{self, SimulatedNode};
+use autonode_tests::world::{World, ACCOUNT, REGION};
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client as HttpClient;
+use hyper_util::rt::TokioExecutor;
+use k8s_openapi::api::certificates::v1::{
+    CertificateSigningRequest, CertificateSigningRequestCondition, CertificateSigningRequestSpec,
+    CertificateSigningRequestStatus,
+};
+use k8s_openapi::ByteString;
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use serde_json::{json, Map, Value};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const USAGE: &str = "usage: autonode-bench [--joins N] [--bare N] [--burst N] [--warmup N] \
+[--agent PATH] [--identity FILE] [--out FILE]";
+
+/// Agent runs and bare CSRs not counted, to warm connections and caches.
+const WARMUP: usize = 3;
+/// Launch calls (NodeClaim create + providerID) in flight at once.
+const LAUNCH_CONCURRENCY: usize = 16;
+/// A burst join that has not succeeded by then has failed.
+const BURST_DEADLINE: Duration = Duration::from_secs(300);
+
+struct Options {
+    joins: usize,
+    bare: usize,
+    burst: usize,
+    warmup: usize,
+    agent: PathBuf,
+    identity: Option<PathBuf>,
+    out: PathBuf,
+}
+
+impl Options {
+    fn parse() -> Result<Self> {
+        let mut options = Options {
+            joins: 100,
+            bare: 100,
+            burst: 1000,
+            warmup: WARMUP,
+            agent: node::agent_binary()?,
+            identity: None,
+            out: PathBuf::from("target/bench/results.json"),
+        };
+        let mut args = std::env::args().skip(1);
+        while let Some(flag) = args.next() {
+            let mut value = || args.next().with_context(|| format!("{flag} needs a value"));
+            match flag.as_str() {
+                "--joins" => options.joins = value()?.parse()?,
+                "--bare" => options.bare = value()?.parse()?,
+                "--burst" => options.burst = value()?.parse()?,
+                "--warmup" => options.warmup = value()?.parse()?,
+                "--agent" => options.agent = value()?.into(),
+                "--identity" => options.identity = Some(value()?.into()),
+                "--out" => options.out = value()?.into(),
+                "-h" | "--help" => {
+                    println!("{USAGE}");
+                    std::process::exit(0);
+                }
+                other => bail!("unknown argument {other}\n{USAGE}"),
+            }
+        }
+        ensure!(options.joins > 0 && options.bare > 0, "{USAGE}");
+        Ok(options)
+    }
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<()> {
+    let options = Options::parse()?;
+    ensure!(
+        options.agent.exists(),
+        "no agent binary at {}",
+        options.agent.display()
+    );
+    let mut results = Map::new();
+    let started = Instant::now();
+
+    eprintln!("== agent joins and bare CSRs, one at a time");
+    sequential(&options, &mut results).await?;
+    if options.burst > 0 {
+        eprintln!("== burst of {} joins", options.burst);
+        burst(options.burst, &mut results).await?;
+    }
+    results.insert(
+        "agent_size_bytes".into(),
+        std::fs::metadata(&options.agent)?.len().into(),
+    );
+    results.insert("agent_path".into(), options.agent.display().to_string().into());
+    results.insert(
+        "bench_seconds".into(),
+        round(started.elapsed().as_secs_f64(), 1).into(),
+    );
+    if let Some(identity) = &options.identity {
+        let text = std::fs::read_to_string(identity)
+            .with_context(|| format!("reading {}", identity.display()))?;
+        let Value::Object(more) = serde_json::from_str(&text)? else {
+            bail!("{} is not a JSON object", identity.display());
+        };
+        for (key, value) in more {
+            let key = if key == "core" || key == "openssl_version" {
+                format!("identity_{key}")
+            } else {
+                key
+            };
+            results.insert(key, value);
+        }
+    }
+    results.insert("machine".into(), machine());
+    results.insert(
+        "kubernetes".into(),
+        autonode_tests::controlplane::KUBE_VERSION.into(),
+    );
+
+    if let Some(dir) = options.out.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let results = Value::Object(results);
+    std::fs::write(&options.out, serde_json::to_string_pretty(&results)? + "\n")?;
+    print!("{}", table(&results));
+    eprintln!("wrote {}", options.out.display());
+    Ok(())
+}
+
+/// Agent joins interleaved with bare CSRs on one control plane.
+async fn sequential(options: &Options, results: &mut Map<String, Value>) -> Result<()> {
+    let world = World::start().await?;
+    let admin = world.cp.admin().await?;
+    let user_data = node::user_data(&world);
+    let runs = options.warmup + options.joins;
+    // Karpenter's part for every join first, so the server's NodeClaim
+    // cache holds them all before anything is timed.
+    let mut instances = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let (_, instance) = world
+            .launch(|i| Instance {
+                user_data: user_data.clone().into_bytes(),
+                ..i
+            })
+            .await?;
+        instances.push(instance);
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let csrs: Api<CertificateSigningRequest> = Api::all(admin);
+    let mut joins = Vec::with_capacity(options.joins);
+    let mut bares = Vec::with_capacity(options.bare);
+    let mut max_rss_kib = 0;
+    let mut cpu = Vec::with_capacity(options.joins);
+    let rounds = options.warmup + options.joins.max(options.bare);
+    for round in 0..rounds {
+        let counted = round >= options.warmup;
+        if let Some(instance) = instances.get(round) {
+            let node = SimulatedNode::boot(&world, instance)?;
+            let run = run_agent(&node, &options.agent).await?;
+            if counted {
+                joins.push(run.elapsed);
+                max_rss_kib = max_rss_kib.max(run.max_rss_kib);
+                cpu.push(run.cpu);
+            }
+        }
+        if round < options.warmup + options.bare {
+            let elapsed = bare_csr(&csrs).await?;
+            if counted {
+                bares.push(elapsed);
+            }
+        }
+        if counted && (round - options.warmup + 1) % 25 == 0 {
+            eprintln!(
+                "  {} rounds: join p50 {:.1} ms, bare CSR p50 {:.1} ms",
+                round - options.warmup + 1,
+                ms(percentile(&joins, 0.5)),
+                ms(percentile(&bares, 0.5)),
+            );
+        }
+    }
+    let join_p50 = ms(percentile(&joins, 0.5));
+    let bare_p50 = ms(percentile(&bares, 0.5));
+    let put = |results: &mut Map<String, Value>, key: &str, value: f64| {
+        results.insert(key.into(), round(value, 1).into());
+    };
+    results.insert("joins".into(), joins.len().into());
+    put(results, "join_p50_ms", join_p50);
+    put(results, "join_p99_ms", ms(percentile(&joins, 0.99)));
+    put(results, "join_min_ms", ms(percentile(&joins, 0.0)));
+    results.insert("bare_csrs".into(), bares.len().into());
+    put(results, "bare_csr_p50_ms", bare_p50);
+    put(results, "bare_csr_p99_ms", ms(percentile(&bares, 0.99)));
+    results.insert(
+        "join_vs_bare_ratio".into(),
+        round(join_p50 / bare_p50, 2).into(),
+    );
+    results.insert("agent_peak_rss_bytes".into(), (max_rss_kib * 1024).into());
+    put(results, "agent_cpu_ms", ms(percentile(&cpu, 0.5)));
+    Ok(())
+}
+
+/// One agent run, reaped with `wait4`.
+struct AgentRun {
+    elapsed: Duration,
+    max_rss_kib: u64,
+    cpu: Duration,
+}
+
+/// Runs the agent on `node` as `SimulatedNode::run_agent` does, but
+/// entering the namespace itself (no `ip netns exec` in between), so the
+/// child is the agent and `wait4` reports the agent's own resources.
+async fn run_agent(node: &SimulatedNode, agent: &Path) -> Result<AgentRun> {
+    use std::os::unix::process::CommandExt;
+    let root = node.root.path().to_path_buf();
+    let netns = std::fs::File::open(node.netns.path())?;
+    let log = std::fs::File::create(root.join("agent.log"))?;
+    let mut command = std::process::Command::new(agent);
+    command
+        .arg(format!("--root={}", root.display()))
+        .arg(format!(
+            "--systemctl={}",
+            root.join("fake-systemctl").display()
+        ))
+        .arg(format!("--console={}", root.join("console.log").display()))
+        .env_remove("AWS_EC2_METADATA_SERVICE_ENDPOINT")
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    // SAFETY: setns is a plain system call, safe between fork and exec.
+    unsafe {
+        command.pre_exec(move || {
+            nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET)
+                .map_err(std::io::Error::from)
+        });
+    }
+    let (elapsed, status, usage) = tokio::task::spawn_blocking(move || -> Result<_> {
+        let started = Instant::now();
+        let child = command.spawn().context("starting the agent")?;
+        let pid = child.id() as nix::libc::pid_t;
+        let mut status = 0;
+        // SAFETY: an all-zero rusage is valid; wait4 fills it in.
+        let mut usage: nix::libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: valid pointers to locals; reaps only our own child.
+        let reaped = unsafe { nix::libc::wait4(pid, &mut status, 0, &mut usage) };
+        let elapsed = started.elapsed();
+        ensure!(reaped == pid, "wait4: {}", std::io::Error::last_os_error());
+        Ok((elapsed, status, usage))
+    })
+    .await??;
+    let log = std::fs::read_to_string(root.join("agent.log")).unwrap_or_default();
+    ensure!(
+        nix::libc::WIFEXITED(status) && nix::libc::WEXITSTATUS(status) == 0,
+        "the agent failed (wait status {status:#x}):\n{log}"
+    );
+    for file in [
+        "/var/lib/kubelet/kubeconfig",
+        "/var/lib/kubelet/pki/kubelet-client-current.pem",
+    ] {
+        ensure!(node.path(file).exists(), "the agent exited 0 without {file}");
+    }
+    let tv = |t: nix::libc::timeval| {
+        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+    };
+    Ok(AgentRun {
+        elapsed,
+        max_rss_kib: usage.ru_maxrss as u64,
+        cpu: tv(usage.ru_utime) + tv(usage.ru_stime),
+    })
+}
+
+/// What kubelet's TLS bootstrap does on the API server: create a client
+/// CSR, (an approver) approve it, wait for kube-controller-manager's
+/// certificate with a watch on that one name. The key is made beforehand.
+async fn bare_csr(api: &Api<CertificateSigningRequest>) -> Result<Duration> {
+    let key = rcgen::KeyPair::generate()?;
+    let name = format!("bare-{}", unique());
+    let pem = CsrShape::client(&name).csr(&key)?;
+    let csr = CertificateSigningRequest {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            ..Default::default()
+        },
+        spec: CertificateSigningRequestSpec {
+            request: ByteString(pem.into_bytes()),
+            signer_name: "kubernetes.io/kube-apiserver-client-kubelet".into(),
+            usages: Some(
+                ["digital signature", "key encipherment", "client auth"]
+                    .map(String::from)
+                    .to_vec(),
+            ),
+            ..Default::default()
+        },
+        status: None,
+    };
+    let approval = json!({"status": CertificateSigningRequestStatus {
+        conditions: Some(vec![CertificateSigningRequestCondition {
+            type_: "Approved".into(),
+            status: "True".into(),
+            reason: Some("BenchApproved".into()),
+            message: Some("autonode-bench: the bare CSR path".into()),
+            ..Default::default()
+        }]),
+        certificate: None,
+    }});
+    let started = Instant::now();
+    api.create(&PostParams::default(), &csr).await?;
+    api.patch_approval(&name, &PatchParams::default(), &Patch::Merge(&approval))
+        .await?;
+    let signed = |csr: Option<&CertificateSigningRequest>| {
+        csr.and_then(|c| c.status.as_ref())
+            .and_then(|s| s.certificate.as_ref())
+            .is_some_and(|c| !c.0.is_empty())
+    };
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        kube::runtime::wait::await_condition(api.clone(), &name, signed),
+    )
+    .await
+    .with_context(|| format!("CSR {name} not signed within 30s"))??;
+    Ok(started.elapsed())
+}
+
+/// `count` joins at once on a fresh control plane and server.
+async fn burst(count: usize, results: &mut Map<String, Value>) -> Result<()> {
+    let world = World::start().await?;
+    let admin = world.cp.admin().await?;
+    let prepared = Instant::now();
+    // Karpenter's part, a few at a time: NodeClaim, instance, providerID.
+    let instances: Vec<Instance> = futures::stream::iter(0..count)
+        .map(|_| {
+            let (admin, cloud) = (admin.clone(), &world.cloud);
+            async move {
+                let claim = format!("burst-{}", unique());
+                karpenter::create_nodeclaim(&admin, &claim, "default").await?;
+                let built = Instance::builder()
+                    .account_id(ACCOUNT)
+                    .region(REGION)
+                    .build();
+                let instance = cloud.launch(built);
+                karpenter::set_provider_id(&admin, &claim, &instance.provider_id()).await?;
+                anyhow::Ok(instance)
+            }
+        })
+        .buffer_unordered(LAUNCH_CONCURRENCY)
+        .try_collect()
+        .await?;
+    // What each agent would send: its keys, CSRs and signed document.
+    let ca = world.cloud.ca().clone();
+    let requests = tokio::task::spawn_blocking(move || {
+        instances
+            .iter()
+            .map(|instance| joiner::honest_request(instance, &ca, &NodeKeys::generate()?))
+            .collect::<Result<Vec<JoinRequest>>>()
+    })
+    .await??;
+    // The server's NodeClaim watch has seen the last providerID by now.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    eprintln!(
+        "  {count} instances, NodeClaims and requests ready in {:.1}s",
+        prepared.elapsed().as_secs_f64()
+    );
+
+    let pid = world.server.pid();
+    let cpu_before = cpu_seconds(pid)?;
+    let client = JoinClient::new(world.server.url(), world.server.ca_pem())?;
+    let started = Instant::now();
+    let joins = requests.into_iter().map(|request| {
+        let client = client.clone();
+        tokio::spawn(async move { client.join_like_agent(&request).await })
+    });
+    let outcomes = futures::future::join_all(joins).await;
+    let seconds = started.elapsed().as_secs_f64();
+    let server_cpu = cpu_seconds(pid)? - cpu_before;
+
+    let (mut granted, mut failures, mut busy) = (Vec::new(), 0usize, 0u32);
+    let mut first_failure = None;
+    for outcome in outcomes {
+        match outcome? {
+            Ok(done) => {
+                busy += done.busy_answers;
+                granted.push(done.elapsed);
+            }
+            Err(e) => {
+                failures += 1;
+                first_failure.get_or_insert(format!("{e:#}"));
+            }
+        }
+    }
+    if let Some(e) = &first_failure {
+        eprintln!("  first failure: {e}");
+    }
+    let peak_rss = vm_hwm_bytes(pid)?;
+    results.insert("burst_nodes".into(), granted.len().into());
+    results.insert("burst_seconds".into(), round(seconds, 1).into());
+    results.insert("burst_failures".into(), failures.into());
+    results.insert("burst_503_answers".into(), busy.into());
+    results.insert(
+        "burst_join_p50_ms".into(),
+        round(ms(percentile(&granted, 0.5)), 1).into(),
+    );
+    results.insert(
+        "burst_join_max_ms".into(),
+        round(ms(percentile(&granted, 1.0)), 1).into(),
+    );
+    results.insert("burst_server_cpu_s".into(), round(server_cpu, 1).into());
+    results.insert("server_peak_rss_bytes".into(), peak_rss.into());
+    Ok(())
+}
+
+type Https = hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>;
+
+/// The join protocol with the agent's retry rules: 429 and 5xx again after
+/// `max(backoff, Retry-After)`, anything else final.
+#[derive(Clone)]
+struct JoinClient {
+    client: HttpClient<Https, Full<Bytes>>,
+    url: Arc<str>,
+}
+
+struct Granted {
+    elapsed: Duration,
+    busy_answers: u32,
+}
+
+impl JoinClient {
+    fn new(base: &str, ca_pem: &str) -> Result<Self> {
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in rustls_pemfile::certs(&mut ca_pem.as_bytes()) {
+            roots.add(cert?)?;
+        }
+        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_only()
+            .enable_http1()
+            .build();
+        Ok(Self {
+            client: HttpClient::builder(TokioExecutor::new()).build(https),
+            url: format!("{}{JOIN_PATH}", base.trim_end_matches('/')).into(),
+        })
+    }
+
+    async fn join_like_agent(&self, request: &JoinRequest) -> Result<Granted> {
+        let body = Bytes::from(serde_json::to_vec(request)?);
+        let started = Instant::now();
+        let mut busy_answers = 0;
+        for attempt in 1u32.. {
+            let (status, retry_after, text) = match self.post(body.clone()).await {
+                Ok(answer) => answer,
+                Err(e) => (0, None, format!("{e:#}")),
+            };
+            if status == 200 {
+                let response: JoinResponse = serde_json::from_str(&text)?;
+                ensure!(
+                    response.client_certificate.contains("BEGIN CERTIFICATE")
+                        && response.serving_certificate.contains("BEGIN CERTIFICATE"),
+                    "granted without certificates"
+                );
+                return Ok(Granted {
+                    elapsed: started.elapsed(),
+                    busy_answers,
+                });
+            }
+            let transient = status == 0 || status == 429 || status >= 500;
+            ensure!(transient, "HTTP {status}: {text}");
+            if status == 503 {
+                busy_answers += 1;
+            }
+            // The agent's RetryPolicy::JOIN: 1 s doubling to 30 s, up to
+            // half of it jittered away, never sooner than Retry-After.
+            let backoff = Duration::from_secs(1 << (attempt - 1).min(5)).min(Duration::from_secs(30));
+            let delay = backoff
+                .mul_f64(1.0 - 0.5 * rand::random::<f64>())
+                .max(retry_after.unwrap_or_default());
+            if started.elapsed() + delay > BURST_DEADLINE {
+                bail!("gave up after {attempt} attempts: HTTP {status}: {text}");
+            }
+            tokio::time::sleep(delay).await;
+        }
+        unreachable!("the loop returns or bails")
+    }
+
+    async fn post(&self, body: Bytes) -> Result<(u16, Option<Duration>, String)> {
+        let request = hyper::Request::post(&*self.url)
+            .header("content-type", "application/json")
+            .body(Full::new(body))?;
+        let response = tokio::time::timeout(Duration::from_secs(60), self.client.request(request))
+            .await
+            .context("no answer within 60s")??;
+        let status = response.status().as_u16();
+        let retry_after = response
+            .headers()
+            .get(hyper::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse().ok())
+            .map(Duration::from_secs);
+        let body = response.into_body().collect().await?.to_bytes();
+        Ok((status, retry_after, String::from_utf8_lossy(&body).into_owned()))
+    }
+}
+
+/// Nearest-rank percentile (`p` in 0..=1) of unsorted durations.
+fn percentile(values: &[Duration], p: f64) -> Duration {
+    let mut sorted = values.to_vec();
+    sorted.sort();
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = (p * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn round(value: f64, digits: i32) -> f64 {
+    let scale = 10f64.powi(digits);
+    (value * scale).round() / scale
+}
+
+fn proc_status_field(pid: u32, field: &str) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.trim().strip_suffix("kB"))
+        .and_then(|v| v.trim().parse().ok())
+        .with_context(|| format!("no {field} in /proc/{pid}/status"))
+}
+
+/// Peak resident set of a live process.
+fn vm_hwm_bytes(pid: u32) -> Result<u64> {
+    Ok(proc_status_field(pid, "VmHWM:")? * 1024)
+}
+
+/// User + system CPU time of a live process so far.
+fn cpu_seconds(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name (which may hold spaces): state is 3rd,
+    // utime 14th and stime 15th of the whole line.
+    let rest = stat.rsplit_once(')').context("odd /proc stat")?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { nix::libc::sysconf(nix::libc::_SC_CLK_TCK) }.max(1) as f64;
+    Ok(ticks as f64 / hz)
+}
+
+/// nproc, CPU model and memory of this machine.
+fn machine() -> Value {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name")?.split_once(':'))
+        .map(|(_, m)| m.trim().to_string())
+        .unwrap_or_else(|| "unknown".into());
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let memory_kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:")?.trim().strip_suffix("kB"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    let nproc = std::thread::available_parallelism().map_or(0, |n| n.get());
+    json!({
+        "nproc": nproc,
+        "cpu_model": model,
+        "memory_bytes": memory_kib * 1024,
+        "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
+    })
+}
+
+/// The results as a Markdown table (what the README quotes).
+fn table(results: &Value) -> String {
+    let get = |key: &str| results.get(key).cloned().unwrap_or(Value::Null);
+    let num = |key: &str| match get(key) {
+        Value::Null => "–".to_string(),
+        Value::Number(n) => thousands(&n.to_string()),
+        other => other.to_string(),
+    };
+    let mib = |key: &str| {
+        get(key)
+            .as_f64()
+            .map_or("–".into(), |b| format!("{:.1} MiB", b / 1048576.0))
+    };
+    let m = get("machine");
+    let mut out = format!(
+        "\nMachine: {} × {}, {:.0} GiB, Linux {}; Kubernetes {}\n\n",
+        m["nproc"],
+        m["cpu_model"].as_str().unwrap_or("?"),
+        m["memory_bytes"].as_f64().unwrap_or(0.0) / 1073741824.0,
+        m["kernel"].as_str().unwrap_or("?"),
+        get("kubernetes").as_str().unwrap_or("?"),
+    );
+    let rows: Vec<(String, String)> = vec![
+        (
+            format!("agent join p50 / p99 ({} joins, one at a time)", num("joins")),
+            format!("{} / {} ms", num("join_p50_ms"), num("join_p99_ms")),
+        ),
+        (
+            format!("bare kubelet CSR p50 / p99 ({} CSRs)", num("bare_csrs")),
+            format!("{} / {} ms", num("bare_csr_p50_ms"), num("bare_csr_p99_ms")),
+        ),
+        ("join / bare CSR (p50)".into(), num("join_vs_bare_ratio")),
+        (
+            format!("burst: {} joins at once", num("burst_nodes")),
+            format!(
+                "{} s, {} failed, {} answers 503",
+                num("burst_seconds"),
+                num("burst_failures"),
+                num("burst_503_answers")
+            ),
+        ),
+        (
+            "burst: server CPU / peak RSS".into(),
+            format!(
+                "{} s / {}",
+                num("burst_server_cpu_s"),
+                mib("server_peak_rss_bytes")
+            ),
+        ),
+        (
+            "identity verifications / s (one core)".into(),
+            num("iid_verify_per_s"),
+        ),
+        (
+            "openssl rsa2048 verify / s (same core)".into(),
+            num("openssl_rsa2048_verify_per_s"),
+        ),
+        ("identity / openssl".into(), num("iid_vs_openssl_ratio")),
+        (
+            "agent binary (static)".into(),
+            format!(
+                "{} bytes ({})",
+                num("agent_size_bytes"),
+                mib("agent_size_bytes")
+            ),
+        ),
+        (
+            "agent peak RSS / CPU per join".into(),
+            format!("{} / {} ms", mib("agent_peak_rss_bytes"), num("agent_cpu_ms")),
+        ),
+    ];
+    out.push_str("| measure | result |\n|---|---|\n");
+    for (measure, result) in rows {
+        out.push_str(&format!("| {measure} | {result} |\n"));
+    }
+    out
+}
+
+/// `12345.6` → `12,345.6`.
+fn thousands(number: &str) -> String {
+    let (int, frac) = number.split_once('.').unwrap_or((number, ""));
+    let digits: Vec<char> = int.chars().collect();
+    let mut out = String::new();
+    for (i, c) in digits.iter().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 && c.is_ascii_digit() {
+            out.push(',');
+        }
+        out.push(*c);
+    }
+    if !frac.is_empty() {
+        out.push('.');
+        out.push_str(frac);
+    }
+    out
+}
