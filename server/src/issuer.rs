@@ -5,6 +5,7 @@
 //! waits for kube-controller-manager to sign. One watch over autonode's own
 //! CSRs feeds every waiting join, instead of a watch per join.
 
+use crate::backoff::WatchBackoff;
 use crate::refusal::{JoinError, Refusal};
 use futures::StreamExt;
 use k8s_openapi::api::certificates::v1::{
@@ -64,7 +65,7 @@ impl Issuer {
         let config = watcher::Config::default().labels(&format!("{MANAGED_LABEL}=true"));
         let waiters: Arc<Mutex<HashMap<String, watch::Sender<Outcome>>>> = Arc::default();
         let stream = reflector::reflector(writer, watcher(api.clone(), config))
-            .default_backoff()
+            .backoff(WatchBackoff::default())
             .touched_objects();
         let notify = waiters.clone();
         tokio::spawn(async move {

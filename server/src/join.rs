@@ -170,6 +170,12 @@ async fn attest(
     ctx.policy
         .check(&doc, (ctx.clock)())
         .map_err(Refusal::from)?;
+    if matches.is_empty() && !ctx.claims.is_fresh() {
+        // The watch is reconnecting: the NodeClaim may be one it missed.
+        return Err(JoinError::Unavailable(
+            "NodeClaim cache out of date (watch reconnecting)".into(),
+        ));
+    }
     let claim = nodeclaim::select(&provider_id, matches, doc.pending_time)?;
     let instance = lookup(ctx, &doc).await?;
     Ok(Attested {

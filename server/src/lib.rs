@@ -25,6 +25,7 @@
 
 pub mod api;
 pub mod approver;
+pub mod backoff;
 pub mod binding;
 pub mod crds;
 pub mod ec2;

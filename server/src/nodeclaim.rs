@@ -4,6 +4,7 @@
 //! a LIST per join: a scale-out of a thousand machines must not become a
 //! thousand LISTs of every NodeClaim.
 
+use crate::backoff::WatchBackoff;
 use crate::karpenter::NodeClaim;
 use crate::refusal::{JoinError, Refusal};
 use futures::StreamExt;
@@ -25,6 +26,7 @@ pub struct NodeClaims {
     store: Store<NodeClaim>,
     api: Api<NodeClaim>,
     ready: Arc<AtomicBool>,
+    fresh: Arc<AtomicBool>,
 }
 
 impl NodeClaims {
@@ -33,24 +35,40 @@ impl NodeClaims {
         let api: Api<NodeClaim> = Api::all(client);
         let (store, writer) = reflector::store();
         let stream = reflector::reflector(writer, watcher(api.clone(), watcher::Config::default()))
-            .default_backoff()
-            .touched_objects();
+            .backoff(WatchBackoff::default());
         let ready = Arc::new(AtomicBool::new(false));
+        let fresh = Arc::new(AtomicBool::new(false));
         let (flag, waiter) = (ready.clone(), store.clone());
         tokio::spawn(async move {
             if waiter.wait_until_ready().await.is_ok() {
                 flag.store(true, Ordering::Release);
             }
         });
+        let in_sync = fresh.clone();
         tokio::spawn(async move {
             let mut stream = std::pin::pin!(stream);
             while let Some(event) = stream.next().await {
-                if let Err(e) = event {
-                    tracing::warn!(error = %e, "NodeClaim watch interrupted; retrying");
+                match event {
+                    // A full list has been applied: the cache is current.
+                    Ok(watcher::Event::InitDone) => {
+                        if !in_sync.swap(true, Ordering::AcqRel) {
+                            tracing::info!("NodeClaim cache in sync");
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        in_sync.store(false, Ordering::Release);
+                        tracing::warn!(error = %e, "NodeClaim watch interrupted; retrying");
+                    }
                 }
             }
         });
-        Self { store, api, ready }
+        Self {
+            store,
+            api,
+            ready,
+            fresh,
+        }
     }
 
     /// Waits until the first full list has arrived.
@@ -61,9 +79,18 @@ impl NodeClaims {
             .map_err(|e| JoinError::Unavailable(format!("NodeClaim cache: {e}")))
     }
 
-    /// Whether the first full list has arrived.
+    /// Whether the cache can judge joins: the first full list has arrived
+    /// and the watch is connected (`/readyz`).
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Acquire)
+        self.ready.load(Ordering::Acquire) && self.is_fresh()
+    }
+
+    /// Whether the watch is connected and its last list was applied. While
+    /// it is not (the API server was away, the watch is backing off), a
+    /// NodeClaim missing from the cache may just be one it has not seen:
+    /// not a reason to refuse a machine.
+    pub fn is_fresh(&self) -> bool {
+        self.fresh.load(Ordering::Acquire)
     }
 
     /// Like [`NodeClaims::by_provider_id`], but when nothing matches, gives

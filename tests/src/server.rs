@@ -174,15 +174,13 @@ impl TestServer {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             self.daemon.check_alive()?;
-            if http_get(&format!("{}/readyz", self.metrics_url))
-                .await
-                .is_ok_and(|(s, _)| s == 200)
-            {
+            let answer = http_get(&format!("{}/readyz", self.metrics_url)).await;
+            if answer.as_ref().is_ok_and(|(s, _)| *s == 200) {
                 return Ok(());
             }
             if Instant::now() > deadline {
                 bail!(
-                    "autonode-server not ready after 30s:\n{}",
+                    "autonode-server not ready after 30s (/readyz: {answer:?}):\n{}",
                     self.daemon.log_tail(40)
                 );
             }

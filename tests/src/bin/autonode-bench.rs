@@ -206,6 +206,7 @@ async fn sequential(options: &Options, results: &mut Map<String, Value>) -> Resu
             );
         }
     }
+    keep_logs(&world, "sequential")?;
     let join_p50 = ms(percentile(&joins, 0.5));
     let bare_p50 = ms(percentile(&bares, 0.5));
     let put = |results: &mut Map<String, Value>, key: &str, value: f64| {
@@ -242,7 +243,16 @@ async fn run_agent(node: &SimulatedNode, agent: &Path) -> Result<AgentRun> {
     let root = node.root.path().to_path_buf();
     let netns = std::fs::File::open(node.netns.path())?;
     let log = std::fs::File::create(root.join("agent.log"))?;
-    let mut command = std::process::Command::new(agent);
+    let wrap = std::env::var("AUTONODE_BENCH_WRAP").unwrap_or_default();
+    let mut wrap = wrap.split_whitespace();
+    let mut command = match wrap.next() {
+        Some(program) => {
+            let mut c = std::process::Command::new(program);
+            c.args(wrap).arg(agent);
+            c
+        }
+        None => std::process::Command::new(agent),
+    };
     command
         .arg(format!("--root={}", root.display()))
         .arg(format!(
@@ -271,11 +281,19 @@ async fn run_agent(node: &SimulatedNode, agent: &Path) -> Result<AgentRun> {
         // SAFETY: valid pointers to locals; reaps only our own child.
         let reaped = unsafe { nix::libc::wait4(pid, &mut status, 0, &mut usage) };
         let elapsed = started.elapsed();
+        if std::env::var_os("AUTONODE_BENCH_TRACE").is_some() {
+            let now = time::OffsetDateTime::now_utc();
+            eprintln!("agent ran {:?} until {now}", elapsed);
+        }
         ensure!(reaped == pid, "wait4: {}", std::io::Error::last_os_error());
         Ok((elapsed, status, usage))
     })
     .await??;
     let log = std::fs::read_to_string(root.join("agent.log")).unwrap_or_default();
+    if let Some(dir) = std::env::var_os("AUTONODE_BENCH_LOGS") {
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(PathBuf::from(dir).join("agent.log"), &log)?;
+    }
     ensure!(
         nix::libc::WIFEXITED(status) && nix::libc::WEXITSTATUS(status) == 0,
         "the agent failed (wait status {status:#x}):\n{log}"
@@ -418,6 +436,7 @@ async fn burst(count: usize, results: &mut Map<String, Value>) -> Result<()> {
         eprintln!("  first failure: {e}");
     }
     let peak_rss = vm_hwm_bytes(pid)?;
+    keep_logs(&world, "burst")?;
     results.insert("burst_nodes".into(), granted.len().into());
     results.insert("burst_seconds".into(), round(seconds, 1).into());
     results.insert("burst_failures".into(), failures.into());
@@ -530,6 +549,24 @@ impl JoinClient {
         let body = response.into_body().collect().await?.to_bytes();
         Ok((status, retry_after, String::from_utf8_lossy(&body).into_owned()))
     }
+}
+
+/// With `$AUTONODE_BENCH_LOGS` set to a directory, copies the server's and
+/// the control plane's logs there (for finding where the time goes).
+fn keep_logs(world: &World, phase: &str) -> Result<()> {
+    let Some(dir) = std::env::var_os("AUTONODE_BENCH_LOGS") else {
+        return Ok(());
+    };
+    let dir = PathBuf::from(dir).join(phase);
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("autonode-server.log"), world.server.log())?;
+    for name in ["kube-apiserver", "kube-controller-manager", "etcd"] {
+        let from = world.cp.dir().join(format!("{name}.log"));
+        if from.exists() {
+            std::fs::copy(&from, dir.join(format!("{name}.log")))?;
+        }
+    }
+    Ok(())
 }
 
 /// Nearest-rank percentile (`p` in 0..=1) of unsorted durations.
