@@ -87,7 +87,7 @@ pub async fn run(client: Client, settings: Settings) {
     let (node_store, node_writer) = kube::runtime::reflector::store();
     let node_stream =
         kube::runtime::reflector(node_writer, watcher(nodes, watcher::Config::default()))
-            .default_backoff();
+            .backoff(crate::backoff::WatchBackoff::default());
     tokio::spawn(async move {
         let mut s = std::pin::pin!(node_stream);
         while s.next().await.is_some() {}

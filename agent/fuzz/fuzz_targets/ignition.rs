@@ -12,7 +12,9 @@ fuzz_target!(|data: &[u8]| {
     let Ok(value) = serde_json::from_slice::<serde_json::Value>(data) else {
         return;
     };
-    let Ok(outer) = tempfile::tempdir() else { return };
+    let Ok(outer) = tempfile::tempdir() else {
+        return;
+    };
     let root = outer.path().join("root");
     let canary = outer.path().join("canary");
     if std::fs::create_dir(&root).is_err() || std::fs::write(&canary, CANARY).is_err() {
@@ -24,7 +26,11 @@ fuzz_target!(|data: &[u8]| {
         .map(|e| e.expect("entry").file_name())
         .collect();
     names.sort();
-    assert_eq!(names, ["canary", "root"], "something was written beside the root");
+    assert_eq!(
+        names,
+        ["canary", "root"],
+        "something was written beside the root"
+    );
     assert_eq!(
         std::fs::read(&canary).expect("reading the canary"),
         CANARY,

@@ -147,6 +147,11 @@ async fn main() -> Result<()> {
     if let Some(dir) = options.out.parent() {
         std::fs::create_dir_all(dir)?;
     }
+    // The raw timings go beside the results, not in them.
+    if let Some(samples) = results.remove("samples") {
+        let path = options.out.with_extension("samples.json");
+        std::fs::write(&path, serde_json::to_string(&samples)? + "\n")?;
+    }
     let results = Value::Object(results);
     std::fs::write(&options.out, serde_json::to_string_pretty(&results)? + "\n")?;
     print!("{}", table(&results));
@@ -174,7 +179,11 @@ async fn sequential(options: &Options, results: &mut Map<String, Value>) -> Resu
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
 
+    // kube-rs speaks HTTP/1.1: a watch holds its connection and closes it
+    // when dropped. Watching through a second client keeps the connection
+    // that creates and approves warm, as kubelet's HTTP/2 one would be.
     let csrs: Api<CertificateSigningRequest> = Api::all(admin);
+    let watches: Api<CertificateSigningRequest> = Api::all(world.cp.admin().await?);
     let mut joins = Vec::with_capacity(options.joins);
     let mut bares = Vec::with_capacity(options.bare);
     let mut max_rss_kib = 0;
@@ -192,7 +201,7 @@ async fn sequential(options: &Options, results: &mut Map<String, Value>) -> Resu
             }
         }
         if round < options.warmup + options.bare {
-            let elapsed = bare_csr(&csrs).await?;
+            let elapsed = bare_csr(&csrs, &watches).await?;
             if counted {
                 bares.push(elapsed);
             }
@@ -206,7 +215,19 @@ async fn sequential(options: &Options, results: &mut Map<String, Value>) -> Resu
             );
         }
     }
+    let (count, sum) = join_seconds(&world).await?;
+    // The server's own time per join (its histogram's mean): the rest of
+    // an agent's run is the agent's work on the node.
+    results.insert(
+        "join_server_mean_ms".into(),
+        round(sum / count.max(1.0) * 1000.0, 1).into(),
+    );
     keep_logs(&world, "sequential")?;
+    let samples = |v: &[Duration]| v.iter().map(|d| round(ms(*d), 2)).collect::<Vec<f64>>();
+    results.insert(
+        "samples".into(),
+        json!({"join_ms": samples(&joins), "bare_csr_ms": samples(&bares)}),
+    );
     let join_p50 = ms(percentile(&joins, 0.5));
     let bare_p50 = ms(percentile(&bares, 0.5));
     let put = |results: &mut Map<String, Value>, key: &str, value: f64| {
@@ -317,7 +338,10 @@ async fn run_agent(node: &SimulatedNode, agent: &Path) -> Result<AgentRun> {
 /// What kubelet's TLS bootstrap does on the API server: create a client
 /// CSR, (an approver) approve it, wait for kube-controller-manager's
 /// certificate with a watch on that one name. The key is made beforehand.
-async fn bare_csr(api: &Api<CertificateSigningRequest>) -> Result<Duration> {
+async fn bare_csr(
+    api: &Api<CertificateSigningRequest>,
+    watches: &Api<CertificateSigningRequest>,
+) -> Result<Duration> {
     let key = rcgen::KeyPair::generate()?;
     let name = format!("bare-{}", unique());
     let pem = CsrShape::client(&name).csr(&key)?;
@@ -350,8 +374,10 @@ async fn bare_csr(api: &Api<CertificateSigningRequest>) -> Result<Duration> {
     }});
     let started = Instant::now();
     api.create(&PostParams::default(), &csr).await?;
+    let created = started.elapsed();
     api.patch_approval(&name, &PatchParams::default(), &Patch::Merge(&approval))
         .await?;
+    let approved = started.elapsed();
     let signed = |csr: Option<&CertificateSigningRequest>| {
         csr.and_then(|c| c.status.as_ref())
             .and_then(|s| s.certificate.as_ref())
@@ -359,10 +385,16 @@ async fn bare_csr(api: &Api<CertificateSigningRequest>) -> Result<Duration> {
     };
     tokio::time::timeout(
         Duration::from_secs(30),
-        kube::runtime::wait::await_condition(api.clone(), &name, signed),
+        kube::runtime::wait::await_condition(watches.clone(), &name, signed),
     )
     .await
     .with_context(|| format!("CSR {name} not signed within 30s"))??;
+    if std::env::var_os("AUTONODE_BENCH_TRACE").is_some() {
+        eprintln!(
+            "bare CSR: created {created:?} approved {approved:?} signed {:?}",
+            started.elapsed()
+        );
+    }
     Ok(started.elapsed())
 }
 
@@ -408,6 +440,8 @@ async fn burst(count: usize, results: &mut Map<String, Value>) -> Result<()> {
 
     let pid = world.server.pid();
     let cpu_before = cpu_seconds(pid)?;
+    let cp_pids = world.cp.pids();
+    let cp_before = cp_pids.map(|p| cpu_seconds(p).unwrap_or(0.0));
     let client = JoinClient::new(world.server.url(), world.server.ca_pem())?;
     let started = Instant::now();
     let joins = requests.into_iter().map(|request| {
@@ -417,6 +451,15 @@ async fn burst(count: usize, results: &mut Map<String, Value>) -> Result<()> {
     let outcomes = futures::future::join_all(joins).await;
     let seconds = started.elapsed().as_secs_f64();
     let server_cpu = cpu_seconds(pid)? - cpu_before;
+    // Where else the machine's cores went: etcd, kube-apiserver, kcm.
+    for ((name, pid), before) in ["etcd", "apiserver", "kcm"]
+        .iter()
+        .zip(cp_pids)
+        .zip(cp_before)
+    {
+        let used = cpu_seconds(pid).unwrap_or(before) - before;
+        results.insert(format!("burst_{name}_cpu_s"), round(used, 1).into());
+    }
 
     let (mut granted, mut failures, mut busy) = (Vec::new(), 0usize, 0u32);
     let mut first_failure = None;
@@ -487,7 +530,10 @@ impl JoinClient {
             .enable_http1()
             .build();
         Ok(Self {
-            client: HttpClient::builder(TokioExecutor::new()).build(https),
+            // One connection per request, as the agent makes them.
+            client: HttpClient::builder(TokioExecutor::new())
+                .pool_max_idle_per_host(0)
+                .build(https),
             url: format!("{}{JOIN_PATH}", base.trim_end_matches('/')).into(),
         })
     }
@@ -549,6 +595,21 @@ impl JoinClient {
         let body = response.into_body().collect().await?.to_bytes();
         Ok((status, retry_after, String::from_utf8_lossy(&body).into_owned()))
     }
+}
+
+/// The server's join duration histogram: (count, sum of seconds).
+async fn join_seconds(world: &World) -> Result<(f64, f64)> {
+    let url = format!("{}/metrics", world.server.metrics_url());
+    let (_, text) = autonode_tests::server::http_get(&url).await?;
+    let value = |name: &str| -> Result<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .with_context(|| format!("no {name} in /metrics"))
+    };
+    Ok((
+        value("autonode_join_duration_seconds_count")?,
+        value("autonode_join_duration_seconds_sum")?,
+    ))
 }
 
 /// With `$AUTONODE_BENCH_LOGS` set to a directory, copies the server's and
@@ -672,12 +733,25 @@ fn table(results: &Value) -> String {
         ),
         ("join / bare CSR (p50)".into(), num("join_vs_bare_ratio")),
         (
+            "server's part of a join (mean, its histogram)".into(),
+            format!("{} ms", num("join_server_mean_ms")),
+        ),
+        (
             format!("burst: {} joins at once", num("burst_nodes")),
             format!(
                 "{} s, {} failed, {} answers 503",
                 num("burst_seconds"),
                 num("burst_failures"),
                 num("burst_503_answers")
+            ),
+        ),
+        (
+            "burst: CPU of etcd / kube-apiserver / kcm".into(),
+            format!(
+                "{} / {} / {} s",
+                num("burst_etcd_cpu_s"),
+                num("burst_apiserver_cpu_s"),
+                num("burst_kcm_cpu_s")
             ),
         ),
         (
