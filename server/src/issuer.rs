@@ -16,7 +16,7 @@ use k8s_openapi::ByteString;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -64,7 +64,13 @@ impl Issuer {
         let (store, writer) = reflector::store();
         let config = watcher::Config::default().labels(&format!("{MANAGED_LABEL}=true"));
         let waiters: Arc<Mutex<HashMap<String, watch::Sender<Outcome>>>> = Arc::default();
-        let stream = reflector::reflector(writer, watcher(api.clone(), config))
+        // Only outcomes are read from the cache: keep neither managedFields
+        // nor the request (PEM) of the thousands of CSRs a scale-out leaves.
+        let events = watcher(api.clone(), config).modify(|csr| {
+            csr.managed_fields_mut().clear();
+            csr.spec.request = ByteString(Vec::new());
+        });
+        let stream = reflector::reflector(writer, events)
             .backoff(WatchBackoff::default())
             .touched_objects();
         let notify = waiters.clone();

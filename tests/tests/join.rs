@@ -83,7 +83,10 @@ async fn refusals_approve_nothing_and_log_the_reason() -> Result<()> {
     let answer = world.joiner.join(&honest(&stray)?).await?;
     world.assert_refused(answer, &stray, "no_nodeclaim").await?;
 
-    let metrics = autonode_tests::server::http_get(&format!("{}/metrics", world.server.metrics_url())).await?.1;
+    let metrics =
+        autonode_tests::server::http_get(&format!("{}/metrics", world.server.metrics_url()))
+            .await?
+            .1;
     assert!(
         metrics.contains(r#"autonode_joins_total{result="refused",reason="no_nodeclaim"} 1"#),
         "{metrics}"

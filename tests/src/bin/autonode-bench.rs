@@ -17,7 +17,13 @@
 //!    or has finally failed. The server's peak RSS is its `VmHWM`.
 //!
 //! Writes the numbers as JSON (merged with `tests/bench/identity`'s when
-//! `--identity` names its file) and prints a table.
+//! `--identity` names its file), the raw timings beside it
+//! (`*.samples.json`), and prints a table.
+//!
+//! For finding where time goes: `AUTONODE_BENCH_LOGS=DIR` keeps the
+//! server's and control plane's logs (and the last agent's),
+//! `AUTONODE_BENCH_TRACE=1` prints each agent run and bare CSR's timings,
+//! `AUTONODE_BENCH_WRAP="strace -f -tt -o FILE"` runs the agent under a tool.
 
 use anyhow::{bail, ensure, Context, Result};
 use autonode_shared::protocol::{JoinRequest, JoinResponse, JOIN_PATH};
@@ -118,7 +124,10 @@ async fn main() -> Result<()> {
         "agent_size_bytes".into(),
         std::fs::metadata(&options.agent)?.len().into(),
     );
-    results.insert("agent_path".into(), options.agent.display().to_string().into());
+    results.insert(
+        "agent_path".into(),
+        options.agent.display().to_string().into(),
+    );
     results.insert(
         "bench_seconds".into(),
         round(started.elapsed().as_secs_f64(), 1).into(),
@@ -179,11 +188,13 @@ async fn sequential(options: &Options, results: &mut Map<String, Value>) -> Resu
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
 
-    // kube-rs speaks HTTP/1.1: a watch holds its connection and closes it
-    // when dropped. Watching through a second client keeps the connection
-    // that creates and approves warm, as kubelet's HTTP/2 one would be.
+    // kube-rs speaks HTTP/1.1 only: a watch per CSR would hold a connection
+    // and close it when dropped, and each new connection's setup costs about
+    // 40 ms here. kubelet's watch shares its warm HTTP/2 connection; one
+    // long-lived watch over the bare CSRs, on a client of its own, is the
+    // same cost.
     let csrs: Api<CertificateSigningRequest> = Api::all(admin);
-    let watches: Api<CertificateSigningRequest> = Api::all(world.cp.admin().await?);
+    let signed = watch_signed(Api::all(world.cp.admin().await?));
     let mut joins = Vec::with_capacity(options.joins);
     let mut bares = Vec::with_capacity(options.bare);
     let mut max_rss_kib = 0;
@@ -201,7 +212,7 @@ async fn sequential(options: &Options, results: &mut Map<String, Value>) -> Resu
             }
         }
         if round < options.warmup + options.bare {
-            let elapsed = bare_csr(&csrs, &watches).await?;
+            let elapsed = bare_csr(&csrs, &signed).await?;
             if counted {
                 bares.push(elapsed);
             }
@@ -323,7 +334,10 @@ async fn run_agent(node: &SimulatedNode, agent: &Path) -> Result<AgentRun> {
         "/var/lib/kubelet/kubeconfig",
         "/var/lib/kubelet/pki/kubelet-client-current.pem",
     ] {
-        ensure!(node.path(file).exists(), "the agent exited 0 without {file}");
+        ensure!(
+            node.path(file).exists(),
+            "the agent exited 0 without {file}"
+        );
     }
     let tv = |t: nix::libc::timeval| {
         Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
@@ -340,7 +354,7 @@ async fn run_agent(node: &SimulatedNode, agent: &Path) -> Result<AgentRun> {
 /// certificate with a watch on that one name. The key is made beforehand.
 async fn bare_csr(
     api: &Api<CertificateSigningRequest>,
-    watches: &Api<CertificateSigningRequest>,
+    signed: &tokio::sync::broadcast::Sender<String>,
 ) -> Result<Duration> {
     let key = rcgen::KeyPair::generate()?;
     let name = format!("bare-{}", unique());
@@ -348,6 +362,7 @@ async fn bare_csr(
     let csr = CertificateSigningRequest {
         metadata: ObjectMeta {
             name: Some(name.clone()),
+            labels: Some([(BARE_LABEL.to_string(), "true".to_string())].into()),
             ..Default::default()
         },
         spec: CertificateSigningRequestSpec {
@@ -372,21 +387,17 @@ async fn bare_csr(
         }]),
         certificate: None,
     }});
+    let mut signed = signed.subscribe();
     let started = Instant::now();
     api.create(&PostParams::default(), &csr).await?;
     let created = started.elapsed();
     api.patch_approval(&name, &PatchParams::default(), &Patch::Merge(&approval))
         .await?;
     let approved = started.elapsed();
-    let signed = |csr: Option<&CertificateSigningRequest>| {
-        csr.and_then(|c| c.status.as_ref())
-            .and_then(|s| s.certificate.as_ref())
-            .is_some_and(|c| !c.0.is_empty())
-    };
-    tokio::time::timeout(
-        Duration::from_secs(30),
-        kube::runtime::wait::await_condition(watches.clone(), &name, signed),
-    )
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while signed.recv().await? != name {}
+        anyhow::Ok(())
+    })
     .await
     .with_context(|| format!("CSR {name} not signed within 30s"))??;
     if std::env::var_os("AUTONODE_BENCH_TRACE").is_some() {
@@ -396,6 +407,33 @@ async fn bare_csr(
         );
     }
     Ok(started.elapsed())
+}
+
+/// Label on the bare path's CSRs.
+const BARE_LABEL: &str = "autonode-bench/bare";
+
+/// One watch over the bare CSRs: sends the name of each as it is signed.
+fn watch_signed(api: Api<CertificateSigningRequest>) -> tokio::sync::broadcast::Sender<String> {
+    use kube::runtime::{watcher, WatchStreamExt};
+    let (tx, _) = tokio::sync::broadcast::channel(64);
+    let sender = tx.clone();
+    tokio::spawn(async move {
+        let config = watcher::Config::default().labels(&format!("{BARE_LABEL}=true"));
+        let stream = watcher(api, config).default_backoff().applied_objects();
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            let Ok(csr) = event else { continue };
+            let issued = csr
+                .status
+                .as_ref()
+                .and_then(|s| s.certificate.as_ref())
+                .is_some_and(|c| !c.0.is_empty());
+            if issued {
+                let _ = sender.send(csr.metadata.name.unwrap_or_default());
+            }
+        }
+    });
+    tx
 }
 
 /// `count` joins at once on a fresh control plane and server.
@@ -566,7 +604,8 @@ impl JoinClient {
             }
             // The agent's RetryPolicy::JOIN: 1 s doubling to 30 s, up to
             // half of it jittered away, never sooner than Retry-After.
-            let backoff = Duration::from_secs(1 << (attempt - 1).min(5)).min(Duration::from_secs(30));
+            let backoff =
+                Duration::from_secs(1 << (attempt - 1).min(5)).min(Duration::from_secs(30));
             let delay = backoff
                 .mul_f64(1.0 - 0.5 * rand::random::<f64>())
                 .max(retry_after.unwrap_or_default());
@@ -593,7 +632,11 @@ impl JoinClient {
             .and_then(|v| v.trim().parse().ok())
             .map(Duration::from_secs);
         let body = response.into_body().collect().await?.to_bytes();
-        Ok((status, retry_after, String::from_utf8_lossy(&body).into_owned()))
+        Ok((
+            status,
+            retry_after,
+            String::from_utf8_lossy(&body).into_owned(),
+        ))
     }
 }
 
@@ -724,7 +767,10 @@ fn table(results: &Value) -> String {
     );
     let rows: Vec<(String, String)> = vec![
         (
-            format!("agent join p50 / p99 ({} joins, one at a time)", num("joins")),
+            format!(
+                "agent join p50 / p99 ({} joins, one at a time)",
+                num("joins")
+            ),
             format!("{} / {} ms", num("join_p50_ms"), num("join_p99_ms")),
         ),
         (
@@ -781,7 +827,11 @@ fn table(results: &Value) -> String {
         ),
         (
             "agent peak RSS / CPU per join".into(),
-            format!("{} / {} ms", mib("agent_peak_rss_bytes"), num("agent_cpu_ms")),
+            format!(
+                "{} / {} ms",
+                mib("agent_peak_rss_bytes"),
+                num("agent_cpu_ms")
+            ),
         ),
     ];
     out.push_str("| measure | result |\n|---|---|\n");
