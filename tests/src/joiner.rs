@@ -68,7 +68,12 @@ impl Joiner {
             .enable_http1()
             .build();
         Ok(Self {
-            client: Client::builder(TokioExecutor::new()).build(https),
+            // One connection per request, as the agent does: a pooled
+            // connection the server has closed (after a 413, a restart)
+            // would fail the next request for reasons no agent meets.
+            client: Client::builder(TokioExecutor::new())
+                .pool_max_idle_per_host(0)
+                .build(https),
             base: base_url.trim_end_matches('/').to_string(),
         })
     }
