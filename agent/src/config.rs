@@ -14,8 +14,8 @@
 //! instance and hashed by Karpenter. Unknown keys are an error naming the
 //! key, so a typo never silently falls back to a default.
 
+use autonode_shared::agentconfig;
 use hyper::Uri;
-use rustls::pki_types::{pem::PemObject, CertificateDer};
 use serde::Deserialize;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -168,34 +168,14 @@ impl Config {
 }
 
 fn parse_server_url(url: &str) -> Result<Uri, ConfigError> {
-    let err = |reason| ConfigError::ServerUrl {
+    agentconfig::check_server_url(url).map_err(|reason| ConfigError::ServerUrl {
         url: url.to_string(),
         reason,
-    };
-    let uri: Uri = url.parse().map_err(|_| err("not a URL"))?;
-    if uri.scheme_str() != Some("https") {
-        return Err(err("must start with https://"));
-    }
-    let authority = uri.authority().ok_or_else(|| err("has no host"))?;
-    if authority.as_str().contains('@') {
-        // Credentials in userData would be readable by every process.
-        return Err(err("must not carry credentials"));
-    }
-    if uri.query().is_some() {
-        return Err(err("must not have a query"));
-    }
-    Ok(uri)
+    })
 }
 
 fn parse_ca(pem: &str) -> Result<Vec<Vec<u8>>, ConfigError> {
-    let certs: Vec<Vec<u8>> = CertificateDer::pem_slice_iter(pem.as_bytes())
-        .map(|c| c.map(|c| c.to_vec()))
-        .collect::<Result<_, _>>()
-        .map_err(|e| ConfigError::ServerCa(format!("bad PEM: {e}")))?;
-    if certs.is_empty() {
-        return Err(ConfigError::ServerCa("no CERTIFICATE block".into()));
-    }
-    Ok(certs)
+    agentconfig::parse_ca_pem(pem).map_err(ConfigError::ServerCa)
 }
 
 /// Accepts plain hex, optionally with `sha256:` in front or `:` between
@@ -219,12 +199,7 @@ pub fn parse_pin(pin: &str) -> Result<[u8; 32], ConfigError> {
 }
 
 fn validate_cluster_name(name: &str) -> Result<(), ConfigError> {
-    let ok = !name.is_empty()
-        && name.len() <= 63
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b));
-    if ok {
+    if agentconfig::is_valid_cluster_name(name) {
         Ok(())
     } else {
         Err(ConfigError::ClusterName(name.to_string()))

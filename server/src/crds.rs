@@ -24,21 +24,7 @@ use thiserror::Error;
 /// The field manager of the CRDs autonode installs.
 pub const FIELD_MANAGER: &str = "autonode-server";
 
-/// Karpenter v1.14.1's CRDs: file name and YAML.
-pub const CRDS: [(&str, &str); 3] = [
-    (
-        "karpenter.sh_nodeclaims.yaml",
-        include_str!("../../shared/data/karpenter-crds/karpenter.sh_nodeclaims.yaml"),
-    ),
-    (
-        "karpenter.sh_nodepools.yaml",
-        include_str!("../../shared/data/karpenter-crds/karpenter.sh_nodepools.yaml"),
-    ),
-    (
-        "karpenter.k8s.aws_ec2nodeclasses.yaml",
-        include_str!("../../shared/data/karpenter-crds/karpenter.k8s.aws_ec2nodeclasses.yaml"),
-    ),
-];
+pub use autonode_shared::karpenter_crds::CRDS;
 
 /// How long a CRD may take to become Established.
 pub const ESTABLISH_TIMEOUT: Duration = Duration::from_secs(60);

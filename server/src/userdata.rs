@@ -21,8 +21,7 @@
 //! certificate in its chain. [`CaForm::Pem`] embeds the CA bundle instead,
 //! for a CA that is not in the served chain.
 
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::CertificateDer;
+use autonode_shared::agentconfig;
 use std::fmt::Write as _;
 use std::time::Duration;
 use thiserror::Error;
@@ -198,43 +197,20 @@ fn pem_encode(der: &[u8]) -> String {
 }
 
 fn parse_ca(pem: &str) -> Result<Vec<Vec<u8>>, RenderError> {
-    let ders: Vec<Vec<u8>> = CertificateDer::pem_slice_iter(pem.as_bytes())
-        .map(|c| c.map(|c| c.to_vec()))
-        .collect::<Result<_, _>>()
-        .map_err(|e| RenderError::Ca(format!("bad PEM: {e}")))?;
-    if ders.is_empty() {
-        return Err(RenderError::Ca("no CERTIFICATE block".into()));
-    }
-    Ok(ders)
+    agentconfig::parse_ca_pem(pem).map_err(RenderError::Ca)
 }
 
 fn validate_url(url: &str) -> Result<(), RenderError> {
-    let err = |reason| RenderError::PublicUrl {
-        url: url.to_string(),
-        reason,
-    };
-    let uri: http::Uri = url.parse().map_err(|_| err("not a URL"))?;
-    if uri.scheme_str() != Some("https") {
-        return Err(err("must start with https://"));
-    }
-    let authority = uri.authority().ok_or_else(|| err("has no host"))?;
-    if authority.as_str().contains('@') {
-        // userData is readable by every process on the instance.
-        return Err(err("must not carry credentials"));
-    }
-    if uri.query().is_some() {
-        return Err(err("must not have a query"));
-    }
-    Ok(())
+    agentconfig::check_server_url(url)
+        .map(|_| ())
+        .map_err(|reason| RenderError::PublicUrl {
+            url: url.to_string(),
+            reason,
+        })
 }
 
 fn validate_cluster_name(name: &str) -> Result<(), RenderError> {
-    let ok = !name.is_empty()
-        && name.len() <= 63
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b));
-    if ok {
+    if agentconfig::is_valid_cluster_name(name) {
         Ok(())
     } else {
         Err(RenderError::ClusterName(name.to_string()))

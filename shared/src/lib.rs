@@ -4,11 +4,13 @@
 //! I/O, no clocks (a clock is passed in where time matters), no global state.
 //! Both halves depend on it, so the contract between them lives here:
 //!
+//! - [`agentconfig`]: the rules agent config values follow (agent and server).
 //! - [`protocol`]: the JSON messages the agent and server exchange.
 //! - [`identity`]: verifying AWS-signed instance identity documents
 //!   (pinned certificates only) and the policy on who may join when. Its
 //!   one I/O is the explicit loading of an operator's certificate files
 //!   (`TrustStore::load_file`/`load_dir`); AWS's are parsed once, lazily.
+//! - [`karpenter_crds`]: Karpenter's CRDs, embedded.
 //! - [`labels`]: which node labels kubelet may set on itself.
 //! - [`proof`]: proof that a report comes from the node's bound client key.
 //! - [`csr`]: parsing kubelet CSRs and the rules for approving them.
@@ -17,9 +19,11 @@
 
 #![forbid(unsafe_code)]
 
+pub mod agentconfig;
 pub mod csr;
 pub mod identity;
 pub mod ignition;
+pub mod karpenter_crds;
 pub mod labels;
 pub mod proof;
 pub mod protocol;

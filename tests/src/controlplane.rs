@@ -30,20 +30,7 @@ use tempfile::TempDir;
 pub const KUBE_VERSION: &str = "1.20.2";
 
 /// The Karpenter v1.14.1 CRDs, byte-exact, as the project ships them.
-pub const KARPENTER_CRDS: [(&str, &str); 3] = [
-    (
-        "karpenter.sh_nodeclaims.yaml",
-        include_str!("../../shared/data/karpenter-crds/karpenter.sh_nodeclaims.yaml"),
-    ),
-    (
-        "karpenter.sh_nodepools.yaml",
-        include_str!("../../shared/data/karpenter-crds/karpenter.sh_nodepools.yaml"),
-    ),
-    (
-        "karpenter.k8s.aws_ec2nodeclasses.yaml",
-        include_str!("../../shared/data/karpenter-crds/karpenter.k8s.aws_ec2nodeclasses.yaml"),
-    ),
-];
+pub use autonode_shared::karpenter_crds::CRDS as KARPENTER_CRDS;
 
 const START_TIMEOUT: Duration = Duration::from_secs(90);
 

@@ -16,7 +16,38 @@ use hyper_util::rt::TokioExecutor;
 use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair, SanType};
 use std::net::IpAddr;
 
-type Https = hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>;
+/// The HTTPS connector the join clients use.
+pub type Https = hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>;
+
+/// A TLS client config that trusts only `ca_pem` (what an agent pins).
+pub fn tls_config(ca_pem: &str) -> Result<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pemfile::certs(&mut ca_pem.as_bytes()) {
+        roots.add(cert?)?;
+    }
+    Ok(
+        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth(),
+    )
+}
+
+/// An HTTPS client trusting only `ca_pem`, one connection per request as
+/// the agent makes them: a pooled connection the server has closed (after
+/// a 413, a restart) would fail the next request for reasons no agent meets.
+pub fn https_client(ca_pem: &str) -> Result<Client<Https, Full<Bytes>>> {
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls_config(ca_pem)?)
+        .https_only()
+        .enable_http1()
+        .build();
+    Ok(Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(0)
+        .build(https))
+}
 
 /// An HTTPS client that trusts only the server's CA.
 #[derive(Clone)]
@@ -52,28 +83,8 @@ impl Answer {
 
 impl Joiner {
     pub fn new(base_url: &str, ca_pem: &str) -> Result<Self> {
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in rustls_pemfile::certs(&mut ca_pem.as_bytes()) {
-            roots.add(cert?)?;
-        }
-        let tls = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_only()
-            .enable_http1()
-            .build();
         Ok(Self {
-            // One connection per request, as the agent does: a pooled
-            // connection the server has closed (after a 413, a restart)
-            // would fail the next request for reasons no agent meets.
-            client: Client::builder(TokioExecutor::new())
-                .pool_max_idle_per_host(0)
-                .build(https),
+            client: https_client(ca_pem)?,
             base: base_url.trim_end_matches('/').to_string(),
         })
     }

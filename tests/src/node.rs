@@ -36,6 +36,20 @@ pub fn agent_binary() -> Result<PathBuf> {
     }
 }
 
+/// Karpenter's part for a machine that runs the agent: a NodeClaim, an
+/// instance whose userData is [`user_data`], its providerID; then boots
+/// it. Returns the NodeClaim's name and the machine.
+pub async fn launch_machine(world: &World) -> Result<(String, SimulatedNode)> {
+    let user_data = user_data(world);
+    let (claim, instance) = world
+        .launch(|i| Instance {
+            user_data: user_data.into_bytes(),
+            ..i
+        })
+        .await?;
+    Ok((claim, SimulatedNode::boot(world, &instance)?))
+}
+
 /// One machine: namespace, IMDS, forwarded server, root directory.
 // Field order is drop order: servers stop before the namespace goes.
 pub struct SimulatedNode {

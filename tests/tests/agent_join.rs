@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 use autonode_tests::fakecloud::Instance;
-use autonode_tests::node::{registration, user_data, SimulatedNode};
+use autonode_tests::node::{launch_machine, registration, user_data, SimulatedNode};
 use autonode_tests::world::World;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, PostParams};
@@ -11,14 +11,8 @@ use kube::api::{Api, PostParams};
 #[tokio::test]
 async fn the_agent_joins_and_its_kubeconfig_registers_the_node() -> Result<()> {
     let world = World::start().await?;
-    let user_data = user_data(&world);
-    let (claim, instance) = world
-        .launch(|i| Instance {
-            user_data: user_data.into_bytes(),
-            ..i
-        })
-        .await?;
-    let node = SimulatedNode::boot(&world, &instance)?;
+    let (claim, node) = launch_machine(&world).await?;
+    let instance = node.instance.clone();
     let run = node.run_agent(&[]).await?;
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert_eq!(run.status.code(), Some(0), "agent failed:\n{stderr}");

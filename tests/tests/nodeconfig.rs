@@ -9,7 +9,7 @@ use autonode_tests::controlplane::unique;
 use autonode_tests::fakecloud::Instance;
 use autonode_tests::joiner::{self, Answer, NodeKeys};
 use autonode_tests::karpenter::{self, ec2nodeclass_resource};
-use autonode_tests::node::{user_data, SimulatedNode};
+use autonode_tests::node::launch_machine;
 use autonode_tests::world::{World, ACCOUNT, REGION};
 use base64::Engine as _;
 use k8s_openapi::api::core::v1::{ConfigMap, Event};
@@ -285,14 +285,7 @@ async fn the_agent_applies_the_merged_config() -> Result<()> {
     put_configmap(&world, "base", BASE).await?;
     put_configmap(&world, "default-ignition", CLASS).await?;
     create_class(&world, "default", full_kubelet(), "default-ignition").await?;
-    let user_data = user_data(&world);
-    let (_, instance) = world
-        .launch(|i| Instance {
-            user_data: user_data.into_bytes(),
-            ..i
-        })
-        .await?;
-    let node = SimulatedNode::boot(&world, &instance)?;
+    let (_, node) = launch_machine(&world).await?;
     let run = node.run_agent(&[]).await?;
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert_eq!(run.status.code(), Some(0), "agent failed:\n{stderr}");

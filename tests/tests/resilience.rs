@@ -13,7 +13,7 @@ use autonode_shared::protocol::{JoinRequest, JoinResponse, JOIN_PATH};
 use autonode_tests::fakecloud::Instance;
 use autonode_tests::joiner::{self, Answer, Joiner, NodeKeys};
 use autonode_tests::karpenter;
-use autonode_tests::node::{user_data, SimulatedNode};
+use autonode_tests::node::{launch_machine, SimulatedNode};
 use autonode_tests::server::{binary, http_get};
 use autonode_tests::world::World;
 use futures::{StreamExt, TryStreamExt};
@@ -437,14 +437,8 @@ async fn an_agent_killed_in_any_phase_resumes_with_the_same_keys() -> Result<()>
     let world = World::start().await?;
     let mut machines = Vec::new();
     for point in KILL_POINTS {
-        let user_data = user_data(&world);
-        let (claim, instance) = world
-            .launch(|i| Instance {
-                user_data: user_data.into_bytes(),
-                ..i
-            })
-            .await?;
-        let node = SimulatedNode::boot(&world, &instance)?;
+        let (claim, node) = launch_machine(&world).await?;
+        let instance = node.instance.clone();
         // systemctl takes a moment, as the real one does: the kill at
         // "start" lands while kubelet is being started.
         let fake = node.root.path().join("fake-systemctl");
@@ -509,16 +503,7 @@ fn tls_connect(
     addr: &str,
     ca_pem: &str,
 ) -> Result<rustls::StreamOwned<rustls::ClientConnection, TcpStream>> {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_pemfile::certs(&mut ca_pem.as_bytes()) {
-        roots.add(cert?)?;
-    }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
+    let config = autonode_tests::joiner::tls_config(ca_pem)?;
     let name = rustls::pki_types::ServerName::try_from("127.0.0.1")?.to_owned();
     let mut connection = rustls::ClientConnection::new(Arc::new(config), name)?;
     let mut socket = TcpStream::connect(addr)?;

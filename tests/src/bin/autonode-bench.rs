@@ -37,7 +37,6 @@ use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client as HttpClient;
-use hyper_util::rt::TokioExecutor;
 use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestCondition, CertificateSigningRequestSpec,
     CertificateSigningRequestStatus,
@@ -535,7 +534,7 @@ async fn burst(count: usize, results: &mut Map<String, Value>) -> Result<()> {
     Ok(())
 }
 
-type Https = hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>;
+use autonode_tests::joiner::Https;
 
 /// The join protocol with the agent's retry rules: 429 and 5xx again after
 /// `max(backoff, Retry-After)`, anything else final.
@@ -552,26 +551,8 @@ struct Granted {
 
 impl JoinClient {
     fn new(base: &str, ca_pem: &str) -> Result<Self> {
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in rustls_pemfile::certs(&mut ca_pem.as_bytes()) {
-            roots.add(cert?)?;
-        }
-        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_only()
-            .enable_http1()
-            .build();
         Ok(Self {
-            // One connection per request, as the agent makes them.
-            client: HttpClient::builder(TokioExecutor::new())
-                .pool_max_idle_per_host(0)
-                .build(https),
+            client: joiner::https_client(ca_pem)?,
             url: format!("{}{JOIN_PATH}", base.trim_end_matches('/')).into(),
         })
     }
