@@ -266,7 +266,7 @@ async fn install_crds_installs_karpenters_crds_into_a_bare_cluster() -> Result<(
     let admin = cp.admin().await?;
     server::apply_manifest(
         &admin,
-        include_str!("../../packaging/guest/rbac-install-crds.yaml"),
+        include_str!("../../../packaging/guest/rbac-install-crds.yaml"),
     )
     .await?;
     let cloud = autonode_tests::fakecloud::FakeCloud::new()?;

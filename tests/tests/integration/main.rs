@@ -1,0 +1,21 @@
+//! The integration suite: every scenario runs the real binaries against a
+//! real etcd, kube-apiserver and kube-controller-manager, with only the cloud
+//! (IMDS, EC2) faked.
+//!
+//! One test binary, one module per area: each extra binary would link kube,
+//! rustls and the AWS signer again, which costs minutes of link time and
+//! gigabytes of disk on a clean CI machine.
+
+mod agent_imds;
+mod agent_join;
+mod burst;
+mod controlplane;
+mod ec2_lookup;
+mod feedback;
+mod join;
+mod limits;
+mod nodeclass;
+mod nodeconfig;
+mod packaging;
+mod renewal;
+mod resilience;
