@@ -2,9 +2,13 @@
 //! stays under a root (`/` in production, a temp dir in tests).
 //!
 //! A file is written to a temp file in the same directory with its final
-//! mode, fsynced, renamed over the target, and the directory fsynced: after
-//! a power cut the path holds the old contents or the new, never a mix.
-//! Writes that would change nothing are skipped, so re-runs are idempotent.
+//! mode and renamed over the target, so readers see the old contents or the
+//! new, never a mix. When that must also hold after a power cut is a
+//! [`Durability`] chosen by the caller: each file on its own (two journal
+//! commits per file), or the whole phase at once with one
+//! [`sync_filesystems`] before the phase is recorded as done (the agent's
+//! own files, which a resumed run rewrites anyway). Writes that would
+//! change nothing are skipped, so re-runs are idempotent.
 
 use std::collections::VecDeque;
 use std::ffi::OsString;
@@ -29,6 +33,22 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> FsError + '_ {
         path: path.to_path_buf(),
         cause: source,
     }
+}
+
+/// When a write is on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// Before the call returns: the file is fsynced before the rename and
+    /// its directory after, so even a power cut leaves the old contents or
+    /// the new. For files that a later run might not rewrite (Ignition's
+    /// `overwrite: false` would refuse its own half-written file).
+    Immediate,
+    /// At the caller's next [`sync_filesystems`]. Until then a power cut may
+    /// leave the file empty; only for files that are rewritten whenever the
+    /// work that wrote them is redone, by a caller that records the work as
+    /// done only after that sync. One sync per phase instead of two per
+    /// file: most of the agent's time on disk.
+    Deferred,
 }
 
 /// Owner ids to set; `None` keeps the writer's.
@@ -127,11 +147,15 @@ enum Part {
 /// Creates `dir` and missing parents with `mode` (parents Ignition-style
 /// 0755); existing directories are left as they are.
 pub fn create_dirs(dir: &Path, mode: u32) -> Result<(), FsError> {
+    create_dirs_with(dir, mode, Durability::Immediate)
+}
+
+fn create_dirs_with(dir: &Path, mode: u32, durability: Durability) -> Result<(), FsError> {
     if dir.is_dir() {
         return Ok(());
     }
     if let Some(parent) = dir.parent() {
-        create_dirs(parent, 0o755)?;
+        create_dirs_with(parent, 0o755, durability)?;
     }
     match fs::DirBuilder::new().mode(mode).create(dir) {
         Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(io_err(dir)(e)),
@@ -139,10 +163,10 @@ pub fn create_dirs(dir: &Path, mode: u32) -> Result<(), FsError> {
     }
     // DirBuilder's mode is filtered by the umask; set it exactly.
     fs::set_permissions(dir, fs::Permissions::from_mode(mode)).map_err(io_err(dir))?;
-    if let Some(parent) = dir.parent() {
-        sync_dir(parent)?;
+    match dir.parent() {
+        Some(parent) if durability == Durability::Immediate => sync_dir(parent),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 /// Whether `path` already holds exactly `contents` with `mode` and owner.
@@ -159,12 +183,24 @@ pub fn is_current(path: &Path, contents: &[u8], mode: u32, owner: Owner) -> bool
 }
 
 /// Writes `contents` to `path` atomically with `mode` and `owner`, creating
-/// parent directories. Returns whether anything changed.
+/// parent directories, durably before it returns. Returns whether anything
+/// changed.
 pub fn write_atomic(
     path: &Path,
     contents: &[u8],
     mode: u32,
     owner: Owner,
+) -> Result<bool, FsError> {
+    write_with(path, contents, mode, owner, Durability::Immediate)
+}
+
+/// [`write_atomic`] with the [`Durability`] the caller needs.
+pub fn write_with(
+    path: &Path,
+    contents: &[u8],
+    mode: u32,
+    owner: Owner,
+    durability: Durability,
 ) -> Result<bool, FsError> {
     if is_current(path, contents, mode, owner) {
         return Ok(false);
@@ -172,19 +208,27 @@ pub fn write_atomic(
     let dir = path
         .parent()
         .ok_or_else(|| FsError::BadPath(path.display().to_string()))?;
-    create_dirs(dir, 0o755)?;
+    create_dirs_with(dir, 0o755, durability)?;
     let temp = temp_path(path);
-    let result = write_temp(&temp, contents, mode, owner)
+    let result = write_temp(&temp, contents, mode, owner, durability)
         .and_then(|()| fs::rename(&temp, path).map_err(io_err(path)));
     if result.is_err() {
         let _ = fs::remove_file(&temp);
     }
     result?;
-    sync_dir(dir)?;
+    if durability == Durability::Immediate {
+        sync_dir(dir)?;
+    }
     Ok(true)
 }
 
-fn write_temp(temp: &Path, contents: &[u8], mode: u32, owner: Owner) -> Result<(), FsError> {
+fn write_temp(
+    temp: &Path,
+    contents: &[u8],
+    mode: u32,
+    owner: Owner,
+    durability: Durability,
+) -> Result<(), FsError> {
     let _ = fs::remove_file(temp);
     // Created with the final mode (0600 for keys): never readable by
     // others, not even for a moment.
@@ -203,19 +247,27 @@ fn write_temp(temp: &Path, contents: &[u8], mode: u32, owner: Owner) -> Result<(
         file.set_permissions(fs::Permissions::from_mode(mode))
             .map_err(io_err(temp))?;
     }
-    file.sync_all().map_err(io_err(temp))
+    match durability {
+        Durability::Immediate => file.sync_all().map_err(io_err(temp)),
+        Durability::Deferred => Ok(()),
+    }
 }
 
-/// Points `link` at `target`, replacing whatever is at `link` atomically.
-/// Returns whether anything changed.
+/// Points `link` at `target`, replacing whatever is at `link` atomically,
+/// durably before it returns. Returns whether anything changed.
 pub fn symlink_atomic(target: &Path, link: &Path) -> Result<bool, FsError> {
+    symlink_with(target, link, Durability::Immediate)
+}
+
+/// [`symlink_atomic`] with the [`Durability`] the caller needs.
+pub fn symlink_with(target: &Path, link: &Path, durability: Durability) -> Result<bool, FsError> {
     if fs::read_link(link).is_ok_and(|current| current == target) {
         return Ok(false);
     }
     let dir = link
         .parent()
         .ok_or_else(|| FsError::BadPath(link.display().to_string()))?;
-    create_dirs(dir, 0o755)?;
+    create_dirs_with(dir, 0o755, durability)?;
     let temp = temp_path(link);
     let _ = fs::remove_file(&temp);
     std::os::unix::fs::symlink(target, &temp).map_err(io_err(&temp))?;
@@ -223,7 +275,9 @@ pub fn symlink_atomic(target: &Path, link: &Path) -> Result<bool, FsError> {
         let _ = fs::remove_file(&temp);
         return Err(io_err(link)(e));
     }
-    sync_dir(dir)?;
+    if durability == Durability::Immediate {
+        sync_dir(dir)?;
+    }
     Ok(true)
 }
 
@@ -249,6 +303,31 @@ pub fn sync_dir(dir: &Path) -> Result<(), FsError> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(io_err(dir))
+}
+
+/// Makes every [`Durability::Deferred`] write so far durable on the
+/// filesystems holding `paths` (each filesystem once: syncfs(2) commits its
+/// journal and data together, which costs about what one fsync does).
+/// A path that does not exist stands for its nearest existing parent.
+pub fn sync_filesystems<P: AsRef<Path>>(paths: &[P]) -> Result<(), FsError> {
+    let mut synced = Vec::new();
+    for path in paths {
+        let mut path = path.as_ref();
+        while !path.exists() {
+            match path.parent() {
+                Some(parent) => path = parent,
+                None => break,
+            }
+        }
+        let file = File::open(path).map_err(io_err(path))?;
+        let device = file.metadata().map_err(io_err(path))?.dev();
+        if synced.contains(&device) {
+            continue;
+        }
+        nix::unistd::syncfs(&file).map_err(|e| io_err(path)(e.into()))?;
+        synced.push(device);
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -293,6 +372,23 @@ mod tests {
         assert!(write_atomic(&path, b"secret", 0o640, Owner::default()).unwrap());
         assert!(write_atomic(&path, b"other", 0o640, Owner::default()).unwrap());
         assert_eq!(fs::read(&path).unwrap(), b"other");
+        let leftovers = fs::read_dir(path.parent().unwrap()).unwrap().count();
+        assert_eq!(leftovers, 1);
+    }
+
+    #[test]
+    fn deferred_writes_are_complete_to_readers_and_synced_by_filesystem() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a/b/kubeconfig");
+        let owner = Owner::default();
+        assert!(write_with(&path, b"new", 0o600, owner, Durability::Deferred).unwrap());
+        assert_eq!(fs::read(&path).unwrap(), b"new");
+        assert!(!write_with(&path, b"new", 0o600, owner, Durability::Deferred).unwrap());
+        let link = dir.path().join("c/current");
+        assert!(symlink_with(Path::new("kubeconfig"), &link, Durability::Deferred).unwrap());
+        // Paths not created yet stand for their nearest existing parent.
+        let absent = dir.path().join("not/yet");
+        sync_filesystems(&[path.as_path(), link.as_path(), absent.as_path()]).unwrap();
         let leftovers = fs::read_dir(path.parent().unwrap()).unwrap().count();
         assert_eq!(leftovers, 1);
     }

@@ -11,7 +11,7 @@
 //! | `/etc/kubernetes/pki/ca.crt` | cluster CA |
 //! | `/etc/kubernetes/kubelet/config.json` | the server's KubeletConfiguration, verbatim |
 //! | `/etc/autonode/kubelet.env` | `KUBELET_ARGS=...`: the per-node flags |
-//! | `/etc/systemd/system/kubelet.service.d/10-autonode.conf` | drop-in: `EnvironmentFile=` + `ExecStart=<kubelet> $KUBELET_ARGS` |
+//! | `/etc/systemd/system/kubelet.service.d/10-autonode.conf` | drop-in: `EnvironmentFile=` + `ExecStart=<kubelet> $KUBELET_EXTRA_ARGS $KUBELET_ARGS` (the AMI's flags, then the node's) |
 //!
 //! The symlinked `-current.pem` files are exactly what kubelet's
 //! certificate store writes, with `--cert-dir=/var/lib/kubelet/pki`: with
@@ -19,7 +19,7 @@
 //! KubeletConfiguration, kubelet renews both itself. Flags carry only what
 //! is per node; everything else is the server's KubeletConfiguration.
 
-use crate::fsutil::{self, FsError, Owner, Root};
+use crate::fsutil::{self, Durability, FsError, Owner, Root};
 use crate::imds::Identity;
 use autonode_shared::protocol::JoinResponse;
 use rcgen::KeyPair;
@@ -37,6 +37,13 @@ pub const CONFIG: &str = "/etc/kubernetes/kubelet/config.json";
 pub const ENV_FILE: &str = "/etc/autonode/kubelet.env";
 pub const DROPIN: &str = "/etc/systemd/system/kubelet.service.d/10-autonode.conf";
 pub const UNIT: &str = "kubelet.service";
+/// A path on each filesystem [`write`] may write to.
+pub const WRITTEN: [&str; 4] = [
+    "/etc/kubernetes",
+    "/etc/autonode",
+    "/etc/systemd/system",
+    "/var/lib/kubelet",
+];
 
 /// Why kubelet could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -61,7 +68,9 @@ pub struct Keys<'a> {
 }
 
 /// Checks the answer against this node and writes every kubelet file.
-/// Returns how many files changed.
+/// Returns how many files changed. The writes are
+/// [`Durability::Deferred`]: every one is redone by a resumed apply phase,
+/// which the caller records only after syncing [`WRITTEN`].
 pub fn write(
     root: &Root,
     answer: &JoinResponse,
@@ -74,7 +83,7 @@ pub fn write(
     let serving = certificate_file(root, "server", &answer.serving_certificate, keys.serving)?;
     let mut changed = client + serving;
     let public = Owner::default();
-    changed += usize::from(fsutil::write_atomic(
+    changed += usize::from(write_file(
         &root.join(CLUSTER_CA)?,
         answer.cluster_ca.as_bytes(),
         0o644,
@@ -82,26 +91,21 @@ pub fn write(
     )?);
     let config =
         serde_json::to_vec_pretty(&answer.kubelet.config).map_err(|e| refused(e.to_string()))?;
-    changed += usize::from(fsutil::write_atomic(
-        &root.join(CONFIG)?,
-        &config,
-        0o644,
-        public,
-    )?);
+    changed += usize::from(write_file(&root.join(CONFIG)?, &config, 0o644, public)?);
     let kubeconfig = kubeconfig(&answer.api_server);
-    changed += usize::from(fsutil::write_atomic(
+    changed += usize::from(write_file(
         &root.join(KUBECONFIG)?,
         kubeconfig.as_bytes(),
         0o600,
         public,
     )?);
-    changed += usize::from(fsutil::write_atomic(
+    changed += usize::from(write_file(
         &root.join(ENV_FILE)?,
         env_file(answer).as_bytes(),
         0o644,
         public,
     )?);
-    changed += usize::from(fsutil::write_atomic(
+    changed += usize::from(write_file(
         &root.join(DROPIN)?,
         dropin(kubelet_path).as_bytes(),
         0o644,
@@ -195,7 +199,7 @@ fn certificate_file(
     );
     let contents = format!("{}\n{}", pem.trim_end(), key.serialize_pem());
     let file = root.join(&format!("{PKI_DIR}/{name}"))?;
-    let mut changed = usize::from(fsutil::write_atomic(
+    let mut changed = usize::from(write_file(
         &file,
         contents.as_bytes(),
         0o600,
@@ -203,8 +207,17 @@ fn certificate_file(
     )?);
     let current = root.join(&format!("{PKI_DIR}/kubelet-{kind}-current.pem"))?;
     // Relative, like kubelet's own: valid under any root.
-    changed += usize::from(fsutil::symlink_atomic(Path::new(&name), &current)?);
+    changed += usize::from(fsutil::symlink_with(
+        Path::new(&name),
+        &current,
+        Durability::Deferred,
+    )?);
     Ok(changed)
+}
+
+/// One of kubelet's files, deferred (see [`write`]).
+fn write_file(path: &Path, contents: &[u8], mode: u32, owner: Owner) -> Result<bool, FsError> {
+    fsutil::write_with(path, contents, mode, owner, Durability::Deferred)
 }
 
 fn kubeconfig(api_server: &str) -> String {
@@ -254,10 +267,15 @@ fn env_file(answer: &JoinResponse) -> String {
     )
 }
 
+/// `$KUBELET_EXTRA_ARGS` keeps the AMI's own flags, which this drop-in's
+/// `ExecStart=` would otherwise drop: what its kubelet version needs
+/// whatever the cluster (before 1.27 the container runtime endpoint is a
+/// flag only). They come first, so the per-node flags win a conflict.
 fn dropin(kubelet_path: &str) -> String {
     format!(
         "# Written by autonode-agent.\n[Unit]\nAfter=autonode-agent.service\n\n[Service]\n\
-         EnvironmentFile={ENV_FILE}\nExecStart=\nExecStart={kubelet_path} $KUBELET_ARGS\n"
+         EnvironmentFile={ENV_FILE}\nExecStart=\n\
+         ExecStart={kubelet_path} $KUBELET_EXTRA_ARGS $KUBELET_ARGS\n"
     )
 }
 

@@ -10,7 +10,7 @@
 
 use anyhow::Context as _;
 use autonode_agent::config::{self, Config, Document};
-use autonode_agent::fsutil::Root;
+use autonode_agent::fsutil::{Durability, Root};
 use autonode_agent::ignition::{self, units};
 use autonode_agent::imds::{self, Identity, Imds};
 use autonode_agent::join::{JoinError, ServerClient};
@@ -149,6 +149,8 @@ struct Run<'a> {
     config: Config,
     deadline: Deadline,
     state: StateDir,
+    /// The last phase an earlier run recorded.
+    resumed: Option<Phase>,
     progress: JoinSet<()>,
 }
 
@@ -167,9 +169,10 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
         config,
         deadline,
         state: StateDir::new(state_dir),
+        resumed: None,
         progress: JoinSet::new(),
     };
-    if already_joined(&run)? {
+    if already_joined(&mut run)? {
         return Ok(());
     }
     let identity = phase_identity(&run).await?;
@@ -177,7 +180,6 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
         .context("server trust")
         .map_err(fail(Kind::Config, Phase::Config))?;
     let reporter = Reporter::new(client.clone(), identity.rsa2048.clone());
-    run.progress(&reporter, Phase::Identity, "identity read", None);
     let mut key = None;
     let result = join_and_start(&mut run, &identity, &client, &reporter, &mut key).await;
     if let Err(failure) = &result {
@@ -297,12 +299,13 @@ fn flag_document(cli: &Cli) -> anyhow::Result<Document> {
 }
 
 /// A second run after success: verify and stop, without joining again.
-fn already_joined(run: &Run<'_>) -> Result<bool, Failure> {
+fn already_joined(run: &mut Run<'_>) -> Result<bool, Failure> {
     let state = run
         .state
         .load()
         .context("state")
         .map_err(fail(Kind::Failed, Phase::Config))?;
+    run.resumed = state.completed;
     if state.completed != Some(Phase::Start) {
         if let Some(phase) = state.completed {
             log::info!("resuming after phase={}", phase.as_str());
@@ -356,6 +359,9 @@ async fn phase_identity(run: &Run<'_>) -> Result<Identity, Failure> {
     Ok(identity)
 }
 
+/// keys → join → apply → start. One progress report, at the end: the join
+/// request itself tells the server everything earlier reports would, and
+/// they would compete with it; a failure is reported by the caller.
 async fn join_and_start(
     run: &mut Run<'_>,
     identity: &Identity,
@@ -363,53 +369,75 @@ async fn join_and_start(
     reporter: &Reporter,
     key_out: &mut Option<KeyPair>,
 ) -> Result<(), Failure> {
-    started(Phase::Keys);
-    let keys_failed = fail(Kind::Failed, Phase::Keys);
-    let (client_key, new) = keys::load_or_generate(&run.state.client_key())
-        .context("client key")
-        .map_err(keys_failed)?;
-    let (serving_key, _) = keys::load_or_generate(&run.state.serving_key())
-        .context("serving key")
-        .map_err(fail(Kind::Failed, Phase::Keys))?;
+    let (client_key, serving_key) = phase_keys(run)?;
     *key_out = Some(
         KeyPair::from_pem(&client_key.serialize_pem())
             .context("client key")
             .map_err(fail(Kind::Failed, Phase::Keys))?,
     );
-    record(run, Phase::Keys, None)?;
-    succeeded(
-        Phase::Keys,
-        if new { "(new keys)" } else { "(existing keys)" },
-    );
-    run.progress(reporter, Phase::Keys, "keys ready", Some(&client_key));
-
     let answer = phase_join(run, identity, client, &client_key, &serving_key).await?;
-    run.progress(reporter, Phase::Join, "joined", Some(&client_key));
 
     started(Phase::Apply);
     let units = apply(run, identity, &answer, &client_key, &serving_key)?;
-    record(run, Phase::Apply, Some(&answer.node_name))?;
+    let written = answer_paths(run)?;
+    record(run, Phase::Apply, Some(&answer.node_name), &written)?;
     succeeded(Phase::Apply, &format!("node={}", answer.node_name));
-    run.progress(
-        reporter,
-        Phase::Apply,
-        "configuration applied",
-        Some(&client_key),
-    );
 
     started(Phase::Start);
     kubelet::start(&run.cli.systemctl, &units)
         .context("starting kubelet")
         .map_err(fail(Kind::Failed, Phase::Start))?;
-    record(run, Phase::Start, Some(&answer.node_name))?;
+    record(
+        run,
+        Phase::Start,
+        Some(&answer.node_name),
+        &[] as &[PathBuf],
+    )?;
+    run.state
+        .flush()
+        .context("recording progress")
+        .map_err(fail(Kind::Failed, Phase::Start))?;
     succeeded(Phase::Start, &format!("node={}", answer.node_name));
     run.progress(reporter, Phase::Start, "kubelet started", Some(&client_key));
     Ok(())
 }
 
-fn record(run: &Run<'_>, phase: Phase, node_name: Option<&str>) -> Result<(), Failure> {
+/// The node's two keys, durable before the join can use them.
+fn phase_keys(run: &Run<'_>) -> Result<(KeyPair, KeyPair), Failure> {
+    started(Phase::Keys);
+    let never_used = run.resumed.is_none_or(|phase| phase < Phase::Keys);
+    let (client_key, new) = keys::load_or_generate(&run.state.client_key(), never_used)
+        .context("client key")
+        .map_err(fail(Kind::Failed, Phase::Keys))?;
+    let (serving_key, _) = keys::load_or_generate(&run.state.serving_key(), never_used)
+        .context("serving key")
+        .map_err(fail(Kind::Failed, Phase::Keys))?;
+    record(run, Phase::Keys, None, &[] as &[PathBuf])?;
+    succeeded(
+        Phase::Keys,
+        if new { "(new keys)" } else { "(existing keys)" },
+    );
+    Ok((client_key, serving_key))
+}
+
+/// kubelet's directories under the root, synced before apply is recorded.
+fn answer_paths(run: &Run<'_>) -> Result<Vec<PathBuf>, Failure> {
+    kubelet::WRITTEN
+        .iter()
+        .map(|path| run.root.join(path))
+        .collect::<Result<_, _>>()
+        .context("kubelet paths")
+        .map_err(fail(Kind::Failed, Phase::Apply))
+}
+
+fn record<P: AsRef<std::path::Path>>(
+    run: &Run<'_>,
+    phase: Phase,
+    node_name: Option<&str>,
+    written: &[P],
+) -> Result<(), Failure> {
     run.state
-        .record(phase, node_name)
+        .record(phase, node_name, written)
         .context("recording progress")
         .map_err(fail(Kind::Failed, phase))
 }
@@ -458,7 +486,7 @@ async fn phase_join(
         .save_response(&answer)
         .context("saving the join answer")
         .map_err(fail(Kind::Failed, Phase::Join))?;
-    record(run, Phase::Join, Some(&answer.node_name))?;
+    record(run, Phase::Join, Some(&answer.node_name), &[] as &[PathBuf])?;
     succeeded(Phase::Join, &format!("node={}", answer.node_name));
     Ok(answer)
 }
@@ -498,7 +526,7 @@ fn apply(
             fail(kind, Phase::Apply)(anyhow::Error::new(e).context("writing kubelet's files"))
         })?;
     log::info!("kubelet: {changed} files changed");
-    units::enable(&run.root, kubelet::UNIT)
+    units::enable(&run.root, kubelet::UNIT, Durability::Deferred)
         .context("enabling kubelet.service")
         .map_err(fail(Kind::Failed, Phase::Apply))?;
     Ok(applied.enabled_units)

@@ -6,7 +6,7 @@
 //! join resumes without asking again) and `state.json` (the last phase that
 //! completed).
 
-use crate::fsutil::{self, FsError, Owner, Root};
+use crate::fsutil::{self, Durability, FsError, Owner, Root};
 use crate::kubelet;
 use autonode_shared::protocol::{JoinResponse, Phase};
 use rustls::pki_types::{pem::PemObject, CertificateDer};
@@ -59,19 +59,44 @@ impl StateDir {
         self.dir.join("join-response.json")
     }
 
-    /// The state, or the empty state before the first run.
+    /// The state, or the empty state before the first run. A state file a
+    /// power cut left unreadable counts as empty: every phase is redone,
+    /// and redoing one is harmless.
     pub fn load(&self) -> Result<State, StateError> {
-        read_json(&self.state_file()).map(Option::unwrap_or_default)
+        match read_json(&self.state_file()) {
+            Err(StateError::Corrupt { path, reason }) => {
+                log::warn!("{}: unreadable ({reason}); starting over", path.display());
+                Ok(State::default())
+            }
+            other => other.map(Option::unwrap_or_default),
+        }
     }
 
-    /// Records that `phase` completed.
-    pub fn record(&self, phase: Phase, node_name: Option<&str>) -> Result<(), StateError> {
+    /// Records that `phase` completed, after making what it wrote durable:
+    /// `written` names a path on each filesystem the phase wrote to with
+    /// [`Durability::Deferred`] (the state directory is always synced). The
+    /// record itself is deferred too: lost in a power cut, it only makes
+    /// the next run redo the phase.
+    pub fn record<P: AsRef<Path>>(
+        &self,
+        phase: Phase,
+        node_name: Option<&str>,
+        written: &[P],
+    ) -> Result<(), StateError> {
+        let mut paths: Vec<&Path> = written.iter().map(AsRef::as_ref).collect();
+        paths.push(&self.dir);
+        fsutil::sync_filesystems(&paths)?;
         let state = State {
             completed: Some(phase),
             node_name: node_name.map(str::to_string),
             agent_version: env!("CARGO_PKG_VERSION").to_string(),
         };
         write_json(&self.state_file(), &state, 0o644)
+    }
+
+    /// Makes the last record durable.
+    pub fn flush(&self) -> Result<(), StateError> {
+        Ok(fsutil::sync_filesystems(&[&self.dir])?)
     }
 
     /// The saved join answer, if any.
@@ -106,7 +131,7 @@ fn write_json<T: Serialize>(path: &Path, value: &T, mode: u32) -> Result<(), Sta
         path: path.to_path_buf(),
         reason: e.to_string(),
     })?;
-    fsutil::write_atomic(path, &bytes, mode, Owner::default())?;
+    fsutil::write_with(path, &bytes, mode, Owner::default(), Durability::Deferred)?;
     Ok(())
 }
 
@@ -157,13 +182,23 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let state = StateDir::new(dir.path().join("s"));
         assert_eq!(state.load().unwrap(), State::default());
-        state.record(Phase::Join, Some("n")).unwrap();
+        state.record::<&Path>(Phase::Join, Some("n"), &[]).unwrap();
         let loaded = state.load().unwrap();
         assert_eq!(loaded.completed, Some(Phase::Join));
         assert_eq!(loaded.node_name.as_deref(), Some("n"));
         assert_eq!(state.load_response().unwrap(), None);
-        std::fs::write(dir.path().join("s/state.json"), "{").unwrap();
-        assert!(matches!(state.load(), Err(StateError::Corrupt { .. })));
+    }
+
+    #[test]
+    fn a_torn_state_file_means_starting_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::new(dir.path().to_path_buf());
+        state.record::<&Path>(Phase::Apply, Some("n"), &[]).unwrap();
+        // What a power cut before the sync may leave: empty, or cut short.
+        for torn in ["", "{\"completed\": \"app"] {
+            std::fs::write(dir.path().join("state.json"), torn).unwrap();
+            assert_eq!(state.load().unwrap(), State::default());
+        }
     }
 
     #[test]

@@ -13,7 +13,7 @@ use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequestStatus,
 };
 use k8s_openapi::ByteString;
-use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
@@ -33,9 +33,11 @@ pub struct IssueRequest<'a> {
     /// its CSR again instead of creating a second one.
     pub name: String,
     pub signer: &'a str,
-    pub usages: &'a [&'a str],
+    pub usages: [&'static str; 3],
     pub request_pem: &'a str,
     pub labels: BTreeMap<String, String>,
+    /// `client` or `serving`, for metrics and logs.
+    pub kind: &'static str,
     /// Why autonode approves it (shown in `kubectl describe csr`).
     pub approval_message: String,
 }
@@ -95,6 +97,16 @@ impl Issuer {
     /// certificate (PEM).
     pub async fn issue(&self, request: IssueRequest<'_>) -> Result<String, JoinError> {
         let csr = self.create_or_find(&request).await?;
+        self.finish(&request, csr).await
+    }
+
+    /// Approves `csr` (what [`Issuer::create_or_find`] returned for
+    /// `request`) unless it already is, and waits for its certificate.
+    pub async fn finish(
+        &self,
+        request: &IssueRequest<'_>,
+        csr: CertificateSigningRequest,
+    ) -> Result<String, JoinError> {
         match outcome(&csr) {
             Outcome::Issued(cert) => return Ok(cert),
             Outcome::Failed(message) => return Err(failed(&request.name, message)),
@@ -127,7 +139,36 @@ impl Issuer {
         })?
     }
 
-    async fn create_or_find(
+    /// Deletes `csr` when the join that created it will not finish it:
+    /// only if it was never approved, and only as it was then (a
+    /// resourceVersion precondition), so a retried join that approved it
+    /// since keeps it. Best effort: a leftover pending CSR is reaped by
+    /// kube-controller-manager's CSR cleaner.
+    pub async fn abandon(&self, csr: &CertificateSigningRequest) {
+        if is_approved(csr) || outcome(csr) != Outcome::Pending {
+            return;
+        }
+        let name = csr.metadata.name.clone().unwrap_or_default();
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                resource_version: csr.metadata.resource_version.clone(),
+                uid: csr.metadata.uid.clone(),
+            }),
+            ..Default::default()
+        };
+        match self.api.delete(&name, &params).await {
+            Ok(_) => tracing::debug!(csr = %name, "deleted the CSR of a join that failed"),
+            // Gone, or changed since (a retried join approved it): fine.
+            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {}
+            Err(e) => {
+                tracing::warn!(csr = %name, error = %e, "could not delete the unapproved CSR of a failed join")
+            }
+        }
+    }
+
+    /// Creates the CSR, or finds the one an earlier attempt of the same
+    /// join (same instance, purpose and key) created. Nothing is approved.
+    pub async fn create_or_find(
         &self,
         request: &IssueRequest<'_>,
     ) -> Result<CertificateSigningRequest, JoinError> {

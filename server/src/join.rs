@@ -9,14 +9,16 @@ use crate::ec2::{Ec2Instance, InstanceLookup, LookupError};
 use crate::events::Events;
 use crate::issuer::{IssueRequest, Issuer};
 use crate::karpenter::{aws_provider_id, NodeClaim};
-use crate::metrics::{JoinLabels, KindLabels, Metrics};
+use crate::metrics::{JoinLabels, KindLabels, Metrics, Steps};
 use crate::nodeclaim::{self, NodeClaims};
 use crate::nodeconfig::NodeConfig;
 use crate::refusal::{JoinError, Refusal};
 use crate::render::{ClusterSettings, NodeFacts};
 use autonode_shared::csr::{self, ParsedCsr, Purpose};
 use autonode_shared::identity::{self, IdentityDocument, Policy, TrustStore};
+use autonode_shared::protocol::KubeletSettings;
 use autonode_shared::protocol::{JoinRequest, JoinResponse};
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
@@ -82,45 +84,36 @@ async fn join(
     request: JoinRequest,
     claim_seen: &mut Option<Arc<NodeClaim>>,
 ) -> Result<(JoinResponse, Binding), JoinError> {
+    let mut steps = ctx.metrics.steps();
     let (client_csr, serving_csr) = parse(&request)?;
-    let attested = attest(ctx, &request, claim_seen).await?;
+    let attested = attest(ctx, &request, claim_seen, &mut steps).await?;
     let node_name = attested.instance.private_dns_name.clone();
     check_csrs(&client_csr, &serving_csr, &attested)?;
-    let name = attested.claim.metadata.name.as_deref().unwrap_or_default();
-    let fingerprint = client_csr.public_key_fingerprint();
-    let binding = binding::bind(
-        &ctx.claims,
-        &attested.claim,
-        &attested.doc.instance_id,
-        &fingerprint,
-    )
-    .await?;
-    if binding == Binding::New {
-        observe(ctx, &attested.claim, "attested");
-    }
-    let (client_cert, serving_cert) = tokio::try_join!(
-        issue(
-            ctx,
-            &attested,
-            &request.client_csr,
-            &client_csr,
-            Purpose::Client
-        ),
-        issue(
-            ctx,
+    let requests = [
+        issue_request(&attested, &request.client_csr, &client_csr, Purpose::Client),
+        issue_request(
             &attested,
             &request.serving_csr,
             &serving_csr,
-            Purpose::Serving
+            Purpose::Serving,
         ),
-    )?;
-    let facts = NodeFacts {
-        claim: &attested.claim,
-        provider_id: &attested.provider_id,
-        node_ip: node_ip(&attested),
-    };
-    tracing::debug!(nodeclaim = name, "rendering node config");
-    let (kubelet, ignition) = ctx.nodeconfig.render(&ctx.cluster.settings, &facts).await?;
+    ];
+    let key = client_csr.public_key_fingerprint();
+    let prepared = prepare(ctx, &attested, &key, &requests).await?;
+    steps.done("prepare");
+    if prepared.binding == Binding::New {
+        observe(ctx, &attested.claim, "attested");
+    }
+    let issued = requests
+        .iter()
+        .zip(prepared.csrs)
+        .map(|(r, csr)| finish(ctx, r, csr));
+    let certificates = futures::future::try_join_all(issued).await?;
+    let [client_cert, serving_cert] = <[String; 2]>::try_from(certificates)
+        .map_err(|_| JoinError::Unavailable("expected two certificates".into()))?;
+    steps.done("certificates");
+    let (kubelet, ignition) = prepared.rendered;
+    let binding = prepared.binding;
     let response = JoinResponse {
         node_name,
         api_server: ctx.cluster.api_server.clone(),
@@ -134,6 +127,54 @@ async fn join(
         observe(ctx, &attested.claim, "certificates");
     }
     Ok((response, binding))
+}
+
+/// What a join has ready before anything is approved.
+struct Prepared {
+    binding: Binding,
+    rendered: (KubeletSettings, serde_json::Value),
+    /// The CSR objects, in the order of the requests.
+    csrs: Vec<CertificateSigningRequest>,
+}
+
+/// Binds the instance to its key, renders its config and creates its CSR
+/// objects. These need only what attestation established, so they run
+/// together; approving waits for all three, so a join that fails any of
+/// them approves nothing (and deletes the CSRs it created).
+async fn prepare(
+    ctx: &JoinContext,
+    attested: &Attested,
+    key: &str,
+    requests: &[IssueRequest<'_>],
+) -> Result<Prepared, JoinError> {
+    let facts = NodeFacts {
+        claim: &attested.claim,
+        provider_id: &attested.provider_id,
+        node_ip: node_ip(attested),
+    };
+    let (binding, rendered, created) = tokio::join!(
+        binding::bind(&ctx.claims, &attested.claim, &attested.doc.instance_id, key),
+        ctx.nodeconfig.render(&ctx.cluster.settings, &facts),
+        futures::future::join_all(requests.iter().map(|r| ctx.issuer.create_or_find(r))),
+    );
+    let (csrs, failed): (Vec<_>, Vec<_>) = created.into_iter().partition(Result::is_ok);
+    let csrs: Vec<_> = csrs.into_iter().flatten().collect();
+    let failed = failed.into_iter().find_map(Result::err);
+    match (binding, rendered, failed) {
+        (Ok(binding), Ok(rendered), None) => Ok(Prepared {
+            binding,
+            rendered,
+            csrs,
+        }),
+        (binding, rendered, failed) => {
+            for csr in &csrs {
+                ctx.issuer.abandon(csr).await;
+            }
+            // The binding's refusal (a replay) says most; then the config.
+            let first = binding.err().or(rendered.err()).or(failed);
+            Err(first.unwrap_or_else(|| JoinError::Unavailable("join preparation failed".into())))
+        }
+    }
 }
 
 /// Records a bootstrap milestone's latency from the NodeClaim's creation.
@@ -155,6 +196,7 @@ async fn attest(
     ctx: &JoinContext,
     request: &JoinRequest,
     claim_seen: &mut Option<Arc<NodeClaim>>,
+    steps: &mut Steps<'_>,
 ) -> Result<Attested, JoinError> {
     let verified =
         identity::verify(request.identity.rsa2048.as_bytes(), &ctx.trust).map_err(Refusal::from)?;
@@ -177,7 +219,9 @@ async fn attest(
         ));
     }
     let claim = nodeclaim::select(&provider_id, matches, doc.pending_time)?;
+    steps.done("attest");
     let instance = lookup(ctx, &doc).await?;
+    steps.done("ec2");
     Ok(Attested {
         doc,
         claim,
@@ -232,26 +276,28 @@ fn check_csrs(client: &ParsedCsr, serving: &ParsedCsr, attested: &Attested) -> R
         .map_err(Refusal::ServingCsr)
 }
 
-/// Step 4: a CSR object, approved, signed by kube-controller-manager.
-async fn issue(
-    ctx: &JoinContext,
+/// Step 4: what to ask kube-controller-manager for.
+fn issue_request<'a>(
     attested: &Attested,
-    pem: &str,
+    pem: &'a str,
     parsed: &ParsedCsr,
     purpose: Purpose,
-) -> Result<String, JoinError> {
-    let (kind, signer) = match purpose {
-        Purpose::Client => ("client", csr::CLIENT_SIGNER),
-        Purpose::Serving => ("serving", csr::SERVING_SIGNER),
+) -> IssueRequest<'a> {
+    let signer = match purpose {
+        Purpose::Client => csr::CLIENT_SIGNER,
+        Purpose::Serving => csr::SERVING_SIGNER,
     };
     let instance_id = &attested.doc.instance_id;
     let claim = attested.claim.metadata.name.clone().unwrap_or_default();
-    let usages = csr::usages_for(purpose);
     let fingerprint = parsed.public_key_fingerprint();
-    let request = IssueRequest {
-        name: format!("autonode-{instance_id}-{kind}-{}", &fingerprint[..16]),
+    IssueRequest {
+        name: format!(
+            "autonode-{instance_id}-{}-{}",
+            kind(purpose),
+            &fingerprint[..16]
+        ),
         signer,
-        usages: &usages,
+        usages: csr::usages_for(purpose),
         request_pem: pem,
         labels: BTreeMap::from([
             ("autonode.dev/instance-id".to_string(), instance_id.clone()),
@@ -260,11 +306,27 @@ async fn issue(
         approval_message: format!(
             "autonode-server: instance {instance_id} attested by its AWS identity document for NodeClaim {claim}"
         ),
-    };
-    let cert = ctx.issuer.issue(request).await?;
+        kind: kind(purpose),
+    }
+}
+
+fn kind(purpose: Purpose) -> &'static str {
+    match purpose {
+        Purpose::Client => "client",
+        Purpose::Serving => "serving",
+    }
+}
+
+/// Step 5: the CSR object approved, signed by kube-controller-manager.
+async fn finish(
+    ctx: &JoinContext,
+    request: &IssueRequest<'_>,
+    csr: CertificateSigningRequest,
+) -> Result<String, JoinError> {
+    let cert = ctx.issuer.finish(request, csr).await?;
     ctx.metrics
         .approvals
-        .get_or_create(&KindLabels { kind })
+        .get_or_create(&KindLabels { kind: request.kind })
         .inc();
     Ok(cert)
 }

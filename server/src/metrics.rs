@@ -33,6 +33,14 @@ pub struct MilestoneLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StepLabels {
+    /// `attest` (the document, the NodeClaim, the policy), `ec2`, `prepare`
+    /// (binding, rendering, creating the CSRs, together) or `certificates`
+    /// (approving, kube-controller-manager signing).
+    pub step: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PhaseLabels {
     pub phase: &'static str,
     pub outcome: &'static str,
@@ -44,6 +52,7 @@ pub struct Metrics {
     registry: Arc<Registry>,
     pub joins: Family<JoinLabels, Counter>,
     pub join_seconds: Histogram,
+    pub join_step_seconds: Family<StepLabels, Histogram>,
     pub possible_replays: Counter,
     pub approvals: Family<KindLabels, Counter>,
     pub renewals_refused: Family<KindLabels, Counter>,
@@ -54,6 +63,24 @@ pub struct Metrics {
     pub nodeclass_writes: Counter,
     pub milestone_seconds: Family<MilestoneLabels, Histogram>,
     pub leader: Gauge,
+}
+
+/// A stopwatch over a join's steps: each [`Steps::done`] records the time
+/// since the previous one under that step's name.
+pub struct Steps<'a> {
+    metrics: &'a Metrics,
+    since: std::time::Instant,
+}
+
+impl Steps<'_> {
+    pub fn done(&mut self, step: &'static str) {
+        let now = std::time::Instant::now();
+        self.metrics
+            .join_step_seconds
+            .get_or_create(&StepLabels { step })
+            .observe(now.duration_since(self.since).as_secs_f64());
+        self.since = now;
+    }
 }
 
 impl Metrics {
@@ -70,6 +97,15 @@ impl Metrics {
             "join_duration_seconds",
             "Time to answer a join request",
             join_seconds.clone(),
+        );
+        let join_step_seconds = Family::<StepLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.001, 2.0, 14))
+        });
+        registry.register(
+            "join_step_duration_seconds",
+            "Time each step of a join took, for those it reached (where a slow join \
+             spends it: EC2, the API server's writes, kube-controller-manager's signing)",
+            join_step_seconds.clone(),
         );
         let possible_replays = Counter::default();
         registry.register(
@@ -137,6 +173,7 @@ impl Metrics {
             registry: Arc::new(registry),
             joins,
             join_seconds,
+            join_step_seconds,
             possible_replays,
             approvals,
             renewals_refused,
@@ -147,6 +184,14 @@ impl Metrics {
             nodeclass_writes,
             milestone_seconds,
             leader,
+        }
+    }
+
+    /// Times the steps of one join; see [`Steps`].
+    pub fn steps(&self) -> Steps<'_> {
+        Steps {
+            metrics: self,
+            since: std::time::Instant::now(),
         }
     }
 

@@ -11,7 +11,7 @@
 
 use super::spec::Unit;
 use super::IgnitionError;
-use crate::fsutil::{self, Owner, Root};
+use crate::fsutil::{self, Durability, Owner, Root};
 use std::path::{Path, PathBuf};
 
 /// Where units written by the config go.
@@ -79,7 +79,7 @@ pub fn apply(root: &Root, unit: &Unit) -> Result<bool, IgnitionError> {
         }
     }
     changed |= match unit.enabled {
-        Some(true) => enable(root, &unit.name)?,
+        Some(true) => enable(root, &unit.name, Durability::Immediate)?,
         Some(false) => disable(root, &unit.name)?,
         None => false,
     };
@@ -107,8 +107,9 @@ fn find_unit(root: &Root, name: &str) -> Result<Option<(PathBuf, String)>, Ignit
     Ok(None)
 }
 
-/// Symlinks for the unit's `[Install]` section, as `systemctl enable` does.
-pub fn enable(root: &Root, name: &str) -> Result<bool, IgnitionError> {
+/// Symlinks for the unit's `[Install]` section, as `systemctl enable` does,
+/// with the [`Durability`] the caller needs.
+pub fn enable(root: &Root, name: &str, durability: Durability) -> Result<bool, IgnitionError> {
     let (path, real) =
         find_unit(root, name)?.ok_or_else(|| invalid(name, "enabled, but no unit file exists"))?;
     let text = std::fs::read_to_string(&path)
@@ -131,7 +132,7 @@ pub fn enable(root: &Root, name: &str) -> Result<bool, IgnitionError> {
                 &format!("[Install] {key}={value} is not a unit name"),
             ));
         }
-        changed |= fsutil::symlink_atomic(Path::new(&real), &root.join(&link)?)?;
+        changed |= fsutil::symlink_with(Path::new(&real), &root.join(&link)?, durability)?;
     }
     Ok(changed)
 }

@@ -4,8 +4,10 @@
 //!
 //! 1. **join vs bare CSR**: one join at a time, the real agent binary
 //!    (`$AUTONODE_AGENT_BIN`, the static release build) on a simulated
-//!    instance, timed from the agent's start to its exit 0 (credentials
-//!    written, kubelet started through the fake systemctl); interleaved with
+//!    instance, timed from the agent's start to kubelet's credentials
+//!    written and synced (the agent's `phase=apply succeeded` line, read
+//!    from its stderr as it comes), and to its exit 0 (kubelet started
+//!    through the fake systemctl, reports sent); interleaved with
 //!    the bare Kubernetes path a kubelet bootstrap takes on the same API
 //!    server (create a client CSR, approve it, wait for the certificate).
 //!    Each agent run is reaped with `wait4`, which gives its peak RSS and CPU
@@ -195,6 +197,7 @@ async fn sequential(options: &Options, results: &mut Map<String, Value>) -> Resu
     let csrs: Api<CertificateSigningRequest> = Api::all(admin);
     let signed = watch_signed(Api::all(world.cp.admin().await?));
     let mut joins = Vec::with_capacity(options.joins);
+    let mut exits = Vec::with_capacity(options.joins);
     let mut bares = Vec::with_capacity(options.bare);
     let mut max_rss_kib = 0;
     let mut cpu = Vec::with_capacity(options.joins);
@@ -205,7 +208,8 @@ async fn sequential(options: &Options, results: &mut Map<String, Value>) -> Resu
             let node = SimulatedNode::boot(&world, instance)?;
             let run = run_agent(&node, &options.agent).await?;
             if counted {
-                joins.push(run.elapsed);
+                joins.push(run.credentials);
+                exits.push(run.elapsed);
                 max_rss_kib = max_rss_kib.max(run.max_rss_kib);
                 cpu.push(run.cpu);
             }
@@ -225,18 +229,35 @@ async fn sequential(options: &Options, results: &mut Map<String, Value>) -> Resu
             );
         }
     }
-    let (count, sum) = join_seconds(&world).await?;
-    // The server's own time per join (its histogram's mean): the rest of
-    // an agent's run is the agent's work on the node.
+    let metrics = server_metrics(&world).await?;
+    // The server's own time per join (its histograms' means): the rest of
+    // an agent's run is the agent's work on the node. Includes the warmup
+    // joins.
+    let mean_ms = |name: &str, labels: &str| -> Result<f64> {
+        let count = metric(&metrics, &format!("{name}_count{labels}"))?;
+        let sum = metric(&metrics, &format!("{name}_sum{labels}"))?;
+        Ok(round(sum / count.max(1.0) * 1000.0, 1))
+    };
     results.insert(
         "join_server_mean_ms".into(),
-        round(sum / count.max(1.0) * 1000.0, 1).into(),
+        mean_ms("autonode_join_duration_seconds", "")?.into(),
     );
+    let mut steps = Map::new();
+    for step in JOIN_STEPS {
+        let labels = format!("{{step=\"{step}\"}}");
+        let mean = mean_ms("autonode_join_step_duration_seconds", &labels)?;
+        steps.insert(step.into(), mean.into());
+    }
+    results.insert("join_server_steps_mean_ms".into(), steps.into());
     keep_logs(&world, "sequential")?;
     let samples = |v: &[Duration]| v.iter().map(|d| round(ms(*d), 2)).collect::<Vec<f64>>();
     results.insert(
         "samples".into(),
-        json!({"join_ms": samples(&joins), "bare_csr_ms": samples(&bares)}),
+        json!({
+            "join_ms": samples(&joins),
+            "agent_exit_ms": samples(&exits),
+            "bare_csr_ms": samples(&bares),
+        }),
     );
     let join_p50 = ms(percentile(&joins, 0.5));
     let bare_p50 = ms(percentile(&bares, 0.5));
@@ -247,6 +268,7 @@ async fn sequential(options: &Options, results: &mut Map<String, Value>) -> Resu
     put(results, "join_p50_ms", join_p50);
     put(results, "join_p99_ms", ms(percentile(&joins, 0.99)));
     put(results, "join_min_ms", ms(percentile(&joins, 0.0)));
+    put(results, "agent_exit_p50_ms", ms(percentile(&exits, 0.5)));
     results.insert("bare_csrs".into(), bares.len().into());
     put(results, "bare_csr_p50_ms", bare_p50);
     put(results, "bare_csr_p99_ms", ms(percentile(&bares, 0.99)));
@@ -261,6 +283,9 @@ async fn sequential(options: &Options, results: &mut Map<String, Value>) -> Resu
 
 /// One agent run, reaped with `wait4`.
 struct AgentRun {
+    /// Until kubelet's credentials were written and synced.
+    credentials: Duration,
+    /// Until the agent exited.
     elapsed: Duration,
     max_rss_kib: u64,
     cpu: Duration,
@@ -294,7 +319,7 @@ async fn run_agent(node: &SimulatedNode, agent: &Path) -> Result<AgentRun> {
         .env_remove("AWS_EC2_METADATA_SERVICE_ENDPOINT")
         .stdin(std::process::Stdio::null())
         .stdout(log.try_clone()?)
-        .stderr(log);
+        .stderr(std::process::Stdio::piped());
     // SAFETY: setns is a plain system call, safe between fork and exec.
     unsafe {
         command.pre_exec(move || {
@@ -302,24 +327,27 @@ async fn run_agent(node: &SimulatedNode, agent: &Path) -> Result<AgentRun> {
                 .map_err(std::io::Error::from)
         });
     }
-    let (elapsed, status, usage) = tokio::task::spawn_blocking(move || -> Result<_> {
-        let started = Instant::now();
-        let child = command.spawn().context("starting the agent")?;
-        let pid = child.id() as nix::libc::pid_t;
-        let mut status = 0;
-        // SAFETY: an all-zero rusage is valid; wait4 fills it in.
-        let mut usage: nix::libc::rusage = unsafe { std::mem::zeroed() };
-        // SAFETY: valid pointers to locals; reaps only our own child.
-        let reaped = unsafe { nix::libc::wait4(pid, &mut status, 0, &mut usage) };
-        let elapsed = started.elapsed();
-        if std::env::var_os("AUTONODE_BENCH_TRACE").is_some() {
-            let now = time::OffsetDateTime::now_utc();
-            eprintln!("agent ran {:?} until {now}", elapsed);
-        }
-        ensure!(reaped == pid, "wait4: {}", std::io::Error::last_os_error());
-        Ok((elapsed, status, usage))
-    })
-    .await??;
+    let (credentials, elapsed, status, usage) =
+        tokio::task::spawn_blocking(move || -> Result<_> {
+            let started = Instant::now();
+            let mut child = command.spawn().context("starting the agent")?;
+            let pid = child.id() as nix::libc::pid_t;
+            let stderr = child.stderr.take().context("the agent's stderr")?;
+            let credentials = read_log(stderr, log, started)?;
+            let mut status = 0;
+            // SAFETY: an all-zero rusage is valid; wait4 fills it in.
+            let mut usage: nix::libc::rusage = unsafe { std::mem::zeroed() };
+            // SAFETY: valid pointers to locals; reaps only our own child.
+            let reaped = unsafe { nix::libc::wait4(pid, &mut status, 0, &mut usage) };
+            let elapsed = started.elapsed();
+            if std::env::var_os("AUTONODE_BENCH_TRACE").is_some() {
+                let now = time::OffsetDateTime::now_utc();
+                eprintln!("agent ran {:?} until {now}", elapsed);
+            }
+            ensure!(reaped == pid, "wait4: {}", std::io::Error::last_os_error());
+            Ok((credentials, elapsed, status, usage))
+        })
+        .await??;
     let log = std::fs::read_to_string(root.join("agent.log")).unwrap_or_default();
     if let Some(dir) = std::env::var_os("AUTONODE_BENCH_LOGS") {
         std::fs::create_dir_all(&dir)?;
@@ -341,11 +369,36 @@ async fn run_agent(node: &SimulatedNode, agent: &Path) -> Result<AgentRun> {
     let tv = |t: nix::libc::timeval| {
         Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
     };
+    let credentials = credentials
+        .with_context(|| format!("the agent never logged {CREDENTIALS_WRITTEN}:\n{log}"))?;
     Ok(AgentRun {
+        credentials,
         elapsed,
         max_rss_kib: usage.ru_maxrss as u64,
         cpu: tv(usage.ru_utime) + tv(usage.ru_stime),
     })
+}
+
+/// The agent's line once kubelet's files are written and synced.
+const CREDENTIALS_WRITTEN: &str = "phase=apply succeeded";
+
+/// Copies the agent's stderr to `log` as it comes; when it logged
+/// [`CREDENTIALS_WRITTEN`], counted from `started`.
+fn read_log(
+    stderr: impl std::io::Read,
+    mut log: std::fs::File,
+    started: Instant,
+) -> Result<Option<Duration>> {
+    use std::io::{BufRead as _, Write as _};
+    let mut credentials = None;
+    for line in std::io::BufReader::new(stderr).lines() {
+        let line = line.context("reading the agent's stderr")?;
+        if credentials.is_none() && line.contains(CREDENTIALS_WRITTEN) {
+            credentials = Some(started.elapsed());
+        }
+        writeln!(log, "{line}")?;
+    }
+    Ok(credentials)
 }
 
 /// What kubelet's TLS bootstrap does on the API server: create a client
@@ -621,19 +674,21 @@ impl JoinClient {
     }
 }
 
-/// The server's join duration histogram: (count, sum of seconds).
-async fn join_seconds(world: &World) -> Result<(f64, f64)> {
+/// The server's steps of a join, as its `join_step_duration_seconds`
+/// histogram labels them.
+const JOIN_STEPS: [&str; 4] = ["attest", "ec2", "prepare", "certificates"];
+
+/// The server's /metrics text.
+async fn server_metrics(world: &World) -> Result<String> {
     let url = format!("{}/metrics", world.server.metrics_url());
-    let (_, text) = autonode_tests::server::http_get(&url).await?;
-    let value = |name: &str| -> Result<f64> {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-            .with_context(|| format!("no {name} in /metrics"))
-    };
-    Ok((
-        value("autonode_join_duration_seconds_count")?,
-        value("autonode_join_duration_seconds_sum")?,
-    ))
+    Ok(autonode_tests::server::http_get(&url).await?.1)
+}
+
+/// The value of the sample named exactly `name` (with its labels).
+fn metric(text: &str, name: &str) -> Result<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .with_context(|| format!("no {name} in /metrics"))
 }
 
 /// With `$AUTONODE_BENCH_LOGS` set to a directory, copies the server's and
@@ -755,6 +810,10 @@ fn table(results: &Value) -> String {
             format!("{} / {} ms", num("join_p50_ms"), num("join_p99_ms")),
         ),
         (
+            "agent start to exit p50 (kubelet started, reports sent)".into(),
+            format!("{} ms", num("agent_exit_p50_ms")),
+        ),
+        (
             format!("bare kubelet CSR p50 / p99 ({} CSRs)", num("bare_csrs")),
             format!("{} / {} ms", num("bare_csr_p50_ms"), num("bare_csr_p99_ms")),
         ),
@@ -762,6 +821,15 @@ fn table(results: &Value) -> String {
         (
             "server's part of a join (mean, its histogram)".into(),
             format!("{} ms", num("join_server_mean_ms")),
+        ),
+        (
+            format!("… of which {}", JOIN_STEPS.join(" / ")),
+            format!(
+                "{} ms",
+                JOIN_STEPS
+                    .map(|step| get("join_server_steps_mean_ms")[step].to_string())
+                    .join(" / ")
+            ),
         ),
         (
             format!("burst: {} joins at once", num("burst_nodes")),

@@ -204,6 +204,15 @@ async fn refusals_approve_nothing_and_log_the_reason() -> Result<()> {
             .any(|l| l.contains(&body.request_id) && l.contains("possible_replay")),
         "no possible_replay log line"
     );
+    // The replay's CSR objects were created beside the binding check and
+    // deleted, unapproved, when it failed: only the honest join's remain.
+    let names: Vec<_> = world
+        .csrs_for(&bound)
+        .await?
+        .into_iter()
+        .filter_map(|csr| csr.metadata.name)
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
 
     // A NodeClaim being deleted (held by a finalizer) and one already
     // Registered.

@@ -246,6 +246,10 @@ async fn a_broken_ignition_config_is_retryable_and_reported_on_the_class() -> Re
         let again = world.joiner.join(&request).await?;
         assert_eq!(again.status(), 503, "still broken");
     }
+    // The CSRs were created beside the rendering and deleted unapproved
+    // when it failed: nothing is approved for a node whose config is broken.
+    let csrs = world.csrs_for(&instance).await?;
+    assert!(csrs.is_empty(), "CSRs left behind: {csrs:?}");
     world.event_reasons("broken", "NodeConfigInvalid").await?;
     let events: Api<Event> = Api::namespaced(world.cp.admin().await?, "default");
     let selector = "involvedObject.kind=EC2NodeClass,involvedObject.name=broken";
