@@ -232,29 +232,27 @@ impl Imds {
     /// Reads everything the join needs about this instance.
     pub async fn identity(&self) -> Result<Identity, ImdsError> {
         let document_path = "/latest/dynamic/instance-identity/document";
-        let document_raw = self.require_text(document_path).await?;
+        // The first request fetches the session token; the rest share it
+        // and go out together (each is a round trip to the hypervisor).
+        let instance_id = self.require_text("/latest/meta-data/instance-id").await?;
+        let (document_raw, rsa2048, availability_zone, local_hostname, ips) = tokio::try_join!(
+            self.require_text(document_path),
+            self.require_text("/latest/dynamic/instance-identity/rsa2048"),
+            self.require_text("/latest/meta-data/placement/availability-zone"),
+            self.require_text("/latest/meta-data/local-hostname"),
+            self.ips(),
+        )?;
         let document: IdentityDocument =
             serde_json::from_str(&document_raw).map_err(|e| ImdsError::Invalid {
                 path: document_path.into(),
                 reason: e.to_string(),
             })?;
-        let rsa2048 = self
-            .require_text("/latest/dynamic/instance-identity/rsa2048")
-            .await?;
-        let instance_id = self.require_text("/latest/meta-data/instance-id").await?;
-        let availability_zone = self
-            .require_text("/latest/meta-data/placement/availability-zone")
-            .await?;
         if instance_id != document.instance_id || availability_zone != document.availability_zone {
             return Err(ImdsError::Invalid {
                 path: document_path.into(),
                 reason: "instance id or availability zone differs from the metadata".into(),
             });
         }
-        let local_hostname = self
-            .require_text("/latest/meta-data/local-hostname")
-            .await?;
-        let ips = self.ips().await?;
         Ok(Identity {
             document,
             rsa2048,
@@ -265,11 +263,16 @@ impl Imds {
 
     /// The primary interface's private IPv4s and IPv6s, primary IP first.
     async fn ips(&self) -> Result<Vec<IpAddr>, ImdsError> {
-        let mut lists = vec![self.get_text("/latest/meta-data/local-ipv4").await?];
-        if let Some(mac) = self.get_text("/latest/meta-data/mac").await? {
+        let (primary, mac) = tokio::try_join!(
+            self.get_text("/latest/meta-data/local-ipv4"),
+            self.get_text("/latest/meta-data/mac"),
+        )?;
+        let mut lists = vec![primary];
+        if let Some(mac) = mac {
             let base = format!("/latest/meta-data/network/interfaces/macs/{mac}");
-            lists.push(self.get_text(&format!("{base}/local-ipv4s")).await?);
-            lists.push(self.get_text(&format!("{base}/ipv6s")).await?);
+            let (v4_path, v6_path) = (format!("{base}/local-ipv4s"), format!("{base}/ipv6s"));
+            let (v4, v6) = tokio::try_join!(self.get_text(&v4_path), self.get_text(&v6_path))?;
+            lists.extend([v4, v6]);
         }
         let mut ips: Vec<IpAddr> = Vec::new();
         for word in lists
