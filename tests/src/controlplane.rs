@@ -50,7 +50,14 @@ impl ControlPlane {
     /// Starts etcd, kube-apiserver and kube-controller-manager, waits until
     /// the API answers, and installs the Karpenter CRDs.
     pub async fn start() -> Result<Self> {
-        let cp = Self::start_without_crds().await?;
+        Self::start_reachable_at(&[]).await
+    }
+
+    /// Like [`ControlPlane::start`], with the API server's certificate also
+    /// valid for `extra_ips`: the addresses a machine that is not this host
+    /// (a VM) uses to reach it through a forward.
+    pub async fn start_reachable_at(extra_ips: &[IpAddr]) -> Result<Self> {
+        let cp = Self::start_bare(extra_ips).await?;
         install_crds(&cp.admin().await?, &KARPENTER_CRDS).await?;
         Ok(cp)
     }
@@ -58,13 +65,17 @@ impl ControlPlane {
     /// Like [`ControlPlane::start`], without the Karpenter CRDs (for
     /// installing them some other way).
     pub async fn start_without_crds() -> Result<Self> {
+        Self::start_bare(&[]).await
+    }
+
+    async fn start_bare(extra_ips: &[IpAddr]) -> Result<Self> {
         let bin = kube_bin_dir()?;
         let dir = tempfile::Builder::new()
             .prefix("autonode-cp-")
             .tempdir()
             .context("creating control plane directory")?;
         let ca = Ca::new("autonode-test-cluster-ca")?;
-        let files = Files::write(dir.path(), &ca)?;
+        let files = Files::write(dir.path(), &ca, extra_ips)?;
 
         let etcd = start_etcd(dir.path())?;
         let api_port = free_port()?;
@@ -210,9 +221,10 @@ struct Files {
 }
 
 impl Files {
-    fn write(dir: &Path, ca: &Ca) -> Result<Self> {
-        let loopback = [IpAddr::V4(Ipv4Addr::LOCALHOST)];
-        let serving = ca.server(&["localhost", "kubernetes.default.svc"], &loopback)?;
+    fn write(dir: &Path, ca: &Ca, extra_ips: &[IpAddr]) -> Result<Self> {
+        let mut ips = vec![IpAddr::V4(Ipv4Addr::LOCALHOST)];
+        ips.extend_from_slice(extra_ips);
+        let serving = ca.server(&["localhost", "kubernetes.default.svc"], &ips)?;
         let service_accounts = rcgen::KeyPair::generate().context("service account key")?;
         let put = |name: &str, text: &str| {
             std::fs::write(dir.join(name), text).with_context(|| format!("writing {name}"))

@@ -14,6 +14,7 @@
 //! - [`process`]: child processes that die with their test.
 //! - [`server`]: autonode-server as a real process, under the shipped RBAC.
 //! - [`world`]: one test's control plane, fake cloud and server together.
+//! - [`vm`]: the test image booted under QEMU, a real machine for the agent.
 //!
 //! The cloud is the only stand-in; everything Kubernetes is real.
 
@@ -26,4 +27,5 @@ pub mod node;
 pub mod pki;
 pub mod process;
 pub mod server;
+pub mod vm;
 pub mod world;

@@ -50,6 +50,17 @@ impl TestServer {
         cloud: &CloudSettings,
         extra_args: &[String],
     ) -> Result<Self> {
+        Self::start_reachable_at(cp, cloud, extra_args, &[]).await
+    }
+
+    /// Like [`TestServer::start`], with the serving certificate also valid
+    /// for `extra_ips` (where a VM reaches the server through a forward).
+    pub async fn start_reachable_at(
+        cp: &ControlPlane,
+        cloud: &CloudSettings,
+        extra_args: &[String],
+        extra_ips: &[IpAddr],
+    ) -> Result<Self> {
         let admin = cp.admin().await?;
         apply_manifest(&admin, GUEST_RBAC).await?;
         let token = service_account_token(&admin, SERVER_SERVICE_ACCOUNT).await?;
@@ -60,13 +71,18 @@ impl TestServer {
         write_token_kubeconfig(&kubeconfig, cp.url(), cp.ca().cert_pem(), &token)?;
 
         let join_ca = Ca::new("autonode-join-ca")?;
-        let serving = join_ca.server(&["localhost"], &[IpAddr::V4(Ipv4Addr::LOCALHOST)])?;
+        let mut ips = vec![IpAddr::V4(Ipv4Addr::LOCALHOST)];
+        ips.extend_from_slice(extra_ips);
+        let serving = join_ca.server(&["localhost"], &ips)?;
         let put = |name: &str, text: &str| -> Result<PathBuf> {
             let path = dir.path().join(name);
             std::fs::write(&path, text).with_context(|| format!("writing {name}"))?;
             Ok(path)
         };
-        let cert = put("tls.crt", &serving.cert_pem)?;
+        // The chain with its CA, as deployments serve it: agents that pin
+        // the CA by its hash (`server-ca-sha256`) find it there.
+        let chain = format!("{}{}", serving.cert_pem, join_ca.cert_pem());
+        let cert = put("tls.crt", &chain)?;
         let key = put("tls.key", &serving.key_pem)?;
         std::fs::create_dir_all(dir.path().join("identity-certs"))?;
         put("identity-certs/any.pem", &cloud.identity_ca_pem)?;

@@ -10,6 +10,7 @@ use crate::server::{CloudSettings, TestServer};
 use anyhow::{Context, Result};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use kube::api::{Api, ListParams};
+use std::net::IpAddr;
 
 pub const ACCOUNT: &str = "123456789012";
 pub const REGION: &str = "us-west-2";
@@ -31,7 +32,14 @@ impl World {
 
     /// Like [`World::start`], with extra `autonode-server serve` flags.
     pub async fn start_with(server_args: &[String]) -> Result<Self> {
-        let cp = ControlPlane::start().await?;
+        Self::start_reachable_at(&[], server_args).await
+    }
+
+    /// Like [`World::start_with`], with the API server's and the server's
+    /// certificates also valid for `extra_ips`: where machines that are
+    /// not this host (VMs) reach them through forwards.
+    pub async fn start_reachable_at(extra_ips: &[IpAddr], server_args: &[String]) -> Result<Self> {
+        let cp = ControlPlane::start_reachable_at(extra_ips).await?;
         let cloud = FakeCloud::new()?;
         let ec2 = cloud.start_ec2(REGION)?;
         let settings = CloudSettings {
@@ -40,7 +48,7 @@ impl World {
             accounts: vec![ACCOUNT.into()],
             regions: vec![REGION.into()],
         };
-        let server = TestServer::start(&cp, &settings, server_args).await?;
+        let server = TestServer::start_reachable_at(&cp, &settings, server_args, extra_ips).await?;
         let joiner = Joiner::new(server.url(), server.ca_pem())?;
         Ok(Self {
             cp,

@@ -17,6 +17,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -108,6 +109,12 @@ impl Imds {
         self.tokens.lock().clear();
     }
 
+    /// How many tokens this IMDS has issued: proof that a client reached
+    /// this fake and not some other 169.254.169.254.
+    pub fn tokens_issued(&self) -> u64 {
+        self.tokens.1.load(Ordering::Relaxed)
+    }
+
     /// The identity document served (the exact signed bytes).
     pub fn document(&self) -> &str {
         &self.document
@@ -119,12 +126,13 @@ impl Imds {
     }
 }
 
-/// Issued tokens and when each expires.
+/// Issued tokens and when each expires, and how many were ever issued.
 #[derive(Clone, Debug, Default)]
-struct Tokens(Arc<Mutex<HashMap<String, Instant>>>);
+struct Tokens(Arc<Mutex<HashMap<String, Instant>>>, Arc<AtomicU64>);
 
 impl Tokens {
     fn issue(&self, ttl: Duration) -> String {
+        self.1.fetch_add(1, Ordering::Relaxed);
         // 56 base64 characters, the length of AWS's tokens.
         let mut raw = [0u8; 42];
         rand::Rng::fill(&mut rand::thread_rng(), &mut raw[..]);

@@ -19,3 +19,4 @@ mod nodeconfig;
 mod packaging;
 mod renewal;
 mod resilience;
+mod vm;

@@ -1,0 +1,497 @@
+//! A real machine for the agent: the test image (`tests/setup/build-vm-image`:
+//! Debian 12, systemd, containerd, kubelet, the agent's own `.deb`) booted
+//! under QEMU with software emulation (TCG: no KVM needed), its serial
+//! console captured to a file under `target/vm/console/`.
+//!
+//! **Network.** QEMU's user-mode network (libslirp) with `restrict=on`: the
+//! guest reaches nothing but the forwards the test sets up, so its
+//! 169.254.169.254 is the fake IMDS and never whatever answers that address
+//! on the host. slirp forwards (`guestfwd`) only addresses inside its
+//! virtual network, and kubelet refuses a link-local node IP, so the
+//! network is 160.0.0.0/4: it holds both 169.254.169.254 and 172.31.0.0/16,
+//! where the guest gets [`GUEST_IP`] by DHCP, as an instance of a default
+//! VPC would. Each forward runs one `socat` per connection to a port on host
+//! loopback.
+//!
+//! The machine dies with its [`Vm`] (and with the test process: QEMU runs
+//! under `setpriv --pdeathsig KILL`); the disk is booted with `-snapshot`,
+//! so its writes go to a temporary file QEMU has already unlinked.
+
+use crate::fakecloud::{private_dns_name, Imds, Instance};
+use crate::process::Daemon;
+use crate::server::binary;
+use crate::world::World;
+use anyhow::{bail, Context, Result};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// The guest's address (DHCP from slirp), and so its instance's private IP.
+pub const GUEST_IP: Ipv4Addr = Ipv4Addr::new(172, 31, 0, 15);
+/// Where the guest finds the control plane: forwards to the API server and
+/// autonode-server listen on this address inside the guest's network.
+pub const CONTROL_PLANE_IP: Ipv4Addr = Ipv4Addr::new(172, 31, 0, 10);
+/// The API server's port as the guest sees it.
+pub const GUEST_API_PORT: u16 = 6443;
+/// autonode-server's port as the guest sees it.
+pub const GUEST_SERVER_PORT: u16 = 8443;
+
+/// slirp's network: see the module's documentation for why so wide.
+const NETWORK: &str = "net=160.0.0.0/4,host=172.31.0.1,dns=172.31.0.3,dhcpstart=172.31.0.15";
+/// Kernel command line: Debian 12's defaults otherwise (cgroup v2, on
+/// which kubelet 1.20 registers and becomes Ready; no pods run here).
+/// `loglevel=4` keeps kernel chatter, slow over an emulated UART, off the
+/// console; systemd's unit status lines stay.
+const KERNEL_ARGS: &str = "root=/dev/vda rw console=ttyS0 loglevel=4 panic=-1";
+
+/// The built image: kernel, initrd and root filesystem.
+#[derive(Debug, Clone)]
+pub struct Image {
+    pub dir: PathBuf,
+}
+
+impl Image {
+    /// The image for the current agent package, built if needed (the
+    /// script is a no-op when nothing changed; `tests/run` builds it
+    /// before the suite, so no test pays the cold build).
+    pub fn get() -> Result<Self> {
+        // One build per test process; the script also holds a lock.
+        static BUILT: Mutex<Option<PathBuf>> = Mutex::new(None);
+        let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(dir) = built.as_ref() {
+            return Ok(Self { dir: dir.clone() });
+        }
+        let script = repo_root().join("tests/setup/build-vm-image");
+        let output = std::process::Command::new(&script)
+            .output()
+            .with_context(|| format!("running {}", script.display()))?;
+        if !output.status.success() {
+            bail!(
+                "{} failed ({}):\n{}",
+                script.display(),
+                output.status,
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        let dir = PathBuf::from(String::from_utf8(output.stdout)?.trim());
+        *built = Some(dir.clone());
+        Ok(Self { dir })
+    }
+}
+
+/// The repository's root (the tests crate is one level down).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// A TCP forward from an address in the guest's network to host loopback.
+#[derive(Debug, Clone, Copy)]
+pub struct Forward {
+    pub guest: SocketAddrV4,
+    pub host: SocketAddr,
+}
+
+impl Forward {
+    /// slirp's `guestfwd=` value: one socat per connection.
+    fn netdev_option(&self) -> String {
+        format!("guestfwd=tcp:{}-cmd:socat - TCP:{}", self.guest, self.host)
+    }
+}
+
+/// A booted machine. Dropping it kills QEMU; the console log stays.
+pub struct Vm {
+    qemu: Daemon,
+    console: PathBuf,
+    started: Instant,
+}
+
+impl Vm {
+    /// Boots `image` with only `forwards` reachable; the console goes to
+    /// `target/vm/console/<name>.log` (replaced if it exists).
+    pub fn boot(image: &Image, name: &str, forwards: &[Forward]) -> Result<Self> {
+        let dir = repo_root().join("target/vm/console");
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let console = dir.join(format!("{name}.log"));
+        std::fs::write(&console, "").with_context(|| format!("creating {}", console.display()))?;
+        let args = qemu_args(image, &console, forwards);
+        let started = Instant::now();
+        let qemu = Daemon::spawn(
+            &format!("{name}.qemu"),
+            Path::new("qemu-system-x86_64"),
+            &args,
+            &dir,
+        )?;
+        Ok(Self {
+            qemu,
+            console,
+            started,
+        })
+    }
+
+    /// When QEMU was started: the origin of every boot time.
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// Where the serial console is logged.
+    pub fn console_path(&self) -> &Path {
+        &self.console
+    }
+
+    /// The console output so far (lossy: it is a byte stream).
+    pub fn console(&self) -> String {
+        String::from_utf8_lossy(&std::fs::read(&self.console).unwrap_or_default()).into_owned()
+    }
+
+    /// The console's path and last `lines` lines, for failure messages.
+    pub fn console_tail(&self, lines: usize) -> String {
+        let text = self.console();
+        let all: Vec<&str> = text.lines().collect();
+        let start = all.len().saturating_sub(lines);
+        format!(
+            "--- console: {} (last {lines} lines) ---\n{}\n{}",
+            self.console.display(),
+            all[start..].join("\n"),
+            self.qemu.log_tail(10)
+        )
+    }
+
+    /// `outcome`, with the console's path and tail added to an error: how
+    /// a failed scenario is diagnosed, in CI too.
+    pub fn explain<T>(&self, outcome: Result<T>) -> Result<T> {
+        outcome.map_err(|e| anyhow::anyhow!("{e:#}\n{}", self.console_tail(80)))
+    }
+
+    /// Fails if QEMU has exited (with its own log's tail; [`Vm::explain`]
+    /// adds the console's).
+    pub fn check_alive(&self) -> Result<()> {
+        self.qemu.check_alive()
+    }
+
+    /// Polls the console until a line contains `needle`; returns that line.
+    pub async fn wait_for_line(&self, needle: &str, timeout: Duration) -> Result<String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(line) = self.console().lines().find(|l| l.contains(needle)) {
+                return Ok(line.to_string());
+            }
+            self.check_alive()?;
+            if Instant::now() > deadline {
+                bail!("no {needle:?} on the console after {timeout:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// What the test image reports once the agent has run (see
+    /// `tests/vm/image/usr/local/sbin/autonode-test-report`).
+    pub async fn agent_report(&self, timeout: Duration) -> Result<Report> {
+        self.wait_for_line(&format!("{REPORT_PREFIX}done"), timeout)
+            .await?;
+        Ok(Report::parse(&self.console()))
+    }
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        // A failed assertion panics past [`Vm::explain`].
+        if std::thread::panicking() {
+            eprintln!("{}", self.console_tail(80));
+        }
+    }
+}
+
+/// How the test image's report lines start.
+const REPORT_PREFIX: &str = "autonode-test-report: ";
+
+/// The test image's report: `systemctl show` properties of the agent and
+/// kubelet, systemd's messages about kubelet, the agent's log.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    /// `<unit>.<Property>` (for instance `autonode-agent.Result`) to value.
+    pub properties: BTreeMap<String, String>,
+    /// What systemd logged about kubelet.service.
+    pub systemd: Vec<String>,
+    /// The agent's log lines and when each was logged (since the kernel
+    /// started).
+    pub agent_log: Vec<(Duration, String)>,
+}
+
+impl Report {
+    /// Reads the report's lines out of the console output. (The journal
+    /// copies them there behind its own `[time] unit[pid]: ` prefix.)
+    pub fn parse(console: &str) -> Self {
+        let mut report = Self::default();
+        for line in console.lines() {
+            let Some((_, rest)) = line.split_once(REPORT_PREFIX) else {
+                continue;
+            };
+            if let Some(message) = rest.strip_prefix("systemd: ") {
+                report.systemd.push(message.to_string());
+            } else if let Some(entry) = rest.strip_prefix("agent: ") {
+                report.agent_log.extend(journal_entry(entry));
+            } else if let Some((key, value)) = rest.split_once('=') {
+                report.properties.insert(key.into(), value.trim().into());
+            }
+        }
+        report
+    }
+
+    /// A property's value, or an error naming what the report holds.
+    pub fn get(&self, key: &str) -> Result<&str> {
+        self.properties
+            .get(key)
+            .map(String::as_str)
+            .with_context(|| format!("no {key} in the test image's report: {self:?}"))
+    }
+
+    /// A `…TimestampMonotonic` property as a duration since the kernel
+    /// started (zero: never happened).
+    pub fn monotonic(&self, key: &str) -> Result<Duration> {
+        let micros: u64 = self
+            .get(key)?
+            .parse()
+            .with_context(|| format!("{key} is not a number"))?;
+        Ok(Duration::from_micros(micros))
+    }
+
+    /// When the agent first logged a line containing `needle`.
+    pub fn agent_logged(&self, needle: &str) -> Result<Duration> {
+        self.agent_log
+            .iter()
+            .find(|(_, message)| message.contains(needle))
+            .map(|(at, _)| *at)
+            .with_context(|| format!("the agent never logged {needle:?}: {:?}", self.agent_log))
+    }
+}
+
+/// `[   21.339976] host autonode-agent[215]: message` (journalctl's
+/// short-monotonic output) as its time and message.
+fn journal_entry(entry: &str) -> Option<(Duration, String)> {
+    let (stamp, rest) = entry.trim_start_matches('[').split_once(']')?;
+    let at = Duration::try_from_secs_f64(stamp.trim().parse().ok()?).ok()?;
+    let (_, message) = rest.split_once("]: ")?;
+    Some((at, message.to_string()))
+}
+
+/// [`KERNEL_ARGS`]; with `AUTONODE_VM_JOURNAL=1`, the whole journal
+/// (kubelet's and containerd's logs too) is copied to the console log.
+fn kernel_args() -> String {
+    match std::env::var_os("AUTONODE_VM_JOURNAL") {
+        Some(_) => format!("{KERNEL_ARGS} systemd.journald.forward_to_console=1"),
+        None => KERNEL_ARGS.to_string(),
+    }
+}
+
+fn qemu_args(image: &Image, console: &Path, forwards: &[Forward]) -> Vec<String> {
+    let file = |name: &str| image.dir.join(name).display().to_string();
+    let mut netdev = format!("user,id=net0,restrict=on,{NETWORK}");
+    for forward in forwards {
+        netdev.push(',');
+        netdev.push_str(&forward.netdev_option());
+    }
+    let console = format!("file:{}", console.display());
+    let drive = format!("file={},format=raw,if=virtio,snapshot=on", file("root.img"));
+    let options: [(&str, String); 12] = [
+        ("-machine", "q35,accel=tcg".into()),
+        // Every feature TCG emulates. (Taking out SVM and VMX, which the
+        // guest has no use for, breaks mount(2) in the guest on QEMU 7.2.)
+        ("-cpu", "max".into()),
+        // One CPU: with two emulated ones the guest kernel locked up (soft
+        // lockups in iptables and kubelet), and one leaves the other host
+        // core to the rest of the suite.
+        ("-smp", "1".into()),
+        ("-m", "2048".into()),
+        ("-display", "none".into()),
+        ("-serial", console),
+        ("-kernel", file("vmlinuz")),
+        ("-initrd", file("initrd.img")),
+        ("-append", kernel_args()),
+        ("-drive", drive),
+        ("-netdev", netdev),
+        // No option ROM: the kernel is booted directly, not from the network.
+        ("-device", "virtio-net-pci,netdev=net0,romfile=".into()),
+    ];
+    ["-nodefaults", "-no-user-config", "-no-reboot"]
+        .into_iter()
+        .map(String::from)
+        .chain(
+            options
+                .into_iter()
+                .flat_map(|(flag, value)| [flag.to_string(), value]),
+        )
+        .collect()
+}
+
+/// Merges `entries` under `key` into the JSON object at
+/// `target/bench/vm.json` (other keys are kept: each scenario writes its own).
+pub fn record_bench(key: &str, entries: serde_json::Value) -> Result<PathBuf> {
+    let dir = repo_root().join("target/bench");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join("vm.json");
+    let mut all: serde_json::Map<String, serde_json::Value> = std::fs::read(&path)
+        .ok()
+        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+        .unwrap_or_default();
+    all.insert(key.to_string(), entries);
+    let partial = dir.join("vm.json.partial");
+    std::fs::write(&partial, serde_json::to_string_pretty(&all)? + "\n")
+        .with_context(|| format!("writing {}", partial.display()))?;
+    std::fs::rename(&partial, &path).with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
+}
+
+/// The cluster side of a VM test: a [`World`] whose API server and
+/// autonode-server the guest reaches at [`CONTROL_PLANE_IP`], the operator's
+/// base Ignition config (the CNI config, cluster-level), and an
+/// `amiFamily: Custom` EC2NodeClass `default` whose userData is what
+/// `autonode-server render-userdata` prints.
+pub struct VmWorld {
+    pub world: World,
+    /// The EC2NodeClass's userData, which Karpenter hands the instance.
+    pub user_data: String,
+}
+
+/// The base Ignition ConfigMap (`--base-ignition`), in autonode-system.
+const BASE_IGNITION: &str = "vm-base";
+/// The CNI network kubelet needs to call the node Ready (no pods run).
+const CNI_CONFLIST: &str = include_str!("../vm/ignition/10-containerd-net.conflist");
+
+impl VmWorld {
+    pub async fn start() -> Result<Self> {
+        let api_url = format!("https://{CONTROL_PLANE_IP}:{GUEST_API_PORT}");
+        let args = [
+            format!("--api-server-url={api_url}"),
+            format!("--base-ignition={BASE_IGNITION}"),
+        ];
+        let world = World::start_reachable_at(&[CONTROL_PLANE_IP.into()], &args).await?;
+        let admin = world.cp.admin().await?;
+        put_base_ignition(&admin).await?;
+        let user_data = render_user_data(&world)?;
+        create_node_class(&admin, &user_data).await?;
+        Ok(Self { world, user_data })
+    }
+
+    /// An instance as EC2 would start it for this cluster: the guest's
+    /// address (and so its private DNS name), the class's userData.
+    pub fn instance(&self) -> Instance {
+        let region = crate::world::REGION;
+        Instance {
+            private_ip: GUEST_IP,
+            private_dns_name: private_dns_name(GUEST_IP, region),
+            local_hostname: private_dns_name(GUEST_IP, region),
+            user_data: self.user_data.clone().into_bytes(),
+            ..Instance::builder()
+                .account_id(crate::world::ACCOUNT)
+                .region(region)
+                .build()
+        }
+    }
+
+    /// What the guest may reach: IMDS, the API server, autonode-server.
+    pub fn forwards(&self, imds: &Imds) -> Result<Vec<Forward>> {
+        let host = |url: &str| -> Result<SocketAddr> {
+            url.trim_start_matches("https://")
+                .parse()
+                .with_context(|| format!("{url} is not https://ip:port"))
+        };
+        Ok(vec![
+            Forward {
+                guest: SocketAddrV4::new(Ipv4Addr::new(169, 254, 169, 254), 80),
+                host: imds.addr(),
+            },
+            Forward {
+                guest: SocketAddrV4::new(CONTROL_PLANE_IP, GUEST_API_PORT),
+                host: host(self.world.cp.url())?,
+            },
+            Forward {
+                guest: SocketAddrV4::new(CONTROL_PLANE_IP, GUEST_SERVER_PORT),
+                host: host(self.world.server.url())?,
+            },
+        ])
+    }
+}
+
+/// The operator's cluster-wide Ignition config: the CNI network.
+async fn put_base_ignition(admin: &kube::Client) -> Result<()> {
+    use base64::Engine as _;
+    let conflist = base64::engine::general_purpose::STANDARD.encode(CNI_CONFLIST);
+    let config = serde_json::json!({
+        "ignition": {"version": "3.4.0"},
+        "storage": {"files": [{
+            "path": "/etc/cni/net.d/10-containerd-net.conflist",
+            "mode": 0o644,
+            "contents": {"source": format!("data:;base64,{conflist}")},
+        }]},
+    });
+    let map = serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": BASE_IGNITION, "namespace": "autonode-system"},
+        "data": {"config.ign": config.to_string()},
+    });
+    let api: Api<ConfigMap> = Api::namespaced(admin.clone(), "autonode-system");
+    api.patch(
+        BASE_IGNITION,
+        &PatchParams::apply("autonode-tests"),
+        &Patch::Apply(&map),
+    )
+    .await
+    .context("creating the base Ignition ConfigMap")?;
+    Ok(())
+}
+
+/// Runs the real `autonode-server render-userdata` for this cluster as
+/// the guest reaches it (the CA pinned by its hash, the default).
+fn render_user_data(world: &World) -> Result<String> {
+    let dir = tempfile::tempdir()?;
+    let ca = dir.path().join("join-ca.crt");
+    std::fs::write(&ca, world.server.ca_pem())?;
+    let output = std::process::Command::new(binary("autonode-server")?)
+        .arg("render-userdata")
+        .arg(format!(
+            "--public-url=https://{CONTROL_PLANE_IP}:{GUEST_SERVER_PORT}"
+        ))
+        .arg(format!("--join-ca-file={}", ca.display()))
+        .arg("--cluster-name=autonode-vm-test")
+        .output()
+        .context("running autonode-server render-userdata")?;
+    if !output.status.success() {
+        bail!(
+            "render-userdata failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok(String::from_utf8(output.stdout)?)
+}
+
+/// The EC2NodeClass `default` (the class [`World::launch`]'s NodeClaims
+/// name) as an operator writes it for autonode: `amiFamily: Custom`, the
+/// AMI, `spec.kubelet`, and the rendered userData.
+async fn create_node_class(admin: &kube::Client, user_data: &str) -> Result<()> {
+    let object: DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "karpenter.k8s.aws/v1",
+        "kind": "EC2NodeClass",
+        "metadata": {"name": "default"},
+        "spec": {
+            "amiFamily": "Custom",
+            "amiSelectorTerms": [{"id": "ami-0123456789abcdef0"}],
+            "role": "KarpenterNodeRole-test",
+            "securityGroupSelectorTerms": [{"id": "sg-0123456789abcdef0"}],
+            "subnetSelectorTerms": [{"id": "subnet-0123456789abcdef0"}],
+            "kubelet": {"maxPods": 29, "kubeReserved": {"cpu": "70m", "memory": "442Mi"}},
+            "userData": user_data,
+        },
+    }))?;
+    crate::karpenter::ec2nodeclasses(admin)
+        .create(&PostParams::default(), &object)
+        .await
+        .context("creating EC2NodeClass default")?;
+    Ok(())
+}

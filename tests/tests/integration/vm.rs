@@ -1,0 +1,236 @@
+//! The AMI in miniature: a real machine (the test image under QEMU) boots,
+//! runs the agent from its package, and becomes a Ready node of the test
+//! control plane; or, refused, never starts kubelet.
+//!
+//! Run alone with `tests/vm/run`. Slow by nature (software emulation): the
+//! test group in `.config/nextest.toml` runs these one at a time.
+
+use anyhow::{bail, ensure, Context, Result};
+use autonode_tests::fakecloud::{Imds, Instance};
+use autonode_tests::vm::{self, Image, Report, Vm, VmWorld};
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, ListParams};
+use serde_json::json;
+use std::time::{Duration, Instant};
+
+/// From QEMU's start to the agent's report: firmware, kernel, systemd,
+/// DHCP, the agent's run, all emulated and sharing 2 cores with the rest
+/// of the suite.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(360);
+/// From the agent's success to a Ready node: kubelet's start (a 100 MB Go
+/// binary under emulation), registration, containerd's status.
+const READY_TIMEOUT: Duration = Duration::from_secs(360);
+
+#[tokio::test]
+async fn a_machine_boots_runs_the_agent_and_becomes_a_ready_node() -> Result<()> {
+    let image = Image::get()?;
+    let env = VmWorld::start().await?;
+    let (claim, instance) = env.world.launch(|_| env.instance()).await?;
+    let imds = env.world.cloud.start_imds(&instance)?;
+    let vm = Vm::boot(&image, "join", &env.forwards(&imds)?)?;
+    let outcome = joins_and_becomes_ready(&env, &vm, &claim, &instance, &imds).await;
+    vm.explain(outcome)
+}
+
+async fn joins_and_becomes_ready(
+    env: &VmWorld,
+    vm: &Vm,
+    claim: &str,
+    instance: &Instance,
+    imds: &Imds,
+) -> Result<()> {
+    let report = vm.agent_report(BOOT_TIMEOUT).await?;
+    check_agent(&report, "success", "0")?;
+    ensure!(
+        imds.tokens_issued() > 0,
+        "the agent joined without a token from the test's IMDS"
+    );
+
+    let nodes: Api<Node> = Api::all(env.world.cp.admin().await?);
+    let name = &instance.private_dns_name;
+    let registered = wait_node(vm, &nodes, name, "registered", |_| true).await?;
+    let boot_to_registered = vm.started().elapsed();
+    let spec = registered.spec.unwrap_or_default();
+    ensure!(
+        spec.provider_id == Some(instance.provider_id()),
+        "providerID {:?}",
+        spec.provider_id
+    );
+    let taints: Vec<String> = spec
+        .taints
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| format!("{}:{}", t.key, t.effect))
+        .collect();
+    ensure!(
+        taints
+            .iter()
+            .any(|t| t == "karpenter.sh/unregistered:NoExecute"),
+        "taints at registration: {taints:?}"
+    );
+    wait_node(vm, &nodes, name, "Ready", is_ready).await?;
+    let boot_to_ready = vm.started().elapsed();
+
+    let reasons = env.world.event_reasons(claim, "NodeReady").await?;
+    for reason in ["Attested", "AgentProgress", "NodeRegistered", "NodeReady"] {
+        ensure!(
+            reasons.iter().any(|r| r == reason),
+            "no {reason} Event on the NodeClaim: {reasons:?}"
+        );
+    }
+    let path = vm::record_bench(
+        "join",
+        json!({
+            "boot_to_registered_s": boot_to_registered.as_secs_f64(),
+            "boot_to_ready_s": boot_to_ready.as_secs_f64(),
+            "agent": agent_timings(&report)?,
+            "imds_tokens_issued": imds.tokens_issued(),
+        }),
+    )?;
+    eprintln!(
+        "vm join: Node registered {boot_to_registered:.1?} and Ready {boot_to_ready:.1?} after QEMU started ({})",
+        path.display()
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_machine_without_a_nodeclaim_is_refused_and_kubelet_never_starts() -> Result<()> {
+    let image = Image::get()?;
+    let env = VmWorld::start().await?;
+    // EC2 knows the instance, Karpenter never asked for it: no NodeClaim.
+    let instance = env.world.cloud.launch(env.instance());
+    let imds = env.world.cloud.start_imds(&instance)?;
+    let vm = Vm::boot(&image, "refused", &env.forwards(&imds)?)?;
+    let outcome = is_refused_and_never_starts_kubelet(&env, &vm, &instance).await;
+    vm.explain(outcome)
+}
+
+async fn is_refused_and_never_starts_kubelet(
+    env: &VmWorld,
+    vm: &Vm,
+    instance: &Instance,
+) -> Result<()> {
+    let report = vm.agent_report(BOOT_TIMEOUT).await?;
+    check_agent(&report, "exit-code", "2")?; // 2: refused
+    let boot_to_failed = vm.started().elapsed();
+    let kubelet_started = report.get("kubelet.ExecMainStartTimestampMonotonic")?;
+    ensure!(kubelet_started == "0", "kubelet was started");
+    // The agent's own message, and systemd's refusal to start kubelet
+    // (the package's drop-in: kubelet Requires= the agent).
+    let console = vm.console();
+    for expected in [
+        "autonode-agent: phase=join failed",
+        "join refused",
+        "Dependency failed for kubelet.service",
+    ] {
+        ensure!(
+            console.contains(expected),
+            "{expected:?} is not on the console"
+        );
+    }
+
+    // Nothing was asked for or approved: this cluster has no CSR at all.
+    let admin = env.world.cp.admin().await?;
+    let csrs = Api::<CertificateSigningRequest>::all(admin.clone())
+        .list(&ListParams::default())
+        .await?;
+    ensure!(csrs.items.is_empty(), "CSRs exist: {:?}", csrs.items);
+    let nodes: Api<Node> = Api::all(admin);
+    let node = nodes.get_opt(&instance.private_dns_name).await?;
+    ensure!(node.is_none(), "a Node exists: {node:?}");
+    let refusal_logged = env
+        .world
+        .server
+        .log()
+        .lines()
+        .any(|l| l.contains("join refused") && l.contains(&instance.instance_id));
+    ensure!(
+        refusal_logged,
+        "the server did not log the refusal of {}",
+        instance.instance_id
+    );
+    vm::record_bench(
+        "refused",
+        json!({
+            "boot_to_agent_failed_s": boot_to_failed.as_secs_f64(),
+            "agent_run_s": agent_run_time(&report)?.as_secs_f64(),
+        }),
+    )?;
+    Ok(())
+}
+
+/// The agent unit's result and exit status, from the test image's report.
+fn check_agent(report: &Report, result: &str, status: &str) -> Result<()> {
+    let got = (
+        report.get("autonode-agent.Result")?,
+        report.get("autonode-agent.ExecMainStatus")?,
+    );
+    ensure!(
+        got == (result, status),
+        "autonode-agent.service: Result={} ExecMainStatus={}, expected {result}/{status}",
+        got.0,
+        got.1
+    );
+    Ok(())
+}
+
+/// Where the agent's time went, by the guest's clock (seconds): its whole
+/// run as systemd saw it; from systemd starting it to its first log line
+/// (sandbox set-up, exec); its own work from config to kubelet's files
+/// written (IMDS, keys, join, apply); `systemctl daemon-reload`.
+fn agent_timings(report: &Report) -> Result<serde_json::Value> {
+    let start = report.monotonic("autonode-agent.ExecMainStartTimestampMonotonic")?;
+    let first = report.agent_logged("phase=config started")?;
+    let applied = report.agent_logged("phase=apply succeeded")?;
+    let reload = report.agent_logged("running systemctl daemon-reload")?;
+    let reloaded = report.agent_logged("running systemctl start")?;
+    let seconds = |d: Option<Duration>| d.map(|d| d.as_secs_f64());
+    Ok(json!({
+        "run_s": agent_run_time(report)?.as_secs_f64(),
+        "started_after_kernel_s": start.as_secs_f64(),
+        "exec_to_first_log_s": seconds(first.checked_sub(start)),
+        "config_to_applied_s": seconds(applied.checked_sub(first)),
+        "daemon_reload_s": seconds(reloaded.checked_sub(reload)),
+    }))
+}
+
+/// How long the agent's process ran, by systemd's clock in the guest.
+fn agent_run_time(report: &Report) -> Result<Duration> {
+    let start = report.monotonic("autonode-agent.ExecMainStartTimestampMonotonic")?;
+    let exit = report.monotonic("autonode-agent.ExecMainExitTimestampMonotonic")?;
+    exit.checked_sub(start)
+        .context("the agent exited before it started")
+}
+
+fn is_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Polls for Node `name` until `done` holds; the console's tail on timeout.
+async fn wait_node(
+    vm: &Vm,
+    nodes: &Api<Node>,
+    name: &str,
+    what: &str,
+    done: impl Fn(&Node) -> bool,
+) -> Result<Node> {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        if let Some(node) = nodes.get_opt(name).await? {
+            if done(&node) {
+                return Ok(node);
+            }
+        }
+        vm.check_alive()?;
+        if Instant::now() > deadline {
+            let status = nodes.get_opt(name).await?.and_then(|n| n.status);
+            bail!("Node {name} not {what} after {READY_TIMEOUT:?}; status: {status:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
