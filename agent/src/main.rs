@@ -473,6 +473,7 @@ async fn phase_join(
             .map_err(|e| fail(Kind::Failed, Phase::Keys)(e.into()))?,
         agent_version: env!("CARGO_PKG_VERSION").to_string(),
     };
+    let asked = std::time::Instant::now();
     let answer = client.join(&request, &run.deadline).await.map_err(|e| {
         let kind = match e {
             JoinError::Refused { .. } | JoinError::BadResponse(_) => Kind::Refused,
@@ -482,6 +483,7 @@ async fn phase_join(
         };
         fail(kind, Phase::Join)(anyhow::Error::new(e).context("joining"))
     })?;
+    log::debug!("the server answered in {:?}", asked.elapsed());
     run.state
         .save_response(&answer)
         .context("saving the join answer")

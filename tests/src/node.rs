@@ -18,6 +18,9 @@ use std::process::Output;
 use tempfile::TempDir;
 
 /// The agent config an EC2NodeClass's userData would carry for `world`.
+/// Where simulated nodes' root directories are made, when set.
+pub const NODE_DISK_ENV: &str = "AUTONODE_NODE_DISK";
+
 pub fn user_data(world: &World) -> String {
     format!(
         "server-url = \"{}\"\nserver-ca = \"\"\"\n{}\"\"\"\ncluster-name = \"autonode-test\"\n\n[options]\ndeadline = \"60s\"\n",
@@ -73,9 +76,14 @@ impl SimulatedNode {
             .context("server URL is not ip:port")?;
         // The same address inside, so the userData URL works unchanged.
         let forward = netns::forward(&netns, server, server)?;
+        // A node has a disk of its own: `$AUTONODE_NODE_DISK` names a
+        // directory on another filesystem than the control plane's (the
+        // benchmark mounts one), so the agent's syncs wait for its own
+        // writes only.
+        let parent = std::env::var_os(NODE_DISK_ENV).map(PathBuf::from);
         let root = tempfile::Builder::new()
             .prefix("autonode-node-")
-            .tempdir()?;
+            .tempdir_in(parent.unwrap_or_else(std::env::temp_dir))?;
         write_fake_systemctl(root.path())?;
         write_kubelet_unit(root.path())?;
         // Stands in for /dev/console, which exists on every machine.

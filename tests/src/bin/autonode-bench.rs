@@ -24,7 +24,8 @@
 //!
 //! For finding where time goes: `AUTONODE_BENCH_LOGS=DIR` keeps the
 //! server's and control plane's logs (and the last agent's),
-//! `AUTONODE_BENCH_TRACE=1` prints each agent run and bare CSR's timings,
+//! `AUTONODE_BENCH_TRACE=1` prints each agent run and bare CSR's timings
+//! (and each line the agent logs, with the time since its start),
 //! `AUTONODE_BENCH_WRAP="strace -f -tt -o FILE"` runs the agent under a tool.
 
 use anyhow::{bail, ensure, Context, Result};
@@ -299,6 +300,7 @@ async fn run_agent(node: &SimulatedNode, agent: &Path) -> Result<AgentRun> {
     let root = node.root.path().to_path_buf();
     let netns = std::fs::File::open(node.netns.path())?;
     let log = std::fs::File::create(root.join("agent.log"))?;
+    let trace = std::env::var_os("AUTONODE_BENCH_TRACE").is_some();
     let wrap = std::env::var("AUTONODE_BENCH_WRAP").unwrap_or_default();
     let mut wrap = wrap.split_whitespace();
     let mut command = match wrap.next() {
@@ -316,6 +318,7 @@ async fn run_agent(node: &SimulatedNode, agent: &Path) -> Result<AgentRun> {
             root.join("fake-systemctl").display()
         ))
         .arg(format!("--console={}", root.join("console.log").display()))
+        .args(trace.then_some("--verbose"))
         .env_remove("AWS_EC2_METADATA_SERVICE_ENDPOINT")
         .stdin(std::process::Stdio::null())
         .stdout(log.try_clone()?)
@@ -391,8 +394,13 @@ fn read_log(
 ) -> Result<Option<Duration>> {
     use std::io::{BufRead as _, Write as _};
     let mut credentials = None;
+    let trace = std::env::var_os("AUTONODE_BENCH_TRACE").is_some();
     for line in std::io::BufReader::new(stderr).lines() {
         let line = line.context("reading the agent's stderr")?;
+        if trace {
+            let now = time::OffsetDateTime::now_utc().time();
+            eprintln!("  {now} +{:6.1} ms  {line}", ms(started.elapsed()));
+        }
         if credentials.is_none() && line.contains(CREDENTIALS_WRITTEN) {
             credentials = Some(started.elapsed());
         }
