@@ -92,7 +92,10 @@ async fn authenticate(
         .await
         .map_err(|e| ReportError::Unavailable(e.to_string()))?;
     let provider_id = aws_provider_id(&doc.availability_zone, &doc.instance_id);
-    let claim = match ctx.claims.find(&provider_id).await.as_slice() {
+    // No grace for a providerID the cache has not seen yet, unlike a join:
+    // an agent reports after its join, which already waited for it, and a
+    // refused agent's final report would only wait again for nothing.
+    let claim = match ctx.claims.by_provider_id(&provider_id).as_slice() {
         [only] => only.clone(),
         other => {
             return Err(refused(format!(
