@@ -37,12 +37,17 @@ pub const CONFIG: &str = "/etc/kubernetes/kubelet/config.json";
 pub const ENV_FILE: &str = "/etc/autonode/kubelet.env";
 pub const DROPIN: &str = "/etc/systemd/system/kubelet.service.d/10-autonode.conf";
 pub const UNIT: &str = "kubelet.service";
-/// A path on each filesystem [`write`] may write to.
-pub const WRITTEN: [&str; 4] = [
-    "/etc/kubernetes",
-    "/etc/autonode",
-    "/etc/systemd/system",
-    "/var/lib/kubelet",
+/// Every file [`write`] leaves in place (the dated certificate files sit
+/// beside their `-current` links): what a joined node must still have, and
+/// what is synced before the apply phase is recorded.
+pub const FILES: [&str; 7] = [
+    KUBECONFIG,
+    CLIENT_CURRENT,
+    SERVER_CURRENT,
+    CLUSTER_CA,
+    CONFIG,
+    ENV_FILE,
+    DROPIN,
 ];
 
 /// Why kubelet could not be set up.
@@ -70,7 +75,7 @@ pub struct Keys<'a> {
 /// Checks the answer against this node and writes every kubelet file.
 /// Returns how many files changed. The writes are
 /// [`Durability::Deferred`]: every one is redone by a resumed apply phase,
-/// which the caller records only after syncing [`WRITTEN`].
+/// which the caller records only after syncing [`FILES`].
 pub fn write(
     root: &Root,
     answer: &JoinResponse,

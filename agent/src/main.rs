@@ -22,7 +22,7 @@ use autonode_agent::{csr, keys, logging};
 use autonode_shared::protocol::{JoinRequest, JoinResponse, Outcome, Phase};
 use clap::Parser;
 use rcgen::KeyPair;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use tokio::task::JoinSet;
 
@@ -380,6 +380,7 @@ async fn join_and_start(
     started(Phase::Apply);
     let units = apply(run, identity, &answer, &client_key, &serving_key)?;
     let written = answer_paths(run)?;
+    let written: Vec<&Path> = written.iter().map(PathBuf::as_path).collect();
     record(run, Phase::Apply, Some(&answer.node_name), &written)?;
     succeeded(Phase::Apply, &format!("node={}", answer.node_name));
 
@@ -387,12 +388,7 @@ async fn join_and_start(
     kubelet::start(&run.cli.systemctl, &units)
         .context("starting kubelet")
         .map_err(fail(Kind::Failed, Phase::Start))?;
-    record(
-        run,
-        Phase::Start,
-        Some(&answer.node_name),
-        &[] as &[PathBuf],
-    )?;
+    record(run, Phase::Start, Some(&answer.node_name), &[])?;
     run.state
         .flush()
         .context("recording progress")
@@ -412,7 +408,7 @@ fn phase_keys(run: &Run<'_>) -> Result<(KeyPair, KeyPair), Failure> {
     let (serving_key, _) = keys::load_or_generate(&run.state.serving_key(), never_used)
         .context("serving key")
         .map_err(fail(Kind::Failed, Phase::Keys))?;
-    record(run, Phase::Keys, None, &[] as &[PathBuf])?;
+    record(run, Phase::Keys, None, &[])?;
     succeeded(
         Phase::Keys,
         if new { "(new keys)" } else { "(existing keys)" },
@@ -420,9 +416,9 @@ fn phase_keys(run: &Run<'_>) -> Result<(KeyPair, KeyPair), Failure> {
     Ok((client_key, serving_key))
 }
 
-/// kubelet's directories under the root, synced before apply is recorded.
+/// kubelet's files under the root, synced before apply is recorded.
 fn answer_paths(run: &Run<'_>) -> Result<Vec<PathBuf>, Failure> {
-    kubelet::WRITTEN
+    kubelet::FILES
         .iter()
         .map(|path| run.root.join(path))
         .collect::<Result<_, _>>()
@@ -430,11 +426,11 @@ fn answer_paths(run: &Run<'_>) -> Result<Vec<PathBuf>, Failure> {
         .map_err(fail(Kind::Failed, Phase::Apply))
 }
 
-fn record<P: AsRef<std::path::Path>>(
+fn record(
     run: &Run<'_>,
     phase: Phase,
     node_name: Option<&str>,
-    written: &[P],
+    written: &[&Path],
 ) -> Result<(), Failure> {
     run.state
         .record(phase, node_name, written)
@@ -488,7 +484,7 @@ async fn phase_join(
         .save_response(&answer)
         .context("saving the join answer")
         .map_err(fail(Kind::Failed, Phase::Join))?;
-    record(run, Phase::Join, Some(&answer.node_name), &[] as &[PathBuf])?;
+    record(run, Phase::Join, Some(&answer.node_name), &[])?;
     succeeded(Phase::Join, &format!("node={}", answer.node_name));
     Ok(answer)
 }

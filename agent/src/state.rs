@@ -77,13 +77,13 @@ impl StateDir {
     /// [`Durability::Deferred`] (the state directory is always synced). The
     /// record itself is deferred too: lost in a power cut, it only makes
     /// the next run redo the phase.
-    pub fn record<P: AsRef<Path>>(
+    pub fn record(
         &self,
         phase: Phase,
         node_name: Option<&str>,
-        written: &[P],
+        written: &[&Path],
     ) -> Result<(), StateError> {
-        let mut paths: Vec<&Path> = written.iter().map(AsRef::as_ref).collect();
+        let mut paths = written.to_vec();
         paths.push(&self.dir);
         fsutil::sync_filesystems(&paths)?;
         let state = State {
@@ -146,14 +146,7 @@ pub fn not_after(pem: &[u8]) -> Option<i64> {
 /// kubelet file present and the client certificate not expired. `Err`
 /// says what is wrong.
 pub fn verify_joined(root: &Root, now: i64) -> Result<(), String> {
-    for file in [
-        kubelet::KUBECONFIG,
-        kubelet::CLUSTER_CA,
-        kubelet::CONFIG,
-        kubelet::ENV_FILE,
-        kubelet::DROPIN,
-        kubelet::SERVER_CURRENT,
-    ] {
+    for file in kubelet::FILES {
         let path = root.join(file).map_err(|e| e.to_string())?;
         if !path.is_file() {
             return Err(format!("{file} is missing"));
@@ -182,7 +175,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let state = StateDir::new(dir.path().join("s"));
         assert_eq!(state.load().unwrap(), State::default());
-        state.record::<&Path>(Phase::Join, Some("n"), &[]).unwrap();
+        state.record(Phase::Join, Some("n"), &[]).unwrap();
         let loaded = state.load().unwrap();
         assert_eq!(loaded.completed, Some(Phase::Join));
         assert_eq!(loaded.node_name.as_deref(), Some("n"));
@@ -193,7 +186,7 @@ mod tests {
     fn a_torn_state_file_means_starting_over() {
         let dir = tempfile::tempdir().unwrap();
         let state = StateDir::new(dir.path().to_path_buf());
-        state.record::<&Path>(Phase::Apply, Some("n"), &[]).unwrap();
+        state.record(Phase::Apply, Some("n"), &[]).unwrap();
         // What a power cut before the sync may leave: empty, or cut short.
         for torn in ["", "{\"completed\": \"app"] {
             std::fs::write(dir.path().join("state.json"), torn).unwrap();

@@ -93,7 +93,7 @@ pub async fn serve(listener: TcpListener, tls: TlsAcceptor, api: Arc<Api>) {
         // Without it, Nagle holds the answer back until the agent ACKs the
         // TLS session tickets sent after the handshake, which its delayed
         // ACK postpones: a join's p50 was 53 ms without, 28 ms with
-        // (tests/bench/run, same machine, same hour).
+        // (tests/bench/run with this line switched off by hand, then on).
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!(%peer, error = %e, "TCP_NODELAY not set");
         }

@@ -93,13 +93,6 @@ impl Issuer {
         }
     }
 
-    /// Creates (or finds) the CSR, approves it, and returns the signed
-    /// certificate (PEM).
-    pub async fn issue(&self, request: IssueRequest<'_>) -> Result<String, JoinError> {
-        let csr = self.create_or_find(&request).await?;
-        self.finish(&request, csr).await
-    }
-
     /// Approves `csr` (what [`Issuer::create_or_find`] returned for
     /// `request`) unless it already is, and waits for its certificate.
     pub async fn finish(

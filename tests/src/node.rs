@@ -18,6 +18,10 @@ use std::process::Output;
 use tempfile::TempDir;
 
 /// The agent config an EC2NodeClass's userData would carry for `world`.
+/// The agent's IMDS endpoint override, which a simulated node must not
+/// inherit from the test's environment.
+pub const IMDS_ENDPOINT_ENV: &str = "AWS_EC2_METADATA_SERVICE_ENDPOINT";
+
 /// Where simulated nodes' root directories are made, when set.
 pub const NODE_DISK_ENV: &str = "AUTONODE_NODE_DISK";
 
@@ -97,21 +101,27 @@ impl SimulatedNode {
         })
     }
 
-    /// Runs the agent binary inside the namespace, its root at
-    /// [`SimulatedNode::root`], systemctl replaced by a recorder.
+    /// Runs the agent binary inside the namespace with [`Self::agent_args`]
+    /// and `extra`.
     pub async fn run_agent(&self, extra: &[&str]) -> Result<Output> {
-        let root = self.root.path();
         let mut command = self.netns.command(agent_binary()?);
         command
-            .arg(format!("--root={}", root.display()))
-            .arg(format!(
-                "--systemctl={}",
-                root.join("fake-systemctl").display()
-            ))
-            .arg(format!("--console={}", root.join("console.log").display()))
+            .args(self.agent_args())
             .args(extra)
-            .env_remove("AWS_EC2_METADATA_SERVICE_ENDPOINT");
+            .env_remove(IMDS_ENDPOINT_ENV);
         command.output().await.context("running autonode-agent")
+    }
+
+    /// The agent's flags for this node: its root at [`SimulatedNode::root`],
+    /// systemctl replaced by a recorder, a file for the console. (Run it
+    /// without [`IMDS_ENDPOINT_ENV`], so it finds IMDS where EC2 has it.)
+    pub fn agent_args(&self) -> [String; 3] {
+        let root = self.root.path();
+        [
+            format!("--root={}", root.display()),
+            format!("--systemctl={}", root.join("fake-systemctl").display()),
+            format!("--console={}", root.join("console.log").display()),
+        ]
     }
 
     /// Path of a file on the machine.

@@ -15,6 +15,17 @@ use std::net::IpAddr;
 pub const ACCOUNT: &str = "123456789012";
 pub const REGION: &str = "us-west-2";
 
+/// What a server is told about `cloud` and its `ec2`: the test account and
+/// region allowed.
+pub fn cloud_settings(cloud: &FakeCloud, ec2: &Ec2) -> CloudSettings {
+    CloudSettings {
+        identity_ca_pem: cloud.ca().ca_pem(),
+        ec2_endpoint: ec2.url(),
+        accounts: vec![ACCOUNT.into()],
+        regions: vec![REGION.into()],
+    }
+}
+
 /// A control plane, a fake cloud and a server, shared by one test's cases.
 // Field order is drop order: the server stops before the control plane.
 pub struct World {
@@ -42,12 +53,7 @@ impl World {
         let cp = ControlPlane::start_reachable_at(extra_ips).await?;
         let cloud = FakeCloud::new()?;
         let ec2 = cloud.start_ec2(REGION)?;
-        let settings = CloudSettings {
-            identity_ca_pem: cloud.ca().ca_pem(),
-            ec2_endpoint: ec2.url(),
-            accounts: vec![ACCOUNT.into()],
-            regions: vec![REGION.into()],
-        };
+        let settings = cloud_settings(&cloud, &ec2);
         let server = TestServer::start_reachable_at(&cp, &settings, server_args, extra_ips).await?;
         let joiner = Joiner::new(server.url(), server.ca_pem())?;
         Ok(Self {

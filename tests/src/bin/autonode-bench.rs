@@ -312,14 +312,9 @@ async fn run_agent(node: &SimulatedNode, agent: &Path) -> Result<AgentRun> {
         None => std::process::Command::new(agent),
     };
     command
-        .arg(format!("--root={}", root.display()))
-        .arg(format!(
-            "--systemctl={}",
-            root.join("fake-systemctl").display()
-        ))
-        .arg(format!("--console={}", root.join("console.log").display()))
+        .args(node.agent_args())
         .args(trace.then_some("--verbose"))
-        .env_remove("AWS_EC2_METADATA_SERVICE_ENDPOINT")
+        .env_remove(node::IMDS_ENDPOINT_ENV)
         .stdin(std::process::Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(std::process::Stdio::piped());
@@ -336,14 +331,14 @@ async fn run_agent(node: &SimulatedNode, agent: &Path) -> Result<AgentRun> {
             let mut child = command.spawn().context("starting the agent")?;
             let pid = child.id() as nix::libc::pid_t;
             let stderr = child.stderr.take().context("the agent's stderr")?;
-            let credentials = read_log(stderr, log, started)?;
+            let credentials = read_log(stderr, log, started, trace)?;
             let mut status = 0;
             // SAFETY: an all-zero rusage is valid; wait4 fills it in.
             let mut usage: nix::libc::rusage = unsafe { std::mem::zeroed() };
             // SAFETY: valid pointers to locals; reaps only our own child.
             let reaped = unsafe { nix::libc::wait4(pid, &mut status, 0, &mut usage) };
             let elapsed = started.elapsed();
-            if std::env::var_os("AUTONODE_BENCH_TRACE").is_some() {
+            if trace {
                 let now = time::OffsetDateTime::now_utc();
                 eprintln!("agent ran {:?} until {now}", elapsed);
             }
@@ -385,16 +380,17 @@ async fn run_agent(node: &SimulatedNode, agent: &Path) -> Result<AgentRun> {
 /// The agent's line once kubelet's files are written and synced.
 const CREDENTIALS_WRITTEN: &str = "phase=apply succeeded";
 
-/// Copies the agent's stderr to `log` as it comes; when it logged
-/// [`CREDENTIALS_WRITTEN`], counted from `started`.
+/// Copies the agent's stderr to `log` as it comes (and, with `trace`, to
+/// ours with timestamps); when it logged [`CREDENTIALS_WRITTEN`], counted
+/// from `started`.
 fn read_log(
     stderr: impl std::io::Read,
     mut log: std::fs::File,
     started: Instant,
+    trace: bool,
 ) -> Result<Option<Duration>> {
     use std::io::{BufRead as _, Write as _};
     let mut credentials = None;
-    let trace = std::env::var_os("AUTONODE_BENCH_TRACE").is_some();
     for line in std::io::BufReader::new(stderr).lines() {
         let line = line.context("reading the agent's stderr")?;
         if trace {

@@ -10,8 +10,8 @@ use autonode_tests::joiner::{self, NodeKeys};
 use autonode_tests::karpenter;
 use autonode_tests::node::registration;
 use autonode_tests::pki::CertPair;
-use autonode_tests::server::{http_get, CloudSettings, TestServer};
-use autonode_tests::world::{World, ACCOUNT, REGION};
+use autonode_tests::server::{http_get, TestServer};
+use autonode_tests::world::{cloud_settings, World};
 use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeStatus};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use std::time::{Duration, Instant};
@@ -138,12 +138,7 @@ async fn a_fatal_report_replaces_the_machine_and_a_transient_one_does_not() -> R
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn when_the_leader_stops_another_replica_takes_over() -> Result<()> {
     let world = World::start_with(&["--leader-lease=3".into()]).await?;
-    let settings = CloudSettings {
-        identity_ca_pem: world.cloud.ca().ca_pem(),
-        ec2_endpoint: world.ec2.url(),
-        accounts: vec![ACCOUNT.into()],
-        regions: vec![REGION.into()],
-    };
+    let settings = cloud_settings(&world.cloud, &world.ec2);
     let second = TestServer::start(&world.cp, &settings, &["--leader-lease=3".into()]).await?;
     let second_joiner = joiner::Joiner::new(second.url(), second.ca_pem())?;
 

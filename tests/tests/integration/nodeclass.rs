@@ -6,8 +6,8 @@ use autonode_agent::config::{Config, Document, ServerTrust};
 use autonode_tests::controlplane::ControlPlane;
 use autonode_tests::karpenter::{self, ec2nodeclasses};
 use autonode_tests::pki::Ca;
-use autonode_tests::server::{self, CloudSettings, TestServer};
-use autonode_tests::world::{World, ACCOUNT, REGION};
+use autonode_tests::server::{self, TestServer};
+use autonode_tests::world::{cloud_settings, World, REGION};
 use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
@@ -271,12 +271,7 @@ async fn install_crds_installs_karpenters_crds_into_a_bare_cluster() -> Result<(
     .await?;
     let cloud = autonode_tests::fakecloud::FakeCloud::new()?;
     let ec2 = cloud.start_ec2(REGION)?;
-    let settings = CloudSettings {
-        identity_ca_pem: cloud.ca().ca_pem(),
-        ec2_endpoint: ec2.url(),
-        accounts: vec![ACCOUNT.into()],
-        regions: vec![REGION.into()],
-    };
+    let settings = cloud_settings(&cloud, &ec2);
     // Ready means its NodeClaim cache synced: the CRDs are there.
     let flags = ["--install-crds".to_string()];
     let first = TestServer::start(&cp, &settings, &flags).await?;

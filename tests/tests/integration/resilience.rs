@@ -13,8 +13,8 @@ use autonode_shared::protocol::{JoinRequest, JoinResponse, JOIN_PATH};
 use autonode_tests::fakecloud::Instance;
 use autonode_tests::joiner::{self, Answer, Joiner, NodeKeys};
 use autonode_tests::karpenter;
-use autonode_tests::node::{launch_machine, SimulatedNode};
-use autonode_tests::server::{binary, http_get};
+use autonode_tests::node::{self, launch_machine, SimulatedNode};
+use autonode_tests::server::http_get;
 use autonode_tests::world::World;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
@@ -374,16 +374,10 @@ const KILL_POINTS: [&str; 6] = [
 async fn run_agent_until(node: &SimulatedNode, point: &str) -> Result<(bool, String)> {
     use std::os::unix::process::ExitStatusExt;
     use tokio::io::AsyncBufReadExt;
-    let root = node.root.path();
-    let mut command = node.netns.command(binary("autonode-agent")?);
+    let mut command = node.netns.command(node::agent_binary()?);
     command
-        .arg(format!("--root={}", root.display()))
-        .arg(format!(
-            "--systemctl={}",
-            root.join("fake-systemctl").display()
-        ))
-        .arg(format!("--console={}", root.join("console.log").display()))
-        .env_remove("AWS_EC2_METADATA_SERVICE_ENDPOINT")
+        .args(node.agent_args())
+        .env_remove(node::IMDS_ENDPOINT_ENV)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped());
