@@ -92,10 +92,12 @@ async fn authenticate(
         .await
         .map_err(|e| ReportError::Unavailable(e.to_string()))?;
     let provider_id = aws_provider_id(&doc.availability_zone, &doc.instance_id);
-    // No grace for a providerID the cache has not seen yet, unlike a join:
-    // an agent reports after its join, which already waited for it, and a
-    // refused agent's final report would only wait again for nothing.
-    let claim = match ctx.claims.by_provider_id(&provider_id).as_slice() {
+    // The same grace as a join: an agent that fails before its join (or a
+    // report that races Karpenter's status write) must not lose the report
+    // to our cache's lag, since a fatal one is what replaces the machine.
+    // A refused agent's final report waits it out again; that costs the
+    // machine seconds it has no use for anyway.
+    let claim = match ctx.claims.find(&provider_id).await.as_slice() {
         [only] => only.clone(),
         other => {
             return Err(refused(format!(
