@@ -143,6 +143,20 @@ impl NodeConfig {
         }
     }
 
+    /// The first cache that has not had its first full list yet, if any
+    /// (`/readyz`): until then a join would wait on it.
+    pub fn unsynced(&self) -> Option<&'static str> {
+        use futures::FutureExt;
+        let synced = |ready: Option<Result<(), _>>| matches!(ready, Some(Ok(())));
+        if !synced(self.classes.wait_until_ready().now_or_never()) {
+            Some("EC2NodeClass")
+        } else if !synced(self.configmaps.wait_until_ready().now_or_never()) {
+            Some("Ignition ConfigMap")
+        } else {
+            None
+        }
+    }
+
     /// The NodeClaim's EC2NodeClass, if it names one that exists.
     async fn class_of(&self, claim: &NodeClaim) -> Result<Option<Arc<Ec2NodeClass>>, JoinError> {
         let Some(reference) = &claim.spec.node_class_ref else {

@@ -1,11 +1,14 @@
 //! `/metrics`, `/healthz` and `/readyz` on a plain HTTP port.
 //!
 //! `/healthz` says the process serves; `/readyz` says it can judge joins
-//! (its NodeClaim cache has synced), so a replica that cannot reach the
-//! guest cluster is taken out of the Service instead of refusing machines.
+//! (its NodeClaim cache has synced and its watch is connected, and the
+//! node-config caches have had their first list), so a replica that cannot
+//! reach the guest cluster is taken out of the Service instead of refusing
+//! machines or keeping them waiting.
 
 use crate::metrics::Metrics;
 use crate::nodeclaim::NodeClaims;
+use crate::nodeconfig::NodeConfig;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{Request, Response, StatusCode};
@@ -13,17 +16,37 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use std::time::Duration;
 use tokio::net::TcpListener;
 
+/// What `/readyz` asks.
+#[derive(Clone)]
+pub struct Readiness {
+    pub claims: NodeClaims,
+    pub nodeconfig: NodeConfig,
+}
+
+impl Readiness {
+    /// `Err` names what keeps joins from being judged now.
+    fn check(&self) -> Result<(), String> {
+        if !self.claims.is_ready() {
+            return Err("NodeClaim cache not synced or its watch is disconnected".into());
+        }
+        match self.nodeconfig.unsynced() {
+            Some(cache) => Err(format!("{cache} cache not synced")),
+            None => Ok(()),
+        }
+    }
+}
+
 /// Serves the observability endpoints forever.
-pub async fn serve(listener: TcpListener, metrics: Metrics, claims: NodeClaims) {
+pub async fn serve(listener: TcpListener, metrics: Metrics, readiness: Readiness) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
-        let (metrics, claims) = (metrics.clone(), claims.clone());
+        let (metrics, readiness) = (metrics.clone(), readiness.clone());
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                let reply = answer(req.uri().path(), &metrics, &claims);
+                let reply = answer(req.uri().path(), &metrics, &readiness);
                 async move { Ok::<_, std::convert::Infallible>(reply) }
             });
             let _ = hyper::server::conn::http1::Builder::new()
@@ -35,7 +58,7 @@ pub async fn serve(listener: TcpListener, metrics: Metrics, claims: NodeClaims) 
     }
 }
 
-fn answer(path: &str, metrics: &Metrics, claims: &NodeClaims) -> Response<Full<Bytes>> {
+fn answer(path: &str, metrics: &Metrics, readiness: &Readiness) -> Response<Full<Bytes>> {
     let (status, body, content_type) = match path {
         "/metrics" => (
             StatusCode::OK,
@@ -43,12 +66,10 @@ fn answer(path: &str, metrics: &Metrics, claims: &NodeClaims) -> Response<Full<B
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         ),
         "/healthz" => (StatusCode::OK, "ok".to_string(), "text/plain"),
-        "/readyz" if claims.is_ready() => (StatusCode::OK, "ok".to_string(), "text/plain"),
-        "/readyz" => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "NodeClaim cache not synced".to_string(),
-            "text/plain",
-        ),
+        "/readyz" => match readiness.check() {
+            Ok(()) => (StatusCode::OK, "ok".to_string(), "text/plain"),
+            Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why, "text/plain"),
+        },
         _ => (StatusCode::NOT_FOUND, "not found".to_string(), "text/plain"),
     };
     let mut reply = Response::new(Full::new(Bytes::from(body)));

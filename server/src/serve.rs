@@ -90,6 +90,14 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             move || autonode_server::nodeclass::run(client.clone(), settings.clone()),
         ));
     }
+    let nodeconfig = NodeConfig::start(
+        client.clone(),
+        NodeConfigSettings {
+            namespace: args.ignition_namespace.clone(),
+            base_ignition: args.base_ignition.clone(),
+        },
+        events.clone(),
+    );
     let join = Arc::new(JoinContext {
         trust: trust.clone(),
         policy: policy.clone(),
@@ -99,14 +107,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         cluster,
         events: events.clone(),
         metrics: metrics.clone(),
-        nodeconfig: NodeConfig::start(
-            client.clone(),
-            NodeConfigSettings {
-                namespace: args.ignition_namespace.clone(),
-                base_ignition: args.base_ignition.clone(),
-            },
-            events.clone(),
-        ),
+        nodeconfig: nodeconfig.clone(),
         clock: time::OffsetDateTime::now_utc,
         delete_refused: args.delete_failed_nodeclaims,
     });
@@ -135,7 +136,8 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         .with_context(|| format!("listening on {}", args.metrics_listen))?;
     tracing::info!(join_api = %listener.local_addr()?, metrics = %metrics_listener.local_addr()?, "autonode-server serving");
 
-    tokio::spawn(observe::serve(metrics_listener, metrics, claims));
+    let readiness = observe::Readiness { claims, nodeconfig };
+    tokio::spawn(observe::serve(metrics_listener, metrics, readiness));
     tokio::select! {
         _ = api::serve(listener, acceptor, Api::new(join, report, limits)) => {}
         _ = shutdown_signal() => tracing::info!("shutting down"),

@@ -61,6 +61,29 @@ impl TestServer {
         extra_args: &[String],
         extra_ips: &[IpAddr],
     ) -> Result<Self> {
+        let server = Self::spawn(cp, cloud, extra_args, extra_ips).await?;
+        server.wait_ready().await?;
+        Ok(server)
+    }
+
+    /// Like [`TestServer::start`], but returns once the server serves
+    /// (`/healthz`), ready or not: for tests of what keeps it unready.
+    pub async fn start_serving(
+        cp: &ControlPlane,
+        cloud: &CloudSettings,
+        extra_args: &[String],
+    ) -> Result<Self> {
+        let server = Self::spawn(cp, cloud, extra_args, &[]).await?;
+        server.wait_for("/healthz").await?;
+        Ok(server)
+    }
+
+    async fn spawn(
+        cp: &ControlPlane,
+        cloud: &CloudSettings,
+        extra_args: &[String],
+        extra_ips: &[IpAddr],
+    ) -> Result<Self> {
         let admin = cp.admin().await?;
         apply_manifest(&admin, GUEST_RBAC).await?;
         let token = service_account_token(&admin, SERVER_SERVICE_ACCOUNT).await?;
@@ -118,15 +141,13 @@ impl TestServer {
                 ("AWS_EC2_METADATA_DISABLED", "true"),
             ],
         )?;
-        let server = Self {
+        Ok(Self {
             daemon,
             url: format!("https://127.0.0.1:{port}"),
             metrics_url: format!("http://127.0.0.1:{metrics_port}"),
             ca_pem: join_ca.cert_pem().to_string(),
             dir,
-        };
-        server.wait_ready().await?;
-        Ok(server)
+        })
     }
 
     /// The join API's base URL.
@@ -190,7 +211,7 @@ impl TestServer {
         Ok(kib * 1024)
     }
 
-    /// Polls `/readyz` until the NodeClaim cache has synced.
+    /// Polls `/readyz` until the server can judge joins.
     async fn wait_ready(&self) -> Result<()> {
         self.wait_for("/readyz").await
     }

@@ -10,7 +10,8 @@ use autonode_tests::fakecloud::Instance;
 use autonode_tests::joiner::{self, Answer, NodeKeys};
 use autonode_tests::karpenter::{self, ec2nodeclass_resource};
 use autonode_tests::node::launch_machine;
-use autonode_tests::world::{World, ACCOUNT, REGION};
+use autonode_tests::server::{apply_manifest, http_get, TestServer};
+use autonode_tests::world::{cloud_settings, World, ACCOUNT, REGION};
 use base64::Engine as _;
 use k8s_openapi::api::core::v1::{ConfigMap, Event};
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
@@ -300,4 +301,74 @@ async fn the_agent_applies_the_merged_config() -> Result<()> {
     )?)?;
     assert_eq!(written["maxPods"], 58);
     Ok(())
+}
+
+/// A replica that cannot read its Ignition namespace would keep every join
+/// waiting: `/readyz` says so, names the cache, and turns ready once the
+/// operator grants the read.
+#[tokio::test]
+async fn readyz_waits_for_the_node_config_caches() -> Result<()> {
+    const ELSEWHERE: &str = "autonode-elsewhere";
+    let world = World::start().await?;
+    let settings = cloud_settings(&world.cloud, &world.ec2);
+    let args = [format!("--ignition-namespace={ELSEWHERE}")];
+    let server = TestServer::start_serving(&world.cp, &settings, &args).await?;
+    let readyz = format!("{}/readyz", server.metrics_url());
+
+    // Its RBAC grants ConfigMaps only in autonode-system: never synced.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (status, body) = http_get(&readyz).await?;
+    assert_eq!(status, 503, "ready without its Ignition ConfigMaps: {body}");
+    assert!(
+        body.contains("Ignition ConfigMap cache not synced"),
+        "{body}"
+    );
+
+    apply_manifest(&world.cp.admin().await?, &ignition_grant(ELSEWHERE)).await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while http_get(&readyz).await?.0 != 200 {
+        if Instant::now() > deadline {
+            bail!("not ready 30 s after the grant:\n{}", server.log());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+/// What `packaging/guest/rbac.yaml` says to grant when
+/// `--ignition-namespace` is not its default: the same Role and RoleBinding
+/// in that namespace.
+fn ignition_grant(namespace: &str) -> String {
+    format!(
+        r#"
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: {namespace}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata:
+  name: autonode-server-ignition
+  namespace: {namespace}
+rules:
+  - apiGroups: [""]
+    resources: ["configmaps"]
+    verbs: ["get", "list", "watch"]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata:
+  name: autonode-server-ignition
+  namespace: {namespace}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: Role
+  name: autonode-server-ignition
+subjects:
+  - kind: ServiceAccount
+    name: autonode-server
+    namespace: {NAMESPACE}
+"#
+    )
 }
