@@ -98,3 +98,32 @@ pub async fn create_ec2nodeclass(
         .await
         .with_context(|| format!("creating EC2NodeClass {name}"))
 }
+
+/// An EC2NodeClass as an operator writes it for autonode: `amiFamily:
+/// Custom`, the AMI, `spec.kubelet`, and `render-userdata`'s output.
+/// (`default` is the class [`crate::world::World::launch`]'s NodeClaims
+/// name.)
+pub async fn create_custom_nodeclass(
+    client: &Client,
+    name: &str,
+    user_data: &str,
+) -> Result<DynamicObject> {
+    let object: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "karpenter.k8s.aws/v1",
+        "kind": "EC2NodeClass",
+        "metadata": {"name": name},
+        "spec": {
+            "amiFamily": "Custom",
+            "amiSelectorTerms": [{"id": "ami-0123456789abcdef0"}],
+            "role": "KarpenterNodeRole-test",
+            "securityGroupSelectorTerms": [{"id": "sg-0123456789abcdef0"}],
+            "subnetSelectorTerms": [{"id": "subnet-0123456789abcdef0"}],
+            "kubelet": {"maxPods": 29, "kubeReserved": {"cpu": "70m", "memory": "442Mi"}},
+            "userData": user_data,
+        },
+    }))?;
+    ec2nodeclasses(client)
+        .create(&PostParams::default(), &object)
+        .await
+        .with_context(|| format!("creating EC2NodeClass {name}"))
+}

@@ -23,7 +23,7 @@ use crate::server::binary;
 use crate::world::World;
 use anyhow::{bail, Context, Result};
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams};
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::{Path, PathBuf};
@@ -375,7 +375,7 @@ impl VmWorld {
         let admin = world.cp.admin().await?;
         put_base_ignition(&admin).await?;
         let user_data = render_user_data(&world)?;
-        create_node_class(&admin, &user_data).await?;
+        crate::karpenter::create_custom_nodeclass(&admin, "default", &user_data).await?;
         Ok(Self { world, user_data })
     }
 
@@ -469,29 +469,4 @@ fn render_user_data(world: &World) -> Result<String> {
         );
     }
     Ok(String::from_utf8(output.stdout)?)
-}
-
-/// The EC2NodeClass `default` (the class [`World::launch`]'s NodeClaims
-/// name) as an operator writes it for autonode: `amiFamily: Custom`, the
-/// AMI, `spec.kubelet`, and the rendered userData.
-async fn create_node_class(admin: &kube::Client, user_data: &str) -> Result<()> {
-    let object: DynamicObject = serde_json::from_value(serde_json::json!({
-        "apiVersion": "karpenter.k8s.aws/v1",
-        "kind": "EC2NodeClass",
-        "metadata": {"name": "default"},
-        "spec": {
-            "amiFamily": "Custom",
-            "amiSelectorTerms": [{"id": "ami-0123456789abcdef0"}],
-            "role": "KarpenterNodeRole-test",
-            "securityGroupSelectorTerms": [{"id": "sg-0123456789abcdef0"}],
-            "subnetSelectorTerms": [{"id": "subnet-0123456789abcdef0"}],
-            "kubelet": {"maxPods": 29, "kubeReserved": {"cpu": "70m", "memory": "442Mi"}},
-            "userData": user_data,
-        },
-    }))?;
-    crate::karpenter::ec2nodeclasses(admin)
-        .create(&PostParams::default(), &object)
-        .await
-        .context("creating EC2NodeClass default")?;
-    Ok(())
 }

@@ -29,6 +29,7 @@
 //! `AUTONODE_BENCH_WRAP="strace -f -tt -o FILE"` runs the agent under a tool.
 
 use anyhow::{bail, ensure, Context, Result};
+use autonode_shared::csr;
 use autonode_shared::protocol::{JoinRequest, JoinResponse, JOIN_PATH};
 use autonode_tests::controlplane::unique;
 use autonode_tests::fakecloud::Instance;
@@ -175,6 +176,9 @@ async fn sequential(options: &Options, results: &mut Map<String, Value>) -> Resu
     let world = World::start().await?;
     let admin = world.cp.admin().await?;
     let user_data = node::user_data(&world);
+    // The class the NodeClaims name exists, as it does under Karpenter:
+    // without it every join would also GET it from the API server.
+    karpenter::create_custom_nodeclass(&admin, "default", &user_data).await?;
     let runs = options.warmup + options.joins;
     // Karpenter's part for every join first, so the server's NodeClaim
     // cache holds them all before anything is timed.
@@ -188,6 +192,15 @@ async fn sequential(options: &Options, results: &mut Map<String, Value>) -> Resu
             .await?;
         instances.push(instance);
     }
+    // And NodeClaims for the join's writes alone to bind (no providerID:
+    // no join will ask for them).
+    let writes_claims = karpenter::nodeclaims(&admin);
+    let mut write_targets = Vec::with_capacity(options.warmup + options.bare);
+    for _ in 0..options.warmup + options.bare {
+        let name = format!("writes-{}", unique());
+        karpenter::create_nodeclaim(&admin, &name, "default").await?;
+        write_targets.push(name);
+    }
     tokio::time::sleep(Duration::from_secs(1)).await;
 
     // kube-rs speaks HTTP/1.1 only: a watch per CSR would hold a connection
@@ -200,6 +213,7 @@ async fn sequential(options: &Options, results: &mut Map<String, Value>) -> Resu
     let mut joins = Vec::with_capacity(options.joins);
     let mut exits = Vec::with_capacity(options.joins);
     let mut bares = Vec::with_capacity(options.bare);
+    let mut writes = Vec::with_capacity(options.bare);
     let mut max_rss_kib = 0;
     let mut cpu = Vec::with_capacity(options.joins);
     let rounds = options.warmup + options.joins.max(options.bare);
@@ -217,16 +231,20 @@ async fn sequential(options: &Options, results: &mut Map<String, Value>) -> Resu
         }
         if round < options.warmup + options.bare {
             let elapsed = bare_csr(&csrs, &signed).await?;
+            let written =
+                join_writes(&csrs, &writes_claims, &write_targets[round], &signed).await?;
             if counted {
                 bares.push(elapsed);
+                writes.push(written);
             }
         }
         if counted && (round - options.warmup + 1) % 25 == 0 {
             eprintln!(
-                "  {} rounds: join p50 {:.1} ms, bare CSR p50 {:.1} ms",
+                "  {} rounds: join p50 {:.1} ms, bare CSR p50 {:.1} ms, join's writes p50 {:.1} ms",
                 round - options.warmup + 1,
                 ms(percentile(&joins, 0.5)),
                 ms(percentile(&bares, 0.5)),
+                ms(percentile(&writes, 0.5)),
             );
         }
     }
@@ -258,6 +276,7 @@ async fn sequential(options: &Options, results: &mut Map<String, Value>) -> Resu
             "join_ms": samples(&joins),
             "agent_exit_ms": samples(&exits),
             "bare_csr_ms": samples(&bares),
+            "join_writes_ms": samples(&writes),
         }),
     );
     let join_p50 = ms(percentile(&joins, 0.5));
@@ -276,6 +295,16 @@ async fn sequential(options: &Options, results: &mut Map<String, Value>) -> Resu
     results.insert(
         "join_vs_bare_ratio".into(),
         round(join_p50 / bare_p50, 2).into(),
+    );
+    let writes_p50 = ms(percentile(&writes, 0.5));
+    put(results, "join_writes_p50_ms", writes_p50);
+    results.insert(
+        "join_writes_vs_bare_ratio".into(),
+        round(writes_p50 / bare_p50, 2).into(),
+    );
+    results.insert(
+        "join_vs_join_writes_ratio".into(),
+        round(join_p50 / writes_p50, 2).into(),
     );
     results.insert("agent_peak_rss_bytes".into(), (max_rss_kib * 1024).into());
     put(results, "agent_cpu_ms", ms(percentile(&cpu, 0.5)));
@@ -300,7 +329,7 @@ async fn run_agent(node: &SimulatedNode, agent: &Path) -> Result<AgentRun> {
     let root = node.root.path().to_path_buf();
     let netns = std::fs::File::open(node.netns.path())?;
     let log = std::fs::File::create(root.join("agent.log"))?;
-    let trace = std::env::var_os("AUTONODE_BENCH_TRACE").is_some();
+    let trace = trace();
     let wrap = std::env::var("AUTONODE_BENCH_WRAP").unwrap_or_default();
     let mut wrap = wrap.split_whitespace();
     let mut command = match wrap.next() {
@@ -414,49 +443,15 @@ async fn bare_csr(
 ) -> Result<Duration> {
     let key = rcgen::KeyPair::generate()?;
     let name = format!("bare-{}", unique());
-    let pem = CsrShape::client(&name).csr(&key)?;
-    let csr = CertificateSigningRequest {
-        metadata: ObjectMeta {
-            name: Some(name.clone()),
-            labels: Some([(BARE_LABEL.to_string(), "true".to_string())].into()),
-            ..Default::default()
-        },
-        spec: CertificateSigningRequestSpec {
-            request: ByteString(pem.into_bytes()),
-            signer_name: "kubernetes.io/kube-apiserver-client-kubelet".into(),
-            usages: Some(
-                ["digital signature", "key encipherment", "client auth"]
-                    .map(String::from)
-                    .to_vec(),
-            ),
-            ..Default::default()
-        },
-        status: None,
-    };
-    let approval = json!({"status": CertificateSigningRequestStatus {
-        conditions: Some(vec![CertificateSigningRequestCondition {
-            type_: "Approved".into(),
-            status: "True".into(),
-            reason: Some("BenchApproved".into()),
-            message: Some("autonode-bench: the bare CSR path".into()),
-            ..Default::default()
-        }]),
-        certificate: None,
-    }});
+    let csr = bench_csr(&name, csr::CLIENT_SIGNER, &CsrShape::client(&name), &key)?;
     let mut signed = signed.subscribe();
     let started = Instant::now();
     api.create(&PostParams::default(), &csr).await?;
     let created = started.elapsed();
-    api.patch_approval(&name, &PatchParams::default(), &Patch::Merge(&approval))
-        .await?;
+    approve(api, &name).await?;
     let approved = started.elapsed();
-    tokio::time::timeout(Duration::from_secs(30), async {
-        while signed.recv().await? != name {}
-        anyhow::Ok(())
-    })
-    .await
-    .with_context(|| format!("CSR {name} not signed within 30s"))??;
-    if std::env::var_os("AUTONODE_BENCH_TRACE").is_some() {
+    wait_signed(&mut signed, &[name]).await?;
+    if trace() {
         eprintln!(
             "bare CSR: created {created:?} approved {approved:?} signed {:?}",
             started.elapsed()
@@ -465,10 +460,131 @@ async fn bare_csr(
     Ok(started.elapsed())
 }
 
-/// Label on the bare path's CSRs.
+/// The API writes no join can do without, made straight from a client in
+/// the order the server makes them: the binding patch on a NodeClaim beside
+/// the client and serving CSRs' creation, then both approvals, then both
+/// signatures by kube-controller-manager. A join's time beyond this is
+/// autonode's own (agent, TLS, attestation, rendering, its watches).
+async fn join_writes(
+    csrs: &Api<CertificateSigningRequest>,
+    claims: &Api<kube::api::DynamicObject>,
+    claim: &str,
+    signed: &tokio::sync::broadcast::Sender<String>,
+) -> Result<Duration> {
+    let id = unique();
+    let node = format!("ip-10-0-0-1.writes-{id}.internal");
+    let serving_shape = CsrShape {
+        dns: vec![node.clone()],
+        ips: vec![std::net::Ipv4Addr::new(10, 0, 0, 1).into()],
+        ..CsrShape::client(&node)
+    };
+    let (client_key, serving_key) = (rcgen::KeyPair::generate()?, rcgen::KeyPair::generate()?);
+    let client = bench_csr(
+        &format!("writes-client-{id}"),
+        csr::CLIENT_SIGNER,
+        &CsrShape::client(&node),
+        &client_key,
+    )?;
+    let serving = bench_csr(
+        &format!("writes-serving-{id}"),
+        csr::SERVING_SIGNER,
+        &serving_shape,
+        &serving_key,
+    )?;
+    let names = [&client, &serving].map(|c| c.metadata.name.clone().unwrap_or_default());
+    let binding =
+        Patch::Merge(json!({"metadata": {"annotations": {"autonode-bench/binding": id}}}));
+    let (post, patch) = (PostParams::default(), PatchParams::default());
+    let mut signed = signed.subscribe();
+    let started = Instant::now();
+    let (bound, client, serving) = tokio::join!(
+        claims.patch(claim, &patch, &binding),
+        csrs.create(&post, &client),
+        csrs.create(&post, &serving),
+    );
+    (bound?, client?, serving?);
+    let (client, serving) = tokio::join!(approve(csrs, &names[0]), approve(csrs, &names[1]));
+    (client?, serving?);
+    wait_signed(&mut signed, &names).await?;
+    Ok(started.elapsed())
+}
+
+/// A CSR object as a kubelet or the server creates it, labelled for the
+/// bench's watch.
+fn bench_csr(
+    name: &str,
+    signer: &str,
+    shape: &CsrShape,
+    key: &rcgen::KeyPair,
+) -> Result<CertificateSigningRequest> {
+    let usage = if signer == csr::SERVING_SIGNER {
+        "server auth"
+    } else {
+        "client auth"
+    };
+    Ok(CertificateSigningRequest {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some([(BARE_LABEL.to_string(), "true".to_string())].into()),
+            ..Default::default()
+        },
+        spec: CertificateSigningRequestSpec {
+            request: ByteString(shape.csr(key)?.into_bytes()),
+            signer_name: signer.into(),
+            usages: Some(
+                ["digital signature", "key encipherment", usage]
+                    .map(String::from)
+                    .to_vec(),
+            ),
+            ..Default::default()
+        },
+        status: None,
+    })
+}
+
+async fn approve(api: &Api<CertificateSigningRequest>, name: &str) -> Result<()> {
+    let approval = json!({"status": CertificateSigningRequestStatus {
+        conditions: Some(vec![CertificateSigningRequestCondition {
+            type_: "Approved".into(),
+            status: "True".into(),
+            reason: Some("BenchApproved".into()),
+            message: Some("autonode-bench: approved by the bench itself".into()),
+            ..Default::default()
+        }]),
+        certificate: None,
+    }});
+    api.patch_approval(name, &PatchParams::default(), &Patch::Merge(&approval))
+        .await?;
+    Ok(())
+}
+
+/// Waits until every CSR in `names` has been signed.
+async fn wait_signed(
+    signed: &mut tokio::sync::broadcast::Receiver<String>,
+    names: &[String],
+) -> Result<()> {
+    let mut left: Vec<&String> = names.iter().collect();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while !left.is_empty() {
+            let name = signed.recv().await?;
+            left.retain(|n| **n != name);
+        }
+        anyhow::Ok(())
+    })
+    .await
+    .with_context(|| format!("CSRs {names:?} not signed within 30s"))?
+}
+
+/// Whether `AUTONODE_BENCH_TRACE` asks for each run's timings.
+fn trace() -> bool {
+    std::env::var_os("AUTONODE_BENCH_TRACE").is_some()
+}
+
+/// Label on the bench's own CSRs (the bare path and the join's writes).
 const BARE_LABEL: &str = "autonode-bench/bare";
 
-/// One watch over the bare CSRs: sends the name of each as it is signed.
+/// One watch over the bench's own CSRs: sends the name of each as it is
+/// signed.
 fn watch_signed(api: Api<CertificateSigningRequest>) -> tokio::sync::broadcast::Sender<String> {
     use kube::runtime::{watcher, WatchStreamExt};
     let (tx, _) = tokio::sync::broadcast::channel(64);
@@ -496,6 +612,9 @@ fn watch_signed(api: Api<CertificateSigningRequest>) -> tokio::sync::broadcast::
 async fn burst(count: usize, results: &mut Map<String, Value>) -> Result<()> {
     let world = World::start().await?;
     let admin = world.cp.admin().await?;
+    // The class the NodeClaims name exists, as it does under Karpenter:
+    // without it every join would also GET it from the API server.
+    karpenter::create_custom_nodeclass(&admin, "default", &node::user_data(&world)).await?;
     let prepared = Instant::now();
     // Karpenter's part, a few at a time: NodeClaim, instance, providerID.
     let instances: Vec<Instance> = futures::stream::iter(0..count)
@@ -822,6 +941,18 @@ fn table(results: &Value) -> String {
             format!("{} / {} ms", num("bare_csr_p50_ms"), num("bare_csr_p99_ms")),
         ),
         ("join / bare CSR (p50)".into(), num("join_vs_bare_ratio")),
+        (
+            "the join's API writes alone p50 (bind ∥ 2 CSRs, 2 approvals, 2 signatures)".into(),
+            format!(
+                "{} ms ({} × bare)",
+                num("join_writes_p50_ms"),
+                num("join_writes_vs_bare_ratio")
+            ),
+        ),
+        (
+            "join / its API writes alone (p50)".into(),
+            num("join_vs_join_writes_ratio"),
+        ),
         (
             "server's part of a join (mean, its histogram)".into(),
             format!("{} ms", num("join_server_mean_ms")),
