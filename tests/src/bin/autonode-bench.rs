@@ -502,9 +502,12 @@ async fn join_writes(
         csrs.create(&post, &client),
         csrs.create(&post, &serving),
     );
-    (bound?, client?, serving?);
+    bound?;
+    client?;
+    serving?;
     let (client, serving) = tokio::join!(approve(csrs, &names[0]), approve(csrs, &names[1]));
-    (client?, serving?);
+    client?;
+    serving?;
     wait_signed(&mut signed, &names).await?;
     Ok(started.elapsed())
 }
