@@ -229,10 +229,10 @@ async fn sequential(options: &Options, results: &mut Map<String, Value>) -> Resu
                 cpu.push(run.cpu);
             }
         }
-        if round < options.warmup + options.bare {
+        // One NodeClaim to bind per bare round, warmup included.
+        if let Some(target) = write_targets.get(round) {
             let elapsed = bare_csr(&csrs, &signed).await?;
-            let written =
-                join_writes(&csrs, &writes_claims, &write_targets[round], &signed).await?;
+            let written = join_writes(&csrs, &writes_claims, target, &signed).await?;
             if counted {
                 bares.push(elapsed);
                 writes.push(written);
