@@ -108,9 +108,9 @@ pub struct ServeArgs {
     #[arg(long, env = "AUTONODE_CLUSTER_DOMAIN", default_value = "cluster.local")]
     pub cluster_domain: String,
 
-    /// Namespace (in the guest cluster) of the ConfigMaps holding Ignition
-    /// configs: the base one and those EC2NodeClasses name in their
-    /// `autonode.dev/ignition` annotation.
+    /// Namespace (in the guest cluster) of the ConfigMaps and Secrets
+    /// holding Ignition configs: the base one and those EC2NodeClasses name
+    /// in their `autonode.dev/ignition` annotation.
     #[arg(
         long,
         env = "AUTONODE_IGNITION_NAMESPACE",
@@ -118,11 +118,17 @@ pub struct ServeArgs {
     )]
     pub ignition_namespace: String,
 
-    /// ConfigMap (in --ignition-namespace, key `config.ign`) with the
-    /// Ignition config every node gets; EC2NodeClasses' configs and
-    /// autonode's own files are merged over it.
-    #[arg(long, env = "AUTONODE_BASE_IGNITION", value_name = "CONFIGMAP")]
-    pub base_ignition: Option<String>,
+    /// Where the Ignition config every node gets is (in
+    /// --ignition-namespace, key `config.ign`): `<name>` or
+    /// `configmap/<name>` for a ConfigMap, `secret/<name>` for a Secret.
+    /// EC2NodeClasses' configs and autonode's own files are merged over it.
+    #[arg(
+        long,
+        env = "AUTONODE_BASE_IGNITION",
+        value_name = "[configmap/|secret/]NAME",
+        value_parser = autonode_server::nodeconfig::Source::parse
+    )]
+    pub base_ignition: Option<autonode_server::nodeconfig::Source>,
 
     /// Joins processed at once; more get 503 with Retry-After.
     #[arg(long, env = "AUTONODE_MAX_CONCURRENT_JOINS", default_value = "256")]

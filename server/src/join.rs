@@ -44,7 +44,7 @@ pub struct JoinContext {
     pub cluster: ClusterInfo,
     pub events: Events,
     pub metrics: Metrics,
-    /// Per-node config: EC2NodeClasses and Ignition ConfigMaps.
+    /// Per-node config: EC2NodeClasses and Ignition ConfigMaps and Secrets.
     pub nodeconfig: NodeConfig,
     /// Injected so tests can set the time.
     pub clock: fn() -> OffsetDateTime,

@@ -9,14 +9,17 @@
 //!   node onto the NodeClaim when it creates it, so the NodePool itself is
 //!   not read: it may have changed since.
 //! - its EC2NodeClass: `spec.kubelet`, and the annotation
-//!   [`IGNITION_ANNOTATION`] naming a ConfigMap with the class's Ignition
-//!   config.
-//! - ConfigMaps in one namespace of the guest cluster (`--ignition-namespace`,
-//!   default `autonode-system`): the base config every node gets
-//!   (`--base-ignition=<name>`) and the classes' configs, each under the key
-//!   [`IGNITION_KEY`].
+//!   [`IGNITION_ANNOTATION`] naming the ConfigMap or Secret with the
+//!   class's Ignition config.
+//! - ConfigMaps and Secrets in one namespace of the guest cluster
+//!   (`--ignition-namespace`, default `autonode-system`): the base config
+//!   every node gets (`--base-ignition`) and the classes' configs, each
+//!   under the key [`IGNITION_KEY`]. A reference is `<name>` or
+//!   `configmap/<name>` for a ConfigMap, `secret/<name>` for a Secret (for
+//!   configs that carry credentials: the join answer is the only place a
+//!   Secret's config goes, to an attested node over TLS).
 //!
-//! A referenced ConfigMap that is missing, lacks the key or holds a config
+//! A referenced object that is missing, lacks the key or holds a config
 //! the agent would refuse is an operator's error that can be fixed while
 //! the agent keeps retrying: the join is [`JoinError::Unavailable`] (503,
 //! retried until the agent's deadline), and a Warning Event says why on the
@@ -35,7 +38,7 @@ use crate::render::{self, ClusterSettings, IgnitionError, NodeFacts};
 use autonode_shared::ignition::Config;
 use autonode_shared::protocol::KubeletSettings;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource};
@@ -46,10 +49,11 @@ use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// EC2NodeClass annotation naming the ConfigMap (in the Ignition
-/// namespace) with the class's Ignition config.
+/// EC2NodeClass annotation naming the ConfigMap or Secret (in the Ignition
+/// namespace; see [`Source::parse`]) with the class's Ignition config.
 pub const IGNITION_ANNOTATION: &str = "autonode.dev/ignition";
-/// The ConfigMap key holding an Ignition config (JSON, as Butane writes it).
+/// The ConfigMap or Secret key holding an Ignition config (JSON, as Butane
+/// writes it).
 pub const IGNITION_KEY: &str = "config.ign";
 /// Default namespace of the Ignition ConfigMaps.
 pub const DEFAULT_NAMESPACE: &str = "autonode-system";
@@ -62,10 +66,66 @@ const EVENT_INTERVAL: Duration = Duration::from_secs(60);
 /// Where the operator's Ignition configs are.
 #[derive(Debug, Clone)]
 pub struct NodeConfigSettings {
-    /// Namespace of the Ignition ConfigMaps.
+    /// Namespace of the Ignition ConfigMaps and Secrets.
     pub namespace: String,
-    /// The ConfigMap with the base config every node gets, if any.
-    pub base_ignition: Option<String>,
+    /// Where the base config every node gets is, if anywhere.
+    pub base_ignition: Option<Source>,
+}
+
+/// Where an Ignition config is kept: a ConfigMap or a Secret in the
+/// Ignition namespace, under [`IGNITION_KEY`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    ConfigMap(String),
+    Secret(String),
+}
+
+impl Source {
+    /// `<name>` or `configmap/<name>` is a ConfigMap, `secret/<name>` a
+    /// Secret. The kind is case-insensitive, as kubectl's is.
+    pub fn parse(reference: &str) -> Result<Self, NodeConfigError> {
+        let bad = |why: &str| NodeConfigError::BadReference {
+            reference: reference.to_string(),
+            why: why.to_string(),
+        };
+        let (kind, name) = match reference.split_once('/') {
+            Some((kind, name)) => (kind.to_ascii_lowercase(), name),
+            None => ("configmap".to_string(), reference),
+        };
+        let valid = !name.is_empty()
+            && name.len() <= 253
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
+        if !valid {
+            return Err(bad("the name is not a Kubernetes object name"));
+        }
+        match kind.as_str() {
+            "configmap" | "configmaps" | "cm" => Ok(Self::ConfigMap(name.to_string())),
+            "secret" | "secrets" => Ok(Self::Secret(name.to_string())),
+            _ => Err(bad("the kind is neither configmap nor secret")),
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            Self::ConfigMap(_) => "ConfigMap",
+            Self::Secret(_) => "Secret",
+        }
+    }
+
+    fn name(&self) -> &str {
+        match self {
+            Self::ConfigMap(name) | Self::Secret(name) => name,
+        }
+    }
+}
+
+impl std::str::FromStr for Source {
+    type Err = NodeConfigError;
+    fn from_str(reference: &str) -> Result<Self, Self::Err> {
+        Self::parse(reference)
+    }
 }
 
 /// Why a node's config cannot be rendered now.
@@ -73,14 +133,26 @@ pub struct NodeConfigSettings {
 pub enum NodeConfigError {
     #[error("the {0} cache has not synced")]
     NotSynced(&'static str),
-    #[error("ConfigMap {namespace}/{name} ({purpose}) does not exist")]
-    MissingConfigMap {
+    #[error(
+        "Ignition reference {reference:?}: {why} (want <name>, configmap/<name> or secret/<name>)"
+    )]
+    BadReference { reference: String, why: String },
+    #[error("{kind} {namespace}/{name} ({purpose}) does not exist")]
+    Missing {
+        kind: &'static str,
         namespace: String,
         name: String,
         purpose: String,
     },
-    #[error("ConfigMap {namespace}/{name} ({purpose}) has no key {IGNITION_KEY:?} in data")]
+    #[error("{kind} {namespace}/{name} ({purpose}) has no key {IGNITION_KEY:?} in data")]
     MissingKey {
+        kind: &'static str,
+        namespace: String,
+        name: String,
+        purpose: String,
+    },
+    #[error("Secret {namespace}/{name} ({purpose}): key {IGNITION_KEY:?} is not UTF-8 text")]
+    NotText {
         namespace: String,
         name: String,
         purpose: String,
@@ -95,6 +167,7 @@ pub struct NodeConfig {
     classes: Store<Ec2NodeClass>,
     class_api: Api<Ec2NodeClass>,
     configmaps: Store<ConfigMap>,
+    secrets: Store<Secret>,
     settings: Arc<NodeConfigSettings>,
     events: Events,
     /// When each (object, message) Event was last published.
@@ -103,18 +176,23 @@ pub struct NodeConfig {
 
 impl NodeConfig {
     /// Starts watching EC2NodeClasses and the Ignition namespace's
-    /// ConfigMaps in the background.
+    /// ConfigMaps and Secrets in the background.
     pub fn start(client: Client, settings: NodeConfigSettings, events: Events) -> Self {
         let class_api = Api::all(client.clone());
         let classes = watch(class_api.clone(), "EC2NodeClass");
         let configmaps = watch(
-            Api::namespaced(client, &settings.namespace),
+            Api::namespaced(client.clone(), &settings.namespace),
             "Ignition ConfigMap",
+        );
+        let secrets = watch(
+            Api::namespaced(client, &settings.namespace),
+            "Ignition Secret",
         );
         Self {
             classes,
             class_api,
             configmaps,
+            secrets,
             settings: Arc::new(settings),
             events,
             reported: Arc::default(),
@@ -152,6 +230,8 @@ impl NodeConfig {
             Some("EC2NodeClass")
         } else if !synced(self.configmaps.wait_until_ready().now_or_never()) {
             Some("Ignition ConfigMap")
+        } else if !synced(self.secrets.wait_until_ready().now_or_never()) {
+            Some("Ignition Secret")
         } else {
             None
         }
@@ -191,49 +271,65 @@ impl NodeConfig {
 
     /// The operator's layers, lowest precedence first: base, then class.
     async fn layers(&self, class: Option<&Ec2NodeClass>) -> Result<Vec<Config>, NodeConfigError> {
-        let class_map = class.and_then(|c| {
-            let name = c.metadata.annotations.as_ref()?.get(IGNITION_ANNOTATION)?;
-            let purpose = format!("Ignition of EC2NodeClass {}", c.metadata.name.as_deref()?);
-            (!name.is_empty()).then(|| (name.clone(), purpose))
-        });
-        let base_map = self
+        let class_source = match class.and_then(class_reference) {
+            Some((reference, purpose)) => Some((Source::parse(&reference)?, purpose)),
+            None => None,
+        };
+        let base_source = self
             .settings
             .base_ignition
             .clone()
-            .map(|name| (name, "base Ignition, --base-ignition".to_string()));
-        let wanted: Vec<_> = base_map.into_iter().chain(class_map).collect();
-        if wanted.is_empty() {
-            return Ok(Vec::new());
+            .map(|source| (source, "base Ignition, --base-ignition".to_string()));
+        let wanted: Vec<_> = base_source.into_iter().chain(class_source).collect();
+        for (source, _) in &wanted {
+            match source {
+                Source::ConfigMap(_) => wait(&self.configmaps, "Ignition ConfigMap").await?,
+                Source::Secret(_) => wait(&self.secrets, "Ignition Secret").await?,
+            }
         }
-        wait(&self.configmaps, "Ignition ConfigMap").await?;
         wanted
             .iter()
-            .map(|(name, purpose)| self.layer(name, purpose))
+            .map(|(source, purpose)| self.layer(source, purpose))
             .collect()
     }
 
-    /// One ConfigMap's config, parsed and checked.
-    fn layer(&self, name: &str, purpose: &str) -> Result<Config, NodeConfigError> {
+    /// One ConfigMap's or Secret's config, parsed and checked.
+    fn layer(&self, source: &Source, purpose: &str) -> Result<Config, NodeConfigError> {
         let namespace = &self.settings.namespace;
-        let map = self
-            .configmaps
-            .get(&ObjectRef::new(name).within(namespace))
-            .ok_or_else(|| NodeConfigError::MissingConfigMap {
-                namespace: namespace.clone(),
-                name: name.to_string(),
-                purpose: purpose.to_string(),
-            })?;
-        let text = map
-            .data
-            .as_ref()
-            .and_then(|data| data.get(IGNITION_KEY))
-            .ok_or_else(|| NodeConfigError::MissingKey {
-                namespace: namespace.clone(),
-                name: name.to_string(),
-                purpose: purpose.to_string(),
-            })?;
-        let origin = format!("ConfigMap {namespace}/{name} ({purpose})");
-        Ok(render::parse_layer(&origin, text)?)
+        let (kind, name) = (source.kind(), source.name());
+        let missing = || NodeConfigError::Missing {
+            kind,
+            namespace: namespace.clone(),
+            name: name.to_string(),
+            purpose: purpose.to_string(),
+        };
+        let no_key = || NodeConfigError::MissingKey {
+            kind,
+            namespace: namespace.clone(),
+            name: name.to_string(),
+            purpose: purpose.to_string(),
+        };
+        let text = match source {
+            Source::ConfigMap(_) => {
+                let key = ObjectRef::new(name).within(namespace);
+                let map = self.configmaps.get(&key).ok_or_else(missing)?;
+                let data = map.data.as_ref().and_then(|d| d.get(IGNITION_KEY));
+                data.cloned().ok_or_else(no_key)?
+            }
+            Source::Secret(_) => {
+                let key = ObjectRef::new(name).within(namespace);
+                let secret = self.secrets.get(&key).ok_or_else(missing)?;
+                let data = secret.data.as_ref().and_then(|d| d.get(IGNITION_KEY));
+                let bytes = data.ok_or_else(no_key)?.0.clone();
+                String::from_utf8(bytes).map_err(|_| NodeConfigError::NotText {
+                    namespace: namespace.clone(),
+                    name: name.to_string(),
+                    purpose: purpose.to_string(),
+                })?
+            }
+        };
+        let origin = format!("{kind} {namespace}/{name} ({purpose})");
+        Ok(render::parse_layer(&origin, &text)?)
     }
 
     /// A Warning Event on the class (else the NodeClaim), at most once per
@@ -274,6 +370,20 @@ impl NodeConfig {
             }
         }
     }
+}
+
+/// The class's Ignition reference and what it is for, if it has one.
+fn class_reference(class: &Ec2NodeClass) -> Option<(String, String)> {
+    let reference = class
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(IGNITION_ANNOTATION)?;
+    let purpose = format!(
+        "Ignition of EC2NodeClass {}",
+        class.metadata.name.as_deref()?
+    );
+    (!reference.is_empty()).then(|| (reference.clone(), purpose))
 }
 
 /// A reflector store for `api`, kept up to date in the background.
@@ -317,4 +427,59 @@ where
     wait(store, what)
         .await
         .map_err(|e| JoinError::Unavailable(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bare_name_is_a_configmap() {
+        assert_eq!(
+            Source::parse("base").unwrap(),
+            Source::ConfigMap("base".into())
+        );
+        assert_eq!(
+            Source::parse("configmap/gpu.v2").unwrap(),
+            Source::ConfigMap("gpu.v2".into())
+        );
+        assert_eq!(
+            Source::parse("cm/x").unwrap(),
+            Source::ConfigMap("x".into())
+        );
+    }
+
+    #[test]
+    fn secret_slash_name_is_a_secret() {
+        assert_eq!(
+            Source::parse("secret/registry-auth").unwrap(),
+            Source::Secret("registry-auth".into())
+        );
+        assert_eq!(
+            Source::parse("Secret/x").unwrap(),
+            Source::Secret("x".into())
+        );
+    }
+
+    #[test]
+    fn other_kinds_and_bad_names_are_refused() {
+        for reference in [
+            "",
+            "pod/x",
+            "secret/",
+            "configmap/",
+            "a/b/c",
+            "Base",
+            "x y",
+            "../etc",
+        ] {
+            let err = Source::parse(reference).unwrap_err();
+            assert!(
+                matches!(err, NodeConfigError::BadReference { .. }),
+                "{reference:?}: {err}"
+            );
+        }
+        let long = "x".repeat(254);
+        assert!(Source::parse(&long).is_err());
+    }
 }

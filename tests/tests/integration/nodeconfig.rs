@@ -13,7 +13,7 @@ use autonode_tests::node::launch_machine;
 use autonode_tests::server::{apply_manifest, http_get, TestServer};
 use autonode_tests::world::{cloud_settings, World, ACCOUNT, REGION};
 use base64::Engine as _;
-use k8s_openapi::api::core::v1::{ConfigMap, Event};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Secret};
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
@@ -78,6 +78,44 @@ async fn put_configmap(world: &World, name: &str, config: &str) -> Result<()> {
     )
     .await?;
     Ok(())
+}
+
+/// Creates or replaces an Ignition Secret.
+async fn put_secret(world: &World, name: &str, config: &str) -> Result<()> {
+    let api: Api<Secret> = Api::namespaced(world.cp.admin().await?, NAMESPACE);
+    let secret = json!({"apiVersion": "v1", "kind": "Secret",
+                        "metadata": {"name": name, "namespace": NAMESPACE},
+                        "stringData": {"config.ign": config}});
+    api.patch(
+        name,
+        &PatchParams::apply("nodeconfig-test"),
+        &Patch::Apply(&secret),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Joins until the server answers something other than 503 for a cache
+/// still catching up: returns the first 503 whose log line says `why`.
+async fn unavailable_because(world: &World, request: &JoinRequest, why: &str) -> Result<String> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let answer = world.joiner.join(request).await?;
+        let Answer::Refused(503, body) = answer else {
+            bail!("expected 503 ({why}), got {answer:?}");
+        };
+        let log = world.server.log();
+        if let Some(line) = log
+            .lines()
+            .find(|l| l.contains(&body.request_id) && l.contains(why))
+        {
+            return Ok(line.to_string());
+        }
+        if Instant::now() > deadline {
+            bail!("never 503 for {why:?}:\n{log}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Karpenter's part for a NodeClaim of `class` with taints, startup taints
@@ -303,6 +341,45 @@ async fn the_agent_applies_the_merged_config() -> Result<()> {
     Ok(())
 }
 
+/// Configs that carry credentials live in Secrets: `secret/<name>` in the
+/// flag or the class's annotation. A missing one is retryable and named; a
+/// reference of another kind is the operator's typo, named too.
+#[tokio::test]
+async fn ignition_from_secrets_is_merged_and_a_missing_one_is_named() -> Result<()> {
+    let world = World::start_with(&["--base-ignition=secret/base-creds".into()]).await?;
+    put_secret(&world, "base-creds", BASE).await?;
+    create_class(&world, "creds", json!({}), "secret/class-creds").await?;
+    create_class(&world, "typo", json!({}), "pods/class-creds").await?;
+
+    let instance = launch(&world, "creds").await?;
+    let request = joiner::honest_request(&instance, world.cloud.ca(), &NodeKeys::generate()?)?;
+    let line = unavailable_because(&world, &request, "does not exist").await?;
+    assert!(
+        line.contains("Secret autonode-system/class-creds (Ignition of EC2NodeClass creds)"),
+        "{line}"
+    );
+    world.event_reasons("creds", "NodeConfigInvalid").await?;
+
+    put_secret(&world, "class-creds", CLASS).await?;
+    let response = join(&world, &request).await?;
+    assert_eq!(
+        file(&response.ignition, "/etc/motd").as_deref(),
+        Some(&b"class"[..]),
+        "the class's Secret wins over the base"
+    );
+    assert_eq!(
+        file(&response.ignition, "/etc/base-only").as_deref(),
+        Some(&b"b"[..]),
+        "the base Secret is merged under it"
+    );
+
+    let typo = launch(&world, "typo").await?;
+    let request = joiner::honest_request(&typo, world.cloud.ca(), &NodeKeys::generate()?)?;
+    let line = unavailable_because(&world, &request, "neither configmap nor secret").await?;
+    assert!(line.contains("pods/class-creds"), "{line}");
+    Ok(())
+}
+
 /// A replica that cannot read its Ignition namespace would keep every join
 /// waiting: `/readyz` says so, names the cache, and turns ready once the
 /// operator grants the read.
@@ -353,7 +430,7 @@ metadata:
   namespace: {namespace}
 rules:
   - apiGroups: [""]
-    resources: ["configmaps"]
+    resources: ["configmaps", "secrets"]
     verbs: ["get", "list", "watch"]
 ---
 apiVersion: rbac.authorization.k8s.io/v1
