@@ -67,29 +67,32 @@ async fn create_class(world: &World, name: &str, kubelet: Value, ignition: &str)
 
 /// Creates or replaces an Ignition ConfigMap.
 async fn put_configmap(world: &World, name: &str, config: &str) -> Result<()> {
-    let api: Api<ConfigMap> = Api::namespaced(world.cp.admin().await?, NAMESPACE);
-    let map = json!({"apiVersion": "v1", "kind": "ConfigMap",
-                     "metadata": {"name": name, "namespace": NAMESPACE},
-                     "data": {"config.ign": config}});
-    api.patch(
-        name,
-        &PatchParams::apply("nodeconfig-test"),
-        &Patch::Apply(&map),
-    )
-    .await?;
-    Ok(())
+    put_ignition::<ConfigMap>(world, name, json!({"data": {"config.ign": config}})).await
 }
 
 /// Creates or replaces an Ignition Secret.
 async fn put_secret(world: &World, name: &str, config: &str) -> Result<()> {
-    let api: Api<Secret> = Api::namespaced(world.cp.admin().await?, NAMESPACE);
-    let secret = json!({"apiVersion": "v1", "kind": "Secret",
-                        "metadata": {"name": name, "namespace": NAMESPACE},
-                        "stringData": {"config.ign": config}});
+    put_ignition::<Secret>(world, name, json!({"stringData": {"config.ign": config}})).await
+}
+
+/// Server-side applies a ConfigMap or Secret in the Ignition namespace.
+async fn put_ignition<K>(world: &World, name: &str, content: Value) -> Result<()>
+where
+    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::namespaced(world.cp.admin().await?, NAMESPACE);
+    let mut object = json!({"apiVersion": "v1", "kind": K::kind(&()),
+                            "metadata": {"name": name, "namespace": NAMESPACE}});
+    if let (Some(object), Value::Object(content)) = (object.as_object_mut(), content) {
+        object.extend(content);
+    }
     api.patch(
         name,
         &PatchParams::apply("nodeconfig-test"),
-        &Patch::Apply(&secret),
+        &Patch::Apply(&object),
     )
     .await?;
     Ok(())
