@@ -220,13 +220,12 @@ async fn judge(
 /// Pending kubelet CSRs from the same requester, this one excluded.
 fn pending_for(ctx: &Context, csr: &CertificateSigningRequest) -> usize {
     ctx.csr_store
-        .state()
-        .iter()
-        .filter(|other| {
-            other.spec.username == csr.spec.username && other.name_any() != csr.name_any()
+        .state_filter(|other| {
+            other.spec.username == csr.spec.username
+                && other.name_any() != csr.name_any()
+                && !decided(other)
         })
-        .filter(|other| !decided(other))
-        .count()
+        .len()
 }
 
 async fn approve(

@@ -149,10 +149,7 @@ pub fn stage(claim: &NodeClaim, nodes: &Store<Node>) -> Stage {
         return Stage::Failed;
     }
     let node = claim.provider_id().and_then(|pid| {
-        nodes
-            .state()
-            .into_iter()
-            .find(|n| n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(pid))
+        nodes.find(|n| n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(pid))
     });
     match node {
         Some(node) if is_ready(&node) => Stage::Ready,

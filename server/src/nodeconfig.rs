@@ -393,7 +393,10 @@ where
     K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
 {
     let (store, writer) = reflector::store();
-    let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
+    // managedFields are never read here and can outweigh a small object.
+    let events = watcher(api, watcher::Config::default())
+        .modify(|object| object.meta_mut().managed_fields = None);
+    let stream = reflector::reflector(writer, events)
         .backoff(crate::backoff::WatchBackoff::default())
         .touched_objects();
     tokio::spawn(async move {
