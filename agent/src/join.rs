@@ -8,7 +8,7 @@
 
 use crate::config::Config;
 use crate::http::{self, HttpError};
-use crate::retry::{retry, Attempt, Deadline, RetryError, RetryPolicy};
+use crate::retry::{retry_observed, Attempt, Deadline, RetryError, RetryPolicy, Retrying};
 use crate::trust::{self, TrustError};
 use autonode_shared::protocol::{
     ErrorResponse, JoinRequest, JoinResponse, JOIN_PATH, REQUEST_ID_HEADER,
@@ -67,15 +67,28 @@ impl ServerClient {
         request: &JoinRequest,
         deadline: &Deadline,
     ) -> Result<JoinResponse, JoinError> {
+        self.join_observed(request, deadline, |_| {}).await
+    }
+
+    /// [`ServerClient::join`], telling `observe` of each failed attempt
+    /// that will be retried.
+    pub async fn join_observed(
+        &self,
+        request: &JoinRequest,
+        deadline: &Deadline,
+        observe: impl FnMut(&Retrying<'_, JoinError>),
+    ) -> Result<JoinResponse, JoinError> {
         let body =
             serde_json::to_vec(request).map_err(|e| JoinError::BadResponse(e.to_string()))?;
+        let policy = &RetryPolicy::JOIN;
         let answer = self
-            .post(
+            .post_observed(
                 JOIN_PATH,
                 body.into(),
-                &RetryPolicy::JOIN,
+                policy,
                 deadline,
                 JOIN_TRY_TIMEOUT,
+                observe,
             )
             .await?;
         serde_json::from_slice(&answer).map_err(|e| JoinError::BadResponse(e.to_string()))
@@ -90,18 +103,30 @@ impl ServerClient {
         deadline: &Deadline,
         per_try: Duration,
     ) -> Result<Bytes, JoinError> {
+        self.post_observed(path, body, policy, deadline, per_try, |_| {})
+            .await
+    }
+
+    async fn post_observed(
+        &self,
+        path: &str,
+        body: Bytes,
+        policy: &RetryPolicy,
+        deadline: &Deadline,
+        per_try: Duration,
+        observe: impl FnMut(&Retrying<'_, JoinError>),
+    ) -> Result<Bytes, JoinError> {
         let what = format!("POST {path}");
-        retry(policy, deadline, &what, |_| {
-            self.attempt(path, body.clone(), deadline.clamp(per_try))
-        })
-        .await
-        .map_err(|e| match e {
-            RetryError::Fatal(e) => e,
-            RetryError::GaveUp { attempts, last } => JoinError::GaveUp {
-                attempts,
-                last: last.to_string(),
-            },
-        })
+        let attempt = |_| self.attempt(path, body.clone(), deadline.clamp(per_try));
+        retry_observed(policy, deadline, &what, attempt, observe)
+            .await
+            .map_err(|e| match e {
+                RetryError::Fatal(e) => e,
+                RetryError::GaveUp { attempts, last } => JoinError::GaveUp {
+                    attempts,
+                    last: last.to_string(),
+                },
+            })
     }
 
     async fn attempt(&self, path: &str, body: Bytes, limit: Duration) -> Attempt<Bytes, JoinError> {

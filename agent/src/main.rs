@@ -15,8 +15,9 @@ use autonode_agent::ignition::{self, units};
 use autonode_agent::imds::{self, Identity, Imds};
 use autonode_agent::join::{JoinError, ServerClient};
 use autonode_agent::kubelet::{self, KubeletError};
-use autonode_agent::report::{Reporter, REPORT_BUDGET};
+use autonode_agent::report::{Reporter, RetryNotices, REPORT_BUDGET};
 use autonode_agent::retry::Deadline;
+use autonode_agent::retry::Retrying;
 use autonode_agent::state::{self, StateDir};
 use autonode_agent::{csr, keys, logging};
 use autonode_shared::protocol::{JoinRequest, JoinResponse, Outcome, Phase};
@@ -205,16 +206,25 @@ impl Run<'_> {
         message: &str,
         key: Option<&KeyPair>,
     ) {
-        let reporter = reporter.clone();
-        let message = message.to_string();
-        let key_pem = key.map(KeyPair::serialize_pem);
-        self.progress.spawn(async move {
-            let key = key_pem.and_then(|pem| KeyPair::from_pem(&pem).ok());
-            reporter
-                .send(phase, Outcome::Succeeded, &message, key.as_ref())
-                .await;
-        });
+        let report = (phase, Outcome::Succeeded, message.to_string());
+        in_background(&mut self.progress, reporter, report, key);
     }
+}
+
+/// Sends a report without waiting for it; the run waits for `reports`
+/// (within [`REPORT_BUDGET`]) before it exits.
+fn in_background(
+    reports: &mut JoinSet<()>,
+    reporter: &Reporter,
+    (phase, outcome, message): (Phase, Outcome, String),
+    key: Option<&KeyPair>,
+) {
+    let reporter = reporter.clone();
+    let key_pem = key.map(KeyPair::serialize_pem);
+    reports.spawn(async move {
+        let key = key_pem.and_then(|pem| KeyPair::from_pem(&pem).ok());
+        reporter.send(phase, outcome, &message, key.as_ref()).await;
+    });
 }
 
 fn started(phase: Phase) {
@@ -361,7 +371,8 @@ async fn phase_identity(run: &Run<'_>) -> Result<Identity, Failure> {
 
 /// keys → join → apply → start. One progress report, at the end: the join
 /// request itself tells the server everything earlier reports would, and
-/// they would compete with it; a failure is reported by the caller.
+/// they would compete with it. A join that keeps failing is reported as
+/// `Retrying` (see [`RetryNotices`]); a failure is reported by the caller.
 async fn join_and_start(
     run: &mut Run<'_>,
     identity: &Identity,
@@ -375,7 +386,8 @@ async fn join_and_start(
             .context("client key")
             .map_err(fail(Kind::Failed, Phase::Keys))?,
     );
-    let answer = phase_join(run, identity, client, &client_key, &serving_key).await?;
+    let keys = (&client_key, &serving_key);
+    let answer = phase_join(run, identity, client, reporter, keys).await?;
 
     started(Phase::Apply);
     let units = apply(run, identity, &answer, &client_key, &serving_key)?;
@@ -440,11 +452,11 @@ fn record(
 
 /// A saved answer whose client certificate is still valid, else a join.
 async fn phase_join(
-    run: &Run<'_>,
+    run: &mut Run<'_>,
     identity: &Identity,
     client: &ServerClient,
-    client_key: &KeyPair,
-    serving_key: &KeyPair,
+    reporter: &Reporter,
+    (client_key, serving_key): (&KeyPair, &KeyPair),
 ) -> Result<JoinResponse, Failure> {
     started(Phase::Join);
     let now = time::OffsetDateTime::now_utc().unix_timestamp();
@@ -470,15 +482,34 @@ async fn phase_join(
         agent_version: env!("CARGO_PKG_VERSION").to_string(),
     };
     let asked = std::time::Instant::now();
-    let answer = client.join(&request, &run.deadline).await.map_err(|e| {
-        let kind = match e {
-            JoinError::Refused { .. } | JoinError::BadResponse(_) => Kind::Refused,
-            JoinError::GaveUp { .. } => Kind::Deadline,
-            JoinError::Trust(_) => Kind::Config,
-            JoinError::Transient(_) => Kind::Failed,
-        };
-        fail(kind, Phase::Join)(anyhow::Error::new(e).context("joining"))
-    })?;
+    // A join that keeps failing is news for the NodeClaim (an Event), so
+    // that "retrying, and why" is visible without the node's console.
+    let (deadline, reports) = (run.deadline, &mut run.progress);
+    let mut notices = RetryNotices::default();
+    let observe = |retrying: &Retrying<'_, JoinError>| {
+        if notices.due(retrying.attempt, tokio::time::Instant::now()) {
+            let message = format!(
+                "attempt {} failed: {}; retrying in {:.0}s",
+                retrying.attempt,
+                retrying.error,
+                retrying.delay.as_secs_f64()
+            );
+            let report = (Phase::Join, Outcome::Retrying, message);
+            in_background(reports, reporter, report, Some(client_key));
+        }
+    };
+    let answer = client
+        .join_observed(&request, &deadline, observe)
+        .await
+        .map_err(|e| {
+            let kind = match e {
+                JoinError::Refused { .. } | JoinError::BadResponse(_) => Kind::Refused,
+                JoinError::GaveUp { .. } => Kind::Deadline,
+                JoinError::Trust(_) => Kind::Config,
+                JoinError::Transient(_) => Kind::Failed,
+            };
+            fail(kind, Phase::Join)(anyhow::Error::new(e).context("joining"))
+        })?;
     log::debug!("the server answered in {:?}", asked.elapsed());
     run.state
         .save_response(&answer)

@@ -22,6 +22,33 @@ const REPORT_TRY_TIMEOUT: Duration = Duration::from_secs(4);
 /// The server truncates anyway; keep requests small.
 const MAX_MESSAGE: usize = 2048;
 
+/// A join that keeps failing is reported as `Retrying` from this many
+/// failures in a row: one or two are the server scaling or a cache
+/// catching up, not news.
+pub const RETRYING_AFTER: u32 = 3;
+/// And then at most this often, however fast the agent retries.
+pub const RETRYING_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Decides which failed join attempts are reported as `Retrying`.
+#[derive(Debug, Default)]
+pub struct RetryNotices {
+    last: Option<tokio::time::Instant>,
+}
+
+impl RetryNotices {
+    /// Whether attempt `attempt`'s failure, at `now`, gets a report.
+    pub fn due(&mut self, attempt: u32, now: tokio::time::Instant) -> bool {
+        let quiet_long_enough = self
+            .last
+            .is_none_or(|last| now.duration_since(last) >= RETRYING_INTERVAL);
+        let due = attempt >= RETRYING_AFTER && quiet_long_enough;
+        if due {
+            self.last = Some(now);
+        }
+        due
+    }
+}
+
 /// Builds a report, signed by `key` when there is one.
 pub fn build(
     rsa2048: &str,
@@ -110,6 +137,20 @@ impl Reporter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retrying_is_reported_from_the_third_failure_then_once_a_minute() {
+        let start = tokio::time::Instant::now();
+        let at = |secs: u64| start + Duration::from_secs(secs);
+        let mut notices = RetryNotices::default();
+        assert!(!notices.due(1, at(0)));
+        assert!(!notices.due(2, at(1)));
+        assert!(notices.due(3, at(3)));
+        assert!(!notices.due(4, at(7)));
+        assert!(!notices.due(5, at(62)));
+        assert!(notices.due(6, at(63)));
+        assert!(!notices.due(7, at(93)));
+    }
 
     #[test]
     fn proof_verifies_with_the_public_key() {

@@ -111,6 +111,16 @@ pub enum RetryError<E: Display> {
     GaveUp { attempts: u32, last: E },
 }
 
+/// A failed attempt that is about to be retried.
+#[derive(Debug)]
+pub struct Retrying<'a, E> {
+    /// Which attempt failed (from 1).
+    pub attempt: u32,
+    pub error: &'a E,
+    /// How long until the next one.
+    pub delay: Duration,
+}
+
 /// Runs `op` until it is done, fatal, out of attempts, or the next try
 /// would start after the deadline. `op` gets the attempt number (from 1)
 /// and must bound its own duration with [`Deadline::clamp`].
@@ -118,12 +128,30 @@ pub async fn retry<T, E, F, Fut>(
     policy: &RetryPolicy,
     deadline: &Deadline,
     what: &str,
-    mut op: F,
+    op: F,
 ) -> Result<T, RetryError<E>>
 where
     E: Display,
     F: FnMut(u32) -> Fut,
     Fut: Future<Output = Attempt<T, E>>,
+{
+    retry_observed(policy, deadline, what, op, |_| {}).await
+}
+
+/// [`retry`], telling `observe` of each failure before waiting to retry
+/// (the agent reports a join that keeps failing).
+pub async fn retry_observed<T, E, F, Fut, O>(
+    policy: &RetryPolicy,
+    deadline: &Deadline,
+    what: &str,
+    mut op: F,
+    mut observe: O,
+) -> Result<T, RetryError<E>>
+where
+    E: Display,
+    F: FnMut(u32) -> Fut,
+    Fut: Future<Output = Attempt<T, E>>,
+    O: FnMut(&Retrying<'_, E>),
 {
     let mut attempt = 1;
     loop {
@@ -146,6 +174,11 @@ where
             "{what}: attempt {attempt} failed: {error}; retrying in {:.1}s",
             delay.as_secs_f64()
         );
+        observe(&Retrying {
+            attempt,
+            error: &error,
+            delay,
+        });
         tokio::time::sleep(delay).await;
         attempt += 1;
     }

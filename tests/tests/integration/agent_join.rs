@@ -1,12 +1,13 @@
 //! The real agent binary, on a simulated instance in its own network
 //! namespace, joining through the real server and control plane.
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use autonode_tests::fakecloud::Instance;
 use autonode_tests::node::{launch_machine, registration, user_data, SimulatedNode};
 use autonode_tests::world::World;
-use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, PostParams};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Node};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use std::time::{Duration, Instant};
 
 #[tokio::test]
 async fn the_agent_joins_and_its_kubeconfig_registers_the_node() -> Result<()> {
@@ -86,5 +87,70 @@ async fn a_refused_agent_says_so_and_starts_nothing() -> Result<()> {
     let console = std::fs::read_to_string(node.path("/console.log")).unwrap_or_default();
     assert!(console.contains("refused"), "console says: {console}");
     assert!(world.csrs_for(&instance).await?.is_empty());
+    Ok(())
+}
+
+/// A join the server keeps answering 503 (here the operator's base Ignition
+/// config is one the agent would refuse) shows on the NodeClaim as an
+/// `AgentRetrying` Event that says why; once the config is fixed, the same
+/// run completes.
+#[tokio::test]
+async fn a_join_that_keeps_failing_is_reported_and_then_completes() -> Result<()> {
+    let world = World::start_with(&["--base-ignition=base".into()]).await?;
+    let broken = r#"{"ignition": {"version": "3.3.0"}, "passwd": {"users": [{"name": "core"}]}}"#;
+    put_base_ignition(&world, broken).await?;
+    let (claim, node) = launch_machine(&world).await?;
+    let agent = tokio::spawn(async move {
+        let run = node.run_agent(&[]).await;
+        (run, node)
+    });
+
+    let events: Api<Event> = Api::namespaced(world.cp.admin().await?, "default");
+    let selector = format!("involvedObject.name={claim},reason=AgentRetrying");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let message = loop {
+        let found = events
+            .list(&ListParams::default().fields(&selector))
+            .await?
+            .items
+            .into_iter()
+            .find_map(|e| e.message);
+        if let Some(message) = found {
+            break message;
+        }
+        if Instant::now() > deadline {
+            bail!("no AgentRetrying Event on {claim}:\n{}", world.server.log());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        message.contains("phase join retrying") && message.contains("503"),
+        "the Event says what keeps failing: {message}"
+    );
+
+    put_base_ignition(&world, r#"{"ignition": {"version": "3.3.0"}}"#).await?;
+    let (run, node) = agent.await?;
+    let run = run?;
+    assert_eq!(
+        run.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(node.systemctl_calls().contains("kubelet.service"));
+    Ok(())
+}
+
+async fn put_base_ignition(world: &World, config: &str) -> Result<()> {
+    let api: Api<ConfigMap> = Api::namespaced(world.cp.admin().await?, "autonode-system");
+    let map = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "base", "namespace": "autonode-system"},
+        "data": {"config.ign": config}});
+    api.patch(
+        "base",
+        &PatchParams::apply("agent-join-test"),
+        &Patch::Apply(&map),
+    )
+    .await?;
     Ok(())
 }
