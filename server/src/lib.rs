@@ -43,5 +43,6 @@ pub mod observe;
 pub mod refusal;
 pub mod render;
 pub mod report;
+pub mod synced;
 pub mod tls;
 pub mod userdata;

@@ -7,6 +7,7 @@
 use crate::backoff::WatchBackoff;
 use crate::karpenter::NodeClaim;
 use crate::refusal::{JoinError, Refusal};
+use crate::synced::Synced;
 use futures::StreamExt;
 use kube::api::{DeleteParams, Preconditions};
 use kube::runtime::reflector::{self, Store};
@@ -25,7 +26,7 @@ pub const CACHE_GRACE: Duration = Duration::from_secs(3);
 pub struct NodeClaims {
     store: Store<NodeClaim>,
     api: Api<NodeClaim>,
-    ready: Arc<AtomicBool>,
+    synced: Synced,
     fresh: Arc<AtomicBool>,
 }
 
@@ -39,14 +40,8 @@ impl NodeClaims {
         let events = watcher(api.clone(), watcher::Config::default())
             .modify(|claim| claim.managed_fields_mut().clear());
         let stream = reflector::reflector(writer, events).backoff(WatchBackoff::default());
-        let ready = Arc::new(AtomicBool::new(false));
+        let (listed, synced) = crate::synced::flag();
         let fresh = Arc::new(AtomicBool::new(false));
-        let (flag, waiter) = (ready.clone(), store.clone());
-        tokio::spawn(async move {
-            if waiter.wait_until_ready().await.is_ok() {
-                flag.store(true, Ordering::Release);
-            }
-        });
         let in_sync = fresh.clone();
         tokio::spawn(async move {
             let mut stream = std::pin::pin!(stream);
@@ -54,6 +49,7 @@ impl NodeClaims {
                 match event {
                     // A full list has been applied: the cache is current.
                     Ok(watcher::Event::InitDone) => {
+                        listed.set();
                         if !in_sync.swap(true, Ordering::AcqRel) {
                             tracing::info!("NodeClaim cache in sync");
                         }
@@ -69,15 +65,15 @@ impl NodeClaims {
         Self {
             store,
             api,
-            ready,
+            synced,
             fresh,
         }
     }
 
     /// Waits until the first full list has arrived.
     pub async fn ready(&self) -> Result<(), JoinError> {
-        self.store
-            .wait_until_ready()
+        self.synced
+            .wait()
             .await
             .map_err(|e| JoinError::Unavailable(format!("NodeClaim cache: {e}")))
     }
@@ -85,7 +81,7 @@ impl NodeClaims {
     /// Whether the cache can judge joins: the first full list has arrived
     /// and the watch is connected (`/readyz`).
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Acquire) && self.is_fresh()
+        self.synced.is_synced() && self.is_fresh()
     }
 
     /// Whether the watch is connected and its last list was applied. While

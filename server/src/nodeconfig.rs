@@ -35,6 +35,7 @@ use crate::events::Events;
 use crate::karpenter::{Ec2NodeClass, NodeClaim};
 use crate::refusal::JoinError;
 use crate::render::{self, ClusterSettings, IgnitionError, NodeFacts};
+use crate::synced::Synced;
 use autonode_shared::ignition::Config;
 use autonode_shared::protocol::KubeletSettings;
 use futures::StreamExt;
@@ -164,10 +165,10 @@ pub enum NodeConfigError {
 /// The caches and settings per-node config is rendered from.
 #[derive(Clone)]
 pub struct NodeConfig {
-    classes: Store<Ec2NodeClass>,
+    classes: Cache<Ec2NodeClass>,
     class_api: Api<Ec2NodeClass>,
-    configmaps: Store<ConfigMap>,
-    secrets: Store<Secret>,
+    configmaps: Cache<ConfigMap>,
+    secrets: Cache<Secret>,
     settings: Arc<NodeConfigSettings>,
     events: Events,
     /// When each (object, message) Event was last published.
@@ -179,12 +180,12 @@ impl NodeConfig {
     /// ConfigMaps and Secrets in the background.
     pub fn start(client: Client, settings: NodeConfigSettings, events: Events) -> Self {
         let class_api = Api::all(client.clone());
-        let classes = watch(class_api.clone(), "EC2NodeClass");
-        let configmaps = watch(
+        let classes = Cache::watch(class_api.clone(), "EC2NodeClass");
+        let configmaps = Cache::watch(
             Api::namespaced(client.clone(), &settings.namespace),
             "Ignition ConfigMap",
         );
-        let secrets = watch(
+        let secrets = Cache::watch(
             Api::namespaced(client, &settings.namespace),
             "Ignition Secret",
         );
@@ -224,17 +225,13 @@ impl NodeConfig {
     /// The first cache that has not had its first full list yet, if any
     /// (`/readyz`): until then a join would wait on it.
     pub fn unsynced(&self) -> Option<&'static str> {
-        use futures::FutureExt;
-        let synced = |ready: Option<Result<(), _>>| matches!(ready, Some(Ok(())));
-        if !synced(self.classes.wait_until_ready().now_or_never()) {
-            Some("EC2NodeClass")
-        } else if !synced(self.configmaps.wait_until_ready().now_or_never()) {
-            Some("Ignition ConfigMap")
-        } else if !synced(self.secrets.wait_until_ready().now_or_never()) {
-            Some("Ignition Secret")
-        } else {
-            None
-        }
+        [
+            (&self.classes.synced, self.classes.what),
+            (&self.configmaps.synced, self.configmaps.what),
+            (&self.secrets.synced, self.secrets.what),
+        ]
+        .into_iter()
+        .find_map(|(synced, what)| (!synced.is_synced()).then_some(what))
     }
 
     /// The NodeClaim's EC2NodeClass, if it names one that exists.
@@ -246,7 +243,10 @@ impl NodeConfig {
         if reference.kind != kind || reference.group != group {
             return Ok(None);
         }
-        ready(&self.classes, "EC2NodeClass").await?;
+        self.classes
+            .wait()
+            .await
+            .map_err(|e| JoinError::Unavailable(e.to_string()))?;
         let found = self.find_class(&reference.name).await?;
         if found.is_none() {
             tracing::warn!(
@@ -263,7 +263,7 @@ impl NodeConfig {
     /// server. Karpenter launches only from classes that exist, so the GET
     /// is rare.
     async fn find_class(&self, name: &str) -> Result<Option<Arc<Ec2NodeClass>>, JoinError> {
-        if let Some(class) = self.classes.get(&ObjectRef::new(name)) {
+        if let Some(class) = self.classes.store.get(&ObjectRef::new(name)) {
             return Ok(Some(class));
         }
         Ok(self.class_api.get_opt(name).await?.map(Arc::new))
@@ -283,8 +283,8 @@ impl NodeConfig {
         let wanted: Vec<_> = base_source.into_iter().chain(class_source).collect();
         for (source, _) in &wanted {
             match source {
-                Source::ConfigMap(_) => wait(&self.configmaps, "Ignition ConfigMap").await?,
-                Source::Secret(_) => wait(&self.secrets, "Ignition Secret").await?,
+                Source::ConfigMap(_) => self.configmaps.wait().await?,
+                Source::Secret(_) => self.secrets.wait().await?,
             }
         }
         wanted
@@ -312,13 +312,13 @@ impl NodeConfig {
         let text = match source {
             Source::ConfigMap(_) => {
                 let key = ObjectRef::new(name).within(namespace);
-                let map = self.configmaps.get(&key).ok_or_else(missing)?;
+                let map = self.configmaps.store.get(&key).ok_or_else(missing)?;
                 let data = map.data.as_ref().and_then(|d| d.get(IGNITION_KEY));
                 data.cloned().ok_or_else(no_key)?
             }
             Source::Secret(_) => {
                 let key = ObjectRef::new(name).within(namespace);
-                let secret = self.secrets.get(&key).ok_or_else(missing)?;
+                let secret = self.secrets.store.get(&key).ok_or_else(missing)?;
                 let data = secret.data.as_ref().and_then(|d| d.get(IGNITION_KEY));
                 let bytes = data.ok_or_else(no_key)?.0.clone();
                 String::from_utf8(bytes).map_err(|_| NodeConfigError::NotText {
@@ -386,50 +386,57 @@ fn class_reference(class: &Ec2NodeClass) -> Option<(String, String)> {
     (!reference.is_empty()).then(|| (reference.clone(), purpose))
 }
 
-/// A reflector store for `api`, kept up to date in the background.
-fn watch<K>(api: Api<K>, what: &'static str) -> Store<K>
+/// A watch-backed cache and whether it has had its first full list.
+#[derive(Clone)]
+struct Cache<K>
+where
+    K: Resource + 'static,
+    K::DynamicType: Eq + Hash + Clone,
+{
+    store: Store<K>,
+    synced: Synced,
+    /// What it holds, for logs and `/readyz`.
+    what: &'static str,
+}
+
+impl<K> Cache<K>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
 {
-    let (store, writer) = reflector::store();
-    // managedFields are never read here and can outweigh a small object.
-    let events = watcher(api, watcher::Config::default())
-        .modify(|object| object.meta_mut().managed_fields = None);
-    let stream = reflector::reflector(writer, events)
-        .backoff(crate::backoff::WatchBackoff::default())
-        .touched_objects();
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        while let Some(event) = stream.next().await {
-            if let Err(e) = event {
-                tracing::warn!(error = %e, "{what} watch interrupted; retrying");
+    /// Starts watching `api` in the background.
+    fn watch(api: Api<K>, what: &'static str) -> Self {
+        let (store, writer) = reflector::store();
+        // managedFields are never read here and can outweigh a small object.
+        let events = watcher(api, watcher::Config::default())
+            .modify(|object| object.meta_mut().managed_fields = None);
+        let stream =
+            reflector::reflector(writer, events).backoff(crate::backoff::WatchBackoff::default());
+        let (listed, synced) = crate::synced::flag();
+        tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(event) = stream.next().await {
+                match event {
+                    Ok(watcher::Event::InitDone) => listed.set(),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "{what} watch interrupted; retrying"),
+                }
             }
+        });
+        Self {
+            store,
+            synced,
+            what,
         }
-    });
-    store
-}
-
-/// Waits (bounded) for a store's first full list.
-async fn wait<K>(store: &Store<K>, what: &'static str) -> Result<(), NodeConfigError>
-where
-    K: Resource + Clone + 'static,
-    K::DynamicType: Eq + Hash + Clone,
-{
-    match tokio::time::timeout(SYNC_WAIT, store.wait_until_ready()).await {
-        Ok(Ok(())) => Ok(()),
-        _ => Err(NodeConfigError::NotSynced(what)),
     }
-}
 
-async fn ready<K>(store: &Store<K>, what: &'static str) -> Result<(), JoinError>
-where
-    K: Resource + Clone + 'static,
-    K::DynamicType: Eq + Hash + Clone,
-{
-    wait(store, what)
-        .await
-        .map_err(|e| JoinError::Unavailable(e.to_string()))
+    /// Waits (bounded) for the first full list.
+    async fn wait(&self) -> Result<(), NodeConfigError> {
+        match tokio::time::timeout(SYNC_WAIT, self.synced.wait()).await {
+            Ok(Ok(())) => Ok(()),
+            _ => Err(NodeConfigError::NotSynced(self.what)),
+        }
+    }
 }
 
 #[cfg(test)]

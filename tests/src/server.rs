@@ -188,15 +188,10 @@ impl TestServer {
 
     /// Starts the server again (killing it first if it still runs): same
     /// ports, certificates, kubeconfig and flags; its log goes on in the
-    /// same file. Returns once it is ready.
-    ///
-    /// Waits only until it serves (`/healthz`), not until `/readyz`: under a
-    /// burst of retrying clients the new replica's NodeClaim watch can take
-    /// longer to come back than any fixed wait, and what the callers check
-    /// is the outcome (every node joins), not how fast.
+    /// same file. Returns once it is ready (`/readyz`, within 30 s).
     pub async fn restart(&self) -> Result<()> {
         self.daemon.restart()?;
-        self.wait_for("/healthz").await
+        self.wait_ready().await
     }
 
     /// The server's resident memory (`VmRSS`), in bytes.

@@ -256,6 +256,9 @@ async fn a_server_killed_mid_burst_restarts_and_every_node_joins() -> Result<()>
     world.server.kill();
     let before_kill = tally.granted.load(Ordering::SeqCst);
     tokio::time::sleep(Duration::from_secs(1)).await;
+    // Joins arrive while the new replica lists its caches; it must still
+    // turn ready within restart's 30 s (it once stayed 503 for good: only
+    // one of the tasks waiting for the first list was ever woken).
     world.server.restart().await?;
 
     let joined = collect(&machines, joins).await?;
