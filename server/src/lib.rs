@@ -17,7 +17,10 @@
 //! - [`tls`]: the serving certificate, reloaded when it changes.
 //! - [`observe`]: `/metrics`, `/healthz`, `/readyz`.
 //! - [`nodeconfig`]: the inputs of a node's config (EC2NodeClass, Ignition
-//!   ConfigMaps) from watch-backed caches; [`render`] turns them into JSON.
+//!   ConfigMaps and Secrets) from watch-backed caches; [`render`] turns them
+//!   into JSON.
+//! - [`cache`]: watch-backed caches that say whether they have listed and
+//!   are current.
 //! - [`nodeclass`]: keeps EC2NodeClasses' userData ([`userdata`]) and AMIs.
 //! - [`crds`]: installs or updates Karpenter's CRDs (`--install-crds`).
 
@@ -27,6 +30,7 @@ pub mod api;
 pub mod approver;
 pub mod backoff;
 pub mod binding;
+pub mod cache;
 pub mod crds;
 pub mod ec2;
 pub mod events;
@@ -43,6 +47,6 @@ pub mod observe;
 pub mod refusal;
 pub mod render;
 pub mod report;
-pub mod synced;
+
 pub mod tls;
 pub mod userdata;

@@ -4,16 +4,11 @@
 //! a LIST per join: a scale-out of a thousand machines must not become a
 //! thousand LISTs of every NodeClaim.
 
-use crate::backoff::WatchBackoff;
+use crate::cache::Cache;
 use crate::karpenter::NodeClaim;
 use crate::refusal::{JoinError, Refusal};
-use crate::synced::Synced;
-use futures::StreamExt;
 use kube::api::{DeleteParams, Preconditions};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Api, Client, ResourceExt};
-use std::sync::atomic::{AtomicBool, Ordering};
+use kube::{Api, Client};
 use std::sync::Arc;
 use std::time::Duration;
 use time::OffsetDateTime;
@@ -24,72 +19,41 @@ pub const CACHE_GRACE: Duration = Duration::from_secs(3);
 /// The NodeClaim cache.
 #[derive(Clone)]
 pub struct NodeClaims {
-    store: Store<NodeClaim>,
+    cache: Cache<NodeClaim>,
     api: Api<NodeClaim>,
-    synced: Synced,
-    fresh: Arc<AtomicBool>,
 }
 
 impl NodeClaims {
     /// Starts watching NodeClaims in the background.
     pub fn start(client: Client) -> Self {
         let api: Api<NodeClaim> = Api::all(client);
-        let (store, writer) = reflector::store();
-        // Nothing reads managedFields, most of a cached object's metadata:
-        // without it a thousand NodeClaims take megabytes less.
-        let events = watcher(api.clone(), watcher::Config::default())
-            .modify(|claim| claim.managed_fields_mut().clear());
-        let stream = reflector::reflector(writer, events).backoff(WatchBackoff::default());
-        let (listed, synced) = crate::synced::flag();
-        let fresh = Arc::new(AtomicBool::new(false));
-        let in_sync = fresh.clone();
-        tokio::spawn(async move {
-            let mut stream = std::pin::pin!(stream);
-            while let Some(event) = stream.next().await {
-                match event {
-                    // A full list has been applied: the cache is current.
-                    Ok(watcher::Event::InitDone) => {
-                        listed.set();
-                        if !in_sync.swap(true, Ordering::AcqRel) {
-                            tracing::info!("NodeClaim cache in sync");
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        in_sync.store(false, Ordering::Release);
-                        tracing::warn!(error = %e, "NodeClaim watch interrupted; retrying");
-                    }
-                }
-            }
-        });
         Self {
-            store,
+            cache: Cache::start(api.clone(), "NodeClaim"),
             api,
-            synced,
-            fresh,
         }
     }
 
     /// Waits until the first full list has arrived.
     pub async fn ready(&self) -> Result<(), JoinError> {
-        self.synced
-            .wait()
+        self.cache
+            .status
+            .wait_listed()
             .await
             .map_err(|e| JoinError::Unavailable(format!("NodeClaim cache: {e}")))
     }
 
-    /// Whether the cache can judge joins: the first full list has arrived
-    /// and the watch is connected (`/readyz`).
+    /// Whether the cache can judge joins: listed since its watch last
+    /// failed (`/readyz`).
     pub fn is_ready(&self) -> bool {
-        self.synced.is_synced() && self.is_fresh()
+        self.cache.status.is_listed() && self.is_fresh()
     }
 
-    /// Whether the watch is connected and its last list was applied. While
-    /// it is not (the API server was away, the watch is backing off), a
+    /// Whether the cache has listed since its watch last failed. While it
+    /// has not (the API server was away, the watch is backing off), a
     /// NodeClaim missing from the cache may just be one it has not seen:
     /// not a reason to refuse a machine.
     pub fn is_fresh(&self) -> bool {
-        self.fresh.load(Ordering::Acquire)
+        self.cache.status.is_fresh()
     }
 
     /// Like [`NodeClaims::by_provider_id`], but when nothing matches, gives
@@ -111,7 +75,8 @@ impl NodeClaims {
     /// snapshot of every NodeClaim per lookup cost an allocation and an
     /// atomic increment per NodeClaim in the cluster.)
     pub fn by_provider_id(&self, provider_id: &str) -> Vec<Arc<NodeClaim>> {
-        self.store
+        self.cache
+            .store
             .state_filter(|c| c.provider_id() == Some(provider_id))
     }
 

@@ -31,19 +31,16 @@
 //! so this is a NodeClaim created by hand or by something other than
 //! Karpenter's AWS provider.
 
+use crate::cache::Cache;
 use crate::events::Events;
 use crate::karpenter::{Ec2NodeClass, NodeClaim};
 use crate::refusal::JoinError;
 use crate::render::{self, ClusterSettings, IgnitionError, NodeFacts};
-use crate::synced::Synced;
 use autonode_shared::ignition::Config;
 use autonode_shared::protocol::KubeletSettings;
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{watcher, WatchStreamExt};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, Resource};
-use serde::de::DeserializeOwned;
 use std::collections::HashMap;
 use std::fmt::Debug;
 use std::hash::Hash;
@@ -180,12 +177,12 @@ impl NodeConfig {
     /// ConfigMaps and Secrets in the background.
     pub fn start(client: Client, settings: NodeConfigSettings, events: Events) -> Self {
         let class_api = Api::all(client.clone());
-        let classes = Cache::watch(class_api.clone(), "EC2NodeClass");
-        let configmaps = Cache::watch(
+        let classes = Cache::start(class_api.clone(), "EC2NodeClass");
+        let configmaps = Cache::start(
             Api::namespaced(client.clone(), &settings.namespace),
             "Ignition ConfigMap",
         );
-        let secrets = Cache::watch(
+        let secrets = Cache::start(
             Api::namespaced(client, &settings.namespace),
             "Ignition Secret",
         );
@@ -226,12 +223,12 @@ impl NodeConfig {
     /// (`/readyz`): until then a join would wait on it.
     pub fn unsynced(&self) -> Option<&'static str> {
         [
-            (&self.classes.synced, self.classes.what),
-            (&self.configmaps.synced, self.configmaps.what),
-            (&self.secrets.synced, self.secrets.what),
+            &self.classes.status,
+            &self.configmaps.status,
+            &self.secrets.status,
         ]
         .into_iter()
-        .find_map(|(synced, what)| (!synced.is_synced()).then_some(what))
+        .find_map(|status| (!status.is_listed()).then_some(status.what))
     }
 
     /// The NodeClaim's EC2NodeClass, if it names one that exists.
@@ -243,8 +240,7 @@ impl NodeConfig {
         if reference.kind != kind || reference.group != group {
             return Ok(None);
         }
-        self.classes
-            .wait()
+        wait(&self.classes)
             .await
             .map_err(|e| JoinError::Unavailable(e.to_string()))?;
         let found = self.find_class(&reference.name).await?;
@@ -283,8 +279,8 @@ impl NodeConfig {
         let wanted: Vec<_> = base_source.into_iter().chain(class_source).collect();
         for (source, _) in &wanted {
             match source {
-                Source::ConfigMap(_) => self.configmaps.wait().await?,
-                Source::Secret(_) => self.secrets.wait().await?,
+                Source::ConfigMap(_) => wait(&self.configmaps).await?,
+                Source::Secret(_) => wait(&self.secrets).await?,
             }
         }
         wanted
@@ -386,56 +382,16 @@ fn class_reference(class: &Ec2NodeClass) -> Option<(String, String)> {
     (!reference.is_empty()).then(|| (reference.clone(), purpose))
 }
 
-/// A watch-backed cache and whether it has had its first full list.
-#[derive(Clone)]
-struct Cache<K>
+/// Waits (bounded) for `cache`'s first full list.
+async fn wait<K>(cache: &Cache<K>) -> Result<(), NodeConfigError>
 where
     K: Resource + 'static,
     K::DynamicType: Eq + Hash + Clone,
 {
-    store: Store<K>,
-    synced: Synced,
-    /// What it holds, for logs and `/readyz`.
-    what: &'static str,
-}
-
-impl<K> Cache<K>
-where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
-{
-    /// Starts watching `api` in the background.
-    fn watch(api: Api<K>, what: &'static str) -> Self {
-        let (store, writer) = reflector::store();
-        // managedFields are never read here and can outweigh a small object.
-        let events = watcher(api, watcher::Config::default())
-            .modify(|object| object.meta_mut().managed_fields = None);
-        let stream =
-            reflector::reflector(writer, events).backoff(crate::backoff::WatchBackoff::default());
-        let (listed, synced) = crate::synced::flag();
-        tokio::spawn(async move {
-            let mut stream = std::pin::pin!(stream);
-            while let Some(event) = stream.next().await {
-                match event {
-                    Ok(watcher::Event::InitDone) => listed.set(),
-                    Ok(_) => {}
-                    Err(e) => tracing::warn!(error = %e, "{what} watch interrupted; retrying"),
-                }
-            }
-        });
-        Self {
-            store,
-            synced,
-            what,
-        }
-    }
-
-    /// Waits (bounded) for the first full list.
-    async fn wait(&self) -> Result<(), NodeConfigError> {
-        match tokio::time::timeout(SYNC_WAIT, self.synced.wait()).await {
-            Ok(Ok(())) => Ok(()),
-            _ => Err(NodeConfigError::NotSynced(self.what)),
-        }
+    let status = &cache.status;
+    match tokio::time::timeout(SYNC_WAIT, status.wait_listed()).await {
+        Ok(Ok(())) => Ok(()),
+        _ => Err(NodeConfigError::NotSynced(status.what)),
     }
 }
 

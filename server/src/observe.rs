@@ -27,7 +27,10 @@ impl Readiness {
     /// `Err` names what keeps joins from being judged now.
     fn check(&self) -> Result<(), String> {
         if !self.claims.is_ready() {
-            return Err("NodeClaim cache not synced or its watch is disconnected".into());
+            return Err(
+                "NodeClaim cache not in sync (not listed since its watch started or last failed)"
+                    .into(),
+            );
         }
         match self.nodeconfig.unsynced() {
             Some(cache) => Err(format!("{cache} cache not synced")),

@@ -1,5 +1,6 @@
 //! autonode's test harness.
 //!
+//! - [`blip`]: a loopback relay whose connections a test can cut.
 //! - [`controlplane`]: a real etcd, kube-apiserver and kube-controller-manager
 //!   on loopback, with the real Karpenter CRDs installed.
 //! - [`fakecloud`]: the fake AWS: IMDSv2 for an instance, EC2
@@ -18,6 +19,7 @@
 //!
 //! The cloud is the only stand-in; everything Kubernetes is real.
 
+pub mod blip;
 pub mod controlplane;
 pub mod fakecloud;
 pub mod joiner;

@@ -61,7 +61,20 @@ impl TestServer {
         extra_args: &[String],
         extra_ips: &[IpAddr],
     ) -> Result<Self> {
-        let server = Self::spawn(cp, cloud, extra_args, extra_ips).await?;
+        let server = Self::spawn(cp, cloud, extra_args, extra_ips, cp.url()).await?;
+        server.wait_ready().await?;
+        Ok(server)
+    }
+
+    /// Like [`TestServer::start`], reaching the API server at `api_url`
+    /// (a relay in front of it) instead of directly.
+    pub async fn start_via(
+        cp: &ControlPlane,
+        cloud: &CloudSettings,
+        extra_args: &[String],
+        api_url: &str,
+    ) -> Result<Self> {
+        let server = Self::spawn(cp, cloud, extra_args, &[], api_url).await?;
         server.wait_ready().await?;
         Ok(server)
     }
@@ -73,7 +86,7 @@ impl TestServer {
         cloud: &CloudSettings,
         extra_args: &[String],
     ) -> Result<Self> {
-        let server = Self::spawn(cp, cloud, extra_args, &[]).await?;
+        let server = Self::spawn(cp, cloud, extra_args, &[], cp.url()).await?;
         server.wait_for("/healthz").await?;
         Ok(server)
     }
@@ -83,6 +96,7 @@ impl TestServer {
         cloud: &CloudSettings,
         extra_args: &[String],
         extra_ips: &[IpAddr],
+        api_url: &str,
     ) -> Result<Self> {
         let admin = cp.admin().await?;
         apply_manifest(&admin, GUEST_RBAC).await?;
@@ -91,7 +105,7 @@ impl TestServer {
             .prefix("autonode-server-")
             .tempdir()?;
         let kubeconfig = dir.path().join("guest.kubeconfig");
-        write_token_kubeconfig(&kubeconfig, cp.url(), cp.ca().cert_pem(), &token)?;
+        write_token_kubeconfig(&kubeconfig, api_url, cp.ca().cert_pem(), &token)?;
 
         let join_ca = Ca::new("autonode-join-ca")?;
         let mut ips = vec![IpAddr::V4(Ipv4Addr::LOCALHOST)];

@@ -8,14 +8,15 @@
 //! every node joins, every CSR autonode made is approved once, signed and
 //! belongs to a node that got that certificate, keys survive a crash.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use autonode_shared::protocol::{JoinRequest, JoinResponse, JOIN_PATH};
+use autonode_tests::blip::Blip;
 use autonode_tests::fakecloud::Instance;
 use autonode_tests::joiner::{self, Answer, Joiner, NodeKeys};
 use autonode_tests::karpenter;
 use autonode_tests::node::{self, launch_machine, SimulatedNode};
-use autonode_tests::server::http_get;
-use autonode_tests::world::World;
+use autonode_tests::server::{http_get, TestServer};
+use autonode_tests::world::{cloud_settings, World};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use kube::api::{Api, ListParams};
@@ -698,4 +699,54 @@ async fn slow_clients_and_oversized_bodies_are_cut_off_and_memory_stays_bounded(
     let last = launch_many(&world, 1).await?;
     world.joiner.join(&last[0].request).await?.granted();
     Ok(())
+}
+
+/// A blip between the server and the API server (every connection cut and
+/// none possible for 2 s, both ends fine): the caches list again, `/readyz`
+/// comes back and joins work. kube-runtime's watcher alone resumes such a
+/// watch from its last resourceVersion without listing, which gives no sign
+/// that it is back: the NodeClaim cache stayed marked stale, and the
+/// replica unready, until some later 410.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blip_to_the_api_server_is_survived() -> Result<()> {
+    let world = World::start().await?;
+    let blip = Blip::start(world.cp.url()).await?;
+    let settings = cloud_settings(&world.cloud, &world.ec2);
+    let server = TestServer::start_via(&world.cp, &settings, &[], &blip.url()).await?;
+    let readyz = format!("{}/readyz", server.metrics_url());
+    for round in 1..=3 {
+        let failed_before = watch_failures(&server);
+        let cut = Instant::now();
+        ensure!(blip.outage(Duration::from_secs(2)).await > 0, "nothing cut");
+        while watch_failures(&server) <= failed_before {
+            if cut.elapsed() > Duration::from_secs(20) {
+                bail!("round {round}: the cut went unnoticed:\n{}", server.log());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        loop {
+            let (status, body) = http_get(&readyz).await?;
+            if status == 200 {
+                break;
+            }
+            if cut.elapsed() > Duration::from_secs(20) {
+                bail!("round {round}: not ready 20 s after the cut: {body}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let joiner = Joiner::new(server.url(), server.ca_pem())?;
+    let (_, instance) = world.launch(|i| i).await?;
+    let request = joiner::honest_request(&instance, world.cloud.ca(), &NodeKeys::generate()?)?;
+    joiner.join(&request).await?.granted();
+    Ok(())
+}
+
+/// How many times the server has logged a cache's watch failing.
+fn watch_failures(server: &TestServer) -> usize {
+    server
+        .log()
+        .lines()
+        .filter(|l| l.contains("watch failed"))
+        .count()
 }

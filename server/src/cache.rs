@@ -1,0 +1,223 @@
+//! Watch-backed caches that can say whether they are to be trusted.
+//!
+//! Two things kube-runtime does not give, both learnt the hard way:
+//!
+//! - **Listed, for every waiter.** `Store::wait_until_ready` keeps a single
+//!   waker (a oneshot receiver behind a mutex): with several waiters only
+//!   the one that polled last is woken. A server restarted under a burst had
+//!   joins waiting on its NodeClaim cache's first list; the task that was to
+//!   mark it ready never woke, and `/readyz` stayed 503 for good (one run in
+//!   five of `resilience::a_server_killed_mid_burst…`). Here the loop that
+//!   applies the list sets a tokio `watch` flag, which wakes everyone.
+//! - **Fresh again after a failure.** kube-runtime's watcher resumes a
+//!   broken watch from its last resourceVersion without listing again, so
+//!   nothing shows when it is back: a cache marked stale on the error stayed
+//!   stale until some later 410, and `/readyz` with it (every replica, after
+//!   one blip of the connection to the API server). Here a watch that fails
+//!   is started over, list first, after [`WatchBackoff`], as client-go's
+//!   reflector does: fresh means listed since the last failure.
+
+use crate::backoff::WatchBackoff;
+use futures::StreamExt;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::utils::Backoff;
+use kube::runtime::watcher;
+use kube::{Api, Resource};
+use serde::de::DeserializeOwned;
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use tokio::sync::watch;
+
+/// A cache of `K`, kept by a background task.
+pub struct Cache<K>
+where
+    K: Resource + 'static,
+    K::DynamicType: Eq + Hash + Clone,
+{
+    pub store: Store<K>,
+    pub status: Status,
+}
+
+impl<K> Clone for Cache<K>
+where
+    K: Resource + 'static,
+    K::DynamicType: Eq + Hash + Clone,
+{
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            status: self.status.clone(),
+        }
+    }
+}
+
+/// Whether a cache has listed, and whether it is current.
+#[derive(Debug, Clone)]
+pub struct Status {
+    listed: watch::Receiver<bool>,
+    fresh: Arc<AtomicBool>,
+    /// What it holds, for logs and `/readyz`.
+    pub what: &'static str,
+}
+
+/// The cache's task ended before its first list.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("the cache's watch ended before its first list")]
+pub struct WatchEnded;
+
+impl<K> Cache<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+{
+    /// Starts watching `api` in the background. managedFields are dropped
+    /// from what is kept: nothing here reads them, and they can outweigh a
+    /// small object.
+    pub fn start(api: Api<K>, what: &'static str) -> Self {
+        let (store, writer) = reflector::store();
+        let (listed_tx, listed) = watch::channel(false);
+        let fresh = Arc::new(AtomicBool::new(false));
+        let task = Task {
+            api,
+            writer,
+            listed: listed_tx,
+            fresh: fresh.clone(),
+            what,
+        };
+        tokio::spawn(task.run());
+        Self {
+            store,
+            status: Status {
+                listed,
+                fresh,
+                what,
+            },
+        }
+    }
+}
+
+impl Status {
+    /// The first full list has been applied.
+    pub fn is_listed(&self) -> bool {
+        *self.listed.borrow()
+    }
+
+    /// Listed since the watch last failed: what is missing from the cache
+    /// is missing from the cluster (give or take the watch's lag).
+    pub fn is_fresh(&self) -> bool {
+        self.fresh.load(Ordering::Acquire)
+    }
+
+    /// Waits until the first full list has been applied.
+    pub async fn wait_listed(&self) -> Result<(), WatchEnded> {
+        let mut listed = self.listed.clone();
+        listed
+            .wait_for(|listed| *listed)
+            .await
+            .map(|_| ())
+            .map_err(|_| WatchEnded)
+    }
+}
+
+/// The background half of a [`Cache`].
+struct Task<K>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Eq + Hash + Clone,
+{
+    api: Api<K>,
+    writer: reflector::store::Writer<K>,
+    listed: watch::Sender<bool>,
+    fresh: Arc<AtomicBool>,
+    what: &'static str,
+}
+
+impl<K> Task<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+{
+    /// List and watch until the watch fails; then again, after a backoff.
+    async fn run(mut self) {
+        let mut backoff = WatchBackoff::default();
+        loop {
+            let events = watcher(self.api.clone(), watcher::Config::default());
+            let mut events = std::pin::pin!(events);
+            while let Some(event) = events.next().await {
+                match event {
+                    Ok(event) => {
+                        let event = event.modify(|object| object.meta_mut().managed_fields = None);
+                        self.writer.apply_watcher_event(&event);
+                        if matches!(event, watcher::Event::InitDone) {
+                            self.in_sync();
+                            backoff.reset();
+                        }
+                    }
+                    Err(e) => {
+                        self.fresh.store(false, Ordering::Release);
+                        tracing::warn!(error = %e, "{} watch failed; listing again", self.what);
+                        break;
+                    }
+                }
+            }
+            let delay = backoff.next().unwrap_or(crate::backoff::MAX);
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    fn in_sync(&self) {
+        self.listed
+            .send_if_modified(|listed| !std::mem::replace(listed, true));
+        if !self.fresh.swap(true, Ordering::AcqRel) {
+            tracing::info!("{} cache in sync", self.what);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn status() -> (watch::Sender<bool>, Status) {
+        let (tx, listed) = watch::channel(false);
+        let status = Status {
+            listed,
+            fresh: Arc::default(),
+            what: "test",
+        };
+        (tx, status)
+    }
+
+    #[tokio::test]
+    async fn every_waiter_wakes() {
+        let (tx, status) = status();
+        let waiters: Vec<_> = (0..8)
+            .map(|_| {
+                let status = status.clone();
+                tokio::spawn(async move { status.wait_listed().await })
+            })
+            .collect();
+        // Let them all register before the list "arrives".
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!status.is_listed());
+        tx.send_replace(true);
+        for waiter in waiters {
+            let woke = tokio::time::timeout(Duration::from_secs(5), waiter).await;
+            assert!(matches!(woke, Ok(Ok(Ok(())))), "a waiter slept on");
+        }
+        assert!(status.is_listed());
+        // Later waiters return at once.
+        status.wait_listed().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn waiters_hear_when_the_task_ends_unlisted() {
+        let (tx, status) = status();
+        let waiter = tokio::spawn(async move { status.wait_listed().await });
+        drop(tx);
+        assert!(waiter.await.unwrap().is_err());
+    }
+}
