@@ -2,7 +2,7 @@
 //! operator's Ignition ConfigMaps, through the real server under the
 //! shipped RBAC (ConfigMaps in autonode-system, EC2NodeClasses cluster-wide).
 
-use anyhow::{bail, Result};
+use anyhow::{bail, ensure, Result};
 use autonode_shared::ignition;
 use autonode_shared::protocol::{JoinRequest, JoinResponse};
 use autonode_tests::controlplane::unique;
@@ -107,6 +107,7 @@ async fn unavailable_because(world: &World, request: &JoinRequest, why: &str) ->
         let Answer::Refused(503, body) = answer else {
             bail!("expected 503 ({why}), got {answer:?}");
         };
+        ensure!(body.error == "temporarily unavailable", "{body:?}");
         let log = world.server.log();
         if let Some(line) = log
             .lines()
@@ -265,21 +266,7 @@ async fn a_broken_ignition_config_is_retryable_and_reported_on_the_class() -> Re
 
     // 503 until the server's caches show the objects just written, then
     // 503 for the config's own fault, named in the log.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let line = loop {
-        let answer = world.joiner.join(&request).await?;
-        let Answer::Refused(503, body) = answer else {
-            panic!("expected 503 for a broken Ignition config, got {answer:?}");
-        };
-        assert_eq!(body.error, "temporarily unavailable");
-        let log = world.server.log();
-        let line = log.lines().find(|l| l.contains(&body.request_id));
-        if let Some(line) = line.filter(|l| l.contains("passwd")) {
-            break line.to_string();
-        }
-        assert!(Instant::now() < deadline, "never refused for passwd");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let line = unavailable_because(&world, &request, "passwd").await?;
     assert!(
         line.contains("ConfigMap autonode-system/broken-ignition"),
         "the log names the ConfigMap: {line}"
