@@ -61,18 +61,9 @@ impl ServerClient {
         })
     }
 
-    /// Asks to join, retrying transient failures until `deadline`.
+    /// Asks to join, retrying transient failures until `deadline`;
+    /// `observe` hears of each failed attempt that will be retried.
     pub async fn join(
-        &self,
-        request: &JoinRequest,
-        deadline: &Deadline,
-    ) -> Result<JoinResponse, JoinError> {
-        self.join_observed(request, deadline, |_| {}).await
-    }
-
-    /// [`ServerClient::join`], telling `observe` of each failed attempt
-    /// that will be retried.
-    pub async fn join_observed(
         &self,
         request: &JoinRequest,
         deadline: &Deadline,
@@ -82,7 +73,7 @@ impl ServerClient {
             serde_json::to_vec(request).map_err(|e| JoinError::BadResponse(e.to_string()))?;
         let policy = &RetryPolicy::JOIN;
         let answer = self
-            .post_observed(
+            .post(
                 JOIN_PATH,
                 body.into(),
                 policy,
@@ -94,20 +85,9 @@ impl ServerClient {
         serde_json::from_slice(&answer).map_err(|e| JoinError::BadResponse(e.to_string()))
     }
 
-    /// POSTs JSON to `path` with `policy`; the 2xx body.
+    /// POSTs JSON to `path` with `policy`; the 2xx body. `observe` hears of
+    /// each failed attempt that will be retried.
     pub async fn post(
-        &self,
-        path: &str,
-        body: Bytes,
-        policy: &RetryPolicy,
-        deadline: &Deadline,
-        per_try: Duration,
-    ) -> Result<Bytes, JoinError> {
-        self.post_observed(path, body, policy, deadline, per_try, |_| {})
-            .await
-    }
-
-    async fn post_observed(
         &self,
         path: &str,
         body: Bytes,

@@ -152,7 +152,8 @@ struct Run<'a> {
     state: StateDir,
     /// The last phase an earlier run recorded.
     resumed: Option<Phase>,
-    progress: JoinSet<()>,
+    /// Reports sent in the background, waited for before exit.
+    reports: JoinSet<()>,
 }
 
 async fn run(cli: &Cli) -> Result<(), Failure> {
@@ -171,7 +172,7 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
         deadline,
         state: StateDir::new(state_dir),
         resumed: None,
-        progress: JoinSet::new(),
+        reports: JoinSet::new(),
     };
     if already_joined(&mut run)? {
         return Ok(());
@@ -191,40 +192,10 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
     }
     // Progress reports had their own budget; don't wait longer than that.
     let _ = tokio::time::timeout(REPORT_BUDGET, async {
-        while run.progress.join_next().await.is_some() {}
+        while run.reports.join_next().await.is_some() {}
     })
     .await;
     result
-}
-
-impl Run<'_> {
-    /// Sends a progress report in the background.
-    fn progress(
-        &mut self,
-        reporter: &Reporter,
-        phase: Phase,
-        message: &str,
-        key: Option<&KeyPair>,
-    ) {
-        let report = (phase, Outcome::Succeeded, message.to_string());
-        in_background(&mut self.progress, reporter, report, key);
-    }
-}
-
-/// Sends a report without waiting for it; the run waits for `reports`
-/// (within [`REPORT_BUDGET`]) before it exits.
-fn in_background(
-    reports: &mut JoinSet<()>,
-    reporter: &Reporter,
-    (phase, outcome, message): (Phase, Outcome, String),
-    key: Option<&KeyPair>,
-) {
-    let reporter = reporter.clone();
-    let key_pem = key.map(KeyPair::serialize_pem);
-    reports.spawn(async move {
-        let key = key_pem.and_then(|pem| KeyPair::from_pem(&pem).ok());
-        reporter.send(phase, outcome, &message, key.as_ref()).await;
-    });
 }
 
 fn started(phase: Phase) {
@@ -406,7 +377,15 @@ async fn join_and_start(
         .context("recording progress")
         .map_err(fail(Kind::Failed, Phase::Start))?;
     succeeded(Phase::Start, &format!("node={}", answer.node_name));
-    run.progress(reporter, Phase::Start, "kubelet started", Some(&client_key));
+    let message = "kubelet started".to_string();
+    let key = Some(&client_key);
+    reporter.send_later(
+        &mut run.reports,
+        Phase::Start,
+        Outcome::Succeeded,
+        message,
+        key,
+    );
     Ok(())
 }
 
@@ -484,7 +463,7 @@ async fn phase_join(
     let asked = std::time::Instant::now();
     // A join that keeps failing is news for the NodeClaim (an Event), so
     // that "retrying, and why" is visible without the node's console.
-    let (deadline, reports) = (run.deadline, &mut run.progress);
+    let (deadline, reports) = (run.deadline, &mut run.reports);
     let mut notices = RetryNotices::default();
     let observe = |retrying: &Retrying<'_, JoinError>| {
         if notices.due(retrying.attempt, tokio::time::Instant::now()) {
@@ -494,12 +473,12 @@ async fn phase_join(
                 retrying.error,
                 retrying.delay.as_secs_f64()
             );
-            let report = (Phase::Join, Outcome::Retrying, message);
-            in_background(reports, reporter, report, Some(client_key));
+            let key = Some(client_key);
+            reporter.send_later(reports, Phase::Join, Outcome::Retrying, message, key);
         }
     };
     let answer = client
-        .join_observed(&request, &deadline, observe)
+        .join(&request, &deadline, observe)
         .await
         .map_err(|e| {
             let kind = match e {

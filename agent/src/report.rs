@@ -15,6 +15,7 @@ use autonode_shared::protocol::{
 use base64::Engine as _;
 use rcgen::{KeyPair, PublicKeyData as _, SigningKey as _};
 use std::time::Duration;
+use tokio::task::JoinSet;
 
 /// The longest one report may hold up the agent.
 pub const REPORT_BUDGET: Duration = Duration::from_secs(10);
@@ -106,6 +107,26 @@ impl Reporter {
         Reporter { client, rsa2048 }
     }
 
+    /// Sends one report without waiting for it: the task goes onto
+    /// `reports`, which the run waits for (within [`REPORT_BUDGET`]) before
+    /// it exits.
+    pub fn send_later(
+        &self,
+        reports: &mut JoinSet<()>,
+        phase: Phase,
+        outcome: Outcome,
+        message: String,
+        key: Option<&KeyPair>,
+    ) {
+        let reporter = self.clone();
+        // rcgen's KeyPair is not Clone: the task gets its own from the PEM.
+        let key_pem = key.map(KeyPair::serialize_pem);
+        reports.spawn(async move {
+            let key = key_pem.and_then(|pem| KeyPair::from_pem(&pem).ok());
+            reporter.send(phase, outcome, &message, key.as_ref()).await;
+        });
+    }
+
     /// Sends one report; logs and forgets a failure.
     pub async fn send(&self, phase: Phase, outcome: Outcome, message: &str, key: Option<&KeyPair>) {
         let timestamp = time::OffsetDateTime::now_utc().unix_timestamp();
@@ -123,6 +144,7 @@ impl Reporter {
                 &RetryPolicy::REPORT,
                 &deadline,
                 REPORT_TRY_TIMEOUT,
+                |_| {},
             )
             .await;
         if let Err(e) = sent {

@@ -148,12 +148,12 @@ async fn joins_with_a_pinned_ca_and_with_an_inline_ca() {
     let (url, _) = serve(&pki, vec![(200, None)]).await;
     let deadline = Deadline::after(Duration::from_secs(20));
     let answer = client(&url, pin(&pki))
-        .join(&request(), &deadline)
+        .join(&request(), &deadline, |_| {})
         .await
         .unwrap();
     assert_eq!(answer, join_response());
     let answer = client(&url, ServerTrust::Ca(vec![pki.ca_der.clone()]))
-        .join(&request(), &deadline)
+        .join(&request(), &deadline, |_| {})
         .await
         .unwrap();
     assert_eq!(answer.node_name, "ip-10-0-0-1.ec2.internal");
@@ -165,7 +165,11 @@ async fn transient_failures_are_retried_honouring_retry_after() {
     let (url, count) = serve(&pki, vec![(503, None), (429, Some("2")), (200, None)]).await;
     let started = Instant::now();
     let answer = client(&url, pin(&pki))
-        .join(&request(), &Deadline::after(Duration::from_secs(30)))
+        .join(
+            &request(),
+            &Deadline::after(Duration::from_secs(30)),
+            |_| {},
+        )
         .await;
     assert!(answer.is_ok(), "{answer:?}");
     assert_eq!(count.load(Ordering::SeqCst), 3);
@@ -177,7 +181,11 @@ async fn refusals_are_final() {
     let pki = pki();
     let (url, count) = serve(&pki, vec![(403, None), (200, None)]).await;
     let err = client(&url, pin(&pki))
-        .join(&request(), &Deadline::after(Duration::from_secs(30)))
+        .join(
+            &request(),
+            &Deadline::after(Duration::from_secs(30)),
+            |_| {},
+        )
         .await
         .unwrap_err();
     assert!(
@@ -193,7 +201,7 @@ async fn a_server_without_the_pinned_ca_is_never_trusted() {
     let other = self::pki();
     let (url, count) = serve(&pki, vec![(200, None)]).await;
     let err = client(&url, pin(&other))
-        .join(&request(), &Deadline::after(Duration::from_secs(3)))
+        .join(&request(), &Deadline::after(Duration::from_secs(3)), |_| {})
         .await
         .unwrap_err();
     assert!(matches!(err, JoinError::GaveUp { .. }), "{err}");

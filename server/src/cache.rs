@@ -104,8 +104,9 @@ impl Status {
         *self.listed.borrow()
     }
 
-    /// Listed since the watch last failed: what is missing from the cache
-    /// is missing from the cluster (give or take the watch's lag).
+    /// Listed since the watch last failed (so listed at all): what is
+    /// missing from the cache is missing from the cluster (give or take the
+    /// watch's lag).
     pub fn is_fresh(&self) -> bool {
         self.fresh.load(Ordering::Acquire)
     }

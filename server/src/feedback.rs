@@ -73,9 +73,10 @@ pub async fn run(client: Client, claims: NodeClaims, events: Events, metrics: Me
     // Debounced: a NodeClaim's events come in bursts while its machine
     // joins (the binding, Karpenter's status writes), and writing the
     // condition at the first of them put one more API write beside the
-    // join's own approvals and signatures (on 2 cores, the server's part
-    // of a join went from ~14 to ~19 ms with it). A second later the join
-    // is done; Ready is reported a second later too, which nobody waits on.
+    // join's own approvals and signatures (README, Benchmarks: the
+    // server's part of a join over its API writes alone, before and
+    // after). A second later the join is done; Ready is reported a second
+    // later too, which nobody waits on.
     let controller = Controller::new(nodeclaims.clone(), watcher::Config::default())
         .with_config(kube::runtime::controller::Config::default().debounce(DEBOUNCE));
     let lookup = claims.clone();

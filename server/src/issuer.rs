@@ -7,6 +7,7 @@
 
 use crate::backoff::WatchBackoff;
 use crate::refusal::{JoinError, Refusal};
+use autonode_shared::csr::{usages_for, Purpose};
 use futures::StreamExt;
 use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestCondition, CertificateSigningRequestSpec,
@@ -32,12 +33,10 @@ pub struct IssueRequest<'a> {
     /// Deterministic per instance, purpose and key: a resumed join finds
     /// its CSR again instead of creating a second one.
     pub name: String,
-    pub signer: &'a str,
-    pub usages: [&'static str; 3],
+    /// Gives the signer and the usages.
+    pub purpose: Purpose,
     pub request_pem: &'a str,
     pub labels: BTreeMap<String, String>,
-    /// `client` or `serving`, for metrics and logs.
-    pub kind: &'static str,
     /// Why autonode approves it (shown in `kubectl describe csr`).
     pub approval_message: String,
 }
@@ -175,8 +174,13 @@ impl Issuer {
             },
             spec: CertificateSigningRequestSpec {
                 request: ByteString(request.request_pem.as_bytes().to_vec()),
-                signer_name: request.signer.to_string(),
-                usages: Some(request.usages.iter().map(|u| u.to_string()).collect()),
+                signer_name: request.purpose.signer().to_string(),
+                usages: Some(
+                    usages_for(request.purpose)
+                        .iter()
+                        .map(|u| u.to_string())
+                        .collect(),
+                ),
                 ..Default::default()
             },
             status: None,

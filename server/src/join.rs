@@ -283,10 +283,6 @@ fn issue_request<'a>(
     parsed: &ParsedCsr,
     purpose: Purpose,
 ) -> IssueRequest<'a> {
-    let signer = match purpose {
-        Purpose::Client => csr::CLIENT_SIGNER,
-        Purpose::Serving => csr::SERVING_SIGNER,
-    };
     let instance_id = &attested.doc.instance_id;
     let claim = attested.claim.metadata.name.clone().unwrap_or_default();
     let fingerprint = parsed.public_key_fingerprint();
@@ -296,8 +292,7 @@ fn issue_request<'a>(
             kind(purpose),
             &fingerprint[..16]
         ),
-        signer,
-        usages: csr::usages_for(purpose),
+        purpose,
         request_pem: pem,
         labels: BTreeMap::from([
             ("autonode.dev/instance-id".to_string(), instance_id.clone()),
@@ -306,7 +301,6 @@ fn issue_request<'a>(
         approval_message: format!(
             "autonode-server: instance {instance_id} attested by its AWS identity document for NodeClaim {claim}"
         ),
-        kind: kind(purpose),
     }
 }
 
@@ -326,7 +320,9 @@ async fn finish(
     let cert = ctx.issuer.finish(request, csr).await?;
     ctx.metrics
         .approvals
-        .get_or_create(&KindLabels { kind: request.kind })
+        .get_or_create(&KindLabels {
+            kind: kind(request.purpose),
+        })
         .inc();
     Ok(cert)
 }

@@ -42,16 +42,11 @@ impl NodeClaims {
             .map_err(|e| JoinError::Unavailable(format!("NodeClaim cache: {e}")))
     }
 
-    /// Whether the cache can judge joins: listed since its watch last
-    /// failed (`/readyz`).
-    pub fn is_ready(&self) -> bool {
-        self.cache.status.is_listed() && self.is_fresh()
-    }
-
-    /// Whether the cache has listed since its watch last failed. While it
-    /// has not (the API server was away, the watch is backing off), a
-    /// NodeClaim missing from the cache may just be one it has not seen:
-    /// not a reason to refuse a machine.
+    /// Whether the cache has listed since its watch last failed (which
+    /// implies it has listed): what `/readyz` asks. While it has not (the
+    /// API server was away, the watch is backing off), a NodeClaim missing
+    /// from the cache may just be one it has not seen: not a reason to
+    /// refuse a machine.
     pub fn is_fresh(&self) -> bool {
         self.cache.status.is_fresh()
     }

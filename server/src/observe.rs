@@ -26,7 +26,7 @@ pub struct Readiness {
 impl Readiness {
     /// `Err` names what keeps joins from being judged now.
     fn check(&self) -> Result<(), String> {
-        if !self.claims.is_ready() {
+        if !self.claims.is_fresh() {
             return Err(
                 "NodeClaim cache not in sync (not listed since its watch started or last failed)"
                     .into(),

@@ -111,6 +111,14 @@ impl Purpose {
             Purpose::Serving => USAGE_SERVER_AUTH,
         }
     }
+
+    /// The kube-controller-manager signer for this purpose.
+    pub fn signer(self) -> &'static str {
+        match self {
+            Purpose::Client => CLIENT_SIGNER,
+            Purpose::Serving => SERVING_SIGNER,
+        }
+    }
 }
 
 /// A CSR whose structure, key policy and self-signature have been checked;
