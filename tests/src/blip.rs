@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::task::AbortHandle;
 
 /// Relays `127.0.0.1:<port>` to a target until dropped.
@@ -37,7 +37,7 @@ impl Blip {
                 if refusing.load(Ordering::Acquire) {
                     continue;
                 }
-                let relay = tokio::spawn(relay(inbound, target));
+                let relay = tokio::spawn(crate::netns::relay(inbound, target));
                 if let Ok(mut relays) = tracked.lock() {
                     relays.retain(|r| !r.is_finished());
                     relays.push(relay.abort_handle());
@@ -87,13 +87,4 @@ impl Drop for Blip {
         self.accept.abort();
         self.cut();
     }
-}
-
-async fn relay(mut inbound: TcpStream, target: SocketAddr) {
-    let Ok(mut outbound) = TcpStream::connect(target).await else {
-        return;
-    };
-    let _ = inbound.set_nodelay(true);
-    let _ = outbound.set_nodelay(true);
-    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
 }

@@ -6,7 +6,7 @@ use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
 };
 use kube::Client;
-use serde_json::json;
+use serde_json::{json, Value};
 
 /// `karpenter.sh/v1` NodeClaim.
 pub fn nodeclaim_resource() -> ApiResource {
@@ -80,23 +80,15 @@ pub async fn create_ec2nodeclass(
     name: &str,
     user_data: &str,
 ) -> Result<DynamicObject> {
-    let object: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "karpenter.k8s.aws/v1",
-        "kind": "EC2NodeClass",
-        "metadata": {"name": name},
-        "spec": {
-            "amiFamily": "AL2023",
-            "amiSelectorTerms": [{"alias": "al2023@latest"}],
-            "role": "KarpenterNodeRole-test",
-            "securityGroupSelectorTerms": [{"tags": {"karpenter.sh/discovery": "test"}}],
-            "subnetSelectorTerms": [{"tags": {"karpenter.sh/discovery": "test"}}],
-            "userData": user_data,
-        },
-    }))?;
-    ec2nodeclasses(client)
-        .create(&PostParams::default(), &object)
-        .await
-        .with_context(|| format!("creating EC2NodeClass {name}"))
+    let spec = json!({
+        "amiFamily": "AL2023",
+        "amiSelectorTerms": [{"alias": "al2023@latest"}],
+        "role": "KarpenterNodeRole-test",
+        "securityGroupSelectorTerms": [{"tags": {"karpenter.sh/discovery": "test"}}],
+        "subnetSelectorTerms": [{"tags": {"karpenter.sh/discovery": "test"}}],
+        "userData": user_data,
+    });
+    create_nodeclass(client, name, json!({}), spec).await
 }
 
 /// An EC2NodeClass as an operator writes it for autonode: `amiFamily:
@@ -108,19 +100,37 @@ pub async fn create_custom_nodeclass(
     name: &str,
     user_data: &str,
 ) -> Result<DynamicObject> {
+    let mut spec =
+        custom_spec(json!({"maxPods": 29, "kubeReserved": {"cpu": "70m", "memory": "442Mi"}}));
+    spec["userData"] = user_data.into();
+    create_nodeclass(client, name, json!({}), spec).await
+}
+
+/// The spec of an `amiFamily: Custom` class with `kubelet` as its
+/// `spec.kubelet`: the selector terms and role Karpenter requires.
+pub fn custom_spec(kubelet: Value) -> Value {
+    json!({
+        "amiFamily": "Custom",
+        "amiSelectorTerms": [{"id": "ami-0123456789abcdef0"}],
+        "role": "KarpenterNodeRole-test",
+        "securityGroupSelectorTerms": [{"id": "sg-0123456789abcdef0"}],
+        "subnetSelectorTerms": [{"id": "subnet-0123456789abcdef0"}],
+        "kubelet": kubelet,
+    })
+}
+
+/// Creates the EC2NodeClass `name` with `annotations` and `spec`.
+pub async fn create_nodeclass(
+    client: &Client,
+    name: &str,
+    annotations: Value,
+    spec: Value,
+) -> Result<DynamicObject> {
     let object: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "karpenter.k8s.aws/v1",
         "kind": "EC2NodeClass",
-        "metadata": {"name": name},
-        "spec": {
-            "amiFamily": "Custom",
-            "amiSelectorTerms": [{"id": "ami-0123456789abcdef0"}],
-            "role": "KarpenterNodeRole-test",
-            "securityGroupSelectorTerms": [{"id": "sg-0123456789abcdef0"}],
-            "subnetSelectorTerms": [{"id": "subnet-0123456789abcdef0"}],
-            "kubelet": {"maxPods": 29, "kubeReserved": {"cpu": "70m", "memory": "442Mi"}},
-            "userData": user_data,
-        },
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": spec,
     }))?;
     ec2nodeclasses(client)
         .create(&PostParams::default(), &object)

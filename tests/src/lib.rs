@@ -3,6 +3,7 @@
 //! - [`blip`]: a loopback relay whose connections a test can cut.
 //! - [`controlplane`]: a real etcd, kube-apiserver and kube-controller-manager
 //!   on loopback, with the real Karpenter CRDs installed.
+//! - [`ignition`]: the operator's Ignition ConfigMaps and Secrets.
 //! - [`fakecloud`]: the fake AWS: IMDSv2 for an instance, EC2
 //!   `DescribeInstances`, and a test CA that signs identity documents in
 //!   AWS's exact PKCS#7 shape; with faults on demand.
@@ -22,6 +23,7 @@
 pub mod blip;
 pub mod controlplane;
 pub mod fakecloud;
+pub mod ignition;
 pub mod joiner;
 pub mod karpenter;
 pub mod netns;

@@ -192,7 +192,8 @@ pub fn forward(ns: &NetNs, ns_addr: SocketAddr, host_addr: SocketAddr) -> anyhow
     Ok(Forward { addr, task })
 }
 
-async fn relay(mut inbound: TcpStream, host_addr: SocketAddr) {
+/// Relays one connection to `host_addr` until either side closes.
+pub(crate) async fn relay(mut inbound: TcpStream, host_addr: SocketAddr) {
     match TcpStream::connect(host_addr).await {
         // An error here is just one side hanging up; nothing to report.
         Ok(mut outbound) => {

@@ -34,6 +34,30 @@ pub struct CloudSettings {
     pub regions: Vec<String>,
 }
 
+/// How a test wants its server.
+pub struct Setup<'a> {
+    pub extra_args: &'a [String],
+    /// Also in the serving certificate (where a VM reaches the server
+    /// through a forward).
+    pub extra_ips: &'a [IpAddr],
+    /// Where it reaches the API server, if not directly (a relay).
+    pub api_url: Option<&'a str>,
+    /// Return once `/readyz` says so (else once it serves, `/healthz`: for
+    /// tests of what keeps it unready).
+    pub wait_ready: bool,
+}
+
+impl Default for Setup<'_> {
+    fn default() -> Self {
+        Self {
+            extra_args: &[],
+            extra_ips: &[],
+            api_url: None,
+            wait_ready: true,
+        }
+    }
+}
+
 /// A running autonode-server.
 pub struct TestServer {
     daemon: Daemon,
@@ -44,60 +68,36 @@ pub struct TestServer {
 }
 
 impl TestServer {
-    /// Applies the guest RBAC and starts the server under its ServiceAccount.
+    /// Applies the guest RBAC and starts the server under its ServiceAccount
+    /// with `extra_args`; returns once it is ready.
     pub async fn start(
         cp: &ControlPlane,
         cloud: &CloudSettings,
         extra_args: &[String],
     ) -> Result<Self> {
-        Self::start_reachable_at(cp, cloud, extra_args, &[]).await
+        let setup = Setup {
+            extra_args,
+            ..Setup::default()
+        };
+        Self::launch(cp, cloud, &setup).await
     }
 
-    /// Like [`TestServer::start`], with the serving certificate also valid
-    /// for `extra_ips` (where a VM reaches the server through a forward).
-    pub async fn start_reachable_at(
+    /// [`TestServer::start`] with everything a test may vary.
+    pub async fn launch(
         cp: &ControlPlane,
         cloud: &CloudSettings,
-        extra_args: &[String],
-        extra_ips: &[IpAddr],
+        setup: &Setup<'_>,
     ) -> Result<Self> {
-        let server = Self::spawn(cp, cloud, extra_args, extra_ips, cp.url()).await?;
-        server.wait_ready().await?;
+        let server = Self::spawn(cp, cloud, setup).await?;
+        if setup.wait_ready {
+            server.wait_ready().await?;
+        } else {
+            server.wait_for("/healthz").await?;
+        }
         Ok(server)
     }
 
-    /// Like [`TestServer::start`], reaching the API server at `api_url`
-    /// (a relay in front of it) instead of directly.
-    pub async fn start_via(
-        cp: &ControlPlane,
-        cloud: &CloudSettings,
-        extra_args: &[String],
-        api_url: &str,
-    ) -> Result<Self> {
-        let server = Self::spawn(cp, cloud, extra_args, &[], api_url).await?;
-        server.wait_ready().await?;
-        Ok(server)
-    }
-
-    /// Like [`TestServer::start`], but returns once the server serves
-    /// (`/healthz`), ready or not: for tests of what keeps it unready.
-    pub async fn start_serving(
-        cp: &ControlPlane,
-        cloud: &CloudSettings,
-        extra_args: &[String],
-    ) -> Result<Self> {
-        let server = Self::spawn(cp, cloud, extra_args, &[], cp.url()).await?;
-        server.wait_for("/healthz").await?;
-        Ok(server)
-    }
-
-    async fn spawn(
-        cp: &ControlPlane,
-        cloud: &CloudSettings,
-        extra_args: &[String],
-        extra_ips: &[IpAddr],
-        api_url: &str,
-    ) -> Result<Self> {
+    async fn spawn(cp: &ControlPlane, cloud: &CloudSettings, setup: &Setup<'_>) -> Result<Self> {
         let admin = cp.admin().await?;
         apply_manifest(&admin, GUEST_RBAC).await?;
         let token = service_account_token(&admin, SERVER_SERVICE_ACCOUNT).await?;
@@ -105,11 +105,12 @@ impl TestServer {
             .prefix("autonode-server-")
             .tempdir()?;
         let kubeconfig = dir.path().join("guest.kubeconfig");
+        let api_url = setup.api_url.unwrap_or(cp.url());
         write_token_kubeconfig(&kubeconfig, api_url, cp.ca().cert_pem(), &token)?;
 
         let join_ca = Ca::new("autonode-join-ca")?;
         let mut ips = vec![IpAddr::V4(Ipv4Addr::LOCALHOST)];
-        ips.extend_from_slice(extra_ips);
+        ips.extend_from_slice(setup.extra_ips);
         let serving = join_ca.server(&["localhost"], &ips)?;
         let put = |name: &str, text: &str| -> Result<PathBuf> {
             let path = dir.path().join(name);
@@ -141,7 +142,7 @@ impl TestServer {
             format!("--allowed-regions={}", cloud.regions.join(",")),
             "--csr-timeout=30".to_string(),
         ];
-        args.extend_from_slice(extra_args);
+        args.extend_from_slice(setup.extra_args);
         let daemon = Daemon::spawn_with_env(
             "autonode-server",
             &binary("autonode-server")?,

@@ -22,8 +22,6 @@ use crate::process::Daemon;
 use crate::server::binary;
 use crate::world::World;
 use anyhow::{bail, Context, Result};
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, Patch, PatchParams};
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::{Path, PathBuf};
@@ -431,20 +429,7 @@ async fn put_base_ignition(admin: &kube::Client) -> Result<()> {
             "contents": {"source": format!("data:;base64,{conflist}")},
         }]},
     });
-    let map = serde_json::json!({
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": BASE_IGNITION, "namespace": "autonode-system"},
-        "data": {"config.ign": config.to_string()},
-    });
-    let api: Api<ConfigMap> = Api::namespaced(admin.clone(), "autonode-system");
-    api.patch(
-        BASE_IGNITION,
-        &PatchParams::apply("autonode-tests"),
-        &Patch::Apply(&map),
-    )
-    .await
-    .context("creating the base Ignition ConfigMap")?;
-    Ok(())
+    crate::ignition::put_configmap(admin, BASE_IGNITION, &config.to_string()).await
 }
 
 /// Runs the real `autonode-server render-userdata` for this cluster as

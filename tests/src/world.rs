@@ -6,7 +6,7 @@ use crate::fakecloud::ec2::Ec2;
 use crate::fakecloud::{FakeCloud, Instance};
 use crate::joiner::{Answer, Joiner};
 use crate::karpenter;
-use crate::server::{CloudSettings, TestServer};
+use crate::server::{CloudSettings, Setup, TestServer};
 use anyhow::{Context, Result};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use kube::api::{Api, ListParams};
@@ -54,7 +54,12 @@ impl World {
         let cloud = FakeCloud::new()?;
         let ec2 = cloud.start_ec2(REGION)?;
         let settings = cloud_settings(&cloud, &ec2);
-        let server = TestServer::start_reachable_at(&cp, &settings, server_args, extra_ips).await?;
+        let setup = Setup {
+            extra_args: server_args,
+            extra_ips,
+            ..Setup::default()
+        };
+        let server = TestServer::launch(&cp, &settings, &setup).await?;
         let joiner = Joiner::new(server.url(), server.ca_pem())?;
         Ok(Self {
             cp,

@@ -29,7 +29,7 @@
 //! `AUTONODE_BENCH_WRAP="strace -f -tt -o FILE"` runs the agent under a tool.
 
 use anyhow::{bail, ensure, Context, Result};
-use autonode_shared::csr;
+use autonode_shared::csr::{self, Purpose};
 use autonode_shared::protocol::{JoinRequest, JoinResponse, JOIN_PATH};
 use autonode_tests::controlplane::unique;
 use autonode_tests::fakecloud::Instance;
@@ -443,7 +443,7 @@ async fn bare_csr(
 ) -> Result<Duration> {
     let key = rcgen::KeyPair::generate()?;
     let name = format!("bare-{}", unique());
-    let csr = bench_csr(&name, csr::CLIENT_SIGNER, &CsrShape::client(&name), &key)?;
+    let csr = bench_csr(&name, Purpose::Client, &CsrShape::client(&name), &key)?;
     let mut signed = signed.subscribe();
     let started = Instant::now();
     api.create(&PostParams::default(), &csr).await?;
@@ -481,13 +481,13 @@ async fn join_writes(
     let (client_key, serving_key) = (rcgen::KeyPair::generate()?, rcgen::KeyPair::generate()?);
     let client = bench_csr(
         &format!("writes-client-{id}"),
-        csr::CLIENT_SIGNER,
+        Purpose::Client,
         &CsrShape::client(&node),
         &client_key,
     )?;
     let serving = bench_csr(
         &format!("writes-serving-{id}"),
-        csr::SERVING_SIGNER,
+        Purpose::Serving,
         &serving_shape,
         &serving_key,
     )?;
@@ -516,15 +516,10 @@ async fn join_writes(
 /// bench's watch.
 fn bench_csr(
     name: &str,
-    signer: &str,
+    purpose: Purpose,
     shape: &CsrShape,
     key: &rcgen::KeyPair,
 ) -> Result<CertificateSigningRequest> {
-    let usage = if signer == csr::SERVING_SIGNER {
-        "server auth"
-    } else {
-        "client auth"
-    };
     Ok(CertificateSigningRequest {
         metadata: ObjectMeta {
             name: Some(name.into()),
@@ -533,12 +528,8 @@ fn bench_csr(
         },
         spec: CertificateSigningRequestSpec {
             request: ByteString(shape.csr(key)?.into_bytes()),
-            signer_name: signer.into(),
-            usages: Some(
-                ["digital signature", "key encipherment", usage]
-                    .map(String::from)
-                    .to_vec(),
-            ),
+            signer_name: purpose.signer().into(),
+            usages: Some(csr::usages_for(purpose).map(String::from).to_vec()),
             ..Default::default()
         },
         status: None,

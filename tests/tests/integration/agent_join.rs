@@ -3,10 +3,11 @@
 
 use anyhow::{bail, Result};
 use autonode_tests::fakecloud::Instance;
+use autonode_tests::ignition;
 use autonode_tests::node::{launch_machine, registration, user_data, SimulatedNode};
 use autonode_tests::world::World;
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Node};
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{Event, Node};
+use kube::api::{Api, ListParams, PostParams};
 use std::time::{Duration, Instant};
 
 #[tokio::test]
@@ -98,7 +99,7 @@ async fn a_refused_agent_says_so_and_starts_nothing() -> Result<()> {
 async fn a_join_that_keeps_failing_is_reported_and_then_completes() -> Result<()> {
     let world = World::start_with(&["--base-ignition=base".into()]).await?;
     let broken = r#"{"ignition": {"version": "3.3.0"}, "passwd": {"users": [{"name": "core"}]}}"#;
-    put_base_ignition(&world, broken).await?;
+    ignition::put_configmap(&world.cp.admin().await?, "base", broken).await?;
     let (claim, node) = launch_machine(&world).await?;
     let agent = tokio::spawn(async move {
         let run = node.run_agent(&[]).await;
@@ -128,7 +129,8 @@ async fn a_join_that_keeps_failing_is_reported_and_then_completes() -> Result<()
         "the Event says what keeps failing: {message}"
     );
 
-    put_base_ignition(&world, r#"{"ignition": {"version": "3.3.0"}}"#).await?;
+    let fixed = r#"{"ignition": {"version": "3.3.0"}}"#;
+    ignition::put_configmap(&world.cp.admin().await?, "base", fixed).await?;
     let (run, node) = agent.await?;
     let run = run?;
     assert_eq!(
@@ -138,19 +140,5 @@ async fn a_join_that_keeps_failing_is_reported_and_then_completes() -> Result<()
         String::from_utf8_lossy(&run.stderr)
     );
     assert!(node.systemctl_calls().contains("kubelet.service"));
-    Ok(())
-}
-
-async fn put_base_ignition(world: &World, config: &str) -> Result<()> {
-    let api: Api<ConfigMap> = Api::namespaced(world.cp.admin().await?, "autonode-system");
-    let map = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": "base", "namespace": "autonode-system"},
-        "data": {"config.ign": config}});
-    api.patch(
-        "base",
-        &PatchParams::apply("agent-join-test"),
-        &Patch::Apply(&map),
-    )
-    .await?;
     Ok(())
 }

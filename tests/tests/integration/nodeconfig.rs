@@ -7,18 +7,17 @@ use autonode_shared::ignition;
 use autonode_shared::protocol::{JoinRequest, JoinResponse};
 use autonode_tests::controlplane::unique;
 use autonode_tests::fakecloud::Instance;
+use autonode_tests::ignition as guest_ignition;
 use autonode_tests::joiner::{self, Answer, NodeKeys};
-use autonode_tests::karpenter::{self, ec2nodeclass_resource};
+use autonode_tests::karpenter;
 use autonode_tests::node::launch_machine;
-use autonode_tests::server::{apply_manifest, http_get, TestServer};
+use autonode_tests::server::{apply_manifest, http_get, Setup, TestServer, SERVER_SERVICE_ACCOUNT};
 use autonode_tests::world::{cloud_settings, World, ACCOUNT, REGION};
 use base64::Engine as _;
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Secret};
-use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::Event;
+use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
-
-const NAMESPACE: &str = "autonode-system";
 
 /// Every `EC2NodeClass.spec.kubelet` field.
 fn full_kubelet() -> Value {
@@ -47,55 +46,20 @@ const BROKEN: &str =
 /// An EC2NodeClass as an operator writes it, with `spec.kubelet` and the
 /// ConfigMap holding its Ignition config.
 async fn create_class(world: &World, name: &str, kubelet: Value, ignition: &str) -> Result<()> {
-    let object: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "karpenter.k8s.aws/v1",
-        "kind": "EC2NodeClass",
-        "metadata": {"name": name, "annotations": {"autonode.dev/ignition": ignition}},
-        "spec": {
-            "amiFamily": "Custom",
-            "amiSelectorTerms": [{"id": "ami-0123456789abcdef0"}],
-            "securityGroupSelectorTerms": [{"id": "sg-0123456789abcdef0"}],
-            "subnetSelectorTerms": [{"id": "subnet-0123456789abcdef0"}],
-            "role": "KarpenterNodeRole",
-            "kubelet": kubelet,
-        },
-    }))?;
-    let api: Api<DynamicObject> = Api::all_with(world.cp.admin().await?, &ec2nodeclass_resource());
-    api.create(&PostParams::default(), &object).await?;
+    let annotations = json!({"autonode.dev/ignition": ignition});
+    let spec = karpenter::custom_spec(kubelet);
+    karpenter::create_nodeclass(&world.cp.admin().await?, name, annotations, spec).await?;
     Ok(())
 }
 
 /// Creates or replaces an Ignition ConfigMap.
 async fn put_configmap(world: &World, name: &str, config: &str) -> Result<()> {
-    put_ignition::<ConfigMap>(world, name, json!({"data": {"config.ign": config}})).await
+    guest_ignition::put_configmap(&world.cp.admin().await?, name, config).await
 }
 
 /// Creates or replaces an Ignition Secret.
 async fn put_secret(world: &World, name: &str, config: &str) -> Result<()> {
-    put_ignition::<Secret>(world, name, json!({"stringData": {"config.ign": config}})).await
-}
-
-/// Server-side applies a ConfigMap or Secret in the Ignition namespace.
-async fn put_ignition<K>(world: &World, name: &str, content: Value) -> Result<()>
-where
-    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
-{
-    let api: Api<K> = Api::namespaced(world.cp.admin().await?, NAMESPACE);
-    let mut object = json!({"apiVersion": "v1", "kind": K::kind(&()),
-                            "metadata": {"name": name, "namespace": NAMESPACE}});
-    if let (Some(object), Value::Object(content)) = (object.as_object_mut(), content) {
-        object.extend(content);
-    }
-    api.patch(
-        name,
-        &PatchParams::apply("nodeconfig-test"),
-        &Patch::Apply(&object),
-    )
-    .await?;
-    Ok(())
+    guest_ignition::put_secret(&world.cp.admin().await?, name, config).await
 }
 
 /// Joins until the server answers something other than 503 for a cache
@@ -379,7 +343,12 @@ async fn readyz_waits_for_the_node_config_caches() -> Result<()> {
     let world = World::start().await?;
     let settings = cloud_settings(&world.cloud, &world.ec2);
     let args = [format!("--ignition-namespace={ELSEWHERE}")];
-    let server = TestServer::start_serving(&world.cp, &settings, &args).await?;
+    let setup = Setup {
+        extra_args: &args,
+        wait_ready: false,
+        ..Setup::default()
+    };
+    let server = TestServer::launch(&world.cp, &settings, &setup).await?;
     let readyz = format!("{}/readyz", server.metrics_url());
 
     // Its RBAC grants ConfigMaps only in autonode-system: never synced.
@@ -406,6 +375,7 @@ async fn readyz_waits_for_the_node_config_caches() -> Result<()> {
 /// `--ignition-namespace` is not its default: the same Role and RoleBinding
 /// in that namespace.
 fn ignition_grant(namespace: &str) -> String {
+    let (account_namespace, account) = SERVER_SERVICE_ACCOUNT;
     format!(
         r#"
 apiVersion: v1
@@ -434,8 +404,8 @@ roleRef:
   name: autonode-server-ignition
 subjects:
   - kind: ServiceAccount
-    name: autonode-server
-    namespace: {NAMESPACE}
+    name: {account}
+    namespace: {account_namespace}
 "#
     )
 }

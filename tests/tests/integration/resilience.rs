@@ -15,7 +15,7 @@ use autonode_tests::fakecloud::Instance;
 use autonode_tests::joiner::{self, Answer, Joiner, NodeKeys};
 use autonode_tests::karpenter;
 use autonode_tests::node::{self, launch_machine, SimulatedNode};
-use autonode_tests::server::{http_get, TestServer};
+use autonode_tests::server::{http_get, Setup, TestServer};
 use autonode_tests::world::{cloud_settings, World};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
@@ -712,7 +712,12 @@ async fn a_blip_to_the_api_server_is_survived() -> Result<()> {
     let world = World::start().await?;
     let blip = Blip::start(world.cp.url()).await?;
     let settings = cloud_settings(&world.cloud, &world.ec2);
-    let server = TestServer::start_via(&world.cp, &settings, &[], &blip.url()).await?;
+    let api_url = blip.url();
+    let setup = Setup {
+        api_url: Some(&api_url),
+        ..Setup::default()
+    };
+    let server = TestServer::launch(&world.cp, &settings, &setup).await?;
     let readyz = format!("{}/readyz", server.metrics_url());
     for round in 1..=3 {
         let failed_before = watch_failures(&server);
