@@ -1,137 +1,245 @@
-//! One-shot binding of an instance to its client key.
+//! One-shot binding of an instance to its keys and its CSR objects.
 //!
 //! The identity document is a bearer credential that never expires, so the
-//! first verified join records the SHA-256 of its client public key on the
-//! NodeClaim. Later joins for the same instance must present that same key:
-//! the agent restarting is fine, anyone else holding the document is not.
+//! first verified join records on the NodeClaim which keys it presented
+//! (client and serving, by SHA-256 of their SubjectPublicKeyInfo) and which
+//! CSR objects it created for them (by name and UID). Later joins for the
+//! same instance must present the same two keys: the agent restarting is
+//! fine, anyone else holding the document is not.
 //!
-//! The write carries the resourceVersion the decision was made on, so two
+//! What a resume may change: the CSR bytes (the agent signs them anew each
+//! run) and, within what EC2 says the instance owns, the serving CSR's
+//! names. What it may not: either key. A resume reuses the recorded CSR
+//! objects when they still exist under their recorded UIDs and ask for
+//! what the resumed request asks; otherwise it gets new objects, and the
+//! record is updated to name them.
+//!
+//! Every write carries the resourceVersion the decision was made on, so two
 //! racing joins cannot both bind: the loser gets a conflict, re-reads, and
-//! is judged against the winner's key.
+//! is judged against the winner's record. The record is trusted only as
+//! autonode's own mark ([`marks::keep_own`]): one copied from a NodePool
+//! template is ignored, and overwritten by the first real join.
 
-use crate::karpenter::{NodeClaim, BINDING_ANNOTATION};
+use crate::karpenter::NodeClaim;
+use crate::marks;
 use crate::nodeclaim::NodeClaims;
 use crate::refusal::{JoinError, Refusal};
-use kube::api::{Patch, PatchParams};
-use serde_json::json;
+use serde::{Deserialize, Serialize};
+
+/// What the binding records: everything later decisions about this
+/// instance rest on, written once by the join that attested it (as the
+/// [`marks::BINDING`] annotation, JSON) and trusted only as autonode's own
+/// mark (see [`marks::keep_own`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Record {
+    /// The instance the identity document named.
+    pub instance_id: String,
+    /// The document's region: where to look the instance up in EC2 later
+    /// (the zone cannot be trimmed to it: Local Zones such as
+    /// `us-west-2-lax-1a` and Wavelength zones do not end in a letter).
+    pub region: String,
+    /// The node name EC2 gave (its private DNS name).
+    pub node_name: String,
+    /// Lowercase hex SHA-256 of the client key's SubjectPublicKeyInfo.
+    pub client_key: String,
+    /// Lowercase hex SHA-256 of the serving key's SubjectPublicKeyInfo.
+    pub serving_key: String,
+    /// The CSR objects the join created for these keys.
+    pub csrs: Vec<CsrRef>,
+}
+
+/// A CSR object the join created, by name and UID: a later object of the
+/// same name (deleted and re-created by someone else) is not this one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CsrRef {
+    /// `client` or `serving`.
+    pub purpose: String,
+    pub name: String,
+    pub uid: String,
+}
+
+/// The binding recorded on `claim`, if any. Only meaningful on a NodeClaim
+/// that went through [`marks::keep_own`] (the NodeClaim cache's objects and
+/// [`NodeClaims::get_fresh`]'s do).
+pub fn recorded(claim: &NodeClaim) -> Result<Option<Record>, Unreadable> {
+    let Some(value) = claim
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(marks::BINDING))
+    else {
+        return Ok(None);
+    };
+    serde_json::from_str(value)
+        .map(Some)
+        .map_err(|e| Unreadable(e.to_string()))
+}
+
+/// autonode's own binding annotation does not parse (written by another
+/// version of autonode, or edited with autonode's field manager).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("the binding annotation cannot be read: {0}")]
+pub struct Unreadable(pub String);
 
 /// How the join relates to the binding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Binding {
-    /// First join: the key is now recorded.
+    /// First join: the record is now written.
     New,
-    /// The same key joined before: the agent is resuming.
+    /// The same keys joined before: the agent is resuming.
     Resumed,
 }
 
-/// Binds `claim`'s instance to `key` or checks it is already bound to it.
-pub async fn bind(
-    claims: &NodeClaims,
+/// The keys a join presents, as fingerprints.
+#[derive(Debug, Clone, Copy)]
+pub struct Keys<'a> {
+    pub client: &'a str,
+    pub serving: &'a str,
+}
+
+/// What the recorded binding says about a join presenting `keys`: `None`
+/// when there is none (the join binds), the record when the same keys
+/// joined before (the join resumes), a refusal when any key differs.
+pub fn judge(
     claim: &NodeClaim,
     instance_id: &str,
-    key: &str,
-) -> Result<Binding, JoinError> {
-    if let Some(decided) = judge(claim, instance_id, key)? {
-        return Ok(decided);
-    }
+    keys: Keys<'_>,
+) -> Result<Option<Record>, Refusal> {
     let name = claim.metadata.name.clone().unwrap_or_default();
-    match write(
-        claims,
-        &name,
-        claim.metadata.resource_version.as_deref(),
-        key,
-    )
-    .await
-    {
-        Ok(()) => Ok(Binding::New),
-        // Someone changed the NodeClaim since our cache saw it: judge again
-        // on what the API server has now; a second conflict is a retry.
-        Err(kube::Error::Api(status)) if status.code == 409 => {
-            let fresh = claims
-                .get_fresh(&name)
-                .await?
-                .ok_or_else(|| Refusal::NoNodeClaim(name.clone()))?;
-            if let Some(decided) = judge(&fresh, instance_id, key)? {
-                return Ok(decided);
-            }
-            write(
-                claims,
-                &name,
-                fresh.metadata.resource_version.as_deref(),
-                key,
-            )
-            .await?;
-            Ok(Binding::New)
-        }
-        Err(e) => Err(e.into()),
+    let record = recorded(claim).map_err(|e| Refusal::BindingUnreadable {
+        nodeclaim: name.clone(),
+        detail: e.0,
+    })?;
+    let Some(record) = record else {
+        return Ok(None);
+    };
+    if record.client_key == keys.client && record.serving_key == keys.serving {
+        return Ok(Some(record));
     }
+    Err(Refusal::PossibleReplay {
+        instance_id: instance_id.to_string(),
+        nodeclaim: name,
+        bound: format!(
+            "client {} serving {}",
+            short(&record.client_key),
+            short(&record.serving_key)
+        ),
+        offered: format!(
+            "client {} serving {}",
+            short(keys.client),
+            short(keys.serving)
+        ),
+    })
 }
 
-/// `Some` when the existing annotation decides the matter.
-fn judge(claim: &NodeClaim, instance_id: &str, key: &str) -> Result<Option<Binding>, Refusal> {
-    match claim.bound_key() {
-        None => Ok(None),
-        Some(bound) if bound == key => Ok(Some(Binding::Resumed)),
-        Some(bound) => Err(Refusal::PossibleReplay {
-            instance_id: instance_id.to_string(),
-            nodeclaim: claim.metadata.name.clone().unwrap_or_default(),
-            bound: bound.to_string(),
-            offered: key.to_string(),
-        }),
-    }
-}
-
-async fn write(
+/// Writes `record` on `claim`, on the version the decision was made on
+/// (`resuming`: `claim` already carries a record for the same keys, and
+/// this one names new CSR objects). On a conflict the NodeClaim is read
+/// again and judged again; the write is tried once more on the new version
+/// only when the judgement is unchanged. A binding that appeared meanwhile
+/// for the same keys is the same agent's concurrent attempt: this one is
+/// left to its retry, which resumes it.
+pub async fn write(
     claims: &NodeClaims,
-    name: &str,
-    resource_version: Option<&str>,
-    key: &str,
-) -> Result<(), kube::Error> {
-    // A merge patch with metadata.resourceVersion is a precondition: the
-    // API server answers 409 if the object changed since that version.
-    let patch = json!({
-        "metadata": {
-            "resourceVersion": resource_version,
-            "annotations": { BINDING_ANNOTATION: key },
-        }
-    });
-    claims
-        .api()
-        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .map(|_| ())
+    claim: &NodeClaim,
+    record: &Record,
+    resuming: bool,
+) -> Result<(), JoinError> {
+    let name = claim.metadata.name.clone().unwrap_or_default();
+    let version = claim.metadata.resource_version.as_deref();
+    match claims.write_binding(&name, version, record).await {
+        Ok(()) => return Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 409 => {}
+        Err(e) => return Err(e.into()),
+    }
+    let fresh = claims
+        .get_fresh(&name)
+        .await?
+        .ok_or_else(|| Refusal::NoNodeClaim(name.clone()))?;
+    let keys = Keys {
+        client: &record.client_key,
+        serving: &record.serving_key,
+    };
+    let now_bound = judge(&fresh, &record.instance_id, keys)?.is_some();
+    if now_bound != resuming {
+        return Err(JoinError::Unavailable(format!(
+            "the binding of NodeClaim {name} changed during this join; the retry is judged on the new one"
+        )));
+    }
+    let version = fresh.metadata.resource_version.as_deref();
+    claims.write_binding(&name, version, record).await?;
+    Ok(())
+}
+
+/// The first 16 hex digits of a fingerprint, for messages.
+fn short(fingerprint: &str) -> &str {
+    fingerprint.get(..16).unwrap_or(fingerprint)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn claim(bound: Option<&str>) -> NodeClaim {
+    fn record() -> Record {
+        Record {
+            instance_id: "i-1".into(),
+            region: "us-west-2".into(),
+            node_name: "ip-10-0-0-1.us-west-2.compute.internal".into(),
+            client_key: "c".repeat(64),
+            serving_key: "s".repeat(64),
+            csrs: vec![CsrRef {
+                purpose: "client".into(),
+                name: "autonode-i-1-client-x".into(),
+                uid: "u1".into(),
+            }],
+        }
+    }
+
+    fn claim(record: Option<&str>) -> NodeClaim {
         let mut c = NodeClaim::default();
         c.metadata.name = Some("c".into());
-        if let Some(key) = bound {
-            c.metadata.annotations =
-                Some([(BINDING_ANNOTATION.to_string(), key.to_string())].into());
+        if let Some(value) = record {
+            c.metadata.annotations = Some([(marks::BINDING.to_string(), value.to_string())].into());
         }
         c
     }
 
-    #[test]
-    fn unbound_claims_need_a_write() {
-        assert_eq!(judge(&claim(None), "i-1", "k").unwrap(), None);
+    fn keys<'a>(client: &'a str, serving: &'a str) -> Keys<'a> {
+        Keys { client, serving }
     }
 
     #[test]
-    fn the_same_key_resumes() {
+    fn unbound_claims_need_a_write() {
+        let (c, s) = ("c".repeat(64), "s".repeat(64));
+        assert_eq!(judge(&claim(None), "i-1", keys(&c, &s)).unwrap(), None);
+    }
+
+    #[test]
+    fn the_same_two_keys_resume() {
+        let json = serde_json::to_string(&record()).unwrap();
+        let (c, s) = ("c".repeat(64), "s".repeat(64));
         assert_eq!(
-            judge(&claim(Some("k")), "i-1", "k").unwrap(),
-            Some(Binding::Resumed)
+            judge(&claim(Some(&json)), "i-1", keys(&c, &s)).unwrap(),
+            Some(record())
         );
     }
 
     #[test]
-    fn another_key_is_a_possible_replay() {
-        let err = judge(&claim(Some("k")), "i-1", "other").unwrap_err();
-        assert_eq!(err.reason(), "possible_replay");
+    fn another_client_or_serving_key_is_a_possible_replay() {
+        let json = serde_json::to_string(&record()).unwrap();
+        let (c, s, other) = ("c".repeat(64), "s".repeat(64), "o".repeat(64));
+        for (client, serving) in [(&other, &s), (&c, &other)] {
+            let err = judge(&claim(Some(&json)), "i-1", keys(client, serving)).unwrap_err();
+            assert_eq!(err.reason(), "possible_replay");
+        }
+    }
+
+    #[test]
+    fn an_unreadable_record_is_refused_not_ignored() {
+        let (c, s) = ("c".repeat(64), "s".repeat(64));
+        let err = judge(&claim(Some("ab12")), "i-1", keys(&c, &s)).unwrap_err();
+        assert_eq!(err.reason(), "binding_unreadable");
     }
 }

@@ -73,9 +73,15 @@ where
     K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
 {
     /// Starts watching `api` in the background. managedFields are dropped
-    /// from what is kept: nothing here reads them, and they can outweigh a
-    /// small object.
+    /// from what is kept: nothing reads them after the filter, and they can
+    /// outweigh a small object.
     pub fn start(api: Api<K>, what: &'static str) -> Self {
+        Self::start_filtered(api, what, |_| {})
+    }
+
+    /// Like [`Cache::start`], with `filter` run on every object as the API
+    /// server sent it (managedFields still there) before it is kept.
+    pub fn start_filtered(api: Api<K>, what: &'static str, filter: fn(&mut K)) -> Self {
         let (store, writer) = reflector::store();
         let (listed_tx, listed) = watch::channel(false);
         let fresh = Arc::new(AtomicBool::new(false));
@@ -85,6 +91,7 @@ where
             listed: listed_tx,
             fresh: fresh.clone(),
             what,
+            filter,
         };
         tokio::spawn(task.run());
         Self {
@@ -133,6 +140,7 @@ where
     listed: watch::Sender<bool>,
     fresh: Arc<AtomicBool>,
     what: &'static str,
+    filter: fn(&mut K),
 }
 
 impl<K> Task<K>
@@ -149,7 +157,11 @@ where
             while let Some(event) = events.next().await {
                 match event {
                     Ok(event) => {
-                        let event = event.modify(|object| object.meta_mut().managed_fields = None);
+                        let filter = self.filter;
+                        let event = event.modify(|object| {
+                            filter(object);
+                            object.meta_mut().managed_fields = None;
+                        });
                         self.writer.apply_watcher_event(&event);
                         if matches!(event, watcher::Event::InitDone) {
                             self.in_sync();

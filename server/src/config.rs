@@ -153,7 +153,10 @@ pub struct ServeArgs {
     #[arg(long, env = "AUTONODE_APPROVE_KUBELET_CSRS", default_value = "true", action = clap::ArgAction::Set)]
     pub approve_kubelet_csrs: bool,
 
-    /// Pending kubelet CSRs one node may have before more are ignored.
+    /// Kubelet CSRs one node may have pending or approved in the last 15
+    /// minutes before more are left pending (approvals count too, so a
+    /// node making CSRs in a loop gets no more than this). A kubelet makes
+    /// two per certificate rotation (client, serving), now and then a retry.
     #[arg(long, env = "AUTONODE_PENDING_CSR_CAP", default_value = "5")]
     pub pending_csr_cap: usize,
 
@@ -284,7 +287,8 @@ pub fn read(path: &Path) -> Result<String> {
 /// (`autonode_server::nodeclass`) and CRD installation.
 #[derive(Debug, Clone, Args)]
 pub struct NodeClassArgs {
-    /// Keep EC2NodeClasses' userData, amiFamily (Custom) and, with
+    /// Keep EC2NodeClasses' userData, amiFamily (Custom), the instance
+    /// metadata options (see --enforce-metadata-options) and, with
     /// --ami-ids, amiSelectorTerms as rendered. Needs --public-url,
     /// --join-ca-file and --cluster-name; without them it stays off.
     #[arg(long, env = "AUTONODE_MANAGE_NODECLASSES", default_value = "true", action = clap::ArgAction::Set)]
@@ -299,6 +303,17 @@ pub struct NodeClassArgs {
     /// classes' amiSelectorTerms. Unset: amiSelectorTerms are left alone.
     #[arg(long, env = "AUTONODE_AMI_IDS", value_delimiter = ',')]
     pub ami_ids: Vec<String>,
+
+    /// Keep EC2NodeClasses' spec.metadataOptions at httpTokens: required
+    /// (IMDSv2 only), httpPutResponseHopLimit: 1 and httpEndpoint: enabled
+    /// (other keys are left alone). Turning this off is a risk: a class
+    /// with httpTokens optional or a hop limit over 1 lets every pod on its
+    /// nodes read the instance identity document, the credential a machine
+    /// joins with, and the node's IAM role credentials. When off, the
+    /// classes keep the values they have and a class that exposes IMDS to
+    /// pods gets a Warning Event.
+    #[arg(long, env = "AUTONODE_ENFORCE_METADATA_OPTIONS", default_value = "true", action = clap::ArgAction::Set)]
+    pub enforce_metadata_options: bool,
 
     /// Seconds between comparisons of an unchanged EC2NodeClass.
     #[arg(
@@ -325,7 +340,9 @@ impl NodeClassArgs {
         metrics: &autonode_server::metrics::Metrics,
         events: &autonode_server::events::Events,
     ) -> Result<Option<autonode_server::nodeclass::Settings>> {
-        use autonode_server::nodeclass::{ami_selector_terms, Desired, Settings};
+        use autonode_server::nodeclass::{
+            ami_selector_terms, Desired, MetadataOptionsPolicy, Settings,
+        };
         if !self.manage_nodeclasses {
             return Ok(None);
         }
@@ -335,10 +352,22 @@ impl NodeClassArgs {
         }
         let user_data = autonode_server::userdata::render(&node.node_config()?);
         let ami_terms = ami_selector_terms(&self.ami_ids).context("--ami-ids")?;
+        let metadata_options = if self.enforce_metadata_options {
+            MetadataOptionsPolicy::Enforce
+        } else {
+            tracing::warn!(
+                "--enforce-metadata-options=false: EC2NodeClasses' metadataOptions are not kept; \
+                 a class with httpTokens optional or httpPutResponseHopLimit over 1 lets every pod \
+                 on its nodes read the instance identity document (the credential a machine joins \
+                 with) and the node's IAM role credentials"
+            );
+            MetadataOptionsPolicy::LeaveAlone
+        };
         Ok(Some(Settings {
             desired: Desired {
                 user_data,
                 ami_terms,
+                metadata_options,
             },
             selector: self.nodeclass_selector.clone(),
             resync: Duration::from_secs(self.nodeclass_resync_secs.max(1)),

@@ -16,6 +16,7 @@
 //! web identity/IRSA, profile, container, IMDS), which is the part that is
 //! worth reusing.
 
+mod cache;
 mod client;
 mod credentials;
 mod retry;
@@ -23,6 +24,7 @@ mod transport;
 mod xml;
 
 pub use aws_credential_types::Credentials;
+pub use cache::LookupCache;
 pub use client::{Ec2Client, Ec2Settings, SetupError};
 pub use retry::RetryPolicy;
 

@@ -19,13 +19,15 @@
 //! observations once each; an annotation records which were reported so a
 //! restarted or new leader does not report them again.
 
+use crate::binding;
 use crate::events::Events;
 use crate::karpenter::{Condition, NodeClaim};
+use crate::marks;
 use crate::metrics::Metrics;
 use crate::nodeclaim::NodeClaims;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Patch, PatchParams};
+use kube::api::Patch;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
@@ -36,10 +38,6 @@ use thiserror::Error;
 
 /// autonode's condition type on NodeClaims.
 pub const CONDITION: &str = "AutonodeBootstrapped";
-/// Set by the report handler when an agent gave up for good.
-pub const FAILED_ANNOTATION: &str = "autonode.dev/bootstrap-failed";
-/// Milestones already reported (comma-separated).
-pub const REPORTED_ANNOTATION: &str = "autonode.dev/reported";
 /// How long a NodeClaim's events must settle before it is reconciled.
 const DEBOUNCE: Duration = Duration::from_secs(1);
 
@@ -114,7 +112,13 @@ pub async fn run(client: Client, claims: NodeClaims, events: Events, metrics: Me
 }
 
 async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Action, Error> {
-    if claim.bound_key().is_none() || claim.is_deleting() {
+    // This controller's own watch keeps managedFields: judge the marks on
+    // them, so a NodePool's copied annotations neither start feedback nor
+    // mark a machine failed.
+    let mut claim = (*claim).clone();
+    marks::keep_own(&mut claim.metadata);
+    let bound = matches!(binding::recorded(&claim), Ok(Some(_)));
+    if !bound || claim.is_deleting() {
         return Ok(Action::await_change());
     }
     let stage = stage(&claim, &ctx.nodes);
@@ -145,7 +149,7 @@ pub fn stage(claim: &NodeClaim, nodes: &Store<Node>) -> Stage {
         .metadata
         .annotations
         .as_ref()
-        .is_some_and(|a| a.contains_key(FAILED_ANNOTATION))
+        .is_some_and(|a| a.contains_key(marks::BOOTSTRAP_FAILED))
     {
         return Stage::Failed;
     }
@@ -186,7 +190,7 @@ pub fn condition(stage: Stage, claim: &NodeClaim) -> Condition {
                 .metadata
                 .annotations
                 .as_ref()
-                .and_then(|a| a.get(FAILED_ANNOTATION))
+                .and_then(|a| a.get(marks::BOOTSTRAP_FAILED))
                 .cloned()
                 .unwrap_or_default();
             ("False", "BootstrapFailed", why)
@@ -234,7 +238,7 @@ async fn assert_condition(
     });
     api.patch_status(
         &claim.name_any(),
-        &PatchParams::default(),
+        &marks::patch_params(),
         &Patch::Merge(&patch),
     )
     .await
@@ -256,7 +260,7 @@ async fn report_milestone(
         .metadata
         .annotations
         .as_ref()
-        .and_then(|a| a.get(REPORTED_ANNOTATION))
+        .and_then(|a| a.get(marks::REPORTED))
         .cloned()
         .unwrap_or_default();
     if reported.split(',').any(|m| m == milestone) {
@@ -264,12 +268,11 @@ async fn report_milestone(
     }
     let mut all: Vec<&str> = reported.split(',').filter(|m| !m.is_empty()).collect();
     all.push(milestone);
-    let patch =
-        serde_json::json!({"metadata": {"annotations": {REPORTED_ANNOTATION: all.join(",")}}});
+    let patch = serde_json::json!({"metadata": {"annotations": {marks::REPORTED: all.join(",")}}});
     ctx.nodeclaims
         .patch(
             &claim.name_any(),
-            &PatchParams::default(),
+            &marks::patch_params(),
             &Patch::Merge(&patch),
         )
         .await?;

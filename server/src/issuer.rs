@@ -4,17 +4,27 @@
 //! `CertificateSigningRequest` with the kubelet signer, approves it, and
 //! waits for kube-controller-manager to sign. One watch over autonode's own
 //! CSRs feeds every waiting join, instead of a watch per join.
+//!
+//! Every node credential may create CSR objects under any name, so a name
+//! proves nothing. The join's objects are created with `generateName` (a
+//! create never lands on an object someone else made first), found again
+//! only by the name and UID the binding recorded, approved with that UID as
+//! a precondition, and the certificate signed into them is checked against
+//! the CSR that was judged before it goes back to the node.
 
 use crate::backoff::WatchBackoff;
+use crate::binding::CsrRef;
+use crate::marks;
 use crate::refusal::{JoinError, Refusal};
-use autonode_shared::csr::{usages_for, Purpose};
+use autonode_shared::csr::{self, usages_for, ParsedCsr, Purpose};
+use autonode_shared::issued;
 use futures::StreamExt;
 use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestCondition, CertificateSigningRequestSpec,
     CertificateSigningRequestStatus,
 };
 use k8s_openapi::ByteString;
-use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{DeleteParams, ObjectMeta, Patch, PostParams, Preconditions};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
@@ -23,22 +33,44 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
 
-/// Label on every CSR autonode creates.
-pub const MANAGED_LABEL: &str = "autonode.dev/managed";
+/// Label on every CSR autonode creates (anyone may set it: it selects
+/// what the watch keeps, and decides nothing).
+pub const MANAGED_LABEL: &str = marks::CSR_MANAGED_LABEL;
 /// The approval condition's reason: says who approved and why.
 pub const APPROVAL_REASON: &str = "AutonodeAttested";
 
 /// What to ask for.
 pub struct IssueRequest<'a> {
-    /// Deterministic per instance, purpose and key: a resumed join finds
-    /// its CSR again instead of creating a second one.
-    pub name: String,
+    /// The start of the object's name; the API server completes it
+    /// (`generateName`), so no one can have taken it beforehand.
+    pub name_prefix: String,
     /// Gives the signer and the usages.
     pub purpose: Purpose,
     pub request_pem: &'a str,
+    /// The CSR as it was judged: what the certificate must certify.
+    pub judged: &'a ParsedCsr,
     pub labels: BTreeMap<String, String>,
     /// Why autonode approves it (shown in `kubectl describe csr`).
     pub approval_message: String,
+}
+
+impl IssueRequest<'_> {
+    /// `client` or `serving`: the purpose as the binding records it.
+    pub fn kind(&self) -> &'static str {
+        match self.purpose {
+            Purpose::Client => "client",
+            Purpose::Serving => "serving",
+        }
+    }
+}
+
+/// A CSR object's name and UID, as a binding records it.
+pub fn reference(kind: &str, csr: &CertificateSigningRequest) -> CsrRef {
+    CsrRef {
+        purpose: kind.to_string(),
+        name: csr.metadata.name.clone().unwrap_or_default(),
+        uid: csr.metadata.uid.clone().unwrap_or_default(),
+    }
 }
 
 /// Where a CSR stands.
@@ -92,28 +124,49 @@ impl Issuer {
         }
     }
 
-    /// Approves `csr` (what [`Issuer::create_or_find`] returned for
-    /// `request`) unless it already is, and waits for its certificate.
+    /// Approves `csr` (created by [`Issuer::create`] or found by
+    /// [`Issuer::find`] for `request`) unless it already is, waits for its
+    /// certificate and checks it certifies what was judged.
     pub async fn finish(
         &self,
         request: &IssueRequest<'_>,
         csr: CertificateSigningRequest,
     ) -> Result<String, JoinError> {
-        match outcome(&csr) {
-            Outcome::Issued(cert) => return Ok(cert),
-            Outcome::Failed(message) => return Err(failed(&request.name, message)),
-            Outcome::Pending => {}
-        }
-        let mut rx = self.subscribe(&request.name);
-        if !is_approved(&csr) {
-            self.approve(&request.name, &request.approval_message)
-                .await?;
-        }
+        let name = csr.metadata.name.clone().unwrap_or_default();
+        let uid = csr.metadata.uid.clone().unwrap_or_default();
+        let cert = match outcome(&csr) {
+            Outcome::Issued(cert) => cert,
+            Outcome::Failed(message) => return Err(failed(&name, message)),
+            Outcome::Pending => {
+                let mut rx = self.subscribe(&name, &uid);
+                let approved = match is_approved(&csr) {
+                    true => Ok(()),
+                    false => self.approve(&name, &uid, &request.approval_message).await,
+                };
+                let waited = match approved {
+                    Ok(()) => self.wait(&name, &mut rx).await,
+                    Err(e) => Err(e),
+                };
+                self.unsubscribe(&uid);
+                waited?
+            }
+        };
+        issued::check(&cert, request.judged)
+            .map_err(|source| Refusal::CertificateMismatch { csr: name, source })?;
+        Ok(cert)
+    }
+
+    /// Waits up to the timeout for the certificate of the CSR `rx` follows.
+    async fn wait(
+        &self,
+        name: &str,
+        rx: &mut watch::Receiver<Outcome>,
+    ) -> Result<String, JoinError> {
         let waited = tokio::time::timeout(self.timeout, async {
             loop {
                 match rx.borrow_and_update().clone() {
                     Outcome::Issued(cert) => return Ok(cert),
-                    Outcome::Failed(message) => return Err(failed(&request.name, message)),
+                    Outcome::Failed(message) => return Err(failed(name, message)),
                     Outcome::Pending => {}
                 }
                 if rx.changed().await.is_err() {
@@ -122,11 +175,10 @@ impl Issuer {
             }
         })
         .await;
-        self.unsubscribe(&request.name);
         waited.map_err(|_| {
             JoinError::Unavailable(format!(
-                "CSR {} not signed within {:?}: is kube-controller-manager's csrsigning controller running?",
-                request.name, self.timeout
+                "CSR {name} not signed within {:?}: is kube-controller-manager's csrsigning controller running?",
+                self.timeout
             ))
         })?
     }
@@ -158,9 +210,9 @@ impl Issuer {
         }
     }
 
-    /// Creates the CSR, or finds the one an earlier attempt of the same
-    /// join (same instance, purpose and key) created. Nothing is approved.
-    pub async fn create_or_find(
+    /// Creates a new CSR object for `request` under a name the API server
+    /// completes. Nothing is approved.
+    pub async fn create(
         &self,
         request: &IssueRequest<'_>,
     ) -> Result<CertificateSigningRequest, JoinError> {
@@ -168,7 +220,7 @@ impl Issuer {
         labels.insert(MANAGED_LABEL.into(), "true".into());
         let csr = CertificateSigningRequest {
             metadata: ObjectMeta {
-                name: Some(request.name.clone()),
+                generate_name: Some(request.name_prefix.clone()),
                 labels: Some(labels),
                 ..Default::default()
             },
@@ -185,17 +237,36 @@ impl Issuer {
             },
             status: None,
         };
-        match self.api.create(&PostParams::default(), &csr).await {
-            Ok(created) => Ok(created),
-            // Same name means same instance, purpose and key: a resumed join.
-            Err(kube::Error::Api(status)) if status.code == 409 => {
-                Ok(self.api.get(&request.name).await?)
-            }
-            Err(e) => Err(e.into()),
-        }
+        Ok(self.api.create(&PostParams::default(), &csr).await?)
     }
 
-    async fn approve(&self, name: &str, message: &str) -> Result<(), JoinError> {
+    /// The object `recorded` names, when it is still the one a join created
+    /// (same UID), was not refused by the signer, and asks for the same key,
+    /// subject and names as `request` (a resumed agent signs its CSRs anew;
+    /// the bytes differ, what they ask must not). `None` otherwise: the
+    /// caller creates a new one.
+    pub async fn find(
+        &self,
+        request: &IssueRequest<'_>,
+        recorded: &CsrRef,
+    ) -> Result<Option<CertificateSigningRequest>, JoinError> {
+        let Some(csr) = self.api.get_opt(&recorded.name).await? else {
+            return Ok(None);
+        };
+        if csr.metadata.uid.as_deref() != Some(recorded.uid.as_str()) {
+            tracing::warn!(csr = %recorded.name, "a CSR object now under a recorded name has another UID; not ours, left alone");
+            return Ok(None);
+        }
+        if matches!(outcome(&csr), Outcome::Failed(_)) {
+            return Ok(None);
+        }
+        let asks_the_same = csr::parse_csr(&csr.spec.request.0)
+            .is_ok_and(|parsed| same_request(&parsed, request.judged));
+        Ok(asks_the_same.then_some(csr))
+    }
+
+    /// Approves the CSR `name`, only while it is the object with `uid`.
+    async fn approve(&self, name: &str, uid: &str, message: &str) -> Result<(), JoinError> {
         let status = CertificateSigningRequestStatus {
             conditions: Some(vec![CertificateSigningRequestCondition {
                 type_: "Approved".into(),
@@ -206,24 +277,41 @@ impl Issuer {
             }]),
             certificate: None,
         };
-        let patch = serde_json::json!({ "status": status });
-        self.api
-            .patch_approval(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
-        Ok(())
+        // metadata.uid in a patch is a precondition: the API server refuses
+        // the write if the object under this name is another one.
+        let patch = serde_json::json!({ "metadata": { "uid": uid }, "status": status });
+        let params = marks::patch_params();
+        match self
+            .api
+            .patch_approval(name, &params, &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if matches!(s.code, 404 | 409 | 422) => {
+                Err(Refusal::CsrSubstituted {
+                    csr: name.to_string(),
+                    detail: format!("approval with UID {uid} refused: {}", s.message),
+                }
+                .into())
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
-    /// Registers interest in `name`, seeded with what the cache knows now so
-    /// a certificate signed before we subscribed is not missed.
-    fn subscribe(&self, name: &str) -> watch::Receiver<Outcome> {
+    /// Registers interest in the CSR with `uid`, seeded with what the cache
+    /// knows now so a certificate signed before we subscribed is not
+    /// missed. Waiters are keyed by UID: an object re-created under the same
+    /// name is another object, and wakes no one.
+    fn subscribe(&self, name: &str, uid: &str) -> watch::Receiver<Outcome> {
         let known = self
             .store
             .get(&ObjectRef::new(name))
+            .filter(|csr| csr.metadata.uid.as_deref() == Some(uid))
             .map(|csr| outcome(&csr))
             .unwrap_or(Outcome::Pending);
         let mut waiters = lock(&self.waiters);
         let sender = waiters
-            .entry(name.to_string())
+            .entry(uid.to_string())
             .or_insert_with(|| watch::channel(Outcome::Pending).0);
         if known != Outcome::Pending {
             sender.send_replace(known);
@@ -231,12 +319,34 @@ impl Issuer {
         sender.subscribe()
     }
 
-    fn unsubscribe(&self, name: &str) {
+    fn unsubscribe(&self, uid: &str) {
         let mut waiters = lock(&self.waiters);
-        if waiters.get(name).is_some_and(|s| s.receiver_count() <= 1) {
-            waiters.remove(name);
+        if waiters.get(uid).is_some_and(|s| s.receiver_count() <= 1) {
+            waiters.remove(uid);
         }
     }
+}
+
+/// Whether two CSRs ask for the same thing: key, subject and names.
+fn same_request(a: &ParsedCsr, b: &ParsedCsr) -> bool {
+    fn sorted<T: Ord + Clone>(v: &[T]) -> Vec<T> {
+        let mut v = v.to_vec();
+        v.sort();
+        v
+    }
+    let names = |c: &ParsedCsr| {
+        (
+            sorted(&c.dns_names),
+            sorted(&c.ip_addresses),
+            sorted(&c.email_addresses),
+            sorted(&c.uris),
+        )
+    };
+    a.spki_der == b.spki_der
+        && a.common_name == b.common_name
+        && a.organizations == b.organizations
+        && a.other_subject_fields == b.other_subject_fields
+        && names(a) == names(b)
 }
 
 fn wake(waiters: &Mutex<HashMap<String, watch::Sender<Outcome>>>, csr: &CertificateSigningRequest) {
@@ -244,8 +354,8 @@ fn wake(waiters: &Mutex<HashMap<String, watch::Sender<Outcome>>>, csr: &Certific
     if state == Outcome::Pending {
         return;
     }
-    let name = csr.metadata.name.as_deref().unwrap_or_default();
-    if let Some(sender) = lock(waiters).get(name) {
+    let uid = csr.metadata.uid.as_deref().unwrap_or_default();
+    if let Some(sender) = lock(waiters).get(uid) {
         sender.send_replace(state);
     }
 }

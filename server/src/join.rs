@@ -4,11 +4,12 @@
 //! with a [`Refusal`] (final) or [`JoinError::Unavailable`] (retry). Names
 //! and addresses come from EC2 and the NodeClaim, never from the request.
 
-use crate::binding::{self, Binding};
+use crate::binding::{self, Binding, CsrRef, Keys, Record};
 use crate::ec2::{Ec2Instance, InstanceLookup, LookupError};
 use crate::events::Events;
-use crate::issuer::{IssueRequest, Issuer};
+use crate::issuer::{self, IssueRequest, Issuer};
 use crate::karpenter::{aws_provider_id, NodeClaim};
+use crate::marks;
 use crate::metrics::{JoinLabels, KindLabels, Metrics, Steps};
 use crate::nodeclaim::{self, NodeClaims};
 use crate::nodeconfig::NodeConfig;
@@ -98,8 +99,15 @@ async fn join(
             Purpose::Serving,
         ),
     ];
-    let key = client_csr.public_key_fingerprint();
-    let prepared = prepare(ctx, &attested, &key, &requests).await?;
+    let (client_key, serving_key) = (
+        client_csr.public_key_fingerprint(),
+        serving_csr.public_key_fingerprint(),
+    );
+    let keys = Keys {
+        client: &client_key,
+        serving: &serving_key,
+    };
+    let prepared = prepare(ctx, &attested, keys, &requests).await?;
     steps.done("prepare");
     if prepared.binding == Binding::New {
         observe(ctx, &attested.claim, "attested");
@@ -107,7 +115,7 @@ async fn join(
     let issued = requests
         .iter()
         .zip(prepared.csrs)
-        .map(|(r, csr)| finish(ctx, r, csr));
+        .map(|(r, csr)| finish(ctx, r, csr.object));
     let certificates = futures::future::try_join_all(issued).await?;
     let [client_cert, serving_cert] = <[String; 2]>::try_from(certificates)
         .map_err(|_| JoinError::Unavailable("expected two certificates".into()))?;
@@ -134,45 +142,132 @@ struct Prepared {
     binding: Binding,
     rendered: (KubeletSettings, serde_json::Value),
     /// The CSR objects, in the order of the requests.
-    csrs: Vec<CertificateSigningRequest>,
+    csrs: Vec<CsrObject>,
 }
 
-/// Binds the instance to its key, renders its config and creates its CSR
-/// objects. These need only what attestation established, so they run
-/// together; approving waits for all three, so a join that fails any of
-/// them approves nothing (and deletes the CSRs it created).
+/// A CSR object a join will approve, and whether this join created it.
+struct CsrObject {
+    object: CertificateSigningRequest,
+    created: bool,
+}
+
+/// Judges the binding, finds or creates the CSR objects and renders the
+/// config, then records the binding naming those objects. Rendering and
+/// the objects need only what attestation established, so they run
+/// together; nothing is approved until all of it stands, and a join that
+/// fails on the way deletes the objects it created.
 async fn prepare(
     ctx: &JoinContext,
     attested: &Attested,
-    key: &str,
+    keys: Keys<'_>,
     requests: &[IssueRequest<'_>],
 ) -> Result<Prepared, JoinError> {
+    // Judged on the cached NodeClaim first, so a replay creates nothing;
+    // the write below judges again on the version it writes over.
+    let existing = binding::judge(&attested.claim, &attested.doc.instance_id, keys)?;
     let facts = NodeFacts {
         claim: &attested.claim,
         provider_id: &attested.provider_id,
         node_ip: node_ip(attested),
     };
-    let (binding, rendered, created) = tokio::join!(
-        binding::bind(&ctx.claims, &attested.claim, &attested.doc.instance_id, key),
+    let (rendered, csrs) = tokio::join!(
         ctx.nodeconfig.render(&ctx.cluster.settings, &facts),
-        futures::future::join_all(requests.iter().map(|r| ctx.issuer.create_or_find(r))),
+        csr_objects(ctx, requests, existing.as_ref()),
     );
-    let (csrs, failed): (Vec<_>, Vec<_>) = created.into_iter().partition(Result::is_ok);
-    let csrs: Vec<_> = csrs.into_iter().flatten().collect();
-    let failed = failed.into_iter().find_map(Result::err);
-    match (binding, rendered, failed) {
-        (Ok(binding), Ok(rendered), None) => Ok(Prepared {
+    let csrs = csrs?;
+    let bound = match rendered {
+        Ok(rendered) => record_binding(ctx, attested, keys, &csrs, existing)
+            .await
+            .map(|binding| (binding, rendered)),
+        Err(e) => Err(e),
+    };
+    match bound {
+        Ok((binding, rendered)) => Ok(Prepared {
             binding,
             rendered,
             csrs,
         }),
-        (binding, rendered, failed) => {
-            for csr in &csrs {
-                ctx.issuer.abandon(csr).await;
+        Err(e) => {
+            abandon_created(ctx, &csrs).await;
+            Err(e)
+        }
+    }
+}
+
+/// The CSR objects for `requests`: the binding's own when a resumed join
+/// can use them, new ones otherwise. On any failure the new ones are
+/// deleted again.
+async fn csr_objects(
+    ctx: &JoinContext,
+    requests: &[IssueRequest<'_>],
+    existing: Option<&Record>,
+) -> Result<Vec<CsrObject>, JoinError> {
+    let each = requests.iter().map(|request| async move {
+        let recorded = existing.and_then(|r| r.csrs.iter().find(|c| c.purpose == request.kind()));
+        if let Some(recorded) = recorded {
+            if let Some(object) = ctx.issuer.find(request, recorded).await? {
+                return Ok(CsrObject {
+                    object,
+                    created: false,
+                });
             }
-            // The binding's refusal (a replay) says most; then the config.
-            let first = binding.err().or(rendered.err()).or(failed);
-            Err(first.unwrap_or_else(|| JoinError::Unavailable("join preparation failed".into())))
+        }
+        ctx.issuer.create(request).await.map(|object| CsrObject {
+            object,
+            created: true,
+        })
+    });
+    let results: Vec<Result<CsrObject, JoinError>> = futures::future::join_all(each).await;
+    let (ok, failed): (Vec<_>, Vec<_>) = results.into_iter().partition(Result::is_ok);
+    let objects: Vec<CsrObject> = ok.into_iter().flatten().collect();
+    match failed.into_iter().find_map(Result::err) {
+        None => Ok(objects),
+        Some(e) => {
+            abandon_created(ctx, &objects).await;
+            Err(e)
+        }
+    }
+}
+
+async fn abandon_created(ctx: &JoinContext, csrs: &[CsrObject]) {
+    for csr in csrs.iter().filter(|c| c.created) {
+        ctx.issuer.abandon(&csr.object).await;
+    }
+}
+
+/// Writes the binding: a new record, or the resumed one naming the objects
+/// this join uses if they are not the recorded ones.
+async fn record_binding(
+    ctx: &JoinContext,
+    attested: &Attested,
+    keys: Keys<'_>,
+    csrs: &[CsrObject],
+    existing: Option<Record>,
+) -> Result<Binding, JoinError> {
+    let refs: Vec<CsrRef> = csrs
+        .iter()
+        .zip([Purpose::Client, Purpose::Serving])
+        .map(|(csr, purpose)| issuer::reference(kind(purpose), &csr.object))
+        .collect();
+    let claim = &attested.claim;
+    match existing {
+        Some(record) if record.csrs == refs => Ok(Binding::Resumed),
+        Some(mut record) => {
+            record.csrs = refs;
+            binding::write(&ctx.claims, claim, &record, true).await?;
+            Ok(Binding::Resumed)
+        }
+        None => {
+            let record = Record {
+                instance_id: attested.doc.instance_id.clone(),
+                region: attested.doc.region.clone(),
+                node_name: attested.instance.private_dns_name.clone(),
+                client_key: keys.client.to_string(),
+                serving_key: keys.serving.to_string(),
+                csrs: refs,
+            };
+            binding::write(&ctx.claims, claim, &record, false).await?;
+            Ok(Binding::New)
         }
     }
 }
@@ -280,23 +375,19 @@ fn check_csrs(client: &ParsedCsr, serving: &ParsedCsr, attested: &Attested) -> R
 fn issue_request<'a>(
     attested: &Attested,
     pem: &'a str,
-    parsed: &ParsedCsr,
+    judged: &'a ParsedCsr,
     purpose: Purpose,
 ) -> IssueRequest<'a> {
     let instance_id = &attested.doc.instance_id;
     let claim = attested.claim.metadata.name.clone().unwrap_or_default();
-    let fingerprint = parsed.public_key_fingerprint();
     IssueRequest {
-        name: format!(
-            "autonode-{instance_id}-{}-{}",
-            kind(purpose),
-            &fingerprint[..16]
-        ),
+        name_prefix: format!("autonode-{instance_id}-{}-", kind(purpose)),
         purpose,
         request_pem: pem,
+        judged,
         labels: BTreeMap::from([
-            ("autonode.dev/instance-id".to_string(), instance_id.clone()),
-            ("autonode.dev/nodeclaim".to_string(), claim.clone()),
+            (marks::CSR_INSTANCE_LABEL.to_string(), instance_id.clone()),
+            (marks::CSR_NODECLAIM_LABEL.to_string(), claim.clone()),
         ]),
         approval_message: format!(
             "autonode-server: instance {instance_id} attested by its AWS identity document for NodeClaim {claim}"
@@ -402,7 +493,7 @@ fn record(
             if let Some(claim) = claim {
                 if ctx.delete_refused
                     && refusal.dooms_instance()
-                    && claim.bound_key().is_none()
+                    && !matches!(binding::recorded(claim), Ok(Some(_)))
                     && !claim.is_registered()
                 {
                     delete_doomed(ctx, claim.clone(), request_id.to_string());

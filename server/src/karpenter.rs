@@ -11,9 +11,6 @@ use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-/// Annotation recording the SHA-256 of the client key an instance joined
-/// with: the one-shot binding.
-pub const BINDING_ANNOTATION: &str = "autonode.dev/client-key-sha256";
 /// Karpenter's condition type set once the Node has registered.
 pub const REGISTERED: &str = "Registered";
 /// The taint every node registers with until Karpenter takes it off.
@@ -115,15 +112,6 @@ impl NodeClaim {
             .find(|c| c.type_ == type_)
     }
 
-    /// The client key fingerprint this NodeClaim's instance is bound to.
-    pub fn bound_key(&self) -> Option<&str> {
-        self.metadata
-            .annotations
-            .as_ref()?
-            .get(BINDING_ANNOTATION)
-            .map(String::as_str)
-    }
-
     /// Labels (empty when none).
     pub fn labels(&self) -> BTreeMap<String, String> {
         self.metadata.labels.clone().unwrap_or_default()
@@ -175,6 +163,30 @@ pub struct Ec2NodeClassSpec {
     /// Kubelet settings Karpenter bin-packs with; the node must match them.
     #[serde(default)]
     pub kubelet: Option<KubeletSpec>,
+    /// How the instances' metadata service (IMDS) is exposed; autonode
+    /// keeps the parts its security model rests on.
+    #[serde(default)]
+    pub metadata_options: Option<MetadataOptions>,
+}
+
+/// `EC2NodeClass.spec.metadataOptions`. Every key is optional here: the
+/// API server fills in Karpenter's defaults, but a reader must not assume
+/// it did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MetadataOptions {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_endpoint: Option<String>,
+    #[serde(
+        rename = "httpProtocolIPv6",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub http_protocol_ipv6: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_put_response_hop_limit: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_tokens: Option<String>,
 }
 
 /// `EC2NodeClass.spec.kubelet`, field for field.
@@ -281,7 +293,7 @@ mod tests {
     #[test]
     fn reads_karpenter_status_and_ignores_the_rest() {
         let claim: NodeClaim = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "default-abc", "annotations": {BINDING_ANNOTATION: "ab"}},
+            "metadata": {"name": "default-abc"},
             "spec": {"nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"},
                      "requirements": [], "taints": [{"key": "a", "effect": "NoSchedule"}]},
             "status": {"providerID": "aws:///us-west-2a/i-1", "imageID": "ami-1",
@@ -291,7 +303,6 @@ mod tests {
         assert_eq!(claim.provider_id(), Some("aws:///us-west-2a/i-1"));
         assert!(claim.is_registered());
         assert!(!claim.is_deleting());
-        assert_eq!(claim.bound_key(), Some("ab"));
         assert_eq!(claim.spec.taints.len(), 1);
     }
 }

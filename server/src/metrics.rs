@@ -63,6 +63,9 @@ pub struct Metrics {
     pub nodeclass_writes: Counter,
     pub milestone_seconds: Family<MilestoneLabels, Histogram>,
     pub leader: Gauge,
+    pub csr_left_pending: Family<LeftPendingLabels, Counter>,
+    pub agent_reports_refused: Family<ReportRefusalLabels, Counter>,
+    pub agent_reports_unverified_fatal: Counter,
 }
 
 /// A stopwatch over a join's steps: each [`Steps::done`] records the time
@@ -169,6 +172,24 @@ impl Metrics {
             "1 while this replica runs the controllers",
             leader.clone(),
         );
+        let csr_left_pending = Family::<LeftPendingLabels, Counter>::default();
+        registry.register(
+            "csr_left_pending",
+            "Kubelet CSRs the approver left pending, by kind and reason",
+            csr_left_pending.clone(),
+        );
+        let agent_reports_refused = Family::<ReportRefusalLabels, Counter>::default();
+        registry.register(
+            "agent_reports_refused",
+            "Agent reports refused, by reason (replayed, outside_window, wrong_key, ...)",
+            agent_reports_refused.clone(),
+        );
+        let agent_reports_unverified_fatal = Counter::default();
+        registry.register(
+            "agent_reports_unverified_fatal",
+            "Fatal agent reports from instances not bound to a key yet: shown, not acted on",
+            agent_reports_unverified_fatal.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             joins,
@@ -184,6 +205,9 @@ impl Metrics {
             nodeclass_writes,
             milestone_seconds,
             leader,
+            csr_left_pending,
+            agent_reports_refused,
+            agent_reports_unverified_fatal,
         }
     }
 
@@ -216,4 +240,19 @@ impl Default for Metrics {
     fn default() -> Self {
         Self::new()
     }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LeftPendingLabels {
+    /// `client_renewal` or `serving`.
+    pub kind: &'static str,
+    /// Why the approver did not approve (a fixed label, see
+    /// `approver::Decline::reason`).
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReportRefusalLabels {
+    /// Why a report was refused (see `report::Refusal::reason`).
+    pub reason: &'static str,
 }

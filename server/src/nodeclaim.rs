@@ -4,10 +4,12 @@
 //! a LIST per join: a scale-out of a thousand machines must not become a
 //! thousand LISTs of every NodeClaim.
 
+use crate::binding::Record;
 use crate::cache::Cache;
 use crate::karpenter::NodeClaim;
+use crate::marks;
 use crate::refusal::{JoinError, Refusal};
-use kube::api::{DeleteParams, Preconditions};
+use kube::api::{DeleteParams, Patch, Preconditions};
 use kube::{Api, Client};
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,7 +30,7 @@ impl NodeClaims {
     pub fn start(client: Client) -> Self {
         let api: Api<NodeClaim> = Api::all(client);
         Self {
-            cache: Cache::start(api.clone(), "NodeClaim"),
+            cache: Cache::start_filtered(api.clone(), "NodeClaim", keep_own_marks),
             api,
         }
     }
@@ -75,9 +77,37 @@ impl NodeClaims {
             .state_filter(|c| c.provider_id() == Some(provider_id))
     }
 
-    /// The NodeClaim as the API server has it now (for conflict handling).
-    pub async fn get_fresh(&self, name: &str) -> Result<Option<NodeClaim>, JoinError> {
-        Ok(self.api.get_opt(name).await?)
+    /// The NodeClaim as the API server has it now (for conflict handling),
+    /// with only autonode's own marks.
+    pub async fn get_fresh(&self, name: &str) -> Result<Option<NodeClaim>, kube::Error> {
+        let mut claim = self.api.get_opt(name).await?;
+        if let Some(claim) = claim.as_mut() {
+            keep_own_marks(claim);
+            claim.metadata.managed_fields = None;
+        }
+        Ok(claim)
+    }
+
+    /// Writes `record` as `name`'s binding, only if the NodeClaim is still
+    /// at `resource_version` (the API server answers 409 otherwise).
+    pub async fn write_binding(
+        &self,
+        name: &str,
+        resource_version: Option<&str>,
+        record: &Record,
+    ) -> Result<(), kube::Error> {
+        let value = serde_json::to_string(record).map_err(kube::Error::SerdeError)?;
+        // A merge patch with metadata.resourceVersion is a precondition.
+        let patch = serde_json::json!({
+            "metadata": {
+                "resourceVersion": resource_version,
+                "annotations": { marks::BINDING: value },
+            }
+        });
+        self.api
+            .patch(name, &marks::patch_params(), &Patch::Merge(&patch))
+            .await
+            .map(|_| ())
     }
 
     /// Deletes a NodeClaim whose machine failed to bootstrap, so Karpenter
@@ -102,6 +132,16 @@ impl NodeClaims {
     /// The NodeClaim API.
     pub fn api(&self) -> &Api<NodeClaim> {
         &self.api
+    }
+}
+
+/// Drops the `autonode.dev/*` marks on `claim` that autonode did not write
+/// (see [`marks`]): from here on, nothing reads a foreign one.
+fn keep_own_marks(claim: &mut NodeClaim) {
+    let removed = marks::keep_own(&mut claim.metadata);
+    if !removed.is_empty() {
+        let name = claim.metadata.name.as_deref().unwrap_or_default();
+        tracing::warn!(nodeclaim = name, annotations = ?removed, "ignoring autonode annotations that autonode did not write (copied from a NodePool template, or set by hand)");
     }
 }
 

@@ -1,17 +1,30 @@
 //! EC2NodeClass upkeep: keeps the fields that make Karpenter's instances
 //! join through autonode equal to what this server renders.
 //!
-//! For every EC2NodeClass (or those matching a label selector) three fields
+//! For every EC2NodeClass (or those matching a label selector) these fields
 //! are autonode's: `spec.userData` (the agent's config, see
 //! [`crate::userdata`]), `spec.amiFamily` (`Custom`, so Karpenter passes
-//! userData verbatim) and, when AMI ids are configured,
-//! `spec.amiSelectorTerms` (`[{id: …}]`, one per architecture). When one of
+//! userData verbatim), when AMI ids are configured `spec.amiSelectorTerms`
+//! (`[{id: …}]`, one per architecture), and, unless turned off, three keys
+//! of `spec.metadataOptions` (see [`MetadataOptionsPolicy`]). When one of
 //! them differs, by a user's edit or because the class is new, the
-//! controller restores all three with server-side apply as field manager
+//! controller restores them all with server-side apply as field manager
 //! [`FIELD_MANAGER`], forced, so it owns exactly those fields and nothing
 //! else, and records a Normal Event on the class.
 //!
-//! It writes only when a value differs. Karpenter hashes userData and the
+//! The metadata options are what keeps a pod on a node from reading the
+//! instance identity document, the bearer credential a machine joins
+//! with: IMDSv2 only (`httpTokens: required`, so every read needs a token)
+//! and `httpPutResponseHopLimit: 1` (the token's answer does not survive
+//! the extra hop into a pod's network namespace). `httpEndpoint: enabled`
+//! is kept because the agent itself reads IMDS. Only those three keys are
+//! applied: server-side apply then owns just them, so the user's other keys
+//! (`httpProtocolIPv6`) stay theirs and untouched. Karpenter's drift
+//! covers metadataOptions too, so a class that had weaker options gets its
+//! nodes replaced once: the point, since those nodes exposed the document.
+//!
+//! It writes only when a value differs (or, with enforcing turned off, once
+//! to let go of the metadata options it owned, see [`handover`]). Karpenter hashes userData and the
 //! AMI selection: a needless write is harmless to Karpenter only because it
 //! is byte-identical, and it still costs an API write and a watch event for
 //! every replica and every Karpenter, every resync. So the controller
@@ -21,13 +34,14 @@ use crate::events::Events;
 use crate::karpenter::{Ec2NodeClass, Ec2NodeClassSpec};
 use crate::metrics::Metrics;
 use futures::StreamExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use serde_json::{json, Value};
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use thiserror::Error;
 
@@ -37,6 +51,31 @@ pub const FIELD_MANAGER: &str = "autonode-server";
 pub const AMI_FAMILY: &str = "Custom";
 /// The Event reason when fields were restored.
 pub const RESTORED: &str = "NodeClassRestored";
+/// The Warning Event reason when, not enforcing, a class lets pods read IMDS.
+pub const EXPOSED: &str = "InstanceMetadataExposed";
+/// The field manager that takes over the metadata options autonode owned
+/// when enforcing them is turned off, so they keep their values (see
+/// [`handover`]).
+pub const HANDOVER_MANAGER: &str = "autonode-server-handover";
+
+/// `metadataOptions.httpTokens` kept: IMDSv2 only, every read needs a token.
+pub const HTTP_TOKENS: &str = "required";
+/// `metadataOptions.httpPutResponseHopLimit` kept: a token's answer reaches
+/// the host's processes, not a pod one hop further.
+pub const HOP_LIMIT: i64 = 1;
+/// `metadataOptions.httpEndpoint` kept: the agent reads IMDS.
+pub const HTTP_ENDPOINT: &str = "enabled";
+
+/// Whether the upkeep keeps the instance metadata options.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetadataOptionsPolicy {
+    /// Keep `httpTokens: required`, `httpPutResponseHopLimit: 1` and
+    /// `httpEndpoint: enabled`.
+    Enforce,
+    /// Leave `metadataOptions` to the class's other managers, releasing
+    /// what autonode owned; warn when a class exposes IMDS to pods.
+    LeaveAlone,
+}
 
 /// The values of the kept fields.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,6 +84,8 @@ pub struct Desired {
     pub user_data: String,
     /// `amiSelectorTerms`, or `None` to leave them to the user.
     pub ami_terms: Option<Vec<Value>>,
+    /// Whether `metadataOptions` are kept.
+    pub metadata_options: MetadataOptionsPolicy,
 }
 
 /// What the controller keeps, and how.
@@ -117,7 +158,94 @@ pub fn drift(spec: &Ec2NodeClassSpec, desired: &Desired) -> Vec<&'static str> {
             fields.push("spec.amiSelectorTerms");
         }
     }
+    if desired.metadata_options == MetadataOptionsPolicy::Enforce {
+        // Absent counts as drift: the API server fills in Karpenter's
+        // defaults (the kept values), so only a schema without them leaves
+        // a key out, and then it is written.
+        let options = spec.metadata_options.clone().unwrap_or_default();
+        if options.http_tokens.as_deref() != Some(HTTP_TOKENS) {
+            fields.push("spec.metadataOptions.httpTokens");
+        }
+        if options.http_put_response_hop_limit != Some(HOP_LIMIT) {
+            fields.push("spec.metadataOptions.httpPutResponseHopLimit");
+        }
+        if options.http_endpoint.as_deref() != Some(HTTP_ENDPOINT) {
+            fields.push("spec.metadataOptions.httpEndpoint");
+        }
+    }
     fields
+}
+
+/// What of `spec.metadataOptions` lets a pod on the class's nodes read IMDS
+/// (empty: nothing). Absent keys are Karpenter's defaults, which are safe.
+pub fn exposures(spec: &Ec2NodeClassSpec) -> Vec<String> {
+    let options = spec.metadata_options.clone().unwrap_or_default();
+    let mut found = Vec::new();
+    if options.http_tokens.as_deref() == Some("optional") {
+        found.push("httpTokens is optional (IMDSv1 answers any request, no token needed)".into());
+    }
+    if let Some(hops) = options
+        .http_put_response_hop_limit
+        .filter(|hops| *hops > HOP_LIMIT)
+    {
+        found.push(format!(
+            "httpPutResponseHopLimit is {hops} (a pod, one hop further, gets IMDSv2 tokens)"
+        ));
+    }
+    found
+}
+
+/// The keys of `spec.metadataOptions` that [`FIELD_MANAGER`]'s applies own,
+/// per the class's managedFields (sorted; empty: none).
+pub fn owned_metadata_options(meta: &ObjectMeta) -> Vec<String> {
+    let mut keys: Vec<String> = meta
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|entry| {
+            entry.manager.as_deref() == Some(FIELD_MANAGER)
+                && entry.operation.as_deref() == Some("Apply")
+        })
+        .filter_map(|entry| {
+            let fields = &entry.fields_v1.as_ref()?.0;
+            fields.get("f:spec")?.get("f:metadataOptions")?.as_object()
+        })
+        .flat_map(|options| options.keys())
+        .filter_map(|key| key.strip_prefix("f:"))
+        .map(str::to_string)
+        .collect();
+    keys.sort_unstable();
+    keys.dedup();
+    keys
+}
+
+/// The apply configuration by which [`HANDOVER_MANAGER`] takes over `keys`
+/// of `spec.metadataOptions` at their current values, or `None` when none of
+/// them has a value.
+///
+/// Server-side apply removes a field when the manager that applied it
+/// leaves it out of its next apply and no other manager owns it. Once
+/// enforcing is off, autonode's applies leave `metadataOptions` out, so
+/// without a handover the keys only autonode owned would vanish, and what
+/// they become would be whatever the CRD's defaults are then: the class
+/// would change behind its owner's back on a mere flag change. So they are
+/// handed over first, unchanged (not forced: if the class changed since it
+/// was read, the apply conflicts and the reconcile is retried with the new
+/// values), and keep the values they have until someone edits them.
+pub fn handover(name: &str, spec: &Ec2NodeClassSpec, keys: &[String]) -> Option<Value> {
+    let current = serde_json::to_value(spec.metadata_options.clone()?).ok()?;
+    let kept: serde_json::Map<String, Value> = keys
+        .iter()
+        .filter_map(|key| Some((key.clone(), current.get(key)?.clone())))
+        .collect();
+    (!kept.is_empty()).then(|| {
+        json!({
+            "apiVersion": "karpenter.k8s.aws/v1",
+            "kind": "EC2NodeClass",
+            "metadata": { "name": name },
+            "spec": { "metadataOptions": kept },
+        })
+    })
 }
 
 /// The apply configuration: always every kept field, because server-side
@@ -126,6 +254,15 @@ pub fn applied(name: &str, desired: &Desired) -> Value {
     let mut spec = json!({ "userData": desired.user_data, "amiFamily": AMI_FAMILY });
     if let Some(terms) = &desired.ami_terms {
         spec["amiSelectorTerms"] = Value::Array(terms.clone());
+    }
+    if desired.metadata_options == MetadataOptionsPolicy::Enforce {
+        // Only the kept keys: the user's others (httpProtocolIPv6) stay
+        // theirs, since metadataOptions is a granular map, not atomic.
+        spec["metadataOptions"] = json!({
+            "httpEndpoint": HTTP_ENDPOINT,
+            "httpPutResponseHopLimit": HOP_LIMIT,
+            "httpTokens": HTTP_TOKENS,
+        });
     }
     json!({
         "apiVersion": "karpenter.k8s.aws/v1",
@@ -139,6 +276,63 @@ pub fn applied(name: &str, desired: &Desired) -> Value {
 struct Context {
     api: Api<Ec2NodeClass>,
     settings: Settings,
+    /// Per class name, the exposure last warned about (with the class's
+    /// uid), so a class is warned about once per change, not every resync.
+    warned: Mutex<HashMap<String, String>>,
+}
+
+impl Context {
+    /// One server-side apply to class `name`, counted as a write.
+    async fn apply(
+        &self,
+        name: &str,
+        params: &PatchParams,
+        body: Value,
+    ) -> Result<Ec2NodeClass, Error> {
+        let written = self
+            .api
+            .patch(name, params, &Patch::Apply(body))
+            .await
+            .map_err(|source| Error::Apply {
+                name: name.to_string(),
+                source,
+            })?;
+        self.settings.metrics.nodeclass_writes.inc();
+        Ok(written)
+    }
+
+    /// Logs and records a Warning Event when `class` exposes IMDS to pods
+    /// and that exposure was not already reported.
+    fn warn_exposures(&self, class: &Ec2NodeClass, name: &str) {
+        let found = exposures(&class.spec);
+        let mut warned = self.warned.lock().unwrap_or_else(PoisonError::into_inner);
+        if found.is_empty() {
+            warned.remove(name);
+            return;
+        }
+        let found = found.join("; ");
+        let key = format!("{}/{found}", class.metadata.uid.as_deref().unwrap_or(""));
+        if warned.get(name) == Some(&key) {
+            return;
+        }
+        warned.insert(name.to_string(), key);
+        drop(warned);
+        tracing::warn!(
+            nodeclass = %name,
+            exposures = %found,
+            "EC2NodeClass lets pods read instance metadata (--enforce-metadata-options=false)"
+        );
+        self.settings.events.warning(
+            class,
+            EXPOSED,
+            format!(
+                "spec.metadataOptions: {found}. Any pod on these nodes can read the instance \
+                 identity document, the credential a machine joins with, and the node's IAM \
+                 role credentials. autonode-server does not keep metadataOptions \
+                 (--enforce-metadata-options=false)"
+            ),
+        );
+    }
 }
 
 /// Runs the controller until its stream ends. The caller decides where it
@@ -152,6 +346,7 @@ pub async fn run(client: Client, settings: Settings) {
     let ctx = Arc::new(Context {
         api: api.clone(),
         settings,
+        warned: Mutex::new(HashMap::new()),
     });
     Controller::new(api, config)
         .run(reconcile, error_policy, ctx)
@@ -169,31 +364,38 @@ async fn reconcile(class: Arc<Ec2NodeClass>, ctx: Arc<Context>) -> Result<Action
     settings.metrics.nodeclass_checks.inc();
     let name = class.name_any();
     let fields = drift(&class.spec, &settings.desired);
-    if fields.is_empty() {
+    let released = match settings.desired.metadata_options {
+        MetadataOptionsPolicy::Enforce => Vec::new(),
+        MetadataOptionsPolicy::LeaveAlone => {
+            ctx.warn_exposures(&class, &name);
+            owned_metadata_options(&class.metadata)
+        }
+    };
+    if fields.is_empty() && released.is_empty() {
         tracing::debug!(nodeclass = %name, "EC2NodeClass as rendered");
         return Ok(Action::requeue(settings.resync));
     }
+    if let Some(body) = handover(&name, &class.spec, &released) {
+        ctx.apply(&name, &PatchParams::apply(HANDOVER_MANAGER), body)
+            .await?;
+    }
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let restored = ctx
-        .api
-        .patch(
-            &name,
-            &params,
-            &Patch::Apply(applied(&name, &settings.desired)),
-        )
-        .await
-        .map_err(|source| Error::Apply {
-            name: name.clone(),
-            source,
-        })?;
-    settings.metrics.nodeclass_writes.inc();
-    let fields = fields.join(", ");
-    tracing::info!(nodeclass = %name, %fields, "EC2NodeClass restored");
-    settings.events.normal(
-        &restored,
-        RESTORED,
-        format!("autonode-server restored {fields} to the rendered values"),
-    );
+        .apply(&name, &params, applied(&name, &settings.desired))
+        .await?;
+    if !released.is_empty() {
+        let keys = released.join(", ");
+        tracing::info!(nodeclass = %name, %keys, "EC2NodeClass metadataOptions released at their values");
+    }
+    if !fields.is_empty() {
+        let fields = fields.join(", ");
+        tracing::info!(nodeclass = %name, %fields, "EC2NodeClass restored");
+        settings.events.normal(
+            &restored,
+            RESTORED,
+            format!("autonode-server restored {fields} to the rendered values"),
+        );
+    }
     Ok(Action::requeue(settings.resync))
 }
 
@@ -205,22 +407,43 @@ fn error_policy(_class: Arc<Ec2NodeClass>, error: &Error, _ctx: Arc<Context>) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
 
     fn desired(ami_terms: Option<Vec<Value>>) -> Desired {
         Desired {
             user_data: "server-url = \"https://a\"\n".into(),
             ami_terms,
+            metadata_options: MetadataOptionsPolicy::Enforce,
         }
+    }
+
+    fn leave_alone() -> Desired {
+        Desired {
+            metadata_options: MetadataOptionsPolicy::LeaveAlone,
+            ..desired(None)
+        }
+    }
+
+    /// A class as the API server returns it: Karpenter's defaulted
+    /// metadataOptions, which are the kept values.
+    fn kept_spec(terms: &[Value]) -> Ec2NodeClassSpec {
+        serde_json::from_value(json!({
+            "amiFamily": "Custom", "userData": desired(None).user_data,
+            "amiSelectorTerms": terms, "role": "KarpenterNodeRole",
+            "metadataOptions": {"httpEndpoint": "enabled", "httpProtocolIPv6": "disabled",
+                                "httpPutResponseHopLimit": 1, "httpTokens": "required"},
+        }))
+        .unwrap()
+    }
+
+    fn options(spec: &mut Ec2NodeClassSpec) -> &mut crate::karpenter::MetadataOptions {
+        spec.metadata_options.as_mut().unwrap()
     }
 
     #[test]
     fn only_differing_fields_are_drift() {
         let terms = vec![json!({"id": "ami-0123"})];
-        let kept: Ec2NodeClassSpec = serde_json::from_value(json!({
-            "amiFamily": "Custom", "userData": desired(None).user_data,
-            "amiSelectorTerms": terms, "role": "KarpenterNodeRole",
-        }))
-        .unwrap();
+        let kept = kept_spec(&terms);
         assert!(drift(&kept, &desired(Some(terms.clone()))).is_empty());
         assert!(drift(&kept, &desired(None)).is_empty(), "terms left alone");
         let mut edited = kept.clone();
@@ -237,16 +460,150 @@ mod tests {
         );
     }
 
+    /// A change to a class's spec.
+    type Edit = fn(&mut Ec2NodeClassSpec);
+
+    #[test]
+    fn each_weakened_metadata_option_is_drift() {
+        let kept = kept_spec(&[]);
+        let cases: [(&str, Edit); 4] = [
+            ("spec.metadataOptions.httpTokens", |s| {
+                options(s).http_tokens = Some("optional".into())
+            }),
+            ("spec.metadataOptions.httpPutResponseHopLimit", |s| {
+                options(s).http_put_response_hop_limit = Some(2)
+            }),
+            ("spec.metadataOptions.httpEndpoint", |s| {
+                options(s).http_endpoint = Some("disabled".into())
+            }),
+            ("spec.metadataOptions.httpTokens", |s| {
+                options(s).http_tokens = None
+            }),
+        ];
+        for (field, edit) in cases {
+            let mut edited = kept.clone();
+            edit(&mut edited);
+            assert_eq!(drift(&edited, &desired(None)), [field]);
+            assert!(drift(&edited, &leave_alone()).is_empty(), "{field}");
+        }
+        // Only the kept keys count: IPv6 is the user's.
+        let mut ipv6 = kept.clone();
+        options(&mut ipv6).http_protocol_ipv6 = Some("enabled".into());
+        assert!(drift(&ipv6, &desired(None)).is_empty());
+        // No metadataOptions at all (a schema without defaults): all three.
+        let mut bare = kept;
+        bare.metadata_options = None;
+        assert_eq!(
+            drift(&bare, &desired(None)),
+            [
+                "spec.metadataOptions.httpTokens",
+                "spec.metadataOptions.httpPutResponseHopLimit",
+                "spec.metadataOptions.httpEndpoint"
+            ]
+        );
+    }
+
     #[test]
     fn the_apply_names_every_kept_field_and_nothing_else() {
         let with_terms = applied("default", &desired(Some(vec![json!({"id": "ami-1"})])));
         let spec = with_terms["spec"].as_object().unwrap();
         let mut keys: Vec<&str> = spec.keys().map(String::as_str).collect();
         keys.sort_unstable();
-        assert_eq!(keys, ["amiFamily", "amiSelectorTerms", "userData"]);
+        assert_eq!(
+            keys,
+            [
+                "amiFamily",
+                "amiSelectorTerms",
+                "metadataOptions",
+                "userData"
+            ]
+        );
+        // The three kept keys only, so httpProtocolIPv6 stays the user's.
+        assert_eq!(
+            spec["metadataOptions"],
+            json!({"httpEndpoint": "enabled", "httpPutResponseHopLimit": 1, "httpTokens": "required"})
+        );
         assert_eq!(with_terms["metadata"], json!({"name": "default"}));
         let without = applied("default", &desired(None));
         assert!(without["spec"].get("amiSelectorTerms").is_none());
+        let alone = applied("default", &leave_alone());
+        assert!(alone["spec"].get("metadataOptions").is_none());
+    }
+
+    #[test]
+    fn weakened_options_are_exposures_and_defaults_are_not() {
+        let mut spec = kept_spec(&[]);
+        assert!(exposures(&spec).is_empty());
+        options(&mut spec).http_endpoint = Some("disabled".into());
+        options(&mut spec).http_protocol_ipv6 = Some("enabled".into());
+        assert!(exposures(&spec).is_empty(), "not a way in for pods");
+        options(&mut spec).http_tokens = Some("optional".into());
+        assert_eq!(exposures(&spec).len(), 1);
+        options(&mut spec).http_put_response_hop_limit = Some(2);
+        let found = exposures(&spec);
+        assert_eq!(found.len(), 2);
+        assert!(
+            found[1].contains("httpPutResponseHopLimit is 2"),
+            "{found:?}"
+        );
+        spec.metadata_options = None;
+        assert!(exposures(&spec).is_empty(), "Karpenter's defaults");
+    }
+
+    fn entry(manager: &str, operation: &str, fields: Value) -> ManagedFieldsEntry {
+        ManagedFieldsEntry {
+            manager: Some(manager.into()),
+            operation: Some(operation.into()),
+            fields_type: Some("FieldsV1".into()),
+            fields_v1: Some(FieldsV1(fields)),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_autonodes_applied_metadata_options_are_its_own() {
+        let ours = json!({"f:spec": {"f:userData": {}, "f:metadataOptions": {
+            ".": {}, "f:httpTokens": {}, "f:httpPutResponseHopLimit": {}, "f:httpEndpoint": {}}}});
+        let users = json!({"f:spec": {"f:metadataOptions": {"f:httpProtocolIPv6": {}}}});
+        let meta = ObjectMeta {
+            managed_fields: Some(vec![
+                entry("kubectl-edit", "Update", users.clone()),
+                entry(FIELD_MANAGER, "Update", users),
+                entry(FIELD_MANAGER, "Apply", ours),
+            ]),
+            ..Default::default()
+        };
+        assert_eq!(
+            owned_metadata_options(&meta),
+            ["httpEndpoint", "httpPutResponseHopLimit", "httpTokens"]
+        );
+        let released = ObjectMeta {
+            managed_fields: Some(vec![entry(
+                FIELD_MANAGER,
+                "Apply",
+                json!({"f:spec": {"f:userData": {}}}),
+            )]),
+            ..Default::default()
+        };
+        assert!(owned_metadata_options(&released).is_empty());
+        assert!(owned_metadata_options(&ObjectMeta::default()).is_empty());
+    }
+
+    #[test]
+    fn the_handover_keeps_the_owned_keys_at_their_current_values() {
+        let mut spec = kept_spec(&[]);
+        options(&mut spec).http_put_response_hop_limit = Some(3);
+        let keys = ["httpPutResponseHopLimit".to_string(), "httpTokens".into()];
+        let body = handover("default", &spec, &keys).unwrap();
+        assert_eq!(
+            body["spec"],
+            json!({"metadataOptions": {"httpPutResponseHopLimit": 3, "httpTokens": "required"}})
+        );
+        assert_eq!(body["metadata"], json!({"name": "default"}));
+        assert_eq!(body["kind"], "EC2NodeClass");
+        spec.metadata_options = None;
+        assert!(handover("default", &spec, &keys).is_none());
+        assert!(handover("default", &kept_spec(&[]), &[]).is_none());
     }
 
     #[test]

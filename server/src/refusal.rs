@@ -7,6 +7,7 @@
 use crate::ec2::LookupError;
 use autonode_shared::csr::CsrError;
 use autonode_shared::identity::{IdentityError, PolicyError};
+use autonode_shared::issued::IssuedError;
 use thiserror::Error;
 
 /// A definite "no": retrying the same request cannot succeed.
@@ -59,6 +60,16 @@ pub enum Refusal {
     ServingCsr(CsrError),
     #[error("kube-controller-manager refused to sign {csr}: {message}")]
     SigningFailed { csr: String, message: String },
+    #[error("NodeClaim {nodeclaim}: {detail}")]
+    BindingUnreadable { nodeclaim: String, detail: String },
+    #[error("CSR object {csr} is not the one this join created and judged: {detail}")]
+    CsrSubstituted { csr: String, detail: String },
+    #[error("CSR {csr}: {source}")]
+    CertificateMismatch {
+        csr: String,
+        #[source]
+        source: IssuedError,
+    },
 }
 
 impl Refusal {
@@ -102,6 +113,9 @@ impl Refusal {
             Self::ClientCsr(_) => "client_csr",
             Self::ServingCsr(_) => "serving_csr",
             Self::SigningFailed { .. } => "signing_failed",
+            Self::BindingUnreadable { .. } => "binding_unreadable",
+            Self::CsrSubstituted { .. } => "csr_substituted",
+            Self::CertificateMismatch { .. } => "certificate_mismatch",
         }
     }
 }

@@ -3,19 +3,49 @@
 //!
 //! Deleting the NodeClaim of a machine whose agent gave up makes Karpenter
 //! replace it now instead of after its 15-minute registration timeout. Only
-//! a report the server can trust may do that: the identity document must
-//! verify, and once the instance is bound to a client key the report must
-//! be signed with that key.
+//! a report the server can trust may do that. The identity document alone
+//! is not enough: any process on the instance can read it, forever. So:
+//!
+//! - Before the instance is bound to a client key (its first join), a
+//!   report cannot be checked against anything: it is shown as an Event
+//!   and logged, and a fatal one changes nothing (see [`Trust::Unverified`]).
+//! - Once bound, a report must be signed with the bound key, carry a
+//!   timestamp within [`REPORT_WINDOW`] of the server's clock, and not be
+//!   one this replica has already accepted ([`Replays`]). Only such a
+//!   report may delete the NodeClaim (or, with deletion off, mark it
+//!   failed).
 
+use crate::binding::{self, Unreadable};
 use crate::events::Events;
 use crate::karpenter::{aws_provider_id, NodeClaim};
-use crate::metrics::{Metrics, PhaseLabels};
+use crate::marks;
+use crate::metrics::{Metrics, PhaseLabels, ReportRefusalLabels};
 use crate::nodeclaim::NodeClaims;
-use autonode_shared::identity::{self, Policy, TrustStore};
-use autonode_shared::proof;
+use autonode_shared::identity::{self, IdentityError, Policy, TrustStore};
+use autonode_shared::proof::{self, ProofError};
 use autonode_shared::protocol::{Outcome, ReportRequest};
-use std::sync::Arc;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
 use thiserror::Error;
+use time::OffsetDateTime;
+
+/// How far a signed report's `timestamp` may be from the server's clock,
+/// either way, in seconds.
+///
+/// The window is what lets the server forget: a report older than this is
+/// refused on its timestamp, so [`Replays`] need only remember the reports
+/// it accepted within the last two windows. Five minutes (Kerberos's
+/// default skew too) is wide enough for an agent whose clock has not synced
+/// yet on a freshly booted machine plus a report's own retries (10 s), and
+/// narrow enough that a captured report is useless soon after and the set
+/// stays small.
+pub const REPORT_WINDOW: i64 = 300;
+
+/// Most signed reports [`Replays`] remembers at once. An agent sends a
+/// handful per boot; 100k within ten minutes is ~170 reports a second, far
+/// beyond any real fleet, and costs ~10 MB. Past it, new signed reports are
+/// answered "unavailable" (retried) rather than accepted unremembered.
+pub const REPLAY_CAPACITY: usize = 100_000;
 
 /// What report handling needs.
 pub struct ReportContext {
@@ -26,14 +56,79 @@ pub struct ReportContext {
     pub metrics: Metrics,
     /// Delete the NodeClaim when an agent reports a fatal failure.
     pub delete_on_fatal: bool,
+    /// Injected so tests can set the time.
+    pub clock: fn() -> OffsetDateTime,
+    /// Signed reports this replica accepted within the window.
+    pub replays: Replays,
 }
 
 #[derive(Debug, Error)]
 pub enum ReportError {
     #[error("report refused: {0}")]
-    Refused(String),
+    Refused(#[from] Refusal),
     #[error("temporarily unavailable: {0}")]
     Unavailable(String),
+}
+
+/// Why a report is refused (final: the agent does not retry a 4xx).
+#[derive(Debug, Error)]
+pub enum Refusal {
+    #[error("identity document: {0}")]
+    Identity(#[from] IdentityError),
+    #[error("account {account} / region {region} not allowed")]
+    NotAllowed { account: String, region: String },
+    #[error("{count} NodeClaims have providerID {provider_id}")]
+    NodeClaims { count: usize, provider_id: String },
+    #[error(transparent)]
+    UnreadableBinding(#[from] Unreadable),
+    #[error("instance is bound to a key but the report carries no proof")]
+    NoProof,
+    #[error("proof: {0}")]
+    BadProof(#[from] ProofError),
+    #[error("report signed by key {offered}, instance bound to {bound}")]
+    WrongKey { offered: String, bound: String },
+    #[error(
+        "timestamp {timestamp} is {skew} s from the server's clock (allowed: {} s)",
+        REPORT_WINDOW
+    )]
+    OutsideWindow { timestamp: i64, skew: u64 },
+    #[error("this signed report was already accepted (a replay)")]
+    Replayed,
+}
+
+impl Refusal {
+    /// The metric label.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Refusal::Identity(_) => "identity",
+            Refusal::NotAllowed { .. } => "not_allowed",
+            Refusal::NodeClaims { .. } => "nodeclaims",
+            Refusal::UnreadableBinding(_) => "unreadable_binding",
+            Refusal::NoProof => "no_proof",
+            Refusal::BadProof(_) => "bad_proof",
+            Refusal::WrongKey { .. } => "wrong_key",
+            Refusal::OutsideWindow { .. } => "outside_window",
+            Refusal::Replayed => "replayed",
+        }
+    }
+}
+
+/// How much the server may believe a report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Trust {
+    /// The instance is not bound yet: the report may come from anyone who
+    /// read its identity document (a signature, if any, is by a key nothing
+    /// vouches for). Good for an Event, never for replacing the machine.
+    Unverified,
+    /// Signed with the bound key, in the window, not seen before; by the
+    /// digest [`Replays`] now remembers it by (see [`Admitted`]).
+    Signed([u8; 32]),
+}
+
+/// The NodeClaim a report speaks for, and how far it is believed.
+struct Sender {
+    claim: Arc<NodeClaim>,
+    trust: Trust,
 }
 
 /// Handles one report.
@@ -42,50 +137,98 @@ pub async fn handle(
     request_id: &str,
     report: ReportRequest,
 ) -> Result<(), ReportError> {
-    let claim = authenticate(ctx, &report).await.inspect_err(|e| {
+    let sender = authenticate(ctx, &report).await.inspect_err(|e| {
+        if let ReportError::Refused(refusal) = e {
+            let reason = refusal.reason();
+            ctx.metrics
+                .agent_reports_refused
+                .get_or_create(&ReportRefusalLabels { reason })
+                .inc();
+        }
         tracing::warn!(request_id, error = %e, "agent report refused");
     })?;
+    let mut admitted = Admitted {
+        replays: &ctx.replays,
+        digest: match sender.trust {
+            Trust::Signed(digest) => Some(digest),
+            Trust::Unverified => None,
+        },
+    };
+    let handled = act(ctx, request_id, &sender, &report).await;
+    if handled.is_ok() {
+        admitted.digest = None;
+    }
+    handled
+}
+
+/// Forgets an admitted report unless its handling completes: a failure, or
+/// a request dropped halfway (the agent's try timed out and the connection
+/// closed), must not make the agent's retry of the same bytes a "replay".
+struct Admitted<'a> {
+    replays: &'a Replays,
+    digest: Option<[u8; 32]>,
+}
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        if let Some(digest) = self.digest.take() {
+            self.replays.forget(&digest);
+        }
+    }
+}
+
+/// Records the report and does what it asks of the NodeClaim.
+async fn act(
+    ctx: &ReportContext,
+    request_id: &str,
+    sender: &Sender,
+    report: &ReportRequest,
+) -> Result<(), ReportError> {
+    let claim = sender.claim.as_ref();
     let name = claim.metadata.name.clone().unwrap_or_default();
     let (phase, outcome) = (report.phase.as_str(), report.outcome.as_str());
     ctx.metrics
         .agent_reports
         .get_or_create(&PhaseLabels { phase, outcome })
         .inc();
-    tracing::info!(request_id, nodeclaim = %name, phase, outcome, message = %report.message, "agent report");
+    let signed = sender.trust != Trust::Unverified;
+    tracing::info!(request_id, nodeclaim = %name, phase, outcome, signed, message = %report.message, "agent report");
     let note = format!("agent phase {phase} {outcome}: {}", report.message);
-    match report.outcome {
-        Outcome::Succeeded => ctx.events.normal(claim.as_ref(), "AgentProgress", note),
-        Outcome::Retrying => ctx.events.warning(claim.as_ref(), "AgentRetrying", note),
-        Outcome::Fatal => {
-            ctx.events
-                .warning(claim.as_ref(), "BootstrapFailed", note.clone());
+    match (report.outcome, sender.trust) {
+        (Outcome::Succeeded, _) => ctx.events.normal(claim, "AgentProgress", note),
+        (Outcome::Retrying, _) => ctx.events.warning(claim, "AgentRetrying", note),
+        (Outcome::Fatal, Trust::Unverified) => {
+            tracing::warn!(request_id, nodeclaim = %name, "fatal agent report before the instance is bound to a key: unverified, so the NodeClaim is left alone");
+            ctx.metrics.agent_reports_unverified_fatal.inc();
+            let note = format!("unverified report (the instance is not bound to a key yet, so no signature can be checked), NodeClaim left alone: {note}");
+            ctx.events.warning(claim, "BootstrapFailed", note);
+        }
+        (Outcome::Fatal, Trust::Signed(_)) => {
+            ctx.events.warning(claim, "BootstrapFailed", note.clone());
             if claim.is_registered() {
                 // Its Node exists: whatever failed, the machine is a node.
             } else if ctx.delete_on_fatal {
-                delete(ctx, &claim, request_id).await?;
+                delete(ctx, claim, request_id).await?;
             } else {
-                mark_failed(ctx, &claim, &note).await?;
+                mark_failed(ctx, claim, &note).await?;
             }
         }
     }
     Ok(())
 }
 
-/// The NodeClaim this report may speak for.
-async fn authenticate(
-    ctx: &ReportContext,
-    report: &ReportRequest,
-) -> Result<Arc<NodeClaim>, ReportError> {
-    let refused = |why: String| ReportError::Refused(why);
-    let verified = identity::verify(report.identity.rsa2048.as_bytes(), &ctx.trust)
-        .map_err(|e| refused(format!("identity: {e}")))?;
+/// The NodeClaim this report may speak for, and how far to believe it.
+async fn authenticate(ctx: &ReportContext, report: &ReportRequest) -> Result<Sender, ReportError> {
+    let verified =
+        identity::verify(report.identity.rsa2048.as_bytes(), &ctx.trust).map_err(Refusal::from)?;
     let doc = verified.document();
     // The time window is for joining; a failure may be reported later.
     if !ctx.policy.accounts.contains(&doc.account_id) || !ctx.policy.regions.contains(&doc.region) {
-        return Err(refused(format!(
-            "account {} / region {} not allowed",
-            doc.account_id, doc.region
-        )));
+        return Err(Refusal::NotAllowed {
+            account: doc.account_id.clone(),
+            region: doc.region.clone(),
+        }
+        .into());
     }
     ctx.claims
         .ready()
@@ -94,31 +237,187 @@ async fn authenticate(
     let provider_id = aws_provider_id(&doc.availability_zone, &doc.instance_id);
     // The same grace as a join: an agent that fails before its join (or a
     // report that races Karpenter's status write) must not lose the report
-    // to our cache's lag, since a fatal one is what replaces the machine.
-    // A refused agent's final report waits it out again; that costs the
-    // machine seconds it has no use for anyway.
+    // to our cache's lag. A refused agent's final report waits it out
+    // again; that costs the machine seconds it has no use for anyway.
     let claim = match ctx.claims.find(&provider_id).await.as_slice() {
         [only] => only.clone(),
         other => {
-            return Err(refused(format!(
-                "{} NodeClaims have providerID {provider_id}",
-                other.len()
-            )))
+            return Err(Refusal::NodeClaims {
+                count: other.len(),
+                provider_id,
+            }
+            .into())
         }
     };
-    if let Some(bound) = claim.bound_key() {
-        let proof = report.proof.as_ref().ok_or_else(|| {
-            refused("instance is bound to a key but the report carries no proof".into())
-        })?;
-        let offered =
-            proof::verify(proof, &report.signed_bytes()).map_err(|e| refused(e.to_string()))?;
-        if offered != bound {
-            return Err(refused(format!(
-                "report signed by key {offered}, instance bound to {bound}"
-            )));
+    let (claim, record) = bound(ctx, claim, report).await?;
+    let trust = match record {
+        None => Trust::Unverified,
+        Some(record) => Trust::Signed(check_signed(ctx, report, &record.client_key)?),
+    };
+    Ok(Sender { claim, trust })
+}
+
+/// `claim` and its binding; read again from the API server when the cache
+/// shows none but the report is signed. The agent signs as soon as its key
+/// exists, and its first report after the join (a fatal one, say) can
+/// arrive before the watch delivers the binding the join wrote: taken as
+/// unverified, it would be ignored. Unsigned reports never cost the read.
+async fn bound(
+    ctx: &ReportContext,
+    claim: Arc<NodeClaim>,
+    report: &ReportRequest,
+) -> Result<(Arc<NodeClaim>, Option<binding::Record>), ReportError> {
+    if let Some(record) = binding::recorded(&claim).map_err(Refusal::from)? {
+        return Ok((claim, Some(record)));
+    }
+    if report.proof.is_none() {
+        return Ok((claim, None));
+    }
+    let name = claim.metadata.name.clone().unwrap_or_default();
+    let fresh = ctx
+        .claims
+        .get_fresh(&name)
+        .await
+        .map_err(|e| ReportError::Unavailable(format!("reading NodeClaim {name}: {e}")))?;
+    match fresh {
+        // The same object (a NodeClaim re-created under the name is not).
+        Some(fresh) if fresh.metadata.uid == claim.metadata.uid => {
+            let record = binding::recorded(&fresh).map_err(Refusal::from)?;
+            Ok((Arc::new(fresh), record))
+        }
+        _ => Ok((claim, None)),
+    }
+}
+
+/// Checks a bound instance's report: signed with `bound`, timely, new.
+/// Returns the digest it is now remembered by.
+fn check_signed(
+    ctx: &ReportContext,
+    report: &ReportRequest,
+    bound: &str,
+) -> Result<[u8; 32], ReportError> {
+    let proof = report.proof.as_ref().ok_or(Refusal::NoProof)?;
+    let signed = report.signed_bytes();
+    let offered = proof::verify(proof, &signed).map_err(Refusal::from)?;
+    if offered != bound {
+        return Err(Refusal::WrongKey {
+            offered,
+            bound: bound.to_string(),
+        }
+        .into());
+    }
+    let now = (ctx.clock)().unix_timestamp();
+    within_window(report.timestamp, now)?;
+    let digest = proof::replay_digest(&signed);
+    ctx.replays.admit(digest, report.timestamp, now)?;
+    Ok(digest)
+}
+
+/// Whether a report written at `timestamp` may be accepted at `now`.
+fn within_window(timestamp: i64, now: i64) -> Result<(), Refusal> {
+    let skew = now.abs_diff(timestamp);
+    if skew > REPORT_WINDOW.unsigned_abs() {
+        return Err(Refusal::OutsideWindow { timestamp, skew });
+    }
+    Ok(())
+}
+
+/// The signed reports this replica accepted whose timestamps are still in
+/// the window: a report is refused when it is already here.
+///
+/// Replica-local and in memory, on purpose: sharing it would put a write
+/// to the API server (or another store) on every report. The residual: a
+/// captured report replayed to *another* replica (or to this one after a
+/// restart) within [`REPORT_WINDOW`] is accepted again. That replay can
+/// only repeat what the node's own key already said about its own
+/// NodeClaim: a duplicate Event, or a second delete of a NodeClaim already
+/// deleted (a no-op: the delete is conditional on its uid). It cannot speak
+/// for another machine, nor outlive the window.
+#[derive(Debug)]
+pub struct Replays {
+    seen: Mutex<Seen>,
+}
+
+impl Default for Replays {
+    fn default() -> Self {
+        Self::with_capacity(REPLAY_CAPACITY)
+    }
+}
+
+impl Replays {
+    /// A set holding at most `capacity` reports.
+    pub fn with_capacity(capacity: usize) -> Self {
+        Replays {
+            seen: Mutex::new(Seen {
+                expiry: HashMap::new(),
+                by_expiry: BTreeSet::new(),
+                capacity,
+            }),
         }
     }
-    Ok(claim)
+
+    /// Remembers the report with `digest`, written at `timestamp`, unless
+    /// it is already remembered (a replay) or the set is full.
+    fn admit(&self, digest: [u8; 32], timestamp: i64, now: i64) -> Result<(), ReportError> {
+        // The lock guards plain data with no invariant a panic could break
+        // halfway, so a poisoned lock is still good to use.
+        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        seen.prune(now);
+        if seen.expiry.contains_key(&digest) {
+            return Err(Refusal::Replayed.into());
+        }
+        if seen.expiry.len() >= seen.capacity {
+            // Accepting it unremembered would let it be replayed; refusing
+            // for good would lose an honest report. The agent retries.
+            tracing::warn!(
+                capacity = seen.capacity,
+                "replay set full: signed reports are turned away until entries expire"
+            );
+            return Err(ReportError::Unavailable("replay set full".into()));
+        }
+        // Past this, the window refuses the report on its own.
+        let expires = timestamp.saturating_add(REPORT_WINDOW);
+        seen.expiry.insert(digest, expires);
+        seen.by_expiry.insert((expires, digest));
+        Ok(())
+    }
+
+    /// Forgets a report whose handling failed, so its retry is accepted.
+    fn forget(&self, digest: &[u8; 32]) {
+        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(expires) = seen.expiry.remove(digest) {
+            seen.by_expiry.remove(&(expires, *digest));
+        }
+    }
+
+    /// How many reports are remembered.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        let seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        seen.expiry.len()
+    }
+}
+
+/// [`Replays`]' data: each digest with the second after which its report
+/// is outside the window, and the same ordered by that second for pruning.
+#[derive(Debug)]
+struct Seen {
+    expiry: HashMap<[u8; 32], i64>,
+    by_expiry: BTreeSet<(i64, [u8; 32])>,
+    capacity: usize,
+}
+
+impl Seen {
+    /// Drops the reports the window alone now refuses.
+    fn prune(&mut self, now: i64) {
+        while let Some(&(expires, digest)) = self.by_expiry.first() {
+            if expires >= now {
+                break;
+            }
+            self.by_expiry.pop_first();
+            self.expiry.remove(&digest);
+        }
+    }
 }
 
 /// Records the failure on the NodeClaim for the feedback controller's
@@ -129,12 +428,12 @@ async fn mark_failed(
     note: &str,
 ) -> Result<(), ReportError> {
     let name = claim.metadata.name.clone().unwrap_or_default();
-    let patch = serde_json::json!({"metadata": {"annotations": {crate::feedback::FAILED_ANNOTATION: note}}});
+    let patch = serde_json::json!({"metadata": {"annotations": {marks::BOOTSTRAP_FAILED: note}}});
     ctx.claims
         .api()
         .patch(
             &name,
-            &kube::api::PatchParams::default(),
+            &marks::patch_params(),
             &kube::api::Patch::Merge(&patch),
         )
         .await
@@ -152,7 +451,7 @@ async fn delete(
     match ctx.claims.delete_failed(claim).await {
         Ok(deleted) => {
             if deleted {
-                tracing::warn!(request_id, nodeclaim = %name, "agent failed for good; NodeClaim deleted so Karpenter replaces the machine now");
+                tracing::warn!(request_id, nodeclaim = %name, "agent failed for good (signed report); NodeClaim deleted so Karpenter replaces the machine now");
                 ctx.metrics.nodeclaims_deleted.inc();
             }
             Ok(())
@@ -160,5 +459,95 @@ async fn delete(
         Err(e) => Err(ReportError::Unavailable(format!(
             "deleting NodeClaim {name}: {e}"
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: i64 = 1_700_000_000;
+
+    fn digest(n: u8) -> [u8; 32] {
+        [n; 32]
+    }
+
+    #[test]
+    fn the_window_is_inclusive_both_ways() {
+        assert!(within_window(NOW, NOW).is_ok());
+        assert!(within_window(NOW - REPORT_WINDOW, NOW).is_ok());
+        assert!(within_window(NOW + REPORT_WINDOW, NOW).is_ok());
+        let late = within_window(NOW - REPORT_WINDOW - 1, NOW).unwrap_err();
+        assert_eq!(late.reason(), "outside_window");
+        assert!(within_window(NOW + REPORT_WINDOW + 1, NOW).is_err());
+        // Absurd timestamps are refused, not overflowed.
+        assert!(within_window(i64::MIN, NOW).is_err());
+        assert!(within_window(i64::MAX, NOW).is_err());
+    }
+
+    #[test]
+    fn a_report_is_accepted_once() {
+        let replays = Replays::default();
+        replays.admit(digest(1), NOW, NOW).unwrap();
+        let again = replays.admit(digest(1), NOW, NOW + 10).unwrap_err();
+        assert!(matches!(again, ReportError::Refused(Refusal::Replayed)));
+        replays.admit(digest(2), NOW, NOW + 10).unwrap();
+    }
+
+    #[test]
+    fn a_report_is_remembered_until_the_window_refuses_it() {
+        let replays = Replays::default();
+        replays.admit(digest(1), NOW, NOW).unwrap();
+        // While the timestamp is in the window, so is the digest.
+        let last = NOW + REPORT_WINDOW;
+        assert!(within_window(NOW, last).is_ok());
+        assert!(replays.admit(digest(1), NOW, last).is_err());
+        // One second later the window refuses it, and the set forgets it.
+        assert!(within_window(NOW, last + 1).is_err());
+        replays.admit(digest(2), last + 1, last + 1).unwrap();
+        assert_eq!(replays.len(), 1);
+    }
+
+    #[test]
+    fn a_full_set_turns_reports_away_until_entries_expire() {
+        let replays = Replays::with_capacity(2);
+        replays.admit(digest(1), NOW, NOW).unwrap();
+        replays.admit(digest(2), NOW + 5, NOW).unwrap();
+        let full = replays.admit(digest(3), NOW, NOW).unwrap_err();
+        assert!(matches!(full, ReportError::Unavailable(_)), "{full}");
+        // The first expires; the second is still there.
+        replays
+            .admit(digest(3), NOW, NOW + REPORT_WINDOW + 1)
+            .unwrap();
+        assert_eq!(replays.len(), 2);
+        assert!(replays
+            .admit(digest(2), NOW + 5, NOW + REPORT_WINDOW + 1)
+            .is_err());
+    }
+
+    #[test]
+    fn a_report_whose_handling_did_not_finish_may_be_sent_again() {
+        let replays = Replays::default();
+        replays.admit(digest(1), NOW, NOW).unwrap();
+        // Failed or dropped: the guard is still armed.
+        drop(Admitted {
+            replays: &replays,
+            digest: Some(digest(1)),
+        });
+        assert_eq!(replays.len(), 0);
+        replays.admit(digest(1), NOW, NOW + 1).unwrap();
+        // Done: disarmed, remembered.
+        drop(Admitted {
+            replays: &replays,
+            digest: None,
+        });
+        assert!(replays.admit(digest(1), NOW, NOW + 2).is_err());
+    }
+
+    #[test]
+    fn the_default_capacity_is_the_documented_bound() {
+        let replays = Replays::default();
+        let seen = replays.seen.lock().unwrap();
+        assert_eq!(seen.capacity, REPLAY_CAPACITY);
     }
 }

@@ -13,7 +13,7 @@ use autonode_server::nodeclaim::NodeClaims;
 use autonode_server::nodeconfig::{NodeConfig, NodeConfigSettings};
 use autonode_server::observe;
 use autonode_server::render::ClusterSettings;
-use autonode_server::report::ReportContext;
+use autonode_server::report::{Replays, ReportContext};
 use autonode_server::tls::ReloadingCert;
 use autonode_server::{approver, feedback, leader};
 use autonode_shared::identity::{Policy, TrustStore};
@@ -118,6 +118,8 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         events,
         metrics: metrics.clone(),
         delete_on_fatal: args.delete_failed_nodeclaims,
+        clock: time::OffsetDateTime::now_utc,
+        replays: Replays::default(),
     });
     let limits = Limits {
         max_concurrent_joins: args.max_concurrent_joins,

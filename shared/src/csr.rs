@@ -565,13 +565,13 @@ fn check_signature_algorithm(alg: &Oid<'_>) -> Result<(), CsrError> {
 }
 
 #[derive(Default)]
-struct Subject {
-    common_name: Option<String>,
-    organizations: Vec<String>,
-    other_fields: bool,
+pub(crate) struct Subject {
+    pub(crate) common_name: Option<String>,
+    pub(crate) organizations: Vec<String>,
+    pub(crate) other_fields: bool,
 }
 
-fn read_subject(name: &X509Name<'_>) -> Result<Subject, CsrError> {
+pub(crate) fn read_subject(name: &X509Name<'_>) -> Result<Subject, CsrError> {
     let mut subject = Subject::default();
     let mut common_names = Vec::new();
     for attr in name.iter_attributes() {
@@ -601,11 +601,11 @@ fn read_subject(name: &X509Name<'_>) -> Result<Subject, CsrError> {
 }
 
 #[derive(Default)]
-struct Sans {
-    dns: Vec<String>,
-    ips: Vec<IpAddr>,
-    emails: Vec<String>,
-    uris: Vec<String>,
+pub(crate) struct Sans {
+    pub(crate) dns: Vec<String>,
+    pub(crate) ips: Vec<IpAddr>,
+    pub(crate) emails: Vec<String>,
+    pub(crate) uris: Vec<String>,
 }
 
 /// Collects SANs from every extension request attribute (not just the
@@ -645,7 +645,7 @@ fn add_sans(ext: &X509Extension<'_>, sans: &mut Sans) -> Result<(), CsrError> {
         .try_for_each(|name| add_general_name(name, sans))
 }
 
-fn add_general_name(name: &GeneralName<'_>, sans: &mut Sans) -> Result<(), CsrError> {
+pub(crate) fn add_general_name(name: &GeneralName<'_>, sans: &mut Sans) -> Result<(), CsrError> {
     match name {
         GeneralName::DNSName(dns) => sans.dns.push((*dns).to_string()),
         GeneralName::RFC822Name(email) => sans.emails.push((*email).to_string()),

@@ -14,6 +14,8 @@
 //! - [`labels`]: which node labels kubelet may set on itself.
 //! - [`proof`]: proof that a report comes from the node's bound client key.
 //! - [`csr`]: parsing kubelet CSRs and the rules for approving them.
+//! - [`issued`]: checking a signed certificate against the CSR that was
+//!   judged, before it goes to a node.
 //! - [`ignition`]: the Ignition v3 subset autonode supports (the server
 //!   validates and merges with it, the agent applies it).
 
@@ -23,6 +25,7 @@ pub mod agentconfig;
 pub mod csr;
 pub mod identity;
 pub mod ignition;
+pub mod issued;
 pub mod karpenter_crds;
 pub mod labels;
 pub mod proof;

@@ -44,6 +44,20 @@ pub fn verify(proof: &KeyProof, message: &[u8]) -> Result<String, ProofError> {
     Ok(fingerprint(&spki_der))
 }
 
+/// What the server remembers of an accepted signed report, to refuse the
+/// same report again: SHA-256 of its signed bytes.
+///
+/// The signature is left out on purpose: ECDSA signatures are malleable
+/// (for a valid `(r, s)`, `(r, n - s)` verifies too), so anyone holding a
+/// captured report could make a second valid signature over the same bytes
+/// and slip past a set keyed on the signature. The signed bytes name the
+/// instance (its identity document) and carry the timestamp, so two honest
+/// reports share a digest only if they say the same thing in the same
+/// second, and dropping the second of those loses nothing.
+pub fn replay_digest(signed_bytes: &[u8]) -> [u8; 32] {
+    Sha256::digest(signed_bytes).into()
+}
+
 /// Lowercase hex SHA-256 of a SubjectPublicKeyInfo DER.
 pub fn fingerprint(spki_der: &[u8]) -> String {
     Sha256::digest(spki_der)
@@ -70,6 +84,16 @@ mod tests {
         let key = KeyPair::generate().unwrap();
         let fp = verify(&proof(&key, b"report"), b"report").unwrap();
         assert_eq!(fp, fingerprint(&key.subject_public_key_info()));
+    }
+
+    #[test]
+    fn the_replay_digest_ignores_the_signature() {
+        let key = KeyPair::generate().unwrap();
+        // ECDSA signs with a fresh nonce: two signatures, one message.
+        let (a, b) = (proof(&key, b"report"), proof(&key, b"report"));
+        assert_ne!(a.signature, b.signature);
+        assert_eq!(replay_digest(b"report"), replay_digest(b"report"));
+        assert_ne!(replay_digest(b"report"), replay_digest(b"report2"));
     }
 
     #[test]

@@ -146,6 +146,9 @@ pub enum Outcome {
 /// client key, also by `proof`, an ECDSA signature with that key over
 /// [`ReportRequest::signed_bytes`], so a process that merely read the
 /// identity document cannot fake a failure and get a healthy node replaced.
+/// Before the binding nothing vouches for a report: the server shows it but
+/// acts on none. A signed report must carry a `timestamp` near the server's
+/// clock and is accepted once (the server's `report::REPORT_WINDOW`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ReportRequest {

@@ -27,6 +27,9 @@ pub fn nodeclaims(client: &Client) -> Api<DynamicObject> {
     Api::all_with(client.clone(), &nodeclaim_resource())
 }
 
+/// The field manager Karpenter's writes are recorded under here.
+pub const FIELD_MANAGER: &str = "karpenter";
+
 /// Creates a NodeClaim for `node_class` the way Karpenter does before it
 /// launches the instance (no status yet).
 pub async fn create_nodeclaim(
@@ -34,12 +37,24 @@ pub async fn create_nodeclaim(
     name: &str,
     node_class: &str,
 ) -> Result<DynamicObject> {
+    create_nodeclaim_annotated(client, name, node_class, json!({})).await
+}
+
+/// Like [`create_nodeclaim`], with `annotations` as Karpenter copies them
+/// from the NodePool's `spec.template.metadata.annotations`.
+pub async fn create_nodeclaim_annotated(
+    client: &Client,
+    name: &str,
+    node_class: &str,
+    annotations: Value,
+) -> Result<DynamicObject> {
     let object: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "karpenter.sh/v1",
         "kind": "NodeClaim",
         "metadata": {
             "name": name,
             "labels": {"karpenter.sh/nodepool": "default"},
+            "annotations": annotations,
         },
         "spec": {
             "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": node_class},
@@ -48,8 +63,12 @@ pub async fn create_nodeclaim(
             ],
         },
     }))?;
+    let params = PostParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PostParams::default()
+    };
     nodeclaims(client)
-        .create(&PostParams::default(), &object)
+        .create(&params, &object)
         .await
         .with_context(|| format!("creating NodeClaim {name}"))
 }
@@ -62,8 +81,12 @@ pub async fn set_provider_id(
     provider_id: &str,
 ) -> Result<DynamicObject> {
     let patch = json!({"status": {"providerID": provider_id}});
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
     nodeclaims(client)
-        .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .patch_status(name, &params, &Patch::Merge(&patch))
         .await
         .with_context(|| format!("setting providerID of NodeClaim {name}"))
 }

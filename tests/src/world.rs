@@ -4,12 +4,15 @@
 use crate::controlplane::{unique, ControlPlane};
 use crate::fakecloud::ec2::Ec2;
 use crate::fakecloud::{FakeCloud, Instance};
-use crate::joiner::{Answer, Joiner};
+use crate::joiner::{honest_request, Answer, Joiner, NodeKeys};
 use crate::karpenter;
+use crate::pki::CertPair;
 use crate::server::{CloudSettings, Setup, TestServer};
 use anyhow::{Context, Result};
+use autonode_shared::protocol::JoinResponse;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use kube::api::{Api, ListParams};
+use kube::Client;
 use std::net::IpAddr;
 
 pub const ACCOUNT: &str = "123456789012";
@@ -75,9 +78,30 @@ impl World {
         &self,
         customise: impl FnOnce(Instance) -> Instance,
     ) -> Result<(String, Instance)> {
+        self.launch_annotated(serde_json::json!({}), customise)
+            .await
+    }
+
+    /// Like [`World::launch`], with the NodeClaim carrying `annotations`
+    /// as Karpenter copies them from a NodePool's template.
+    pub async fn launch_annotated(
+        &self,
+        annotations: serde_json::Value,
+        customise: impl FnOnce(Instance) -> Instance,
+    ) -> Result<(String, Instance)> {
+        self.launch_in("default", annotations, customise).await
+    }
+
+    /// Like [`World::launch_annotated`], from the EC2NodeClass `class`.
+    pub async fn launch_in(
+        &self,
+        class: &str,
+        annotations: serde_json::Value,
+        customise: impl FnOnce(Instance) -> Instance,
+    ) -> Result<(String, Instance)> {
         let admin = self.cp.admin().await?;
-        let claim = format!("default-{}", unique());
-        karpenter::create_nodeclaim(&admin, &claim, "default").await?;
+        let claim = format!("{class}-{}", unique());
+        karpenter::create_nodeclaim_annotated(&admin, &claim, class, annotations).await?;
         let built = Instance::builder()
             .account_id(ACCOUNT)
             .region(REGION)
@@ -85,6 +109,40 @@ impl World {
         let instance = self.cloud.launch(customise(built));
         karpenter::set_provider_id(&admin, &claim, &instance.provider_id()).await?;
         Ok((claim, instance))
+    }
+
+    /// Karpenter's part and an honest agent's: a launched instance joined
+    /// with fresh keys, and a client speaking with the node credential it
+    /// got (what an attacker holding one honest node has).
+    pub async fn join_new(
+        &self,
+        customise: impl FnOnce(Instance) -> Instance,
+    ) -> Result<JoinedNode> {
+        let (claim, instance) = self.launch(customise).await?;
+        let keys = NodeKeys::generate()?;
+        let response = self
+            .joiner
+            .join(&honest_request(&instance, self.cloud.ca(), &keys)?)
+            .await?
+            .granted();
+        let client = self.node_client(&response, &keys).await?;
+        Ok(JoinedNode {
+            claim,
+            instance,
+            keys,
+            response,
+            client,
+        })
+    }
+
+    /// A client with the node credential `response` issued for `keys`.
+    pub async fn node_client(&self, response: &JoinResponse, keys: &NodeKeys) -> Result<Client> {
+        self.cp
+            .client_with_cert(&CertPair {
+                cert_pem: response.client_certificate.clone(),
+                key_pem: keys.client.serialize_pem(),
+            })
+            .await
     }
 
     /// CSRs autonode created for this instance.
@@ -147,4 +205,14 @@ impl World {
         }
         anyhow::bail!("no {awaited} Event on NodeClaim {claim}")
     }
+}
+
+/// A machine that joined: its NodeClaim, instance, keys, the join's answer
+/// and a client with its node credential.
+pub struct JoinedNode {
+    pub claim: String,
+    pub instance: Instance,
+    pub keys: NodeKeys,
+    pub response: JoinResponse,
+    pub client: Client,
 }

@@ -14,6 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,6 +43,7 @@ pub struct Ec2 {
     server: Server,
     faults: Faults,
     region: String,
+    calls: Arc<AtomicU64>,
 }
 
 impl Ec2 {
@@ -58,15 +60,18 @@ impl Ec2 {
         listen_after: Option<Duration>,
     ) -> std::io::Result<Self> {
         let faults = Faults::default();
+        let calls = Arc::new(AtomicU64::new(0));
         let service = Arc::new(Ec2Service {
             region: region.to_string(),
             instances: cloud.shared_instances(),
+            calls: calls.clone(),
         });
         let server = Server::start(socket, listen_after, faults.clone(), service)?;
         Ok(Self {
             server,
             faults,
             region: region.to_string(),
+            calls,
         })
     }
 
@@ -86,6 +91,13 @@ impl Ec2 {
     pub fn faults(&self) -> &Faults {
         &self.faults
     }
+
+    /// Requests answered so far (each one a `DescribeInstances` or an
+    /// attempt at one; injected faults not included): what a client spent
+    /// of the account's EC2 API budget.
+    pub fn calls(&self) -> u64 {
+        self.calls.load(Ordering::SeqCst)
+    }
 }
 
 /// An EC2 error: HTTP status, AWS error code and message.
@@ -101,10 +113,12 @@ impl Ec2Error {
 struct Ec2Service {
     region: String,
     instances: Instances,
+    calls: Arc<AtomicU64>,
 }
 
 impl Service for Ec2Service {
     fn handle(&self, request: Request<Bytes>) -> Response<Full<Bytes>> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
         let result = self
             .authenticate(&request)
             .and_then(|()| self.describe(&request));

@@ -9,11 +9,11 @@ use autonode_tests::fakecloud::Instance;
 use autonode_tests::joiner::{self, NodeKeys};
 use autonode_tests::karpenter;
 use autonode_tests::node::registration;
-use autonode_tests::pki::CertPair;
 use autonode_tests::server::{http_get, TestServer};
 use autonode_tests::world::{cloud_settings, World};
 use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeStatus};
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use rcgen::KeyPair;
 use std::time::{Duration, Instant};
 
 const CONDITION: &str = "AutonodeBootstrapped";
@@ -21,26 +21,14 @@ const CONDITION: &str = "AutonodeBootstrapped";
 #[tokio::test]
 async fn the_condition_follows_the_node_and_survives_karpenters_status_writes() -> Result<()> {
     let world = World::start_with(&["--leader-lease=3".into()]).await?;
-    let (claim, instance) = world.launch(|i| i).await?;
-    let keys = NodeKeys::generate()?;
-    let response = world
-        .joiner
-        .join(&joiner::honest_request(&instance, world.cloud.ca(), &keys)?)
-        .await?
-        .granted();
+    let joined = world.join_new(|i| i).await?;
+    let (claim, instance) = (joined.claim, joined.instance);
     let admin = world.cp.admin().await?;
     let claims = karpenter::nodeclaims(&admin);
     wait_condition(&claims, &claim, "Unknown", "Attested").await?;
 
     // kubelet registers, then reports Ready.
-    let kubelet = world
-        .cp
-        .client_with_cert(&CertPair {
-            cert_pem: response.client_certificate,
-            key_pem: keys.client.serialize_pem(),
-        })
-        .await?;
-    let nodes: Api<Node> = Api::all(kubelet);
+    let nodes: Api<Node> = Api::all(joined.client);
     nodes
         .create(&PostParams::default(), &registration(&instance))
         .await?;
@@ -103,6 +91,9 @@ async fn the_condition_follows_the_node_and_survives_karpenters_status_writes() 
     Ok(())
 }
 
+/// Reports signed with the bound key, as the agent sends them once it has
+/// joined: a fatal one deletes the NodeClaim, a transient one does not.
+/// (Before the binding a fatal report is only shown: see `reports`.)
 #[tokio::test]
 async fn a_fatal_report_replaces_the_machine_and_a_transient_one_does_not() -> Result<()> {
     let world = World::start().await?;
@@ -110,24 +101,20 @@ async fn a_fatal_report_replaces_the_machine_and_a_transient_one_does_not() -> R
     let claims = karpenter::nodeclaims(&admin);
 
     let (transient, instance) = world.launch(|i| i).await?;
-    send_report(&world, &instance, Outcome::Retrying).await?;
+    let keys = join(&world, &instance).await?;
+    send_report(&world, &instance, Outcome::Retrying, Some(&keys.client)).await?;
     let (fatal, doomed) = world.launch(|i| i).await?;
-    send_report(&world, &doomed, Outcome::Fatal).await?;
+    let keys = join(&world, &doomed).await?;
+    send_report(&world, &doomed, Outcome::Fatal, Some(&keys.client)).await?;
 
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while claims.get_opt(&fatal).await?.is_some() {
-        if Instant::now() > deadline {
-            bail!("the NodeClaim of a machine that failed for good was not deleted");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_deleted(&claims, &fatal)
+        .await
+        .context("a machine that failed for good")?;
     assert!(
         claims.get_opt(&transient).await?.is_some(),
         "a transient failure deleted the NodeClaim"
     );
-    let metrics = http_get(&format!("{}/metrics", world.server.metrics_url()))
-        .await?
-        .1;
+    let metrics = metrics(&world).await?;
     assert!(
         metrics.contains("autonode_nodeclaims_deleted_total 1"),
         "{metrics}"
@@ -187,24 +174,77 @@ async fn when_the_leader_stops_another_replica_takes_over() -> Result<()> {
     Ok(())
 }
 
-async fn send_report(world: &World, instance: &Instance, outcome: Outcome) -> Result<()> {
-    let report = ReportRequest {
-        identity: joiner::identity(instance, world.cloud.ca())?,
-        phase: Phase::Apply,
+/// Joins `instance` as an honest agent would (binding it to the new
+/// client key) and returns its keys.
+pub(crate) async fn join(world: &World, instance: &Instance) -> Result<NodeKeys> {
+    let keys = NodeKeys::generate()?;
+    world
+        .joiner
+        .join(&joiner::honest_request(instance, world.cloud.ca(), &keys)?)
+        .await?
+        .granted();
+    Ok(keys)
+}
+
+/// A report as the agent builds it, signed when `key` is given.
+pub(crate) fn report(
+    world: &World,
+    instance: &Instance,
+    outcome: Outcome,
+    timestamp: i64,
+    key: Option<&KeyPair>,
+) -> Result<ReportRequest> {
+    let rsa2048 = joiner::identity(instance, world.cloud.ca())?.rsa2048;
+    let message = "the test says so";
+    Ok(autonode_agent::report::build(
+        &rsa2048,
+        Phase::Apply,
         outcome,
-        message: "the test says so".into(),
-        timestamp: time::OffsetDateTime::now_utc().unix_timestamp(),
-        proof: None,
-    };
+        message,
+        timestamp,
+        key,
+    ))
+}
+
+/// POSTs `report`: the status, and the body as text.
+pub(crate) async fn post_report(world: &World, report: &ReportRequest) -> Result<(u16, String)> {
     let (status, body) = world
         .joiner
-        .post(REPORT_PATH, serde_json::to_vec(&report)?)
+        .post(REPORT_PATH, serde_json::to_vec(report)?)
         .await?;
-    anyhow::ensure!(
-        status == 202,
-        "report answered {status}: {}",
-        String::from_utf8_lossy(&body)
-    );
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// Waits up to 10 s for NodeClaim `name` to be gone.
+pub(crate) async fn wait_deleted(claims: &Api<DynamicObject>, name: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while claims.get_opt(name).await?.is_some() {
+        if Instant::now() > deadline {
+            bail!("NodeClaim {name} was not deleted");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
+/// The World's server's metrics, as text.
+pub(crate) async fn metrics(world: &World) -> Result<String> {
+    Ok(http_get(&format!("{}/metrics", world.server.metrics_url()))
+        .await?
+        .1)
+}
+
+/// Sends a report written now, and expects it accepted.
+pub(crate) async fn send_report(
+    world: &World,
+    instance: &Instance,
+    outcome: Outcome,
+    key: Option<&KeyPair>,
+) -> Result<()> {
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let report = report(world, instance, outcome, now, key)?;
+    let (status, body) = post_report(world, &report).await?;
+    anyhow::ensure!(status == 202, "report answered {status}: {body}");
     Ok(())
 }
 

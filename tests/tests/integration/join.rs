@@ -53,7 +53,7 @@ async fn an_attested_node_registers_itself_with_its_certificate() -> Result<()> 
         .metadata
         .annotations
         .unwrap_or_default();
-    assert!(annotations.contains_key("autonode.dev/client-key-sha256"));
+    assert!(annotations.contains_key("autonode.dev/binding"));
     let again = joiner::honest_request(&instance, world.cloud.ca(), &keys)?;
     world.joiner.join(&again).await?.granted();
     assert_eq!(

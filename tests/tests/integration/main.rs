@@ -8,6 +8,7 @@
 
 mod agent_imds;
 mod agent_join;
+mod attacks;
 mod burst;
 mod controlplane;
 mod ec2_lookup;
@@ -18,5 +19,6 @@ mod nodeclass;
 mod nodeconfig;
 mod packaging;
 mod renewal;
+mod reports;
 mod resilience;
 mod vm;

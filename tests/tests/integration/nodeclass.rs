@@ -118,19 +118,100 @@ async fn event_reasons(world: &World, name: &str) -> Result<Vec<String>> {
     Ok(events.items.into_iter().filter_map(|e| e.reason).collect())
 }
 
-/// Fields of `spec` owned by a manager with an Apply operation.
-fn applied_fields(class: &DynamicObject, manager: &str) -> Vec<String> {
+/// The Events on object `name`: (type, reason, message).
+async fn events_of(world: &World, name: &str) -> Result<Vec<(String, String, String)>> {
+    let api: Api<Event> = Api::namespaced(world.cp.admin().await?, "default");
+    let selector = format!("involvedObject.name={name},involvedObject.kind=EC2NodeClass");
+    let events = api.list(&ListParams::default().fields(&selector)).await?;
+    Ok(events
+        .items
+        .into_iter()
+        .map(|e| {
+            let text = |s: Option<String>| s.unwrap_or_default();
+            (text(e.type_), text(e.reason), text(e.message))
+        })
+        .collect())
+}
+
+/// Polls the Events on `name` until `count` of them have `reason`.
+async fn wait_for_events(
+    world: &World,
+    name: &str,
+    reason: &str,
+    count: usize,
+) -> Result<Vec<(String, String, String)>> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let events = events_of(world, name).await?;
+        let found: Vec<_> = events.iter().filter(|e| e.1 == reason).cloned().collect();
+        if found.len() >= count {
+            return Ok(found);
+        }
+        if Instant::now() > deadline {
+            bail!("expected {count} {reason} Events on {name}, got {events:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until the server has compared its classes `n` more times.
+async fn resyncs(server: &TestServer, n: f64) -> Result<()> {
+    let checks = metric(server, "autonode_nodeclass_checks_total").await?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while metric(server, "autonode_nodeclass_checks_total").await? < checks + n {
+        if Instant::now() > deadline {
+            bail!("fewer than {n} resyncs in 20s");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+/// The fields under `spec` (or `spec.<below>`) owned by a manager with an
+/// Apply operation.
+fn applied_under(class: &DynamicObject, manager: &str, below: &[&str]) -> Vec<String> {
     let entries = class.metadata.managed_fields.clone().unwrap_or_default();
     let mut fields: Vec<String> = entries
         .iter()
         .filter(|e| {
             e.manager.as_deref() == Some(manager) && e.operation.as_deref() == Some("Apply")
         })
-        .filter_map(|e| e.fields_v1.as_ref()?.0.get("f:spec")?.as_object().cloned())
+        .filter_map(|e| {
+            let mut at = e.fields_v1.as_ref()?.0.get("f:spec")?;
+            for key in below {
+                at = at.get(*key)?;
+            }
+            at.as_object().cloned()
+        })
         .flat_map(|spec| spec.keys().cloned().collect::<Vec<_>>())
+        .filter(|key| key != ".")
         .collect();
     fields.sort();
     fields
+}
+
+/// Fields of `spec` owned by a manager with an Apply operation.
+fn applied_fields(class: &DynamicObject, manager: &str) -> Vec<String> {
+    applied_under(class, manager, &[])
+}
+
+/// The keys of `spec.metadataOptions` a manager's applies own.
+fn applied_metadata_options(class: &DynamicObject, manager: &str) -> Vec<String> {
+    applied_under(class, manager, &["f:metadataOptions"])
+}
+
+/// Whether the class has the metadata options autonode keeps.
+fn imds_locked(class: &DynamicObject) -> bool {
+    let options = &spec(class)["metadataOptions"];
+    options["httpTokens"] == "required"
+        && options["httpPutResponseHopLimit"] == 1
+        && options["httpEndpoint"] == "enabled"
+}
+
+/// A user's edit weakening IMDS (and setting a key autonode does not keep).
+fn weakened_imds(hops: u32) -> Value {
+    json!({"spec": {"metadataOptions": {"httpTokens": "optional",
+        "httpPutResponseHopLimit": hops, "httpProtocolIPv6": "enabled"}}})
 }
 
 #[tokio::test]
@@ -156,7 +237,12 @@ async fn a_users_class_is_restored_after_every_edit() -> Result<()> {
     assert!(spec(&class)["subnetSelectorTerms"].is_array());
     assert_eq!(
         applied_fields(&class, "autonode-server"),
-        ["f:amiFamily", "f:amiSelectorTerms", "f:userData"]
+        [
+            "f:amiFamily",
+            "f:amiSelectorTerms",
+            "f:metadataOptions",
+            "f:userData"
+        ]
     );
 
     // A user's later edit is reverted too.
@@ -297,5 +383,202 @@ async fn install_crds_installs_karpenters_crds_into_a_bare_cluster() -> Result<(
     let second = TestServer::start(&cp, &settings, &flags).await?;
     assert!(second.log().contains("Karpenter CRD installed"));
     assert!(ec2nodeclasses(&admin).get("default").await.is_ok());
+    Ok(())
+}
+
+/// A world whose server runs with `extra` upkeep flags, and the class
+/// `default`, created by a user, once the server has restored it.
+async fn world_with_class(
+    node: &NodeFlags,
+    extra: &[&str],
+) -> Result<(World, Api<DynamicObject>, DynamicObject)> {
+    let world = World::start_with(&serve_flags(node, extra)).await?;
+    let rendered = node.rendered()?;
+    let admin = world.cp.admin().await?;
+    let api = ec2nodeclasses(&admin);
+    karpenter::create_ec2nodeclass(&admin, "default", "mine").await?;
+    let class = wait_for(&api, "default", "restored", |c| {
+        spec(c)["userData"] == rendered.as_str()
+    })
+    .await?;
+    Ok((world, api, class))
+}
+
+#[tokio::test]
+async fn a_users_weakened_metadata_options_are_reverted_and_their_other_keys_kept() -> Result<()> {
+    let node = NodeFlags::new(&[])?;
+    let (world, api, _) = world_with_class(&node, &[]).await?;
+
+    // IMDSv1 and a hop limit a pod can reach: both put back, the user's
+    // IPv6 choice kept, and autonode owns exactly the three keys it keeps.
+    api.patch(
+        "default",
+        &PatchParams::default(),
+        &Patch::Merge(&weakened_imds(2)),
+    )
+    .await?;
+    let class = wait_for(&api, "default", "IMDS locked again", imds_locked).await?;
+    assert_eq!(
+        spec(&class)["metadataOptions"]["httpProtocolIPv6"],
+        "enabled"
+    );
+    assert_eq!(spec(&class)["role"], "KarpenterNodeRole-test");
+    assert_eq!(
+        applied_metadata_options(&class, "autonode-server"),
+        [
+            "f:httpEndpoint",
+            "f:httpPutResponseHopLimit",
+            "f:httpTokens"
+        ]
+    );
+
+    let restored = wait_for_events(&world, "default", "NodeClassRestored", 2).await?;
+    let notes: Vec<&str> = restored.iter().map(|e| e.2.as_str()).collect();
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("spec.metadataOptions.httpTokens")
+                && n.contains("spec.metadataOptions.httpPutResponseHopLimit")),
+        "{notes:?}"
+    );
+    // The create, then the edit: one write each.
+    assert_eq!(
+        metric(&world.server, "autonode_nodeclass_writes_total").await?,
+        2.0
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn with_enforcement_off_a_users_metadata_options_stay_and_are_warned_about_once() -> Result<()>
+{
+    let node = NodeFlags::new(&[])?;
+    let off = "--enforce-metadata-options=false";
+    let (world, api, class) = world_with_class(&node, &[off]).await?;
+    assert!(
+        world
+            .server
+            .log()
+            .contains("--enforce-metadata-options=false: "),
+        "no start warning:\n{}",
+        world.server.log()
+    );
+    assert!(applied_metadata_options(&class, "autonode-server").is_empty());
+
+    api.patch(
+        "default",
+        &PatchParams::default(),
+        &Patch::Merge(&weakened_imds(2)),
+    )
+    .await?;
+    let warned = wait_for_events(&world, "default", "InstanceMetadataExposed", 1).await?;
+    assert_eq!(warned[0].0, "Warning");
+    assert!(warned[0].2.contains("httpTokens is optional"), "{warned:?}");
+    assert!(
+        warned[0].2.contains("httpPutResponseHopLimit is 2"),
+        "{warned:?}"
+    );
+    assert!(world
+        .server
+        .log()
+        .contains("EC2NodeClass lets pods read instance metadata"));
+
+    // Resyncs neither revert the edit nor repeat the warning.
+    resyncs(&world.server, 3.0).await?;
+    let class = api.get("default").await?;
+    assert_eq!(spec(&class)["metadataOptions"]["httpTokens"], "optional");
+    assert_eq!(
+        spec(&class)["metadataOptions"]["httpPutResponseHopLimit"],
+        2
+    );
+    let exposed = events_of(&world, "default").await?;
+    let exposed = exposed.iter().filter(|e| e.1 == "InstanceMetadataExposed");
+    assert_eq!(exposed.count(), 1);
+    assert_eq!(
+        metric(&world.server, "autonode_nodeclass_writes_total").await?,
+        1.0
+    );
+
+    // A further change is a new warning.
+    let wider = json!({"spec": {"metadataOptions": {"httpPutResponseHopLimit": 3}}});
+    api.patch("default", &PatchParams::default(), &Patch::Merge(&wider))
+        .await?;
+    let warned = wait_for_events(&world, "default", "InstanceMetadataExposed", 2).await?;
+    assert!(
+        warned
+            .iter()
+            .any(|e| e.2.contains("httpPutResponseHopLimit is 3")),
+        "{warned:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn turning_enforcement_off_hands_the_options_over_at_their_values() -> Result<()> {
+    let node = NodeFlags::new(&[])?;
+    let lease = "--leader-lease=3";
+    let (world, api, _) = world_with_class(&node, &[lease]).await?;
+    api.patch(
+        "default",
+        &PatchParams::default(),
+        &Patch::Merge(&weakened_imds(2)),
+    )
+    .await?;
+    wait_for(&api, "default", "owned by autonode", |c| {
+        imds_locked(c) && applied_metadata_options(c, "autonode-server").len() == 3
+    })
+    .await?;
+
+    // The same settings with enforcement off, once the first server is
+    // gone: autonode lets go of the keys, and they keep their values
+    // (server-side apply would remove them, had nobody taken them over).
+    world.server.kill();
+    let cloud = cloud_settings(&world.cloud, &world.ec2);
+    let off = serve_flags(&node, &[lease, "--enforce-metadata-options=false"]);
+    let second = TestServer::start(&world.cp, &cloud, &off).await?;
+    let class = wait_for(&api, "default", "released", |c| {
+        applied_metadata_options(c, "autonode-server").is_empty()
+    })
+    .await?;
+    assert!(imds_locked(&class), "{}", spec(&class));
+    assert_eq!(
+        spec(&class)["metadataOptions"]["httpProtocolIPv6"],
+        "enabled"
+    );
+    assert_eq!(
+        applied_metadata_options(&class, "autonode-server-handover"),
+        [
+            "f:httpEndpoint",
+            "f:httpPutResponseHopLimit",
+            "f:httpTokens"
+        ]
+    );
+    // Still autonode's: everything else it keeps.
+    assert_eq!(
+        applied_fields(&class, "autonode-server"),
+        ["f:amiFamily", "f:amiSelectorTerms", "f:userData"]
+    );
+    // Logged once the apply has returned, which may be after the watch saw it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !second.log().contains("metadataOptions released") {
+        if Instant::now() > deadline {
+            bail!("no release logged:\n{}", second.log());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // From now on, the user's edit stays.
+    let optional = json!({"spec": {"metadataOptions": {"httpTokens": "optional"}}});
+    api.patch("default", &PatchParams::default(), &Patch::Merge(&optional))
+        .await?;
+    wait_for_events(&world, "default", "InstanceMetadataExposed", 1).await?;
+    resyncs(&second, 2.0).await?;
+    let class = api.get("default").await?;
+    assert_eq!(spec(&class)["metadataOptions"]["httpTokens"], "optional");
+    // The handover and autonode's own apply without the keys: no more.
+    assert_eq!(
+        metric(&second, "autonode_nodeclass_writes_total").await?,
+        2.0
+    );
     Ok(())
 }

@@ -2,15 +2,16 @@
 //! certificates) are approved only when they are the node's own.
 
 use anyhow::{Context, Result};
-use autonode_tests::joiner::{self, CsrShape, NodeKeys};
-use autonode_tests::pki::CertPair;
+use autonode_server::approver::LOOKUP_BURST;
+use autonode_tests::fakecloud::Instance;
+use autonode_tests::joiner::CsrShape;
 use autonode_tests::world::World;
 use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestSpec,
 };
 use k8s_openapi::api::core::v1::{Node, NodeSpec};
 use k8s_openapi::ByteString;
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 use kube::runtime::wait::await_condition;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
@@ -21,40 +22,20 @@ const SERVING: &str = "kubernetes.io/kubelet-serving";
 #[tokio::test]
 async fn only_a_nodes_own_renewals_are_approved() -> Result<()> {
     let world = World::start().await?;
-    let (_, instance) = world.launch(|i| i).await?;
-    let keys = NodeKeys::generate()?;
-    let response = world
-        .joiner
-        .join(&joiner::honest_request(&instance, world.cloud.ca(), &keys)?)
-        .await?
-        .granted();
-    let node = world
-        .cp
-        .client_with_cert(&CertPair {
-            cert_pem: response.client_certificate.clone(),
-            key_pem: keys.client.serialize_pem(),
-        })
-        .await?;
-    register(&node, &response.node_name, &response.kubelet.provider_id).await?;
-    let csrs: Api<CertificateSigningRequest> = Api::all(node.clone());
-    let name = &response.node_name;
+    let x = Joined::new(&world, |i| i).await?;
+    register(&x.client, &x.name, &x.provider_id()).await?;
+    let csrs: Api<CertificateSigningRequest> = Api::all(x.client.clone());
+    let (name, instance) = (&x.name, &x.instance);
 
     // Made by this node, for another node's name.
-    let other = CsrShape::client("ip-10-1-1-1.us-west-2.compute.internal");
-    let foreign_client = submit(&csrs, "renew-foreign", CLIENT, "client auth", &other).await?;
+    let other = "ip-10-1-1-1.us-west-2.compute.internal";
+    let foreign_client = renewal(&csrs, "renew-foreign", other).await?;
     // Serving, with an address the instance does not have.
-    let mut foreign_ip = CsrShape::serving(&instance);
+    let mut foreign_ip = CsrShape::serving(instance);
     foreign_ip
         .ips
         .push(IpAddr::V4(Ipv4Addr::new(10, 250, 0, 9)));
-    let foreign_serving = submit(
-        &csrs,
-        "serving-foreign",
-        SERVING,
-        "server auth",
-        &foreign_ip,
-    )
-    .await?;
+    let foreign_serving = serving(&csrs, "serving-foreign", &foreign_ip).await?;
 
     // The node's own name, but usages no kubelet asks for.
     let wrong_usages = submit(
@@ -67,22 +48,8 @@ async fn only_a_nodes_own_renewals_are_approved() -> Result<()> {
     .await?;
 
     // The node's own client renewal and serving certificate.
-    let own = submit(
-        &csrs,
-        "renew-own",
-        CLIENT,
-        "client auth",
-        &CsrShape::client(name),
-    )
-    .await?;
-    let own_serving = submit(
-        &csrs,
-        "serving-own",
-        SERVING,
-        "server auth",
-        &CsrShape::serving(&instance),
-    )
-    .await?;
+    let own = renewal(&csrs, "renew-own", name).await?;
+    let own_serving = serving(&csrs, "serving-own", &CsrShape::serving(instance)).await?;
     let admin: Api<CertificateSigningRequest> = Api::all(world.cp.admin().await?);
     for csr in [&own, &own_serving] {
         issued(&admin, csr)
@@ -91,21 +58,230 @@ async fn only_a_nodes_own_renewals_are_approved() -> Result<()> {
     }
 
     // The others were judged and left pending.
-    let log = world.server.log();
     for csr in [&foreign_client, &foreign_serving, &wrong_usages] {
-        assert!(
-            log.lines()
-                .any(|l| l.contains(csr.as_str()) && l.contains("left pending")),
-            "{csr} was not judged"
-        );
-        let status = admin.get(csr).await?.status.unwrap_or_default();
-        assert!(
-            status.conditions.unwrap_or_default().is_empty(),
-            "{csr} was decided"
-        );
-        assert!(status.certificate.is_none());
+        left_pending(&world, csr).await?;
+        assert!(undecided(&admin, csr).await?, "{csr} was decided");
     }
     Ok(())
+}
+
+/// The attacker holds node X's credential: the client certificate of X's
+/// kubelet, taken from a compromised X, valid for months after X is gone.
+/// On 1.20, NodeRestriction and the Node authorizer let a node create only
+/// the Node object of its own name, not delete it, and do not look at
+/// `spec.providerID` on create. So once X's machine is terminated and its
+/// Node and NodeClaim deleted (Karpenter's part, played here by the
+/// admin), the attacker, as X, creates Node X again pointing at instance Y,
+/// a live node that joined through autonode, and asks for what the approver
+/// judges by that providerID: a serving certificate under X's name for Y's
+/// DNS name and address (to answer the API server's calls to Y's kubelet)
+/// and a client renewal (to keep X's credential alive for good). The old
+/// approver approved both: it only asked that some NodeClaim had the
+/// providerID, and judged serving SANs against Y's EC2 facts.
+#[tokio::test]
+async fn a_node_pointing_at_another_instance_is_left_pending() -> Result<()> {
+    let world = World::start().await?;
+    let x = Joined::new(&world, |i| i).await?;
+    let y = Joined::new(&world, |i| i).await?;
+    // kubelet on X registers as it should...
+    register(&x.client, &x.name, &x.provider_id()).await?;
+    // ...X's machine goes away, and its Node and NodeClaim with it...
+    let admin = world.cp.admin().await?;
+    world.cloud.terminate(&x.instance.instance_id);
+    Api::<Node>::all(admin.clone())
+        .delete(&x.name, &DeleteParams::default())
+        .await?;
+    autonode_tests::karpenter::nodeclaims(&admin)
+        .delete(&x.claim, &DeleteParams::default())
+        .await?;
+    await_node_gone(&admin, &x.name).await?;
+    // ...and the attacker, as X, creates Node X again with Y's providerID.
+    register(&x.client, &x.name, &y.provider_id())
+        .await
+        .context("node X re-creating its Node with Y's providerID")?;
+    // Let the approver's watches catch up, so that what it judges is the
+    // attacker's Node (it leaves the CSRs pending either way; this is for
+    // the reason asserted below).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let csrs: Api<CertificateSigningRequest> = Api::all(x.client.clone());
+    let as_y = CsrShape {
+        common_name: format!("system:node:{}", x.name),
+        organisation: Some("system:nodes"),
+        dns: vec![y.instance.private_dns_name.clone()],
+        ips: vec![IpAddr::V4(y.instance.private_ip)],
+    };
+    let as_y = serving(&csrs, "serving-as-y", &as_y).await?;
+    let via_y = renewal(&csrs, "renew-via-y", &x.name).await?;
+    let admin: Api<CertificateSigningRequest> = Api::all(world.cp.admin().await?);
+    for csr in [&as_y, &via_y] {
+        let line = left_pending(&world, csr).await?;
+        assert!(line.contains("not_instance_name"), "{line}");
+        assert!(undecided(&admin, csr).await?, "{csr} was decided");
+    }
+    Ok(())
+}
+
+/// In a Local Zone the providerID's zone (`us-west-2-lax-1a`) does not end
+/// in the region plus a letter. The old approver trimmed trailing letters
+/// off the zone to get a region (`us-west-2-lax-1`), so its EC2 lookup for
+/// the serving CSR failed (the fake EC2 refuses a request signed for another
+/// region, as AWS does) and the CSR stayed pending. The region now comes
+/// from the binding the join recorded.
+#[tokio::test]
+async fn a_local_zone_nodes_serving_certificate_is_approved() -> Result<()> {
+    let world = World::start().await?;
+    let x = Joined::new(&world, |mut i| {
+        i.availability_zone = "us-west-2-lax-1a".into();
+        i
+    })
+    .await?;
+    register(&x.client, &x.name, &x.provider_id()).await?;
+    let csrs: Api<CertificateSigningRequest> = Api::all(x.client.clone());
+    let lax = [
+        serving(&csrs, "serving-lax", &CsrShape::serving(&x.instance)).await?,
+        renewal(&csrs, "renew-lax", &x.name).await?,
+    ];
+    let admin: Api<CertificateSigningRequest> = Api::all(world.cp.admin().await?);
+    for csr in &lax {
+        issued(&admin, csr)
+            .await
+            .with_context(|| format!("{csr} was not approved and signed"))?;
+    }
+    Ok(())
+}
+
+/// A node that makes CSRs one after another, each as soon as the last was
+/// approved. The old approver counted only undecided CSRs toward the cap,
+/// so it approved every one, and asked EC2 for every serving CSR. Now the
+/// cap counts recent approvals, and EC2 answers are cached and paced.
+#[tokio::test]
+async fn csrs_in_a_loop_get_at_most_the_cap_and_bounded_ec2_calls() -> Result<()> {
+    const CAP: usize = 4;
+    const CSRS: usize = 12;
+    let world = World::start_with(&[format!("--pending-csr-cap={CAP}")]).await?;
+    let x = Joined::new(&world, |i| i).await?;
+    register(&x.client, &x.name, &x.provider_id()).await?;
+    let csrs: Api<CertificateSigningRequest> = Api::all(x.client.clone());
+    let admin: Api<CertificateSigningRequest> = Api::all(world.cp.admin().await?);
+    let calls_before = world.ec2.calls();
+
+    let mut names = Vec::new();
+    let mut waiting = true;
+    for i in 0..CSRS {
+        let name = if i % 2 == 0 {
+            serving(&csrs, "loop-serving", &CsrShape::serving(&x.instance)).await?
+        } else {
+            renewal(&csrs, "loop-client", &x.name).await?
+        };
+        // Wait for each approval while they come; once one does not, the
+        // rest are made at once.
+        if waiting {
+            waiting = approved_within(&admin, &name, Duration::from_secs(10)).await?;
+        }
+        names.push(name);
+    }
+    let mut approved = 0;
+    for name in &names {
+        if approved_within(&admin, name, Duration::ZERO).await? {
+            approved += 1;
+        } else {
+            left_pending(&world, name).await?;
+        }
+    }
+    // Judged again, the pending ones stay pending.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut approved_now = 0;
+    for name in &names {
+        approved_now += usize::from(!undecided(&admin, name).await?);
+    }
+    assert_eq!(approved, CAP, "approved out of {CSRS}");
+    assert_eq!(approved_now, CAP);
+    let calls = world.ec2.calls() - calls_before;
+    assert!(
+        calls <= u64::from(LOOKUP_BURST),
+        "{calls} EC2 calls for {CSRS} CSRs"
+    );
+    Ok(())
+}
+
+/// A node that joined through autonode, with its kubelet's credential.
+struct Joined {
+    claim: String,
+    instance: Instance,
+    name: String,
+    client: kube::Client,
+}
+
+impl Joined {
+    async fn new(world: &World, customise: impl FnOnce(Instance) -> Instance) -> Result<Self> {
+        let joined = world.join_new(customise).await?;
+        Ok(Self {
+            claim: joined.claim,
+            instance: joined.instance,
+            name: joined.response.node_name,
+            client: joined.client,
+        })
+    }
+
+    fn provider_id(&self) -> String {
+        self.instance.provider_id()
+    }
+}
+
+/// The server's log line saying `csr` was left pending, once there is one.
+async fn left_pending(world: &World, csr: &str) -> Result<String> {
+    for _ in 0..100 {
+        let found = world
+            .server
+            .log()
+            .lines()
+            .find(|l| l.contains(csr) && l.contains("left pending"))
+            .map(str::to_string);
+        if let Some(line) = found {
+            return Ok(line);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    anyhow::bail!("{csr} was not left pending")
+}
+
+/// Waits until Node `name` is gone.
+async fn await_node_gone(client: &kube::Client, name: &str) -> Result<()> {
+    let api: Api<Node> = Api::all(client.clone());
+    for _ in 0..100 {
+        if api.get_opt(name).await?.is_none() {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    anyhow::bail!("{name} is still there")
+}
+
+/// Whether `name` has no condition and no certificate.
+async fn undecided(api: &Api<CertificateSigningRequest>, name: &str) -> Result<bool> {
+    let status = api.get(name).await?.status.unwrap_or_default();
+    Ok(status.conditions.unwrap_or_default().is_empty() && status.certificate.is_none())
+}
+
+/// Whether `name` is approved within `timeout` (looked at least once).
+async fn approved_within(
+    api: &Api<CertificateSigningRequest>,
+    name: &str,
+    timeout: Duration,
+) -> Result<bool> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let csr = api.get(name).await?;
+        let approved = csr
+            .status
+            .and_then(|s| s.conditions)
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Approved"));
+        if approved || tokio::time::Instant::now() >= deadline {
+            return Ok(approved);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 async fn register(node: &kube::Client, name: &str, provider_id: &str) -> Result<()> {
@@ -124,6 +300,20 @@ async fn register(node: &kube::Client, name: &str, provider_id: &str) -> Result<
         .create(&PostParams::default(), &object)
         .await?;
     Ok(())
+}
+
+/// Submits a client renewal for `node` as kubelet would; returns its name.
+async fn renewal(api: &Api<CertificateSigningRequest>, prefix: &str, node: &str) -> Result<String> {
+    submit(api, prefix, CLIENT, "client auth", &CsrShape::client(node)).await
+}
+
+/// Submits a serving CSR of `shape` as kubelet would; returns its name.
+async fn serving(
+    api: &Api<CertificateSigningRequest>,
+    prefix: &str,
+    shape: &CsrShape<'_>,
+) -> Result<String> {
+    submit(api, prefix, SERVING, "server auth", shape).await
 }
 
 /// Submits a CSR as kubelet would; returns its name.

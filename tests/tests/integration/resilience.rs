@@ -275,7 +275,7 @@ async fn a_server_killed_mid_burst_restarts_and_every_node_joins() -> Result<()>
     for m in &machines {
         let annotations = claims.get(&m.claim).await?.metadata.annotations;
         assert!(
-            annotations.is_some_and(|a| a.contains_key("autonode.dev/client-key-sha256")),
+            annotations.is_some_and(|a| a.contains_key("autonode.dev/binding")),
             "{}: no binding",
             m.claim
         );

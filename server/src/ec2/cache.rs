@@ -1,0 +1,234 @@
+//! A short-lived, bounded cache of EC2's answers about instances.
+//!
+//! `DescribeInstances` is drawn from the account's EC2 API budget, which
+//! Karpenter shares: a controller that asks EC2 on every event can throttle
+//! the autoscaler itself. What the approver asks (an instance's private DNS
+//! name and addresses) does not change while the instance lives, so one
+//! answer may serve every question about that instance for a while.
+//!
+//! Only answers are kept, never errors: an instance EC2 does not know yet
+//! (eventual consistency) or a lookup EC2 throttled must be asked again, and
+//! how often is the caller's rate limit's business, not this cache's.
+//!
+//! Memory is bounded twice: entries expire after the TTL, and the map never
+//! holds more than its capacity (expired entries go first, then the oldest).
+
+use super::{Ec2Instance, InstanceLookup, LookupError, LookupFuture};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+/// `(region, instance ID)`: the same ID in two regions is two instances.
+type Key = (String, String);
+
+/// One kept answer and when EC2 gave it.
+struct Entry {
+    instance: Ec2Instance,
+    stored: Instant,
+}
+
+/// An [`InstanceLookup`] that remembers successful answers for `ttl`.
+pub struct LookupCache {
+    inner: Arc<dyn InstanceLookup>,
+    ttl: Duration,
+    capacity: usize,
+    entries: Mutex<HashMap<Key, Entry>>,
+}
+
+impl LookupCache {
+    /// Caches `inner`'s answers for `ttl`, at most `capacity` of them.
+    pub fn new(inner: Arc<dyn InstanceLookup>, ttl: Duration, capacity: usize) -> Self {
+        Self {
+            inner,
+            ttl,
+            capacity,
+            entries: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The kept answer for the instance, if it is younger than the TTL.
+    /// Never asks EC2.
+    pub fn cached(&self, region: &str, instance_id: &str) -> Option<Ec2Instance> {
+        self.cached_at(region, instance_id, Instant::now())
+    }
+
+    /// Asks EC2 (always) and keeps a successful answer.
+    pub async fn refresh(
+        &self,
+        region: &str,
+        instance_id: &str,
+    ) -> Result<Ec2Instance, LookupError> {
+        let instance = self.inner.describe_instance(region, instance_id).await?;
+        self.insert_at(region, instance_id, instance.clone(), Instant::now());
+        Ok(instance)
+    }
+
+    /// How many answers are kept (expired ones included until evicted).
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether nothing is kept.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn cached_at(&self, region: &str, instance_id: &str, now: Instant) -> Option<Ec2Instance> {
+        let key = (region.to_string(), instance_id.to_string());
+        let mut entries = self.lock();
+        match entries.get(&key) {
+            Some(entry) if now.saturating_duration_since(entry.stored) < self.ttl => {
+                Some(entry.instance.clone())
+            }
+            Some(_) => {
+                entries.remove(&key);
+                None
+            }
+            None => None,
+        }
+    }
+
+    fn insert_at(&self, region: &str, instance_id: &str, instance: Ec2Instance, now: Instant) {
+        if self.capacity == 0 {
+            return;
+        }
+        let key = (region.to_string(), instance_id.to_string());
+        let mut entries = self.lock();
+        if !entries.contains_key(&key) && entries.len() >= self.capacity {
+            let ttl = self.ttl;
+            entries.retain(|_, e| now.saturating_duration_since(e.stored) < ttl);
+            if entries.len() >= self.capacity {
+                // Full of live entries: the oldest is the nearest to expiry
+                // anyway. A scan, but only when full, and over a bounded map.
+                let oldest = entries
+                    .iter()
+                    .min_by_key(|(_, e)| e.stored)
+                    .map(|(k, _)| k.clone());
+                if let Some(oldest) = oldest {
+                    entries.remove(&oldest);
+                }
+            }
+        }
+        entries.insert(
+            key,
+            Entry {
+                instance,
+                stored: now,
+            },
+        );
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<Key, Entry>> {
+        // The map stays consistent across a panic elsewhere: every change
+        // is a single insert or remove.
+        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl InstanceLookup for LookupCache {
+    /// The kept answer, or EC2's (then kept).
+    fn describe_instance<'a>(&'a self, region: &'a str, instance_id: &'a str) -> LookupFuture<'a> {
+        Box::pin(async move {
+            match self.cached(region, instance_id) {
+                Some(instance) => Ok(instance),
+                None => self.refresh(region, instance_id).await,
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ec2::InstanceState;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Answers every lookup with a running instance, counting the calls.
+    #[derive(Default)]
+    struct Counting(AtomicUsize);
+
+    impl InstanceLookup for Counting {
+        fn describe_instance<'a>(&'a self, _: &'a str, id: &'a str) -> LookupFuture<'a> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async move { Ok(instance(id)) })
+        }
+    }
+
+    fn instance(id: &str) -> Ec2Instance {
+        Ec2Instance {
+            instance_id: id.to_string(),
+            state: InstanceState::Running,
+            image_id: "ami-1".into(),
+            instance_type: "m5.large".into(),
+            availability_zone: "us-west-2a".into(),
+            architecture: "x86_64".into(),
+            private_dns_name: format!("{id}.internal"),
+            private_ips: vec![],
+            tags: Default::default(),
+        }
+    }
+
+    fn cache(ttl: u64, capacity: usize) -> (Arc<Counting>, LookupCache) {
+        let counting = Arc::new(Counting::default());
+        let cache = LookupCache::new(counting.clone(), Duration::from_secs(ttl), capacity);
+        (counting, cache)
+    }
+
+    #[tokio::test]
+    async fn a_second_question_within_the_ttl_is_answered_from_the_cache() {
+        let (ec2, cache) = cache(60, 10);
+        for _ in 0..3 {
+            let got = cache.describe_instance("us-west-2", "i-1").await.unwrap();
+            assert_eq!(got.instance_id, "i-1");
+        }
+        assert_eq!(ec2.0.load(Ordering::SeqCst), 1);
+        // Another region is another instance.
+        cache.describe_instance("eu-west-1", "i-1").await.unwrap();
+        assert_eq!(ec2.0.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn entries_expire_after_the_ttl() {
+        let (_, cache) = cache(60, 10);
+        let t0 = Instant::now();
+        cache.insert_at("r", "i-1", instance("i-1"), t0);
+        assert!(cache
+            .cached_at("r", "i-1", t0 + Duration::from_secs(59))
+            .is_some());
+        assert!(cache
+            .cached_at("r", "i-1", t0 + Duration::from_secs(60))
+            .is_none());
+        assert!(cache.is_empty(), "an expired entry is dropped when seen");
+    }
+
+    #[test]
+    fn a_full_cache_drops_expired_entries_then_the_oldest() {
+        let (_, cache) = cache(60, 3);
+        let t0 = Instant::now();
+        cache.insert_at("r", "i-1", instance("i-1"), t0);
+        cache.insert_at("r", "i-2", instance("i-2"), t0 + Duration::from_secs(30));
+        cache.insert_at("r", "i-3", instance("i-3"), t0 + Duration::from_secs(40));
+        // i-1 has expired by now: it goes, the others stay.
+        let t1 = t0 + Duration::from_secs(61);
+        cache.insert_at("r", "i-4", instance("i-4"), t1);
+        assert_eq!(cache.len(), 3);
+        assert!(cache.cached_at("r", "i-1", t1).is_none());
+        assert!(cache.cached_at("r", "i-2", t1).is_some());
+        // Nothing expired: the oldest (i-2) makes room.
+        cache.insert_at("r", "i-5", instance("i-5"), t1);
+        assert_eq!(cache.len(), 3);
+        for (id, kept) in [("i-2", false), ("i-3", true), ("i-4", true), ("i-5", true)] {
+            assert_eq!(cache.cached_at("r", id, t1).is_some(), kept, "{id}");
+        }
+        // Replacing a kept entry evicts nothing.
+        cache.insert_at("r", "i-5", instance("i-5"), t1);
+        assert_eq!(cache.len(), 3);
+    }
+
+    #[test]
+    fn a_cache_of_capacity_zero_keeps_nothing() {
+        let (_, cache) = cache(60, 0);
+        cache.insert_at("r", "i-1", instance("i-1"), Instant::now());
+        assert!(cache.is_empty());
+    }
+}

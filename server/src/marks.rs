@@ -1,0 +1,161 @@
+//! autonode's marks on objects it does not own, and who may have made them.
+//!
+//! autonode records facts on Karpenter's NodeClaims as annotations: the
+//! one-shot binding, a bootstrap failure, the milestones already reported.
+//! Annotations are not autonode's alone to write: Karpenter copies a
+//! NodePool's `spec.template.metadata.annotations` onto every NodeClaim it
+//! creates, so whoever may edit a NodePool can put any `autonode.dev/*`
+//! value on a NodeClaim before autonode ever sees it. A pre-seeded binding
+//! would refuse the real machine as a "replay" (or let a chosen key resume);
+//! a pre-seeded failure would get a healthy machine marked failed.
+//!
+//! So a mark counts only when the API server's own record of who wrote it,
+//! `metadata.managedFields`, names [`FIELD_MANAGER`] as the field's only
+//! manager. Every write of a mark goes through [`patch_params`], so the API
+//! server records it under that name; a write by Karpenter (or by anyone
+//! else through their own client) is recorded under theirs. What this does
+//! not stop: a principal with direct write access to NodeClaims who sends
+//! `fieldManager=autonode-server` on purpose. Such a principal can already
+//! set `status.providerID` and is trusted like Karpenter (docs/design.md,
+//! threat model).
+//!
+//! [`keep_own`] removes every mark that fails this test from an object's
+//! metadata, so the code that reads marks never sees a foreign one.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::PatchParams;
+
+/// The field manager under which autonode writes everything it writes.
+pub const FIELD_MANAGER: &str = "autonode-server";
+
+/// The one-shot binding of an instance to its keys (see `crate::binding`).
+pub const BINDING: &str = "autonode.dev/binding";
+/// An agent's fatal report, when deleting failed NodeClaims is turned off.
+pub const BOOTSTRAP_FAILED: &str = "autonode.dev/bootstrap-failed";
+/// Milestones already reported on a NodeClaim (comma-separated).
+pub const REPORTED: &str = "autonode.dev/reported";
+
+/// Every annotation autonode writes on NodeClaims: the only ones it reads
+/// back, and only when [`keep_own`] finds them written by autonode.
+pub const NODECLAIM_MARKS: [&str; 3] = [BINDING, BOOTSTRAP_FAILED, REPORTED];
+
+/// Labels on the CSR objects the join creates. Anyone who may create a CSR
+/// may set them too: they help operators find objects, and decide nothing.
+pub const CSR_INSTANCE_LABEL: &str = "autonode.dev/instance-id";
+/// See [`CSR_INSTANCE_LABEL`].
+pub const CSR_NODECLAIM_LABEL: &str = "autonode.dev/nodeclaim";
+/// See [`CSR_INSTANCE_LABEL`].
+pub const CSR_MANAGED_LABEL: &str = "autonode.dev/managed";
+
+/// Patch parameters for every write of a mark: names [`FIELD_MANAGER`].
+pub fn patch_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    }
+}
+
+/// Removes from `meta` each of [`NODECLAIM_MARKS`] that autonode did not
+/// write, and returns the keys removed. Call it on an object as the API
+/// server sent it, before managedFields are dropped: without them no mark
+/// can be trusted, so all are removed.
+pub fn keep_own(meta: &mut ObjectMeta) -> Vec<&'static str> {
+    let Some(annotations) = meta.annotations.as_mut() else {
+        return Vec::new();
+    };
+    let managed = meta.managed_fields.as_deref().unwrap_or_default();
+    let mut removed = Vec::new();
+    for key in NODECLAIM_MARKS {
+        if annotations.contains_key(key) && !written_only_by_us(managed, key) {
+            annotations.remove(key);
+            removed.push(key);
+        }
+    }
+    removed
+}
+
+/// Whether `annotation` is owned by [`FIELD_MANAGER`] and nobody else.
+fn written_only_by_us(
+    managed: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry],
+    annotation: &str,
+) -> bool {
+    let field = format!("f:{annotation}");
+    let owners: Vec<&str> = managed
+        .iter()
+        .filter(|entry| {
+            entry
+                .fields_v1
+                .as_ref()
+                .and_then(|f| f.0.get("f:metadata"))
+                .and_then(|m| m.get("f:annotations"))
+                .is_some_and(|a| a.get(&field).is_some())
+        })
+        .map(|entry| entry.manager.as_deref().unwrap_or_default())
+        .collect();
+    !owners.is_empty() && owners.iter().all(|m| *m == FIELD_MANAGER)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn meta(annotations: serde_json::Value, managed: serde_json::Value) -> ObjectMeta {
+        serde_json::from_value(json!({
+            "name": "c1",
+            "annotations": annotations,
+            "managedFields": managed,
+        }))
+        .unwrap()
+    }
+
+    fn entry(manager: &str, key: &str) -> serde_json::Value {
+        json!({
+            "manager": manager, "operation": "Update", "apiVersion": "karpenter.sh/v1",
+            "fieldsType": "FieldsV1",
+            "fieldsV1": {"f:metadata": {"f:annotations": {format!("f:{key}"): {}}}},
+        })
+    }
+
+    #[test]
+    fn a_mark_written_by_autonode_is_kept() {
+        let mut m = meta(
+            json!({BINDING: "x", "other": "y"}),
+            json!([entry(FIELD_MANAGER, BINDING)]),
+        );
+        assert!(keep_own(&mut m).is_empty());
+        assert_eq!(m.annotations.unwrap().len(), 2);
+    }
+
+    #[test]
+    fn a_mark_written_by_another_manager_is_dropped() {
+        let mut m = meta(
+            json!({BINDING: "x", BOOTSTRAP_FAILED: "y", "other": "z"}),
+            json!([
+                entry("karpenter", BINDING),
+                entry("karpenter", BOOTSTRAP_FAILED)
+            ]),
+        );
+        assert_eq!(keep_own(&mut m), vec![BINDING, BOOTSTRAP_FAILED]);
+        let left = m.annotations.unwrap();
+        assert_eq!(left.keys().collect::<Vec<_>>(), vec!["other"]);
+    }
+
+    #[test]
+    fn a_mark_shared_with_another_manager_is_dropped() {
+        let mut m = meta(
+            json!({REPORTED: "registered"}),
+            json!([
+                entry(FIELD_MANAGER, REPORTED),
+                entry("kubectl-edit", REPORTED)
+            ]),
+        );
+        assert_eq!(keep_own(&mut m), vec![REPORTED]);
+    }
+
+    #[test]
+    fn without_managed_fields_nothing_is_trusted() {
+        let mut m = meta(json!({BINDING: "x"}), json!(null));
+        assert_eq!(keep_own(&mut m), vec![BINDING]);
+    }
+}

@@ -1,0 +1,187 @@
+//! Agent reports as an attack surface: whoever reads an instance's identity
+//! document (any process on it, forever) must not get its machine replaced
+//! or marked failed, and a captured signed report must not work twice.
+
+use crate::feedback::{join, metrics, post_report, report, send_report, wait_deleted};
+use anyhow::{bail, ensure, Context, Result};
+use autonode_shared::protocol::{Outcome, ReportRequest};
+use autonode_tests::fakecloud::Instance;
+use autonode_tests::joiner::NodeKeys;
+use autonode_tests::karpenter;
+use autonode_tests::server::TestServer;
+use autonode_tests::world::{cloud_settings, World};
+use k8s_openapi::api::core::v1::Event;
+use kube::api::{Api, ListParams};
+use rcgen::KeyPair;
+
+/// The server's `autonode.dev/bootstrap-failed` mark.
+const FAILED_MARK: &str = "autonode.dev/bootstrap-failed";
+
+/// Before the first join there is no bound key: a fatal report, unsigned or
+/// signed by any key, is shown as an unverified Warning and changes nothing,
+/// whether the server deletes failed NodeClaims or marks them. The machine
+/// can still join afterwards.
+#[tokio::test]
+async fn a_fatal_report_before_the_binding_leaves_the_nodeclaim_alone() -> Result<()> {
+    let world = World::start().await?;
+    let settings = cloud_settings(&world.cloud, &world.ec2);
+    let marking = TestServer::start(
+        &world.cp,
+        &settings,
+        &["--delete-failed-nodeclaims=false".into()],
+    )
+    .await?;
+    let marking_joiner = autonode_tests::joiner::Joiner::new(marking.url(), marking.ca_pem())?;
+    let (claim, instance) = world.launch(|i| i).await?;
+    let stranger = KeyPair::generate()?;
+
+    send_report(&world, &instance, Outcome::Fatal, None).await?;
+    send_report(&world, &instance, Outcome::Fatal, Some(&stranger)).await?;
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let unsigned = report(&world, &instance, Outcome::Fatal, now, None)?;
+    let body = serde_json::to_vec(&unsigned)?;
+    let (status, _) = marking_joiner
+        .post(autonode_shared::protocol::REPORT_PATH, body)
+        .await?;
+    ensure!(status == 202, "the marking server answered {status}");
+
+    // Each answer came after the handling: nothing was deleted or marked.
+    let claims = karpenter::nodeclaims(&world.cp.admin().await?);
+    let object = claims.get_opt(&claim).await?;
+    let Some(object) = object.filter(|o| o.metadata.deletion_timestamp.is_none()) else {
+        bail!("an unverified fatal report deleted NodeClaim {claim}");
+    };
+    let marked = object
+        .metadata
+        .annotations
+        .is_some_and(|a| a.contains_key(FAILED_MARK));
+    ensure!(!marked, "an unverified fatal report marked {claim} failed");
+
+    let warnings = warning_messages(&world, &claim, "BootstrapFailed").await?;
+    ensure!(
+        warnings.iter().any(|m| m.contains("unverified")),
+        "the Warning says the report is unverified: {warnings:?}"
+    );
+    let metrics = metrics(&world).await?;
+    ensure!(
+        metrics.contains("autonode_agent_reports_unverified_fatal_total 2"),
+        "{metrics}"
+    );
+    // The machine is not harmed: its agent joins.
+    join(&world, &instance).await?;
+    Ok(())
+}
+
+/// A signed report is accepted once; the same bytes again are refused,
+/// while a new report from the same key still gets through.
+#[tokio::test]
+async fn a_replayed_signed_report_is_refused() -> Result<()> {
+    let world = World::start().await?;
+    let machine = Joined::launch(&world).await?;
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let captured = machine.report(&world, Outcome::Retrying, now)?;
+
+    let (first, body) = post_report(&world, &captured).await?;
+    ensure!(first == 202, "the original was answered {first}: {body}");
+    let (replayed, body) = post_report(&world, &captured).await?;
+    ensure!(
+        replayed == 403,
+        "the replay was answered {replayed}: {body}"
+    );
+    let next = machine.report(&world, Outcome::Retrying, now + 1)?;
+    let (status, body) = post_report(&world, &next).await?;
+    ensure!(status == 202, "a new report was answered {status}: {body}");
+
+    let metrics = metrics(&world).await?;
+    ensure!(
+        metrics.contains(r#"autonode_agent_reports_refused_total{reason="replayed"} 1"#),
+        "{metrics}"
+    );
+    Ok(())
+}
+
+/// A signed fatal report written too long ago (or too far ahead) is
+/// refused and deletes nothing; the same report written now does.
+#[tokio::test]
+async fn a_signed_report_outside_the_window_is_refused() -> Result<()> {
+    let world = World::start().await?;
+    let machine = Joined::launch(&world).await?;
+    let (claim, now) = (
+        &machine.claim,
+        time::OffsetDateTime::now_utc().unix_timestamp(),
+    );
+    let claims = karpenter::nodeclaims(&world.cp.admin().await?);
+
+    for (when, timestamp) in [("stale", now - 400), ("future", now + 400)] {
+        let report = machine.report(&world, Outcome::Fatal, timestamp)?;
+        let (status, body) = post_report(&world, &report).await?;
+        ensure!(
+            status == 403,
+            "a {when} report was answered {status}: {body}"
+        );
+        ensure!(
+            claims.get_opt(claim).await?.is_some(),
+            "a {when} report deleted {claim}"
+        );
+    }
+    let timely = machine.report(&world, Outcome::Fatal, now)?;
+    let (status, body) = post_report(&world, &timely).await?;
+    ensure!(
+        status == 202,
+        "a timely report was answered {status}: {body}"
+    );
+    wait_deleted(&claims, claim)
+        .await
+        .context("a timely signed fatal report")?;
+    let metrics = metrics(&world).await?;
+    ensure!(
+        metrics.contains(r#"autonode_agent_reports_refused_total{reason="outside_window"} 2"#),
+        "{metrics}"
+    );
+    Ok(())
+}
+
+/// A machine whose agent has joined: its instance is bound to `keys.client`.
+struct Joined {
+    claim: String,
+    instance: Instance,
+    keys: NodeKeys,
+}
+
+impl Joined {
+    async fn launch(world: &World) -> Result<Self> {
+        let (claim, instance) = world.launch(|i| i).await?;
+        let keys = join(world, &instance).await?;
+        Ok(Joined {
+            claim,
+            instance,
+            keys,
+        })
+    }
+
+    /// A report signed with the bound key, written at `timestamp`.
+    fn report(&self, world: &World, outcome: Outcome, timestamp: i64) -> Result<ReportRequest> {
+        report(
+            world,
+            &self.instance,
+            outcome,
+            timestamp,
+            Some(&self.keys.client),
+        )
+    }
+}
+
+/// The messages of `claim`'s Warning Events with `reason`, once there is
+/// one (Events are written in the background).
+async fn warning_messages(world: &World, claim: &str, reason: &str) -> Result<Vec<String>> {
+    world.event_reasons(claim, reason).await?;
+    let api: Api<Event> = Api::namespaced(world.cp.admin().await?, "default");
+    let selector = format!("involvedObject.name={claim},reason={reason},type=Warning");
+    Ok(api
+        .list(&ListParams::default().fields(&selector))
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|e| e.message)
+        .collect())
+}
