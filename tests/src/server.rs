@@ -145,7 +145,7 @@ impl TestServer {
         args.extend_from_slice(setup.extra_args);
         let daemon = Daemon::spawn_with_env(
             "autonode-server",
-            &binary("autonode-server")?,
+            &server_binary()?,
             &args,
             dir.path(),
             &[
@@ -281,6 +281,16 @@ fn split_url(url: &str) -> Result<[String; 3]> {
     let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
     let (host, port) = authority.rsplit_once(':').context("URL needs a port")?;
     Ok([host.to_string(), port.to_string(), format!("/{path}")])
+}
+
+/// The server binary [`TestServer`] runs: `$AUTONODE_SERVER_BIN` when set
+/// (`tests/bench/compare` points it at a build of another revision), else
+/// the one built next to the tests.
+pub fn server_binary() -> Result<PathBuf> {
+    match std::env::var_os("AUTONODE_SERVER_BIN") {
+        Some(path) => Ok(PathBuf::from(path)),
+        None => binary("autonode-server"),
+    }
 }
 
 /// Where cargo put a workspace binary (built by `cargo build --workspace`,
