@@ -29,20 +29,23 @@
 //! most one real lookup per node per [`LOOKUP_PERIOD`] beyond a burst of
 //! [`LOOKUP_BURST`] (the account's EC2 API budget is Karpenter's too).
 
+use crate::backoff::WatchBackoff;
 use crate::binding::{self, Unreadable};
+use crate::cache;
 use crate::ec2::{InstanceLookup, LookupCache, LookupError};
 use crate::karpenter::{parse_aws_provider_id, NodeClaim};
 use crate::metrics::{KindLabels, LeftPendingLabels, Metrics};
 use crate::nodeclaim::NodeClaims;
 use autonode_shared::csr::{self, Purpose};
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use k8s_openapi::api::certificates::v1::{
-    CertificateSigningRequest, CertificateSigningRequestStatus,
+    CertificateSigningRequest, CertificateSigningRequestCondition, CertificateSigningRequestStatus,
 };
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::ByteString;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::controller::{self, applier, trigger_self, Action};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 use std::collections::HashMap;
@@ -79,6 +82,8 @@ pub const LOOKUP_PERIOD: Duration = Duration::from_secs(30);
 /// Nodes whose lookup budgets are tracked at most; idle ones (budget full
 /// again) are forgotten first, as forgetting them changes nothing.
 pub const LIMITER_CAPACITY: usize = 10_000;
+/// The most usages a kubelet CSR is kept with: a kubelet asks for three.
+pub const MAX_USAGES: usize = 16;
 /// When to look at a CSR left pending again: its node or NodeClaim may
 /// appear, or an older CSR drop out of the cap's window.
 const RETRY_DECLINED: Duration = Duration::from_secs(30);
@@ -96,8 +101,9 @@ pub struct Settings {
 struct Context {
     csrs: Api<CertificateSigningRequest>,
     nodes: Store<Node>,
-    /// The controller's own view of every CSR (for the cap).
-    csr_store: Store<CertificateSigningRequest>,
+    /// The controller's own view of the kubelet signers' CSRs, one store
+    /// per signer (for the cap).
+    csr_stores: [Store<CertificateSigningRequest>; 2],
     /// EC2 answers, reused for [`LOOKUP_TTL`].
     lookups: LookupCache,
     /// Real EC2 lookups per node.
@@ -147,6 +153,12 @@ pub enum Decline {
     NotLive { instance_id: String, state: String },
     #[error("{0}")]
     Csr(#[from] csr::CsrError),
+    /// Its body was not kept ([`keep_for_judging`]): never judged.
+    #[error(
+        "its request is over {max} bytes or it has over {MAX_USAGES} usages; not kept, not judged",
+        max = csr::MAX_CSR_PEM_BYTES
+    )]
+    Oversized,
     #[error(
         "node {node} already has {count} CSRs pending or approved in the last {window_minutes} \
          minutes (cap {cap})"
@@ -179,17 +191,20 @@ impl Decline {
             Self::NotItsName { .. } => "not_instance_name",
             Self::NotLive { .. } => "instance_not_live",
             Self::Csr(e) => e.reason(),
+            Self::Oversized => "csr_too_large",
             Self::TooMany { .. } => "too_many_csrs",
             Self::Lookup(_) => "ec2_lookup",
             Self::RateLimited { .. } => "rate_limited",
         }
     }
 
-    /// When to look at the CSR again.
-    fn retry_in(&self) -> Duration {
+    /// When to look at the CSR again: never for one not kept (a CSR's
+    /// spec cannot change).
+    fn retry_in(&self) -> Option<Duration> {
         match self {
-            Self::RateLimited { retry_in, .. } => *retry_in,
-            _ => RETRY_DECLINED,
+            Self::RateLimited { retry_in, .. } => Some(*retry_in),
+            Self::Oversized => None,
+            _ => Some(RETRY_DECLINED),
         }
     }
 }
@@ -200,31 +215,113 @@ pub enum Error {
     Kube(#[from] kube::Error),
 }
 
-/// Runs the controller until the stream ends.
+/// Runs the controller until its streams end.
+///
+/// The CSRs are watched per signer (a field selector on
+/// `spec.signerName`, one watch and one store for each of the two kubelet
+/// signers): a CSR of any other signer, of any size, never reaches this
+/// replica. What is kept of each is what judging reads
+/// ([`keep_for_judging`]).
 pub async fn run(client: Client, settings: Settings) {
-    let nodes: Api<Node> = Api::all(client.clone());
-    let (node_store, node_writer) = kube::runtime::reflector::store();
-    let node_stream =
-        kube::runtime::reflector(node_writer, watcher(nodes, watcher::Config::default()))
-            .backoff(crate::backoff::WatchBackoff::default());
-    tokio::spawn(async move {
-        let mut s = std::pin::pin!(node_stream);
-        while s.next().await.is_some() {}
-    });
+    let (nodes, node_writer) = reflector::store();
+    let node_config = watcher::Config::default().page_size(cache::LIST_PAGE);
+    let node_stream = watcher(Api::<Node>::all(client.clone()), node_config)
+        .modify(cache::strip_node)
+        .backoff(WatchBackoff::default())
+        .reflect(node_writer);
+    // Polled here, not spawned: a replica that stops leading drops this
+    // future, and the Node watch and store with it (a spawned task went on,
+    // and each time it led again added another).
+    let keep_nodes = node_stream.for_each(|_| futures::future::ready(()));
     let csrs: Api<CertificateSigningRequest> = Api::all(client);
-    let controller = Controller::new(csrs.clone(), watcher::Config::default());
-    let ctx = Context {
+    let (client_store, client_csrs) = kubelet_csrs(&csrs, csr::CLIENT_SIGNER);
+    let (serving_store, serving_csrs) = kubelet_csrs(&csrs, csr::SERVING_SIGNER);
+    let ctx = Arc::new(Context {
         csrs,
-        nodes: node_store,
-        csr_store: controller.store(),
+        nodes,
+        csr_stores: [client_store.clone(), serving_store.clone()],
         lookups: LookupCache::new(settings.ec2.clone(), LOOKUP_TTL, LOOKUP_CACHE_CAPACITY),
         limiter: Limiter::new(LOOKUP_BURST, LOOKUP_PERIOD, LIMITER_CAPACITY),
         settings,
+    });
+    let client_side = judging(client_store, client_csrs, ctx.clone());
+    let serving_side = judging(serving_store, serving_csrs, ctx);
+    let judge = futures::stream::select(client_side, serving_side).for_each(|result| {
+        if let Err(error) = result {
+            tracing::debug!(%error, "kubelet CSR approver");
+        }
+        futures::future::ready(())
+    });
+    futures::future::join(keep_nodes, judge).await;
+}
+
+/// The CSRs of `signer`, as a store and the stream that fills it (each
+/// object stripped to [`keep_for_judging`] before it is kept).
+fn kubelet_csrs(
+    api: &Api<CertificateSigningRequest>,
+    signer: &str,
+) -> (
+    Store<CertificateSigningRequest>,
+    impl Stream<Item = Result<CertificateSigningRequest, watcher::Error>> + Send + 'static,
+) {
+    let (store, writer) = reflector::store();
+    let config = watcher::Config::default()
+        .fields(&format!("spec.signerName={signer}"))
+        .page_size(cache::SMALL_PAGE);
+    let stream = watcher(api.clone(), config)
+        .modify(keep_for_judging)
+        .backoff(WatchBackoff::default())
+        .reflect(writer)
+        .applied_objects();
+    (store, stream)
+}
+
+/// Reconciles every CSR `csrs` brings, reading it from `store`.
+fn judging(
+    store: Store<CertificateSigningRequest>,
+    csrs: impl Stream<Item = Result<CertificateSigningRequest, watcher::Error>> + Send + 'static,
+    ctx: Arc<Context>,
+) -> impl Stream<Item = Result<(), String>> {
+    applier(
+        |csr, ctx| Box::pin(reconcile(csr, ctx)),
+        error_policy,
+        ctx,
+        store,
+        trigger_self(csrs, ()),
+        controller::Config::default(),
+    )
+    .map(|result| result.map(|_| ()).map_err(|e| e.to_string()))
+}
+
+/// What the approver keeps of a kubelet CSR: what [`ours_to_judge`],
+/// [`judge`] and the cap read. A request larger than
+/// [`csr::MAX_CSR_PEM_BYTES`] (or with more usages than [`MAX_USAGES`]) is
+/// not kept: its request is emptied, which the API server never stores, so
+/// [`judge`] knows it for one it will not judge.
+pub fn keep_for_judging(csr: &mut CertificateSigningRequest) {
+    cache::identity_only(&mut csr.metadata);
+    let spec = &mut csr.spec;
+    spec.extra = None;
+    spec.uid = None;
+    let usages = spec.usages.as_ref().map_or(0, Vec::len);
+    if spec.request.0.len() > csr::MAX_CSR_PEM_BYTES || usages > MAX_USAGES {
+        spec.request = ByteString(Vec::new());
+        spec.usages = None;
+    }
+    let Some(status) = csr.status.as_mut() else {
+        return;
     };
-    controller
-        .run(reconcile, error_policy, Arc::new(ctx))
-        .for_each(|_| futures::future::ready(()))
-        .await;
+    // Only whether there is one is read.
+    if let Some(certificate) = status.certificate.as_mut() {
+        certificate.0 = Vec::new();
+    }
+    for condition in status.conditions.iter_mut().flatten() {
+        *condition = CertificateSigningRequestCondition {
+            type_: std::mem::take(&mut condition.type_),
+            status: std::mem::take(&mut condition.status),
+            ..Default::default()
+        };
+    }
 }
 
 async fn reconcile(
@@ -259,7 +356,9 @@ async fn reconcile(
                 .get_or_create(&LeftPendingLabels { kind, reason })
                 .inc();
             tracing::warn!(csr = %csr.name_any(), %node, kind, reason, detail = %decline, "kubelet CSR left pending");
-            Ok(Action::requeue(decline.retry_in()))
+            Ok(decline
+                .retry_in()
+                .map_or_else(Action::await_change, Action::requeue))
         }
     }
 }
@@ -313,6 +412,9 @@ async fn judge(
     purpose: Purpose,
     ctx: &Context,
 ) -> Result<(), Decline> {
+    if csr.spec.request.0.is_empty() {
+        return Err(Decline::Oversized);
+    }
     let count = counted_toward_cap(ctx, csr);
     if count >= ctx.settings.pending_cap {
         return Err(Decline::TooMany {
@@ -450,9 +552,14 @@ async fn lookup(
 /// excluded.
 fn counted_toward_cap(ctx: &Context, csr: &CertificateSigningRequest) -> usize {
     let now = unix_now();
-    ctx.csr_store
-        .state_filter(|other| counts_toward_cap(other, csr, now))
-        .len()
+    ctx.csr_stores
+        .iter()
+        .map(|store| {
+            store
+                .state_filter(|other| counts_toward_cap(other, csr, now))
+                .len()
+        })
+        .sum()
 }
 
 /// Whether `other` counts toward `csr`'s requester's cap at `now` (Unix
@@ -493,18 +600,16 @@ async fn approve(
     node: &str,
 ) -> Result<(), kube::Error> {
     let status = CertificateSigningRequestStatus {
-        conditions: Some(vec![
-            k8s_openapi::api::certificates::v1::CertificateSigningRequestCondition {
-                type_: "Approved".into(),
-                status: "True".into(),
-                reason: Some(RENEWAL_REASON.into()),
-                message: Some(format!(
-                    "autonode-server: requested by node {node} for itself; \
+        conditions: Some(vec![CertificateSigningRequestCondition {
+            type_: "Approved".into(),
+            status: "True".into(),
+            reason: Some(RENEWAL_REASON.into()),
+            message: Some(format!(
+                "autonode-server: requested by node {node} for itself; \
                      its instance's EC2 name and autonode's binding agree"
-                )),
-                ..Default::default()
-            },
-        ]),
+            )),
+            ..Default::default()
+        }]),
         certificate: None,
     };
     let patch = serde_json::json!({ "status": status });
@@ -670,6 +775,69 @@ mod tests {
             .filter(|o| counts_toward_cap(o, &this, NOW))
             .count();
         assert!(count < DEFAULT_PENDING_CAP, "{count}");
+    }
+
+    fn kubelet_csr(request: &str, usages: usize) -> CertificateSigningRequest {
+        serde_json::from_value(json!({
+            "metadata": {
+                "name": "c1", "uid": "u1", "creationTimestamp": "2026-01-01T10:00:00Z",
+                "labels": {"autonode.dev/managed": "true"},
+                "annotations": {"big": "x".repeat(200_000)},
+                "managedFields": [{"manager": "kubelet"}],
+            },
+            "spec": {
+                "request": request, "signerName": csr::SERVING_SIGNER,
+                "usages": vec!["server auth"; usages], "username": ME,
+                "groups": [csr::NODES_GROUP], "extra": {"k": ["x".repeat(100_000)]},
+            },
+            "status": {
+                "conditions": [{"type": "Approved", "status": "True", "message": "x".repeat(100_000)}],
+                "certificate": "Y2VydA==",
+            },
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn what_judging_reads_is_kept_and_nothing_else() {
+        let mut kept = kubelet_csr("eHh4", 3);
+        keep_for_judging(&mut kept);
+        assert_eq!(
+            serde_json::to_value(&kept).unwrap(),
+            json!({
+                "apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
+                "metadata": {"name": "c1", "uid": "u1", "creationTimestamp": "2026-01-01T10:00:00Z"},
+                "spec": {
+                    "request": "eHh4", "signerName": csr::SERVING_SIGNER,
+                    "usages": ["server auth", "server auth", "server auth"],
+                    "username": ME, "groups": [csr::NODES_GROUP],
+                },
+                "status": {
+                    "conditions": [{"type": "Approved", "status": "True"}],
+                    "certificate": "",
+                },
+            })
+        );
+        // Still decided and approved, as it was.
+        assert!(decided(&kept) && approved(&kept));
+    }
+
+    #[test]
+    fn an_oversized_request_or_usage_list_is_not_kept() {
+        use k8s_openapi::ByteString;
+        let mut big = kubelet_csr("", 3);
+        big.spec.request = ByteString(vec![b'A'; csr::MAX_CSR_PEM_BYTES + 1]);
+        let mut at_limit = big.clone();
+        at_limit.spec.request.0.truncate(csr::MAX_CSR_PEM_BYTES);
+        let mut many = kubelet_csr("eHh4", MAX_USAGES + 1);
+        for csr in [&mut big, &mut at_limit, &mut many] {
+            keep_for_judging(csr);
+        }
+        assert!(big.spec.request.0.is_empty());
+        assert_eq!(at_limit.spec.request.0.len(), csr::MAX_CSR_PEM_BYTES);
+        assert!(many.spec.request.0.is_empty() && many.spec.usages.is_none());
+        assert_eq!(Decline::Oversized.reason(), "csr_too_large");
+        assert_eq!(Decline::Oversized.retry_in(), None);
     }
 
     #[test]

@@ -19,6 +19,8 @@
 
 use crate::backoff::WatchBackoff;
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::utils::Backoff;
 use kube::runtime::watcher;
@@ -29,6 +31,18 @@ use std::hash::Hash;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tokio::sync::watch;
+
+/// Objects per page when a cache lists. A page is held whole (the response
+/// body, then the parsed objects) before anything is stripped from them.
+pub const LIST_PAGE: u32 = 100;
+/// Objects per page when listing what anyone holding a node credential can
+/// create large (CSRs: up to the API server's 1.5 MiB object limit each,
+/// as many as they like): ten such objects are a bounded spike, 500 (the
+/// watcher's default) would be most of the server's memory limit.
+pub const SMALL_PAGE: u32 = 10;
+/// The longest `spec.providerID` kept of a Node. An AWS one
+/// (`aws:///<zone>/<instance>`) is under 64 bytes; a node writes its own.
+pub const MAX_PROVIDER_ID: usize = 256;
 
 /// A cache of `K`, kept by a background task.
 pub struct Cache<K>
@@ -72,15 +86,10 @@ where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
 {
-    /// Starts watching `api` in the background. managedFields are dropped
-    /// from what is kept: nothing reads them after the filter, and they can
-    /// outweigh a small object.
-    pub fn start(api: Api<K>, what: &'static str) -> Self {
-        Self::start_filtered(api, what, |_| {})
-    }
-
-    /// Like [`Cache::start`], with `filter` run on every object as the API
-    /// server sent it (managedFields still there) before it is kept.
+    /// Starts watching `api` in the background. `filter` runs on every
+    /// object as the API server sent it (managedFields still there) and
+    /// strips what the cache's readers do not read; managedFields are
+    /// dropped after it in any case: they can outweigh a small object.
     pub fn start_filtered(api: Api<K>, what: &'static str, filter: fn(&mut K)) -> Self {
         let (store, writer) = reflector::store();
         let (listed_tx, listed) = watch::channel(false);
@@ -152,7 +161,8 @@ where
     async fn run(mut self) {
         let mut backoff = WatchBackoff::default();
         loop {
-            let events = watcher(self.api.clone(), watcher::Config::default());
+            let config = watcher::Config::default().page_size(LIST_PAGE);
+            let events = watcher(self.api.clone(), config);
             let mut events = std::pin::pin!(events);
             while let Some(event) = events.next().await {
                 match event {
@@ -189,10 +199,104 @@ where
     }
 }
 
+/// Keeps of `meta` only what names the object and what readers of every
+/// kind use: name, namespace, UID, resourceVersion, generation, creation
+/// and deletion timestamps. Labels, annotations, managedFields, owners and
+/// finalizers go: whoever may write the object may make them large.
+pub fn identity_only(meta: &mut ObjectMeta) {
+    *meta = ObjectMeta {
+        name: meta.name.take(),
+        namespace: meta.namespace.take(),
+        uid: meta.uid.take(),
+        resource_version: meta.resource_version.take(),
+        generation: meta.generation.take(),
+        creation_timestamp: meta.creation_timestamp.take(),
+        deletion_timestamp: meta.deletion_timestamp.take(),
+        ..ObjectMeta::default()
+    };
+}
+
+/// What the approver and the feedback controller keep of a Node: its name
+/// and UID, `spec.providerID` (when it is of a sane length) and whether it
+/// is Ready. A node writes its own Node, status included: its images,
+/// annotations, labels and conditions are as large as it likes.
+pub fn strip_node(node: &mut Node) {
+    identity_only(&mut node.metadata);
+    let provider_id = node
+        .spec
+        .take()
+        .and_then(|spec| spec.provider_id)
+        .filter(|id| id.len() <= MAX_PROVIDER_ID);
+    node.spec = Some(NodeSpec {
+        provider_id,
+        ..NodeSpec::default()
+    });
+    let ready = node
+        .status
+        .take()
+        .and_then(|status| status.conditions)
+        .and_then(|conditions| conditions.into_iter().find(|c| c.type_ == "Ready"))
+        .map(|c| NodeCondition {
+            type_: c.type_,
+            status: c.status,
+            ..NodeCondition::default()
+        });
+    node.status = Some(NodeStatus {
+        conditions: ready.map(|c| vec![c]),
+        ..NodeStatus::default()
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
     use std::time::Duration;
+
+    #[test]
+    fn a_node_keeps_its_name_provider_id_and_readiness_only() {
+        let big = "x".repeat(100_000);
+        let mut node: Node = serde_json::from_value(json!({
+            "metadata": {
+                "name": "n1", "uid": "u1",
+                "annotations": {"a": big}, "labels": {"l": "v"},
+                "managedFields": [{"manager": "kubelet"}],
+            },
+            "spec": {"providerID": "aws:///us-west-2a/i-1", "podCIDR": "10.0.0.0/24"},
+            "status": {
+                "conditions": [
+                    {"type": "MemoryPressure", "status": "False", "message": big},
+                    {"type": "Ready", "status": "True", "message": big},
+                ],
+                "images": [{"names": [big], "sizeBytes": 1}],
+            },
+        }))
+        .unwrap();
+        strip_node(&mut node);
+        let kept = serde_json::to_value(&node).unwrap();
+        assert_eq!(
+            kept,
+            json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": "n1", "uid": "u1"},
+                "spec": {"providerID": "aws:///us-west-2a/i-1"},
+                "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+            })
+        );
+    }
+
+    #[test]
+    fn an_overlong_provider_id_is_not_kept() {
+        let mut node = Node {
+            spec: Some(NodeSpec {
+                provider_id: Some("a".repeat(MAX_PROVIDER_ID + 1)),
+                ..NodeSpec::default()
+            }),
+            ..Node::default()
+        };
+        strip_node(&mut node);
+        assert_eq!(node.spec.and_then(|s| s.provider_id), None);
+    }
 
     fn status() -> (watch::Sender<bool>, Status) {
         let (tx, listed) = watch::channel(false);

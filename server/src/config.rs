@@ -130,10 +130,6 @@ pub struct ServeArgs {
     )]
     pub base_ignition: Option<autonode_server::nodeconfig::Source>,
 
-    /// Joins processed at once; more get 503 with Retry-After.
-    #[arg(long, env = "AUTONODE_MAX_CONCURRENT_JOINS", default_value = "256")]
-    pub max_concurrent_joins: usize,
-
     /// Seconds to wait for kube-controller-manager to sign a CSR.
     #[arg(
         long = "csr-timeout",
@@ -193,6 +189,10 @@ pub struct ServeArgs {
     /// EC2NodeClass upkeep and the Karpenter CRDs.
     #[command(flatten)]
     pub nodeclasses: NodeClassArgs,
+
+    /// The join API's caps and timeouts.
+    #[command(flatten)]
+    pub join_api: JoinApiArgs,
 }
 
 impl ServeArgs {
@@ -374,5 +374,77 @@ impl NodeClassArgs {
             metrics: metrics.clone(),
             events: events.clone(),
         }))
+    }
+}
+
+/// `serve`'s caps and timeouts for the join API (`autonode_server::api`):
+/// what one caller, one source address and everyone together may hold.
+#[derive(Debug, Clone, Args)]
+pub struct JoinApiArgs {
+    /// Joins processed at once, once admitted (body read, document verified
+    /// and within the allowed accounts and regions); more get 503 with
+    /// Retry-After.
+    #[arg(long, env = "AUTONODE_MAX_CONCURRENT_JOINS", default_value = "256", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_concurrent_joins: u32,
+
+    /// Joins one source address (an IPv6 one by its /64) may have in flight;
+    /// more get 429 with Retry-After and the agent retries. Keep it at 8 or
+    /// more: a NAT gateway puts a whole subnet's booting nodes behind one
+    /// address. Behind a load balancer that does not keep client addresses
+    /// (a Service without externalTrafficPolicy: Local, a proxy) every node
+    /// seems to come from the balancer: set 0 (no per-source limit).
+    #[arg(long, env = "AUTONODE_MAX_JOINS_PER_SOURCE", default_value = "8")]
+    pub max_joins_per_source: u32,
+
+    /// Open connections to the join API at once; more are closed on accept.
+    #[arg(long, env = "AUTONODE_MAX_CONNECTIONS", default_value = "4096", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+
+    /// Open connections from one source address (an IPv6 one by its /64);
+    /// more are closed on accept. Keep it at 64 or more: a NAT gateway puts
+    /// a whole subnet's booting nodes behind one address (see
+    /// --max-joins-per-source; 0: no per-source limit).
+    #[arg(
+        long,
+        env = "AUTONODE_MAX_CONNECTIONS_PER_SOURCE",
+        default_value = "64"
+    )]
+    pub max_connections_per_source: u32,
+
+    /// Seconds a connection has for its TLS handshake.
+    #[arg(
+        long = "handshake-timeout",
+        env = "AUTONODE_HANDSHAKE_TIMEOUT",
+        default_value = "3",
+        value_name = "SECONDS",
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub handshake_timeout_secs: u64,
+
+    /// Seconds a request has to send its headers, and again its body (a
+    /// join request is a few KiB); a slow one is answered 408 and closed.
+    #[arg(
+        long = "body-timeout",
+        env = "AUTONODE_BODY_TIMEOUT",
+        default_value = "5",
+        value_name = "SECONDS",
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub body_timeout_secs: u64,
+}
+
+impl JoinApiArgs {
+    /// The join API's limits.
+    pub fn limits(&self) -> autonode_server::api::Limits {
+        let count = |n: u32| usize::try_from(n).unwrap_or(usize::MAX);
+        autonode_server::api::Limits {
+            max_concurrent_joins: count(self.max_concurrent_joins),
+            max_joins_per_source: count(self.max_joins_per_source),
+            max_connections: count(self.max_connections),
+            max_connections_per_source: count(self.max_connections_per_source),
+            handshake_timeout: Duration::from_secs(self.handshake_timeout_secs),
+            body_timeout: Duration::from_secs(self.body_timeout_secs),
+            ..autonode_server::api::Limits::default()
+        }
     }
 }

@@ -19,17 +19,19 @@
 //! observations once each; an annotation records which were reported so a
 //! restarted or new leader does not report them again.
 
+use crate::backoff::WatchBackoff;
 use crate::binding;
+use crate::cache;
 use crate::events::Events;
 use crate::karpenter::{Condition, NodeClaim};
 use crate::marks;
 use crate::metrics::Metrics;
-use crate::nodeclaim::NodeClaims;
+use crate::nodeclaim::{self, NodeClaims};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Patch;
-use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::controller::{self, applier, trigger_self, trigger_with, Action};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 use std::sync::Arc;
@@ -65,9 +67,40 @@ pub enum Stage {
 }
 
 /// Runs the controller until its stream ends.
+///
+/// One NodeClaim watch and one Node watch, each into a store of what is
+/// read ([`nodeclaim::strip`], [`cache::strip_node`]): a Node changing
+/// (registered, Ready) wakes the NodeClaim with its providerID.
 pub async fn run(client: Client, claims: NodeClaims, events: Events, metrics: Metrics) {
-    let nodes_api: Api<Node> = Api::all(client.clone());
     let nodeclaims: Api<NodeClaim> = Api::all(client.clone());
+    let page = watcher::Config::default().page_size(cache::LIST_PAGE);
+    let (claim_store, claim_writer) = reflector::store();
+    let claim_changes = watcher(nodeclaims.clone(), page.clone())
+        .modify(nodeclaim::strip)
+        .backoff(WatchBackoff::default())
+        .reflect(claim_writer)
+        .applied_objects();
+    let (node_store, node_writer) = reflector::store();
+    let node_changes = watcher(Api::<Node>::all(client), page)
+        .modify(cache::strip_node)
+        .backoff(WatchBackoff::default())
+        .reflect(node_writer)
+        .touched_objects();
+    let woken = trigger_with(node_changes, move |node: Node| {
+        let provider_id = node.spec.and_then(|s| s.provider_id).unwrap_or_default();
+        claims
+            .by_provider_id(&provider_id)
+            .into_iter()
+            .map(|c| ObjectRef::<NodeClaim>::new(&c.name_any()))
+            .collect::<Vec<_>>()
+    });
+    let queue = futures::stream::select(trigger_self(claim_changes, ()), woken);
+    let ctx = Arc::new(Context {
+        nodeclaims,
+        nodes: node_store,
+        events,
+        metrics,
+    });
     // Debounced: a NodeClaim's events come in bursts while its machine
     // joins (the binding, Karpenter's status writes), and writing the
     // condition at the first of them put one more API write beside the
@@ -75,48 +108,23 @@ pub async fn run(client: Client, claims: NodeClaims, events: Events, metrics: Me
     // server's part of a join over its API writes alone, before and
     // after). A second later the join is done; Ready is reported a second
     // later too, which nobody waits on.
-    let controller = Controller::new(nodeclaims.clone(), watcher::Config::default())
-        .with_config(kube::runtime::controller::Config::default().debounce(DEBOUNCE));
-    let lookup = claims.clone();
-    // A Node changing (registered, Ready) wakes the NodeClaim with its
-    // providerID.
-    let controller =
-        controller.watches(nodes_api, watcher::Config::default(), move |node: Node| {
-            let provider_id = node.spec.and_then(|s| s.provider_id).unwrap_or_default();
-            lookup
-                .by_provider_id(&provider_id)
-                .into_iter()
-                .map(|c| ObjectRef::new(&c.name_any()))
-                .collect::<Vec<_>>()
-        });
-    let (node_store, node_writer) = kube::runtime::reflector::store();
-    let node_stream = kube::runtime::reflector(
-        node_writer,
-        watcher(Api::<Node>::all(client), watcher::Config::default()),
+    let config = controller::Config::default().debounce(DEBOUNCE);
+    applier(
+        |claim, ctx| Box::pin(reconcile(claim, ctx)),
+        error_policy,
+        ctx,
+        claim_store,
+        queue,
+        config,
     )
-    .backoff(crate::backoff::WatchBackoff::default());
-    tokio::spawn(async move {
-        let mut s = std::pin::pin!(node_stream);
-        while s.next().await.is_some() {}
-    });
-    let ctx = Arc::new(Context {
-        nodeclaims,
-        nodes: node_store,
-        events,
-        metrics,
-    });
-    controller
-        .run(reconcile, error_policy, ctx)
-        .for_each(|_| futures::future::ready(()))
-        .await;
+    .for_each(|_| futures::future::ready(()))
+    .await;
 }
 
 async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Action, Error> {
-    // This controller's own watch keeps managedFields: judge the marks on
-    // them, so a NodePool's copied annotations neither start feedback nor
-    // mark a machine failed.
-    let mut claim = (*claim).clone();
-    marks::keep_own(&mut claim.metadata);
+    // The marks were judged, and foreign ones removed, before the claim
+    // was kept (nodeclaim::strip), so a NodePool's copied annotations
+    // neither start feedback nor mark a machine failed.
     let bound = matches!(binding::recorded(&claim), Ok(Some(_)));
     if !bound || claim.is_deleting() {
         return Ok(Action::await_change());

@@ -14,6 +14,7 @@
 
 use crate::backoff::WatchBackoff;
 use crate::binding::CsrRef;
+use crate::cache;
 use crate::marks;
 use crate::refusal::{JoinError, Refusal};
 use autonode_shared::csr::{self, usages_for, ParsedCsr, Purpose};
@@ -27,7 +28,7 @@ use k8s_openapi::ByteString;
 use kube::api::{DeleteParams, ObjectMeta, Patch, PostParams, Preconditions};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -95,14 +96,11 @@ impl Issuer {
     pub fn start(client: Client, timeout: Duration) -> Self {
         let api: Api<CertificateSigningRequest> = Api::all(client);
         let (store, writer) = reflector::store();
-        let config = watcher::Config::default().labels(&format!("{MANAGED_LABEL}=true"));
+        let config = watcher::Config::default()
+            .labels(&format!("{MANAGED_LABEL}=true"))
+            .page_size(cache::SMALL_PAGE);
         let waiters: Arc<Mutex<HashMap<String, watch::Sender<Outcome>>>> = Arc::default();
-        // Only outcomes are read from the cache: keep neither managedFields
-        // nor the request (PEM) of the thousands of CSRs a scale-out leaves.
-        let events = watcher(api.clone(), config).modify(|csr| {
-            csr.managed_fields_mut().clear();
-            csr.spec.request = ByteString(Vec::new());
-        });
+        let events = watcher(api.clone(), config).modify(keep_outcome);
         let stream = reflector::reflector(writer, events)
             .backoff(WatchBackoff::default())
             .touched_objects();
@@ -360,6 +358,34 @@ fn wake(waiters: &Mutex<HashMap<String, watch::Sender<Outcome>>>, csr: &Certific
     }
 }
 
+/// What the cache keeps of a CSR: its name and UID (to find it and know it
+/// is the one a join made), and the status that makes its [`outcome`]. The
+/// label the watch selects on is anyone's to set, on CSRs of any size: the
+/// rest (annotations, labels, the request, and the thousands of requests a
+/// scale-out leaves) is not read from here.
+fn keep_outcome(csr: &mut CertificateSigningRequest) {
+    cache::identity_only(&mut csr.metadata);
+    csr.spec = CertificateSigningRequestSpec::default();
+    let conditions = csr.status.as_mut().and_then(|s| s.conditions.as_mut());
+    if let Some(conditions) = conditions {
+        conditions.retain(|c| matches!(c.type_.as_str(), "Approved" | "Denied" | "Failed"));
+        for condition in conditions {
+            // A refusal's message is what a failed join says; nothing else
+            // of a condition is read.
+            let message = condition
+                .message
+                .take()
+                .filter(|_| condition.type_ != "Approved");
+            *condition = CertificateSigningRequestCondition {
+                type_: std::mem::take(&mut condition.type_),
+                status: std::mem::take(&mut condition.status),
+                message,
+                ..Default::default()
+            };
+        }
+    }
+}
+
 fn outcome(csr: &CertificateSigningRequest) -> Outcome {
     let status = csr.status.as_ref();
     if let Some(cert) = status
@@ -402,4 +428,62 @@ fn failed(name: &str, message: String) -> JoinError {
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_cache_keeps_name_uid_and_outcome_only() {
+        let big = "x".repeat(200_000);
+        let mut csr: CertificateSigningRequest = serde_json::from_value(json!({
+            "metadata": {
+                "name": "c1", "uid": "u1",
+                "labels": {MANAGED_LABEL: "true"},
+                "annotations": {"big": big},
+                "managedFields": [{"manager": "kubectl"}],
+            },
+            "spec": {
+                "request": "eHh4", "signerName": csr::CLIENT_SIGNER,
+                "usages": ["client auth"], "username": "system:node:x",
+                "groups": ["system:nodes"], "extra": {"k": [big]},
+            },
+            "status": {
+                "conditions": [
+                    {"type": "Approved", "status": "True", "reason": "R", "message": big},
+                    {"type": "Other", "status": "True", "message": big},
+                ],
+                "certificate": "Y2VydA==",
+            },
+        }))
+        .unwrap();
+        keep_outcome(&mut csr);
+        assert_eq!(
+            serde_json::to_value(&csr).unwrap(),
+            json!({
+                "apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
+                "metadata": {"name": "c1", "uid": "u1"},
+                "spec": {"request": "", "signerName": ""},
+                "status": {
+                    "conditions": [{"type": "Approved", "status": "True"}],
+                    "certificate": "Y2VydA==",
+                },
+            })
+        );
+        assert_eq!(outcome(&csr), Outcome::Issued("cert".into()));
+    }
+
+    #[test]
+    fn a_refusals_message_is_kept() {
+        let mut csr: CertificateSigningRequest = serde_json::from_value(json!({
+            "metadata": {"name": "c1"},
+            "spec": {"request": "", "signerName": csr::CLIENT_SIGNER},
+            "status": {"conditions": [{"type": "Failed", "status": "True", "message": "no"}]},
+        }))
+        .unwrap();
+        keep_outcome(&mut csr);
+        assert_eq!(outcome(&csr), Outcome::Failed("Failed: no".into()));
+    }
 }

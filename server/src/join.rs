@@ -1,5 +1,11 @@
 //! One join request, start to end: parse → verify → bind → approve → render.
 //!
+//! Two stages: [`admit`] parses and verifies (the signature, the account
+//! and region policy, the pendingTime window) with no I/O, before the
+//! caller takes a join permit; [`handle`] takes the [`Admitted`] request on
+//! through the NodeClaim (waiting out the cache's grace only for documents
+//! that passed), EC2, binding, approval and rendering.
+//!
 //! Every step either hands the next one stronger facts or stops the join
 //! with a [`Refusal`] (final) or [`JoinError::Unavailable`] (retry). Names
 //! and addresses come from EC2 and the NodeClaim, never from the request.
@@ -54,6 +60,19 @@ pub struct JoinContext {
     pub delete_refused: bool,
 }
 
+/// A join request that passed admission: its CSRs parse, and its identity
+/// document is AWS-signed and within the account/region policy and the
+/// pendingTime window. Only such a request takes a join permit, waits for
+/// the NodeClaim cache or reaches EC2.
+pub struct Admitted {
+    request: JoinRequest,
+    client_csr: ParsedCsr,
+    serving_csr: ParsedCsr,
+    doc: IdentityDocument,
+    provider_id: String,
+    started: Instant,
+}
+
 /// What attestation established about the machine.
 struct Attested {
     doc: IdentityDocument,
@@ -62,32 +81,107 @@ struct Attested {
     provider_id: String,
 }
 
-/// Handles one join, recording its outcome in logs, Events and metrics.
-pub async fn handle(
+/// Stage 1, admission: parse, then verify (the signature, then the policy).
+/// No I/O and no waiting, so a request that can never pass costs a little
+/// CPU and no join permit; it runs before the caller is given one. A
+/// refusal is recorded here like any other.
+pub fn admit(
     ctx: &JoinContext,
     request_id: &str,
     request: JoinRequest,
-) -> Result<JoinResponse, JoinError> {
+) -> Result<Admitted, JoinError> {
     let started = Instant::now();
+    let mut steps = ctx.metrics.steps();
+    let parsed = parse(&request).and_then(|csrs| Ok((csrs, verify(ctx, &request)?)));
+    let ((client_csr, serving_csr), doc) = match parsed {
+        Ok(parsed) => parsed,
+        Err(refusal) => return Err(refused(ctx, request_id, None, started, refusal)),
+    };
+    let provider_id = aws_provider_id(&doc.availability_zone, &doc.instance_id);
+    if let Err(e) = ctx.policy.check(&doc, (ctx.clock)()) {
+        // Reported on the NodeClaim if the cache has it now; the grace for
+        // a NodeClaim the cache lacks is only for documents that pass.
+        let claim = match ctx.claims.by_provider_id(&provider_id).as_slice() {
+            [only] => Some(only.clone()),
+            _ => None,
+        };
+        return Err(refused(ctx, request_id, claim, started, e.into()));
+    }
+    steps.done("admit");
+    Ok(Admitted {
+        request,
+        client_csr,
+        serving_csr,
+        doc,
+        provider_id,
+        started,
+    })
+}
+
+/// Records a refusal at admission and hands it back.
+fn refused(
+    ctx: &JoinContext,
+    request_id: &str,
+    claim: Option<Arc<NodeClaim>>,
+    started: Instant,
+    refusal: Refusal,
+) -> JoinError {
+    let error = JoinError::Refused(refusal);
+    conclude(ctx, request_id, claim.as_deref(), started, Err(&error));
+    error
+}
+
+/// Stages 2 on, for an admitted request holding a join permit: bind →
+/// approve → render. Records the outcome in logs, Events and metrics.
+pub async fn handle(
+    ctx: &JoinContext,
+    request_id: &str,
+    admitted: Admitted,
+) -> Result<JoinResponse, JoinError> {
+    let started = admitted.started;
     ctx.metrics.joins_in_flight.inc();
     let mut claim_seen = None;
-    let outcome = join(ctx, request, &mut claim_seen).await;
+    let outcome = join(ctx, admitted, &mut claim_seen).await;
     ctx.metrics.joins_in_flight.dec();
+    conclude(
+        ctx,
+        request_id,
+        claim_seen.as_deref(),
+        started,
+        outcome.as_ref(),
+    );
+    outcome.map(|(response, _)| response)
+}
+
+/// Times and records a join's outcome, wherever it ended.
+fn conclude(
+    ctx: &JoinContext,
+    request_id: &str,
+    claim: Option<&NodeClaim>,
+    started: Instant,
+    outcome: Result<&(JoinResponse, Binding), &JoinError>,
+) {
     ctx.metrics
         .join_seconds
         .observe(started.elapsed().as_secs_f64());
-    record(ctx, request_id, claim_seen.as_deref(), &outcome);
-    outcome.map(|(response, _)| response)
+    record(ctx, request_id, claim, outcome);
 }
 
 async fn join(
     ctx: &JoinContext,
-    request: JoinRequest,
+    admitted: Admitted,
     claim_seen: &mut Option<Arc<NodeClaim>>,
 ) -> Result<(JoinResponse, Binding), JoinError> {
     let mut steps = ctx.metrics.steps();
-    let (client_csr, serving_csr) = parse(&request)?;
-    let attested = attest(ctx, &request, claim_seen, &mut steps).await?;
+    let Admitted {
+        request,
+        client_csr,
+        serving_csr,
+        doc,
+        provider_id,
+        ..
+    } = admitted;
+    let attested = attest(ctx, doc, provider_id, claim_seen, &mut steps).await?;
     let node_name = attested.instance.private_dns_name.clone();
     check_csrs(&client_csr, &serving_csr, &attested)?;
     let requests = [
@@ -286,27 +380,25 @@ fn parse(request: &JoinRequest) -> Result<(ParsedCsr, ParsedCsr), Refusal> {
     Ok((client, serving))
 }
 
-/// Step 2: the signature, the policy, the NodeClaim and EC2.
+/// Step 2a: the document's signature against the pinned certificates.
+fn verify(ctx: &JoinContext, request: &JoinRequest) -> Result<IdentityDocument, Refusal> {
+    let verified = identity::verify(request.identity.rsa2048.as_bytes(), &ctx.trust)?;
+    Ok(verified.into_document())
+}
+
+/// Step 2b, after admission: the NodeClaim, then EC2.
 async fn attest(
     ctx: &JoinContext,
-    request: &JoinRequest,
+    doc: IdentityDocument,
+    provider_id: String,
     claim_seen: &mut Option<Arc<NodeClaim>>,
     steps: &mut Steps<'_>,
 ) -> Result<Attested, JoinError> {
-    let verified =
-        identity::verify(request.identity.rsa2048.as_bytes(), &ctx.trust).map_err(Refusal::from)?;
-    let doc = verified.into_document();
-    // The NodeClaim is looked up before the policy is applied so that a
-    // policy refusal can be reported on it.
     ctx.claims.ready().await?;
-    let provider_id = aws_provider_id(&doc.availability_zone, &doc.instance_id);
     let matches = ctx.claims.find(&provider_id).await;
     if let [only] = matches.as_slice() {
         *claim_seen = Some(only.clone());
     }
-    ctx.policy
-        .check(&doc, (ctx.clock)())
-        .map_err(Refusal::from)?;
     if matches.is_empty() && !ctx.claims.is_fresh() {
         // The watch is reconnecting: the NodeClaim may be one it missed.
         return Err(JoinError::Unavailable(
@@ -450,7 +542,7 @@ fn record(
     ctx: &JoinContext,
     request_id: &str,
     claim: Option<&NodeClaim>,
-    outcome: &Result<(JoinResponse, Binding), JoinError>,
+    outcome: Result<&(JoinResponse, Binding), &JoinError>,
 ) {
     let claim_name = claim
         .and_then(|c| c.metadata.name.as_deref())

@@ -39,6 +39,7 @@ pub mod issuer;
 pub mod join;
 pub mod karpenter;
 pub mod leader;
+pub mod logfmt;
 pub mod marks;
 pub mod metrics;
 pub mod nodeclaim;

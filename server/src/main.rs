@@ -2,6 +2,7 @@
 
 #![forbid(unsafe_code)]
 
+use autonode_server::logfmt::{JsonFields, JsonLines, TextFields};
 use clap::{Parser, Subcommand};
 
 mod config;
@@ -42,16 +43,22 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-/// Logs to stderr as text or JSON lines; `RUST_LOG` filters (default info).
+/// Logs to stderr as text or JSON lines, every field escaped and bounded;
+/// `RUST_LOG` filters (default info).
 fn init_logging(format: &str) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
+    // Both formats escape and bound every field (autonode_server::logfmt):
+    // much of what is logged comes from requests.
     match format {
-        "json" => builder.json().init(),
-        "text" => builder.init(),
+        "json" => builder
+            .fmt_fields(JsonFields)
+            .event_format(JsonLines)
+            .init(),
+        "text" => builder.fmt_fields(TextFields).init(),
         other => anyhow::bail!("--log-format must be text or json, not {other}"),
     }
     Ok(())

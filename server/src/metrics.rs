@@ -34,7 +34,8 @@ pub struct MilestoneLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StepLabels {
-    /// `attest` (the document, the NodeClaim, the policy), `ec2`, `prepare`
+    /// `admit` (the CSRs parsed, the document's signature and policy),
+    /// `attest` (the NodeClaim, after admission), `ec2`, `prepare`
     /// (binding, rendering, creating the CSRs, together) or `certificates`
     /// (approving, kube-controller-manager signing).
     pub step: &'static str,
@@ -66,6 +67,8 @@ pub struct Metrics {
     pub csr_left_pending: Family<LeftPendingLabels, Counter>,
     pub agent_reports_refused: Family<ReportRefusalLabels, Counter>,
     pub agent_reports_unverified_fatal: Counter,
+    pub join_admission_refused: Family<AdmissionLabels, Counter>,
+    pub events_dropped: Family<EventDropLabels, Counter>,
 }
 
 /// A stopwatch over a join's steps: each [`Steps::done`] records the time
@@ -190,6 +193,21 @@ impl Metrics {
             "Fatal agent reports from instances not bound to a key yet: shown, not acted on",
             agent_reports_unverified_fatal.clone(),
         );
+        let join_admission_refused = Family::<AdmissionLabels, Counter>::default();
+        registry.register(
+            "join_admission_refused",
+            "Callers the join API turned away before any join work (connection and join \
+             caps, global and per source; handshake, header and body timeouts; oversized \
+             bodies), by reason",
+            join_admission_refused.clone(),
+        );
+        let events_dropped = Family::<EventDropLabels, Counter>::default();
+        registry.register(
+            "events_dropped",
+            "Event writes not made when asked, by reason (rate_limited: written later \
+             with the count so far; queue_full: lost)",
+            events_dropped.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             joins,
@@ -208,6 +226,8 @@ impl Metrics {
             csr_left_pending,
             agent_reports_refused,
             agent_reports_unverified_fatal,
+            join_admission_refused,
+            events_dropped,
         }
     }
 
@@ -256,3 +276,17 @@ pub struct ReportRefusalLabels {
     /// Why a report was refused (see `report::Refusal::reason`).
     pub reason: &'static str,
 }
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AdmissionLabels {
+    /// Why the join API turned a caller away (see `api::gate::Turned::reason`).
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EventDropLabels {
+    /// `rate_limited` (the object's bucket was empty: the Event's count is
+    /// written with its next token) or `queue_full` (lost).
+    pub reason: &'static str,
+}
+

@@ -5,7 +5,7 @@
 //! thousand LISTs of every NodeClaim.
 
 use crate::binding::Record;
-use crate::cache::Cache;
+use crate::cache::{self, Cache};
 use crate::karpenter::NodeClaim;
 use crate::marks;
 use crate::refusal::{JoinError, Refusal};
@@ -30,7 +30,7 @@ impl NodeClaims {
     pub fn start(client: Client) -> Self {
         let api: Api<NodeClaim> = Api::all(client);
         Self {
-            cache: Cache::start_filtered(api.clone(), "NodeClaim", keep_own_marks),
+            cache: Cache::start_filtered(api.clone(), "NodeClaim", strip),
             api,
         }
     }
@@ -82,8 +82,7 @@ impl NodeClaims {
     pub async fn get_fresh(&self, name: &str) -> Result<Option<NodeClaim>, kube::Error> {
         let mut claim = self.api.get_opt(name).await?;
         if let Some(claim) = claim.as_mut() {
-            keep_own_marks(claim);
-            claim.metadata.managed_fields = None;
+            strip(claim);
         }
         Ok(claim)
     }
@@ -133,6 +132,24 @@ impl NodeClaims {
     pub fn api(&self) -> &Api<NodeClaim> {
         &self.api
     }
+}
+
+/// What is kept of a NodeClaim (in this cache and the feedback controller's):
+/// its identity, the typed spec and status (unknown fields are never
+/// parsed), its labels (the renderer gives them to the node) and, of its
+/// annotations, only autonode's own marks. Everything else a NodePool's
+/// template copies on (annotations of any size) is dropped, as are
+/// managedFields once [`keep_own_marks`] has judged the marks by them.
+pub fn strip(claim: &mut NodeClaim) {
+    keep_own_marks(claim);
+    let marks = claim.metadata.annotations.take().and_then(|mut all| {
+        all.retain(|key, _| marks::NODECLAIM_MARKS.contains(&key.as_str()));
+        (!all.is_empty()).then_some(all)
+    });
+    let labels = claim.metadata.labels.take();
+    cache::identity_only(&mut claim.metadata);
+    claim.metadata.annotations = marks;
+    claim.metadata.labels = labels;
 }
 
 /// Drops the `autonode.dev/*` marks on `claim` that autonode did not write
@@ -226,6 +243,39 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn only_labels_and_own_marks_are_kept() {
+        let own = json!({
+            "manager": marks::FIELD_MANAGER, "operation": "Update",
+            "apiVersion": "karpenter.sh/v1", "fieldsType": "FieldsV1",
+            "fieldsV1": {"f:metadata": {"f:annotations": {format!("f:{}", marks::REPORTED): {}}}},
+        });
+        let claim = claim(json!({"metadata": {
+            "uid": "u1",
+            "labels": {"team": "a"},
+            "annotations": {
+                marks::REPORTED: "registered",
+                marks::BINDING: "copied from a NodePool",
+                "big": "x".repeat(100_000),
+            },
+            "managedFields": [own],
+            "ownerReferences": [{"apiVersion": "v1", "kind": "X", "name": "x", "uid": "o"}],
+            "finalizers": ["karpenter.sh/termination"],
+        }}));
+        let mut claim = (*claim).clone();
+        strip(&mut claim);
+        let meta = serde_json::to_value(&claim.metadata).unwrap();
+        assert_eq!(
+            meta,
+            json!({
+                "name": "c1", "uid": "u1", "creationTimestamp": "2026-01-01T10:00:00Z",
+                "labels": {"team": "a"},
+                "annotations": {marks::REPORTED: "registered"},
+            })
+        );
+        assert_eq!(claim.provider_id(), Some(PID));
     }
 
     const PID: &str = "aws:///us-west-2a/i-1";

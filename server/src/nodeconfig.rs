@@ -31,7 +31,7 @@
 //! so this is a NodeClaim created by hand or by something other than
 //! Karpenter's AWS provider.
 
-use crate::cache::Cache;
+use crate::cache::{self, Cache};
 use crate::events::Events;
 use crate::karpenter::{Ec2NodeClass, NodeClaim};
 use crate::refusal::JoinError;
@@ -41,7 +41,7 @@ use autonode_shared::protocol::KubeletSettings;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, Resource};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
@@ -177,14 +177,16 @@ impl NodeConfig {
     /// ConfigMaps and Secrets in the background.
     pub fn start(client: Client, settings: NodeConfigSettings, events: Events) -> Self {
         let class_api = Api::all(client.clone());
-        let classes = Cache::start(class_api.clone(), "EC2NodeClass");
-        let configmaps = Cache::start(
+        let classes = Cache::start_filtered(class_api.clone(), "EC2NodeClass", strip_class);
+        let configmaps = Cache::start_filtered(
             Api::namespaced(client.clone(), &settings.namespace),
             "Ignition ConfigMap",
+            strip_configmap,
         );
-        let secrets = Cache::start(
+        let secrets = Cache::start_filtered(
             Api::namespaced(client, &settings.namespace),
             "Ignition Secret",
+            strip_secret,
         );
         Self {
             classes,
@@ -382,6 +384,41 @@ fn class_reference(class: &Ec2NodeClass) -> Option<(String, String)> {
     (!reference.is_empty()).then(|| (reference.clone(), purpose))
 }
 
+/// What the EC2NodeClass cache keeps: the class's identity, its spec, and
+/// of its annotations only [`IGNITION_ANNOTATION`].
+fn strip_class(class: &mut Ec2NodeClass) {
+    let ignition = class
+        .metadata
+        .annotations
+        .take()
+        .and_then(|mut a| a.remove_entry(IGNITION_ANNOTATION));
+    cache::identity_only(&mut class.metadata);
+    class.metadata.annotations = ignition.map(|entry| BTreeMap::from([entry]));
+}
+
+/// What the Ignition ConfigMap cache keeps: the name and [`IGNITION_KEY`].
+/// Other ConfigMaps of the namespace (and `kubectl apply`'s copy of the
+/// whole data in an annotation) are nothing to a join.
+fn strip_configmap(map: &mut ConfigMap) {
+    cache::identity_only(&mut map.metadata);
+    map.binary_data = None;
+    map.data = only_ignition(map.data.take());
+}
+
+/// What the Ignition Secret cache keeps: the name and [`IGNITION_KEY`]. The
+/// namespace's other Secrets are not held in memory at all.
+fn strip_secret(secret: &mut Secret) {
+    cache::identity_only(&mut secret.metadata);
+    secret.string_data = None;
+    secret.data = only_ignition(secret.data.take());
+}
+
+/// `data` with only [`IGNITION_KEY`] left, if it has it.
+fn only_ignition<V>(data: Option<BTreeMap<String, V>>) -> Option<BTreeMap<String, V>> {
+    let entry = data?.remove_entry(IGNITION_KEY)?;
+    Some(BTreeMap::from([entry]))
+}
+
 /// Waits (bounded) for `cache`'s first full list.
 async fn wait<K>(cache: &Cache<K>) -> Result<(), NodeConfigError>
 where
@@ -447,5 +484,53 @@ mod tests {
         }
         let long = "x".repeat(254);
         assert!(Source::parse(&long).is_err());
+    }
+
+    #[test]
+    fn caches_keep_only_what_a_join_reads() {
+        use serde_json::json;
+        let big = "x".repeat(10_000);
+        let meta = json!({
+            "name": "gpu", "namespace": DEFAULT_NAMESPACE, "uid": "u1",
+            "labels": {"l": "v"}, "managedFields": [{"manager": "kubectl"}],
+            "annotations": {IGNITION_ANNOTATION: "secret/gpu", "other": big},
+        });
+        let mut class: Ec2NodeClass =
+            serde_json::from_value(json!({"metadata": meta, "spec": {"amiFamily": "Custom"}}))
+                .unwrap();
+        strip_class(&mut class);
+        assert_eq!(
+            class.metadata.annotations,
+            Some(BTreeMap::from([(
+                IGNITION_ANNOTATION.to_string(),
+                "secret/gpu".to_string()
+            )]))
+        );
+        assert!(class.metadata.labels.is_none() && class.metadata.managed_fields.is_none());
+        assert_eq!(class.spec.ami_family.as_deref(), Some("Custom"));
+        assert_eq!(
+            class_reference(&class).map(|r| r.0).as_deref(),
+            Some("secret/gpu")
+        );
+
+        let data = json!({IGNITION_KEY: "{}", "other": big});
+        let mut map: ConfigMap = serde_json::from_value(
+            json!({"metadata": meta, "data": data, "binaryData": {"b": "eA=="}}),
+        )
+        .unwrap();
+        strip_configmap(&mut map);
+        let kept = serde_json::to_value(&map).unwrap();
+        let identity = json!({"name": "gpu", "namespace": DEFAULT_NAMESPACE, "uid": "u1"});
+        let kind = |kind: &str| json!({"apiVersion": "v1", "kind": kind, "metadata": identity});
+        let mut want = kind("ConfigMap");
+        want["data"] = json!({IGNITION_KEY: "{}"});
+        assert_eq!(kept, want);
+
+        let mut secret: Secret = serde_json::from_value(
+            json!({"metadata": meta, "data": {"token": "eA==", "other": "eQ=="}}),
+        )
+        .unwrap();
+        strip_secret(&mut secret);
+        assert_eq!(serde_json::to_value(&secret).unwrap(), kind("Secret"));
     }
 }

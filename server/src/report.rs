@@ -192,7 +192,7 @@ async fn act(
         .get_or_create(&PhaseLabels { phase, outcome })
         .inc();
     let signed = sender.trust != Trust::Unverified;
-    tracing::info!(request_id, nodeclaim = %name, phase, outcome, signed, message = %report.message, "agent report");
+    tracing::info!(request_id, nodeclaim = %name, phase, outcome, signed, agent_message = report.message.as_str(), "agent report");
     let note = format!("agent phase {phase} {outcome}: {}", report.message);
     match (report.outcome, sender.trust) {
         (Outcome::Succeeded, _) => ctx.events.normal(claim, "AgentProgress", note),

@@ -3,7 +3,7 @@
 
 use crate::config::{self, ServeArgs};
 use anyhow::{Context, Result};
-use autonode_server::api::{self, Api, Limits};
+use autonode_server::api::{self, Api};
 use autonode_server::ec2::{Ec2Client, Ec2Settings};
 use autonode_server::events::Events;
 use autonode_server::issuer::Issuer;
@@ -33,7 +33,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     let trust = trust_store(&args)?;
     let policy = policy(&args)?;
     let metrics = Metrics::new();
-    let events = Events::new(client.clone(), args.instance_name.clone());
+    let events = Events::new(client.clone(), args.instance_name.clone(), &metrics);
     let claims = NodeClaims::start(client.clone());
     let issuer = Issuer::start(client.clone(), args.csr_timeout());
     let ec2 = Ec2Client::new(Ec2Settings {
@@ -121,10 +121,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         clock: time::OffsetDateTime::now_utc,
         replays: Replays::default(),
     });
-    let limits = Limits {
-        max_concurrent_joins: args.max_concurrent_joins,
-        ..Limits::default()
-    };
+    let limits = args.join_api.limits();
 
     let cert = ReloadingCert::load(&args.tls_cert, &args.tls_key)
         .context("loading the serving certificate")?;
@@ -139,9 +136,9 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     tracing::info!(join_api = %listener.local_addr()?, metrics = %metrics_listener.local_addr()?, "autonode-server serving");
 
     let readiness = observe::Readiness { claims, nodeconfig };
-    tokio::spawn(observe::serve(metrics_listener, metrics, readiness));
+    tokio::spawn(observe::serve(metrics_listener, metrics.clone(), readiness));
     tokio::select! {
-        _ = api::serve(listener, acceptor, Api::new(join, report, limits)) => {}
+        _ = api::serve(listener, acceptor, Api::new(join, report, limits, metrics)) => {}
         _ = shutdown_signal() => tracing::info!("shutting down"),
     }
     Ok(())

@@ -23,6 +23,7 @@
 pub mod blip;
 pub mod controlplane;
 pub mod fakecloud;
+pub mod hostile;
 pub mod ignition;
 pub mod joiner;
 pub mod karpenter;

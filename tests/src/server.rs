@@ -1,8 +1,9 @@
 //! autonode-server run as a real process against a test control plane.
 //!
 //! The server authenticates to the guest cluster as the ServiceAccount in
-//! `packaging/guest/rbac.yaml`, bound only to that manifest's role, so every
-//! test that joins through it also proves the shipped RBAC is sufficient.
+//! `packaging/guest/rbac.yaml`, bound only to the roles of the shipped
+//! guest RBAC files its flags call for ([`GuestRbac`]), so every test that
+//! joins through it also proves those files are sufficient.
 
 use crate::controlplane::{free_port, ControlPlane};
 use crate::fakecloud::ec2::{TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY};
@@ -19,10 +20,131 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
-/// The guest-cluster RBAC the project ships.
-pub const GUEST_RBAC: &str = include_str!("../../packaging/guest/rbac.yaml");
+/// The guest-cluster RBAC the project ships: every file of
+/// `packaging/guest/` but its `kustomization.yaml`, by name. `rbac.yaml` is
+/// the base; the others are each for one feature ([`GuestRbac`]).
+pub const GUEST_RBAC_FILES: [(&str, &str); 5] = [
+    ("rbac.yaml", include_str!("../../packaging/guest/rbac.yaml")),
+    (
+        "rbac-ignition-secrets.yaml",
+        include_str!("../../packaging/guest/rbac-ignition-secrets.yaml"),
+    ),
+    (
+        "rbac-delete-nodeclaims.yaml",
+        include_str!("../../packaging/guest/rbac-delete-nodeclaims.yaml"),
+    ),
+    (
+        "rbac-manage-nodeclasses.yaml",
+        include_str!("../../packaging/guest/rbac-manage-nodeclasses.yaml"),
+    ),
+    (
+        "rbac-install-crds.yaml",
+        include_str!("../../packaging/guest/rbac-install-crds.yaml"),
+    ),
+];
+/// `packaging/guest/kustomization.yaml`: the files the default flags need.
+pub const GUEST_KUSTOMIZATION: &str = include_str!("../../packaging/guest/kustomization.yaml");
 /// The namespace and name of the server's ServiceAccount in that manifest.
 pub const SERVER_SERVICE_ACCOUNT: (&str, &str) = ("autonode-system", "autonode-server");
+
+/// Which of the shipped guest RBAC files a server runs under: the base and
+/// one optional file per feature that is on. [`GuestRbac::for_flags`] is
+/// what an operator reads off the server's flags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GuestRbac {
+    /// `rbac-ignition-secrets.yaml`: Ignition configs in Secrets. The
+    /// server watches them whatever its flags, so on unless a test means
+    /// to show what happens without it.
+    pub ignition_secrets: bool,
+    /// `rbac-delete-nodeclaims.yaml`: `--delete-failed-nodeclaims`.
+    pub delete_nodeclaims: bool,
+    /// `rbac-manage-nodeclasses.yaml`: `--manage-nodeclasses`.
+    pub manage_nodeclasses: bool,
+    /// `rbac-install-crds.yaml`: `--install-crds`.
+    pub install_crds: bool,
+}
+
+impl Default for GuestRbac {
+    /// What the server's default flags need (`kustomization.yaml`'s set).
+    fn default() -> Self {
+        Self::for_flags(&[])
+    }
+}
+
+impl GuestRbac {
+    /// The files `autonode-server serve` with `args` needs (each flag's
+    /// default where `args` do not set it; the last setting wins).
+    pub fn for_flags(args: &[String]) -> Self {
+        Self {
+            ignition_secrets: true,
+            delete_nodeclaims: bool_flag(args, "delete-failed-nodeclaims").unwrap_or(true),
+            manage_nodeclasses: bool_flag(args, "manage-nodeclasses").unwrap_or(true),
+            install_crds: bool_flag(args, "install-crds").unwrap_or(false),
+        }
+    }
+
+    /// The names of the files, in [`GUEST_RBAC_FILES`]' order.
+    pub fn files(&self) -> Vec<&'static str> {
+        GUEST_RBAC_FILES
+            .iter()
+            .map(|(name, _)| *name)
+            .filter(|name| self.wants(name))
+            .collect()
+    }
+
+    fn wants(&self, file: &str) -> bool {
+        match file {
+            "rbac-ignition-secrets.yaml" => self.ignition_secrets,
+            "rbac-delete-nodeclaims.yaml" => self.delete_nodeclaims,
+            "rbac-manage-nodeclasses.yaml" => self.manage_nodeclasses,
+            "rbac-install-crds.yaml" => self.install_crds,
+            _ => true,
+        }
+    }
+
+    /// Makes the guest cluster grant the server exactly these files:
+    /// applies them and deletes the objects of the others (an earlier
+    /// server's, on the same control plane).
+    pub async fn apply(&self, admin: &Client) -> Result<()> {
+        for (name, text) in GUEST_RBAC_FILES {
+            if self.wants(name) {
+                apply_manifest(admin, text)
+                    .await
+                    .with_context(|| format!("packaging/guest/{name}"))?;
+            } else {
+                delete_manifest(admin, text)
+                    .await
+                    .with_context(|| format!("packaging/guest/{name}"))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The value `args` give the boolean flag `--name` (`--name=V`, `--name V`,
+/// or a bare `--name` for true), the last one winning.
+fn bool_flag(args: &[String], name: &str) -> Option<bool> {
+    let long = format!("--{name}");
+    let mut found = None;
+    let mut iter = args.iter().peekable();
+    while let Some(arg) = iter.next() {
+        let Some(rest) = arg.strip_prefix(&long) else {
+            continue;
+        };
+        if let Some(value) = rest.strip_prefix('=') {
+            found = Some(value == "true");
+        } else if rest.is_empty() {
+            found = match iter.peek().map(|v| v.as_str()) {
+                Some(value @ ("true" | "false")) => {
+                    iter.next();
+                    Some(value == "true")
+                }
+                _ => Some(true),
+            };
+        }
+    }
+    found
+}
 
 /// What the server is told about the cloud.
 pub struct CloudSettings {
@@ -45,6 +167,9 @@ pub struct Setup<'a> {
     /// Return once `/readyz` says so (else once it serves, `/healthz`: for
     /// tests of what keeps it unready).
     pub wait_ready: bool,
+    /// The guest RBAC files to run under; `None`: those `extra_args` call
+    /// for ([`GuestRbac::for_flags`]).
+    pub rbac: Option<GuestRbac>,
 }
 
 impl Default for Setup<'_> {
@@ -54,6 +179,7 @@ impl Default for Setup<'_> {
             extra_ips: &[],
             api_url: None,
             wait_ready: true,
+            rbac: None,
         }
     }
 }
@@ -68,8 +194,9 @@ pub struct TestServer {
 }
 
 impl TestServer {
-    /// Applies the guest RBAC and starts the server under its ServiceAccount
-    /// with `extra_args`; returns once it is ready.
+    /// Grants the guest RBAC files `extra_args` call for and starts the
+    /// server under its ServiceAccount with `extra_args`; returns once it is
+    /// ready.
     pub async fn start(
         cp: &ControlPlane,
         cloud: &CloudSettings,
@@ -99,7 +226,10 @@ impl TestServer {
 
     async fn spawn(cp: &ControlPlane, cloud: &CloudSettings, setup: &Setup<'_>) -> Result<Self> {
         let admin = cp.admin().await?;
-        apply_manifest(&admin, GUEST_RBAC).await?;
+        let rbac = setup
+            .rbac
+            .unwrap_or_else(|| GuestRbac::for_flags(setup.extra_args));
+        rbac.apply(&admin).await?;
         let token = service_account_token(&admin, SERVER_SERVICE_ACCOUNT).await?;
         let dir = tempfile::Builder::new()
             .prefix("autonode-server-")
@@ -193,6 +323,12 @@ impl TestServer {
     /// Its working directory.
     pub fn dir(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// The guest cluster as the server sees it: its kubeconfig, the
+    /// ServiceAccount's token.
+    pub async fn guest_client(&self) -> Result<Client> {
+        crate::controlplane::kube_client(&self.dir.path().join("guest.kubeconfig")).await
     }
 
     /// Kills the server outright (SIGKILL: no shutdown, in-flight joins
@@ -313,7 +449,39 @@ pub fn binary(name: &str) -> Result<PathBuf> {
 
 /// Server-side applies every document of a YAML manifest.
 pub async fn apply_manifest(client: &Client, yaml: &str) -> Result<()> {
+    for (api, object, kind) in manifest_objects(client, yaml).await? {
+        let name = object.metadata.name.clone().unwrap_or_default();
+        api.patch(
+            &name,
+            &PatchParams::apply("autonode-tests").force(),
+            &Patch::Apply(&object),
+        )
+        .await
+        .with_context(|| format!("applying {kind} {name}"))?;
+    }
+    Ok(())
+}
+
+/// Deletes every object of a YAML manifest that exists.
+pub async fn delete_manifest(client: &Client, yaml: &str) -> Result<()> {
+    for (api, object, kind) in manifest_objects(client, yaml).await? {
+        let name = object.metadata.name.clone().unwrap_or_default();
+        match api.delete(&name, &Default::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e).with_context(|| format!("deleting {kind} {name}")),
+        }
+    }
+    Ok(())
+}
+
+/// Each document of a YAML manifest, the API it belongs to, and its kind.
+async fn manifest_objects(
+    client: &Client,
+    yaml: &str,
+) -> Result<Vec<(Api<DynamicObject>, DynamicObject, String)>> {
     use serde::Deserialize;
+    let mut objects = Vec::new();
     for document in serde_yaml::Deserializer::from_str(yaml) {
         let object = DynamicObject::deserialize(document)?;
         let types = object
@@ -322,24 +490,18 @@ pub async fn apply_manifest(client: &Client, yaml: &str) -> Result<()> {
             .context("manifest object without apiVersion/kind")?;
         let gvk = GroupVersionKind::try_from(&types)?;
         let (resource, caps) = pinned_kind(client, &gvk).await?;
-        let name = object
+        object
             .metadata
             .name
-            .clone()
+            .as_ref()
             .context("manifest object without a name")?;
         let api: Api<DynamicObject> = match (&caps.scope, &object.metadata.namespace) {
             (Scope::Namespaced, Some(ns)) => Api::namespaced_with(client.clone(), ns, &resource),
             _ => Api::all_with(client.clone(), &resource),
         };
-        api.patch(
-            &name,
-            &PatchParams::apply("autonode-tests").force(),
-            &Patch::Apply(&object),
-        )
-        .await
-        .with_context(|| format!("applying {} {name}", gvk.kind))?;
+        objects.push((api, object, gvk.kind));
     }
-    Ok(())
+    Ok(objects)
 }
 
 /// The token of a ServiceAccount (1.20: from the Secret the tokens

@@ -28,11 +28,12 @@
 //! (and each line the agent logs, with the time since its start),
 //! `AUTONODE_BENCH_WRAP="strace -f -tt -o FILE"` runs the agent under a tool.
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{anyhow, bail, ensure, Context, Result};
 use autonode_shared::csr::{self, Purpose};
 use autonode_shared::protocol::{JoinRequest, JoinResponse, JOIN_PATH};
 use autonode_tests::controlplane::unique;
 use autonode_tests::fakecloud::Instance;
+use autonode_tests::hostile::{self, Answers, Attackers};
 use autonode_tests::joiner::{self, CsrShape, NodeKeys};
 use autonode_tests::karpenter;
 use autonode_tests::node::{self, SimulatedNode};
@@ -48,6 +49,7 @@ use k8s_openapi::api::certificates::v1::{
 use k8s_openapi::ByteString;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::{json, Map, Value};
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -121,7 +123,12 @@ async fn main() -> Result<()> {
     sequential(&options, &mut results).await?;
     if options.burst > 0 {
         eprintln!("== burst of {} joins", options.burst);
-        burst(options.burst, &mut results).await?;
+        burst(options.burst, false, &mut results).await?;
+        eprintln!(
+            "== burst of {} joins beside slow bodies and foreign documents",
+            options.burst
+        );
+        burst(options.burst, true, &mut results).await?;
     }
     results.insert(
         "agent_size_bytes".into(),
@@ -603,8 +610,9 @@ fn watch_signed(api: Api<CertificateSigningRequest>) -> tokio::sync::broadcast::
 }
 
 /// `count` joins at once on a fresh control plane and server.
-async fn burst(count: usize, results: &mut Map<String, Value>) -> Result<()> {
+async fn burst(count: usize, hostile: bool, results: &mut Map<String, Value>) -> Result<()> {
     let world = World::start().await?;
+    let prefix = if hostile { "hostile_burst" } else { "burst" };
     let admin = world.cp.admin().await?;
     // The class the NodeClaims name exists, as it does under Karpenter:
     // without it every join would also GET it from the API server.
@@ -650,13 +658,19 @@ async fn burst(count: usize, results: &mut Map<String, Value>) -> Result<()> {
     let cp_pids = world.cp.pids();
     let cp_before = cp_pids.map(|p| cpu_seconds(p).unwrap_or(0.0));
     let client = JoinClient::new(world.server.url(), world.server.ca_pem())?;
+    let foreign = Answers::default();
+    let attackers = match hostile {
+        true => attack(&world, &foreign)?,
+        false => Attackers::default(),
+    };
     let started = Instant::now();
-    let joins = requests.into_iter().map(|request| {
+    let joins = requests.into_iter().enumerate().map(|(machine, request)| {
         let client = client.clone();
-        tokio::spawn(async move { client.join_like_agent(&request).await })
+        tokio::spawn(async move { client.join_like_agent(machine, &request).await })
     });
     let outcomes = futures::future::join_all(joins).await;
     let seconds = started.elapsed().as_secs_f64();
+    drop(attackers);
     let server_cpu = cpu_seconds(pid)? - cpu_before;
     // Where else the machine's cores went: etcd, kube-apiserver, kcm.
     for ((name, pid), before) in ["etcd", "apiserver", "kcm"]
@@ -665,7 +679,7 @@ async fn burst(count: usize, results: &mut Map<String, Value>) -> Result<()> {
         .zip(cp_before)
     {
         let used = cpu_seconds(pid).unwrap_or(before) - before;
-        results.insert(format!("burst_{name}_cpu_s"), round(used, 1).into());
+        results.insert(format!("{prefix}_{name}_cpu_s"), round(used, 1).into());
     }
 
     let (mut granted, mut failures, mut busy) = (Vec::new(), 0usize, 0u32);
@@ -686,33 +700,62 @@ async fn burst(count: usize, results: &mut Map<String, Value>) -> Result<()> {
         eprintln!("  first failure: {e}");
     }
     let peak_rss = vm_hwm_bytes(pid)?;
-    keep_logs(&world, "burst")?;
-    results.insert("burst_nodes".into(), granted.len().into());
-    results.insert("burst_seconds".into(), round(seconds, 1).into());
-    results.insert("burst_failures".into(), failures.into());
-    results.insert("burst_503_answers".into(), busy.into());
-    results.insert(
-        "burst_join_p50_ms".into(),
-        round(ms(percentile(&granted, 0.5)), 1).into(),
-    );
-    results.insert(
-        "burst_join_max_ms".into(),
-        round(ms(percentile(&granted, 1.0)), 1).into(),
-    );
-    results.insert("burst_server_cpu_s".into(), round(server_cpu, 1).into());
-    results.insert("server_peak_rss_bytes".into(), peak_rss.into());
+    keep_logs(&world, prefix)?;
+    let mut put = |name: &str, value: Value| results.insert(format!("{prefix}_{name}"), value);
+    put("nodes", granted.len().into());
+    put("seconds", round(seconds, 1).into());
+    put("failures", failures.into());
+    put("503_answers", busy.into());
+    put("join_p50_ms", round(ms(percentile(&granted, 0.5)), 1).into());
+    put("join_max_ms", round(ms(percentile(&granted, 1.0)), 1).into());
+    put("server_cpu_s", round(server_cpu, 1).into());
+    if hostile {
+        let foreign = std::mem::take(&mut *foreign.lock().map_err(|_| anyhow!("poisoned"))?);
+        let refused = foreign.iter().filter(|(status, _)| *status == 403).count();
+        put("foreign_answers", foreign.len().into());
+        put("foreign_refused", refused.into());
+        put("server_peak_rss_bytes", peak_rss.into());
+    } else {
+        results.insert("server_peak_rss_bytes".into(), peak_rss.into());
+    }
     Ok(())
+}
+
+/// Slow bodies (a source's worth, from 127.0.0.2) and documents of an
+/// account the server does not allow (16 callers, from 127.0.0.3), beside
+/// the burst: what `--hostile` measures the burst under.
+fn attack(world: &World, answers: &Answers) -> Result<Attackers> {
+    let mut attackers = Attackers::default();
+    let (url, ca) = (world.server.url(), world.server.ca_pem());
+    let slow = hostile::client_from(ca, hostile::OTHER_SOURCE)?;
+    attackers.slow_bodies(&slow, url, 64);
+    let foreign = Instance::builder()
+        .account_id("999999999999")
+        .region(REGION)
+        .build();
+    let foreign = joiner::honest_request(&foreign, world.cloud.ca(), &NodeKeys::generate()?)?;
+    let stream = hostile::client_from(ca, IpAddr::V4(Ipv4Addr::new(127, 0, 0, 3)))?;
+    for _ in 0..16 {
+        attackers.repeat(&stream, url, &foreign, answers)?;
+    }
+    Ok(attackers)
 }
 
 use autonode_tests::joiner::Https;
 
 /// The join protocol with the agent's retry rules: 429 and 5xx again after
-/// `max(backoff, Retry-After)`, anything else final.
+/// `max(backoff, Retry-After)`, anything else final. Each machine speaks
+/// from a loopback address of its own among [`SOURCES`], as machines in a
+/// VPC have addresses of their own: the server's per-source limits see a
+/// fleet, not one client.
 #[derive(Clone)]
 struct JoinClient {
-    client: HttpClient<Https, Full<Bytes>>,
+    clients: Arc<Vec<HttpClient<Https, hostile::Body>>>,
     url: Arc<str>,
 }
+
+/// How many source addresses (127.0.1.1 on) the burst's machines use.
+const SOURCES: u8 = 250;
 
 struct Granted {
     elapsed: Duration,
@@ -721,18 +764,21 @@ struct Granted {
 
 impl JoinClient {
     fn new(base: &str, ca_pem: &str) -> Result<Self> {
+        let clients = (1..=SOURCES)
+            .map(|i| hostile::client_from(ca_pem, IpAddr::V4(Ipv4Addr::new(127, 0, 1, i))))
+            .collect::<Result<Vec<_>>>()?;
         Ok(Self {
-            client: joiner::https_client(ca_pem)?,
+            clients: Arc::new(clients),
             url: format!("{}{JOIN_PATH}", base.trim_end_matches('/')).into(),
         })
     }
 
-    async fn join_like_agent(&self, request: &JoinRequest) -> Result<Granted> {
+    async fn join_like_agent(&self, machine: usize, request: &JoinRequest) -> Result<Granted> {
         let body = Bytes::from(serde_json::to_vec(request)?);
         let started = Instant::now();
         let mut busy_answers = 0;
         for attempt in 1u32.. {
-            let (status, retry_after, text) = match self.post(body.clone()).await {
+            let (status, retry_after, text) = match self.post(machine, body.clone()).await {
                 Ok(answer) => answer,
                 Err(e) => (0, None, format!("{e:#}")),
             };
@@ -768,11 +814,12 @@ impl JoinClient {
         unreachable!("the loop returns or bails")
     }
 
-    async fn post(&self, body: Bytes) -> Result<(u16, Option<Duration>, String)> {
+    async fn post(&self, machine: usize, body: Bytes) -> Result<(u16, Option<Duration>, String)> {
         let request = hyper::Request::post(&*self.url)
             .header("content-type", "application/json")
-            .body(Full::new(body))?;
-        let response = tokio::time::timeout(Duration::from_secs(60), self.client.request(request))
+            .body(Full::new(body).boxed())?;
+        let client = &self.clients[machine % self.clients.len()];
+        let response = tokio::time::timeout(Duration::from_secs(60), client.request(request))
             .await
             .context("no answer within 60s")??;
         let status = response.status().as_u16();

@@ -110,15 +110,17 @@ async fn metric(server: &TestServer, name: &str) -> Result<f64> {
         .with_context(|| format!("no {name} in /metrics"))
 }
 
-/// The reasons of the Events on object `name`.
+/// The reasons of the Events on object `name`, one per occurrence.
 async fn event_reasons(world: &World, name: &str) -> Result<Vec<String>> {
-    let api: Api<Event> = Api::namespaced(world.cp.admin().await?, "default");
-    let selector = format!("involvedObject.name={name},involvedObject.kind=EC2NodeClass");
-    let events = api.list(&ListParams::default().fields(&selector)).await?;
-    Ok(events.items.into_iter().filter_map(|e| e.reason).collect())
+    Ok(events_of(world, name)
+        .await?
+        .into_iter()
+        .map(|(_, reason, _)| reason)
+        .collect())
 }
 
-/// The Events on object `name`: (type, reason, message).
+/// The Events on object `name`: (type, reason, message), one per
+/// occurrence (the server aggregates repeats into one Event's `count`).
 async fn events_of(world: &World, name: &str) -> Result<Vec<(String, String, String)>> {
     let api: Api<Event> = Api::namespaced(world.cp.admin().await?, "default");
     let selector = format!("involvedObject.name={name},involvedObject.kind=EC2NodeClass");
@@ -126,9 +128,10 @@ async fn events_of(world: &World, name: &str) -> Result<Vec<(String, String, Str
     Ok(events
         .items
         .into_iter()
-        .map(|e| {
+        .flat_map(|e| {
+            let times = usize::try_from(e.count.unwrap_or(1).max(1)).unwrap_or(1);
             let text = |s: Option<String>| s.unwrap_or_default();
-            (text(e.type_), text(e.reason), text(e.message))
+            std::iter::repeat_n((text(e.type_), text(e.reason), text(e.message)), times)
         })
         .collect())
 }

@@ -1,8 +1,8 @@
 //! The shipped artefacts, checked as built: the agent's .deb installed into
 //! a real Debian root and removed again, the .rpm's files and scripts, the
-//! systemd unit under systemd-analyze, the server's Kustomize base and the
-//! example EC2NodeClass/NodePool against a real kube-apiserver, and the
-//! server's OCI image unpacked and run.
+//! systemd unit under systemd-analyze, the server's Kustomize base, the
+//! guest RBAC's kustomization and the example EC2NodeClass/NodePool against
+//! a real kube-apiserver, and the server's OCI image unpacked and run.
 //!
 //! `tests/run` builds the artefacts first (`packaging/build`,
 //! `packaging/build-image`); the Debian root comes from
@@ -11,7 +11,7 @@
 
 use anyhow::{bail, ensure, Context, Result};
 use autonode_tests::controlplane::{kube_bin_dir, ControlPlane};
-use autonode_tests::server::{apply_manifest, binary};
+use autonode_tests::server::{apply_manifest, binary, GuestRbac, GUEST_RBAC_FILES};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use kube::discovery::{pinned_kind, Scope};
@@ -448,13 +448,16 @@ fn oci_image_unpacks_and_runs() -> Result<()> {
 /// `kubectl kustomize` of packaging/server with the project's kubectl
 /// (v1.20.2, Kustomize 2.0.3: the base must not need newer).
 fn kustomize_server() -> Result<Vec<serde_json::Value>> {
+    kustomize("packaging/server")
+}
+
+/// `kubectl kustomize` of a directory of the workspace with the project's
+/// kubectl, document by document.
+fn kustomize(dir: &str) -> Result<Vec<serde_json::Value>> {
     let kubectl = kube_bin_dir()?.join("kubectl");
     let yaml = run(
         &kubectl.to_string_lossy(),
-        &[
-            "kustomize",
-            &workspace().join("packaging/server").to_string_lossy(),
-        ],
+        &["kustomize", &workspace().join(dir).to_string_lossy()],
     )?;
     let mut docs = Vec::new();
     for document in serde_yaml::Deserializer::from_str(&yaml) {
@@ -577,6 +580,39 @@ async fn server_kustomization_dry_runs_on_apiserver() -> Result<()> {
         api.patch(&name, &params, &Patch::Apply(&object))
             .await
             .with_context(|| format!("server-side dry-run of {} {name}", gvk.kind))?;
+    }
+    Ok(())
+}
+
+/// The guest RBAC's kustomization (`kubectl apply -k packaging/guest`) with
+/// Kustomize 2.0.3: exactly the objects of the files the default flags
+/// need, the set the tests run a default server under, and a real
+/// kube-apiserver takes them.
+#[tokio::test]
+async fn guest_rbac_kustomization_builds_the_default_set_and_applies() -> Result<()> {
+    let built = kustomize("packaging/guest")?;
+    let wanted = GuestRbac::default().files();
+    let mut expected = Vec::new();
+    for (name, text) in GUEST_RBAC_FILES {
+        if wanted.contains(&name) {
+            for document in serde_yaml::Deserializer::from_str(text) {
+                use serde::Deserialize as _;
+                expected.push(serde_json::Value::deserialize(document)?);
+            }
+        }
+    }
+    let sorted = |docs: &[serde_json::Value]| {
+        let mut texts: Vec<String> = docs.iter().map(|d| d.to_string()).collect();
+        texts.sort();
+        texts
+    };
+    assert_eq!(sorted(&built), sorted(&expected));
+
+    let cp = ControlPlane::start().await?;
+    let client = cp.admin().await?;
+    // Kustomize puts the Namespace first.
+    for doc in &built {
+        apply_manifest(&client, &doc.to_string()).await?;
     }
     Ok(())
 }

@@ -1,0 +1,248 @@
+//! The join API under hostile load, against the real control plane: slow
+//! bodies, a stream of foreign-account documents, idle connections past a
+//! source's cap, one source past its join cap. Honest joins must go on.
+//!
+//! A second loopback address (127.0.0.2) is a second source to the server:
+//! the whole of 127.0.0.0/8 is local on Linux, so a socket bound to it
+//! reaches the server on 127.0.0.1 from there.
+
+use anyhow::Result;
+use autonode_shared::protocol::{JoinRequest, JOIN_PATH};
+use autonode_tests::fakecloud::Instance;
+use autonode_tests::hostile::{
+    client_from, dribble, json_body, post, Answers, Attackers, OTHER_SOURCE,
+};
+use autonode_tests::joiner::{self, NodeKeys};
+use autonode_tests::server::http_get;
+use autonode_tests::world::{World, REGION};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// `count` honest machines launched, and their agents' requests.
+async fn honest_requests(world: &World, count: usize) -> Result<Vec<JoinRequest>> {
+    let mut requests = Vec::with_capacity(count);
+    for _ in 0..count {
+        let (_, instance) = world.launch(|i| i).await?;
+        let keys = NodeKeys::generate()?;
+        requests.push(joiner::honest_request(&instance, world.cloud.ca(), &keys)?);
+    }
+    Ok(requests)
+}
+
+/// Each request once, in turn, from 127.0.0.1: the status of each (0 for
+/// a connection that failed).
+async fn join_each_once(world: &World, requests: &[JoinRequest]) -> Vec<u16> {
+    let mut statuses = Vec::new();
+    for request in requests {
+        let status = match world.joiner.join(request).await {
+            Ok(answer) => answer.status(),
+            Err(e) => {
+                eprintln!("honest join failed: {e:#}");
+                0
+            }
+        };
+        statuses.push(status);
+    }
+    statuses
+}
+
+/// The server's count of callers turned away for `reason`.
+async fn turned_away(world: &World, reason: &str) -> Result<u64> {
+    let (_, metrics) = http_get(&format!("{}/metrics", world.server.metrics_url())).await?;
+    let line = format!("autonode_join_admission_refused_total{{reason=\"{reason}\"}} ");
+    Ok(metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(line.as_str()))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64))
+}
+
+/// (a) Clients that send their headers and then a body a byte at a time,
+/// as many as one source may connect, more than there are join permits:
+/// they are cut off at the body timeout and hold no permit meanwhile, so
+/// honest joins are answered at once. (Before admission came first, each
+/// held a permit for its body's 10 s: every honest join got 503.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_bodies_hold_no_join_permits() -> Result<()> {
+    const SLOW: usize = 100;
+    const PERMITS: usize = 8;
+    let world = World::start_with(&[format!("--max-concurrent-joins={PERMITS}")]).await?;
+    let requests = honest_requests(&world, 6).await?;
+    let client = client_from(world.server.ca_pem(), OTHER_SOURCE)?;
+    let (timed_out, cut) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let attackers: Vec<_> = (0..SLOW)
+        .map(|_| {
+            let (client, timed_out, cut) = (client.clone(), timed_out.clone(), cut.clone());
+            let url = world.server.url().to_string();
+            tokio::spawn(async move {
+                loop {
+                    let request = hyper::Request::post(format!("{url}{JOIN_PATH}"))
+                        .header("content-type", "application/json")
+                        .body(dribble())
+                        .expect("a valid request");
+                    let started = Instant::now();
+                    let _ = client.request(request).await;
+                    // Held until the body timeout, or cut at once.
+                    if started.elapsed() >= Duration::from_secs(2) {
+                        timed_out.fetch_add(1, Ordering::SeqCst);
+                    } else {
+                        cut.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                }
+            })
+        })
+        .collect();
+    // Long enough for every slow body to be under way.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let statuses = join_each_once(&world, &requests).await;
+    let held_to_timeout = timed_out.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for attacker in &attackers {
+        attacker.abort();
+    }
+    eprintln!(
+        "honest joins: {statuses:?}; slow bodies: {} held to the body timeout, {} cut at once",
+        timed_out.load(Ordering::SeqCst),
+        cut.load(Ordering::SeqCst)
+    );
+    let refused = statuses.iter().filter(|s| **s != 200).count();
+    assert_eq!(
+        refused, 0,
+        "honest joins not granted at once while slow bodies were read: {statuses:?}"
+    );
+    assert!(
+        timed_out.load(Ordering::SeqCst) >= PERMITS,
+        "fewer slow bodies than join permits were ever held ({held_to_timeout} before the honest joins)"
+    );
+    assert!(turned_away(&world, "body_timeout").await? > 0);
+    assert!(turned_away(&world, "source_connections").await? > 0);
+    Ok(())
+}
+
+/// (b) A stream of documents that verify (AWS signs every account's) from
+/// an account the server does not allow, with no NodeClaim: each is
+/// refused at admission, at once, holding no join permit, and honest
+/// joins meanwhile are never told 503. (Before, each waited out the 3 s
+/// NodeClaim grace holding a permit, then was refused.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_documents_are_refused_before_the_nodeclaim_grace() -> Result<()> {
+    const STREAMS: usize = 16;
+    const PERMITS: usize = 8;
+    /// Well under the 3 s grace, however loaded the machine.
+    const FAST: Duration = Duration::from_secs(2);
+    let world = World::start_with(&[format!("--max-concurrent-joins={PERMITS}")]).await?;
+    let requests = honest_requests(&world, 6).await?;
+    let foreign = Instance::builder()
+        .account_id("999999999999")
+        .region(REGION)
+        .build();
+    let foreign = joiner::honest_request(&foreign, world.cloud.ca(), &NodeKeys::generate()?)?;
+    let client = client_from(world.server.ca_pem(), IpAddr::V4(Ipv4Addr::LOCALHOST))?;
+    let answers = Answers::default();
+    let mut streams = Attackers::default();
+    for _ in 0..STREAMS {
+        streams.repeat(&client, world.server.url(), &foreign, &answers)?;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let statuses = join_each_once(&world, &requests).await;
+    // At least one grace's worth of the stream, whatever the joins took.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    drop(streams);
+    let answers = std::mem::take(&mut *answers.lock().expect("no panics"));
+    let slow = answers.iter().filter(|(_, took)| *took >= FAST).count();
+    let not_refused = answers.iter().filter(|(s, _)| *s != 403).count();
+    eprintln!(
+        "honest joins: {statuses:?}; foreign documents: {} answered, {slow} took {FAST:?} or more, {not_refused} not 403",
+        answers.len()
+    );
+    let unavailable = statuses.iter().filter(|s| **s == 503).count();
+    assert_eq!(unavailable, 0, "honest joins told 503: {statuses:?}");
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    assert!(answers.len() >= STREAMS, "too few foreign answers to judge");
+    assert_eq!(not_refused, 0, "foreign documents not refused 403");
+    assert!(
+        slow * 10 <= answers.len(),
+        "{slow} of {} foreign documents took {FAST:?} or more (waited out the NodeClaim grace?)",
+        answers.len()
+    );
+    Ok(())
+}
+
+/// (c) More idle connections from one source than the global cap: past
+/// its source's cap they are closed on accept, and an honest machine
+/// elsewhere still connects and joins. (Before, 4,096 idle connections from
+/// anywhere held every place for the 10 s handshake timeout.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_from_one_source_do_not_lock_others_out() -> Result<()> {
+    const IDLE: usize = 4200;
+    let world = World::start().await?;
+    let requests = honest_requests(&world, 3).await?;
+    let server: SocketAddr = world.server.url().trim_start_matches("https://").parse()?;
+    let mut idle = Vec::with_capacity(IDLE);
+    for _ in 0..IDLE {
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.bind(SocketAddr::new(OTHER_SOURCE, 0))?;
+        idle.push(socket.connect(server).await?);
+    }
+    let statuses = join_each_once(&world, &requests).await;
+    let mut buf = [0u8; 64];
+    let open = idle.iter().filter(|s| still_open(s, &mut buf)).count();
+    eprintln!("honest joins: {statuses:?}; idle connections still open: {open} of {IDLE}");
+    assert!(
+        statuses.iter().all(|s| *s == 200),
+        "honest joins from another source failed while one source held idle connections: {statuses:?}"
+    );
+    assert!(turned_away(&world, "source_connections").await? > 0);
+    drop(idle);
+    Ok(())
+}
+
+/// Whether `socket` has nothing to read yet (and so is still open).
+fn still_open(socket: &tokio::net::TcpStream, buf: &mut [u8]) -> bool {
+    matches!(socket.try_read(buf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+}
+
+/// (d) One source with more joins in flight than its cap is told 429 with
+/// `Retry-After` for the rest, and they join when they come back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_source_past_its_join_cap_is_told_429_and_then_joins() -> Result<()> {
+    const JOINS: usize = 12;
+    let world = World::start_with(&["--max-joins-per-source=1".into()]).await?;
+    let requests = honest_requests(&world, JOINS).await?;
+    let client = client_from(world.server.ca_pem(), OTHER_SOURCE)?;
+    let joins = requests.iter().map(|request| {
+        let client = client.clone();
+        let world = &world;
+        async move {
+            let mut told = Vec::new();
+            for _ in 0..200 {
+                let (status, retry_after, _) = post(&client, world.server.url(), json_body(request)?).await?;
+                if status != 429 {
+                    return anyhow::Ok((status, told));
+                }
+                told.push(retry_after);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            anyhow::bail!("still 429 after 200 tries")
+        }
+    });
+    let mut told_to_retry = 0;
+    for outcome in futures::future::join_all(joins).await {
+        let (status, told) = outcome?;
+        assert_eq!(status, 200);
+        assert!(
+            told.iter().all(|r| r.as_deref() == Some("2")),
+            "429 without Retry-After: {told:?}"
+        );
+        told_to_retry += told.len();
+    }
+    assert!(
+        told_to_retry > 0,
+        "{JOINS} joins at once never met the cap of one"
+    );
+    assert!(turned_away(&world, "source_joins").await? > 0);
+    Ok(())
+}
