@@ -130,6 +130,14 @@ pub struct ServeArgs {
     )]
     pub base_ignition: Option<autonode_server::nodeconfig::Source>,
 
+    /// Read Ignition configs from Secrets too (`secret/<name>`). Turn it
+    /// off when every config is in a ConfigMap: the server then never
+    /// lists or watches Secrets, and packaging/guest/rbac-ignition-secrets.yaml
+    /// (which grants every Secret in --ignition-namespace: RBAC cannot
+    /// narrow a watch) can be left out.
+    #[arg(long, env = "AUTONODE_IGNITION_SECRETS", default_value = "true", action = clap::ArgAction::Set)]
+    pub ignition_secrets: bool,
+
     /// Seconds to wait for kube-controller-manager to sign a CSR.
     #[arg(
         long = "csr-timeout",

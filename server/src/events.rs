@@ -31,13 +31,13 @@
 
 use crate::logfmt;
 use crate::metrics::{EventDropLabels, Metrics};
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash};
@@ -190,8 +190,6 @@ impl Events {
             .unwrap_or_else(PoisonError::into_inner)
     }
 }
-
-
 
 /// One write to the API server: the Event as it should now be.
 #[derive(Debug, Clone)]

@@ -289,4 +289,3 @@ pub struct EventDropLabels {
     /// written with its next token) or `queue_full` (lost).
     pub reason: &'static str,
 }
-

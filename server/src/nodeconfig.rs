@@ -68,6 +68,10 @@ pub struct NodeConfigSettings {
     pub namespace: String,
     /// Where the base config every node gets is, if anywhere.
     pub base_ignition: Option<Source>,
+    /// Whether Ignition configs may come from Secrets. Off, the server
+    /// never lists or watches Secrets, so its guest RBAC need not grant
+    /// them (RBAC cannot narrow a list or watch to some Secrets).
+    pub secrets: bool,
 }
 
 /// Where an Ignition config is kept: a ConfigMap or a Secret in the
@@ -149,6 +153,8 @@ pub enum NodeConfigError {
         name: String,
         purpose: String,
     },
+    #[error("Secret {name} ({purpose}) cannot be read: Ignition from Secrets is turned off (--ignition-secrets=false)")]
+    SecretsOff { name: String, purpose: String },
     #[error("Secret {namespace}/{name} ({purpose}): key {IGNITION_KEY:?} is not UTF-8 text")]
     NotText {
         namespace: String,
@@ -165,7 +171,8 @@ pub struct NodeConfig {
     classes: Cache<Ec2NodeClass>,
     class_api: Api<Ec2NodeClass>,
     configmaps: Cache<ConfigMap>,
-    secrets: Cache<Secret>,
+    /// `None` when Ignition from Secrets is turned off.
+    secrets: Option<Cache<Secret>>,
     settings: Arc<NodeConfigSettings>,
     events: Events,
     /// When each (object, message) Event was last published.
@@ -183,11 +190,13 @@ impl NodeConfig {
             "Ignition ConfigMap",
             strip_configmap,
         );
-        let secrets = Cache::start_filtered(
-            Api::namespaced(client, &settings.namespace),
-            "Ignition Secret",
-            strip_secret,
-        );
+        let secrets = settings.secrets.then(|| {
+            Cache::start_filtered(
+                Api::namespaced(client, &settings.namespace),
+                "Ignition Secret",
+                strip_secret,
+            )
+        });
         Self {
             classes,
             class_api,
@@ -224,12 +233,14 @@ impl NodeConfig {
     /// The first cache that has not had its first full list yet, if any
     /// (`/readyz`): until then a join would wait on it.
     pub fn unsynced(&self) -> Option<&'static str> {
+        let secrets = self.secrets.as_ref().map(|c| &c.status);
         [
-            &self.classes.status,
-            &self.configmaps.status,
-            &self.secrets.status,
+            Some(&self.classes.status),
+            Some(&self.configmaps.status),
+            secrets,
         ]
         .into_iter()
+        .flatten()
         .find_map(|status| (!status.is_listed()).then_some(status.what))
     }
 
@@ -279,10 +290,10 @@ impl NodeConfig {
             .clone()
             .map(|source| (source, "base Ignition, --base-ignition".to_string()));
         let wanted: Vec<_> = base_source.into_iter().chain(class_source).collect();
-        for (source, _) in &wanted {
+        for (source, purpose) in &wanted {
             match source {
                 Source::ConfigMap(_) => wait(&self.configmaps).await?,
-                Source::Secret(_) => wait(&self.secrets).await?,
+                Source::Secret(name) => wait(self.secret_cache(name, purpose)?).await?,
             }
         }
         wanted
@@ -316,7 +327,8 @@ impl NodeConfig {
             }
             Source::Secret(_) => {
                 let key = ObjectRef::new(name).within(namespace);
-                let secret = self.secrets.store.get(&key).ok_or_else(missing)?;
+                let secrets = self.secret_cache(name, purpose)?;
+                let secret = secrets.store.get(&key).ok_or_else(missing)?;
                 let data = secret.data.as_ref().and_then(|d| d.get(IGNITION_KEY));
                 let bytes = data.ok_or_else(no_key)?.0.clone();
                 String::from_utf8(bytes).map_err(|_| NodeConfigError::NotText {
@@ -328,6 +340,16 @@ impl NodeConfig {
         };
         let origin = format!("{kind} {namespace}/{name} ({purpose})");
         Ok(render::parse_layer(&origin, &text)?)
+    }
+
+    /// The Secret cache, or why a config in Secret `name` cannot be read.
+    fn secret_cache(&self, name: &str, purpose: &str) -> Result<&Cache<Secret>, NodeConfigError> {
+        self.secrets
+            .as_ref()
+            .ok_or_else(|| NodeConfigError::SecretsOff {
+                name: name.to_string(),
+                purpose: purpose.to_string(),
+            })
     }
 
     /// A Warning Event on the class (else the NodeClaim), at most once per

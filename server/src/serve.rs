@@ -10,7 +10,7 @@ use autonode_server::issuer::Issuer;
 use autonode_server::join::{ClusterInfo, JoinContext};
 use autonode_server::metrics::Metrics;
 use autonode_server::nodeclaim::NodeClaims;
-use autonode_server::nodeconfig::{NodeConfig, NodeConfigSettings};
+use autonode_server::nodeconfig::{NodeConfig, NodeConfigSettings, Source};
 use autonode_server::observe;
 use autonode_server::render::ClusterSettings;
 use autonode_server::report::{Replays, ReportContext};
@@ -90,11 +90,17 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             move || autonode_server::nodeclass::run(client.clone(), settings.clone()),
         ));
     }
+    if let (Some(Source::Secret(name)), false) = (&args.base_ignition, args.ignition_secrets) {
+        anyhow::bail!(
+            "--base-ignition names Secret {name}, but --ignition-secrets=false: keep the base config in a ConfigMap, or turn Secrets on"
+        );
+    }
     let nodeconfig = NodeConfig::start(
         client.clone(),
         NodeConfigSettings {
             namespace: args.ignition_namespace.clone(),
             base_ignition: args.base_ignition.clone(),
+            secrets: args.ignition_secrets,
         },
         events.clone(),
     );

@@ -153,3 +153,15 @@ impl Drop for Daemon {
         self.kill();
     }
 }
+
+/// A size field of a live process's `/proc/<pid>/status` (`VmRSS:`,
+/// `VmHWM:`, …), in bytes.
+pub fn status_bytes(pid: u32, field: &str) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.trim().strip_suffix("kB"))
+        .and_then(|v| v.trim().parse().ok())
+        .with_context(|| format!("no {field} in /proc/{pid}/status"))?;
+    Ok(kib * 1024)
+}

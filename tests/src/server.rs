@@ -76,7 +76,7 @@ impl GuestRbac {
     /// default where `args` do not set it; the last setting wins).
     pub fn for_flags(args: &[String]) -> Self {
         Self {
-            ignition_secrets: true,
+            ignition_secrets: bool_flag(args, "ignition-secrets").unwrap_or(true),
             delete_nodeclaims: bool_flag(args, "delete-failed-nodeclaims").unwrap_or(true),
             manage_nodeclasses: bool_flag(args, "manage-nodeclasses").unwrap_or(true),
             install_crds: bool_flag(args, "install-crds").unwrap_or(false),
@@ -347,14 +347,12 @@ impl TestServer {
 
     /// The server's resident memory (`VmRSS`), in bytes.
     pub fn rss_bytes(&self) -> Result<u64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))?;
-        let kib: u64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next())
-            .context("no VmRSS")?
-            .parse()?;
-        Ok(kib * 1024)
+        crate::process::status_bytes(self.pid(), "VmRSS:")
+    }
+
+    /// The server's peak resident memory (`VmHWM`), in bytes.
+    pub fn peak_rss_bytes(&self) -> Result<u64> {
+        crate::process::status_bytes(self.pid(), "VmHWM:")
     }
 
     /// Polls `/readyz` until the server can judge joins.

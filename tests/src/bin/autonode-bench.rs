@@ -16,7 +16,12 @@
 //!    NodeClaims and signed documents made first, then N joins at once
 //!    through the join protocol (no agent processes), each retrying 503 after
 //!    `Retry-After` as the agent does, until every one has its certificates
-//!    or has finally failed. The server's peak RSS is its `VmHWM`.
+//!    or has finally failed. The machines speak from 250 loopback addresses,
+//!    so the server's per-source limits see a fleet. The server's peak RSS
+//!    is its `VmHWM`.
+//! 3. **hostile burst**: the same again on a fresh control plane, while 64
+//!    slow-body clients (from 127.0.0.2) and 16 callers repeating a document
+//!    of an account the server does not allow (from 127.0.0.3) run beside it.
 //!
 //! Writes the numbers as JSON (merged with `tests/bench/identity`'s when
 //! `--identity` names its file), the raw timings beside it
@@ -706,8 +711,14 @@ async fn burst(count: usize, hostile: bool, results: &mut Map<String, Value>) ->
     put("seconds", round(seconds, 1).into());
     put("failures", failures.into());
     put("503_answers", busy.into());
-    put("join_p50_ms", round(ms(percentile(&granted, 0.5)), 1).into());
-    put("join_max_ms", round(ms(percentile(&granted, 1.0)), 1).into());
+    put(
+        "join_p50_ms",
+        round(ms(percentile(&granted, 0.5)), 1).into(),
+    );
+    put(
+        "join_max_ms",
+        round(ms(percentile(&granted, 1.0)), 1).into(),
+    );
     put("server_cpu_s", round(server_cpu, 1).into());
     if hostile {
         let foreign = std::mem::take(&mut *foreign.lock().map_err(|_| anyhow!("poisoned"))?);
@@ -893,18 +904,9 @@ fn round(value: f64, digits: i32) -> f64 {
     (value * scale).round() / scale
 }
 
-fn proc_status_field(pid: u32, field: &str) -> Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.trim().strip_suffix("kB"))
-        .and_then(|v| v.trim().parse().ok())
-        .with_context(|| format!("no {field} in /proc/{pid}/status"))
-}
-
 /// Peak resident set of a live process.
 fn vm_hwm_bytes(pid: u32) -> Result<u64> {
-    Ok(proc_status_field(pid, "VmHWM:")? * 1024)
+    autonode_tests::process::status_bytes(pid, "VmHWM:")
 }
 
 /// User + system CPU time of a live process so far.
@@ -1031,6 +1033,31 @@ fn table(results: &Value) -> String {
                 "{} s / {}",
                 num("burst_server_cpu_s"),
                 mib("server_peak_rss_bytes")
+            ),
+        ),
+        (
+            "hostile burst: the same beside 64 slow bodies and 16 foreign-document streams".into(),
+            format!(
+                "{} s, {} failed, {} answers 503",
+                num("hostile_burst_seconds"),
+                num("hostile_burst_failures"),
+                num("hostile_burst_503_answers")
+            ),
+        ),
+        (
+            "hostile burst: foreign documents answered / refused 403".into(),
+            format!(
+                "{} / {}",
+                num("hostile_burst_foreign_answers"),
+                num("hostile_burst_foreign_refused")
+            ),
+        ),
+        (
+            "hostile burst: server CPU / peak RSS".into(),
+            format!(
+                "{} s / {}",
+                num("hostile_burst_server_cpu_s"),
+                mib("hostile_burst_server_peak_rss_bytes")
             ),
         ),
         (

@@ -219,7 +219,8 @@ async fn one_source_past_its_join_cap_is_told_429_and_then_joins() -> Result<()>
         async move {
             let mut told = Vec::new();
             for _ in 0..200 {
-                let (status, retry_after, _) = post(&client, world.server.url(), json_body(request)?).await?;
+                let (status, retry_after, _) =
+                    post(&client, world.server.url(), json_body(request)?).await?;
                 if status != 429 {
                     return anyhow::Ok((status, told));
                 }

@@ -306,14 +306,25 @@ async fn install_crds_reaches_karpenters_crds_only() -> Result<()> {
     Ok(())
 }
 
-/// The server watches the Ignition namespace's Secrets whatever its flags
-/// (server/src/nodeconfig.rs), so without rbac-ignition-secrets.yaml it
-/// never turns ready, and says why: that file is in every set until the
-/// server can be told to leave Secrets alone.
+/// With `--ignition-secrets=false` the server never lists or watches
+/// Secrets: it turns ready without rbac-ignition-secrets.yaml, and its
+/// token can read no Secret. With Secrets on and that file left out, it
+/// stays unready and says why.
 #[tokio::test]
-async fn without_the_secrets_file_the_server_is_not_ready_and_says_why() -> Result<()> {
+async fn without_the_secrets_file_only_a_server_told_so_turns_ready() -> Result<()> {
     let cp = ControlPlane::start().await?;
-    let setup = Setup {
+    let off = Setup {
+        extra_args: &["--ignition-secrets=false".into()],
+        ..Setup::default()
+    };
+    let (server, _ec2, _cloud) = server_on(&cp, &off).await?;
+    let (status, body) = http_get(&format!("{}/readyz", server.metrics_url())).await?;
+    assert_eq!(status, 200, "{body}");
+    let probe = Probe::new(&cp.admin().await?, &server).await?;
+    assert_eq!(probe.list_secrets(SERVER_SERVICE_ACCOUNT.0).await?, Refused);
+    drop(server);
+
+    let on = Setup {
         wait_ready: false,
         rbac: Some(GuestRbac {
             ignition_secrets: false,
@@ -321,7 +332,7 @@ async fn without_the_secrets_file_the_server_is_not_ready_and_says_why() -> Resu
         }),
         ..Setup::default()
     };
-    let (server, _ec2, _cloud) = server_on(&cp, &setup).await?;
+    let (server, _ec2, _cloud) = server_on(&cp, &on).await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let (status, body) = http_get(&format!("{}/readyz", server.metrics_url())).await?;
     assert_eq!(status, 503, "ready without reading Secrets: {body}");
