@@ -17,7 +17,12 @@
 //!
 //! Milestones (Node registered, Node Ready) become Events and latency
 //! observations once each; an annotation records which were reported so a
-//! restarted or new leader does not report them again.
+//! restarted or new leader does not report them again. Each is timed when
+//! it happened, not when it was seen: registered at the Node's creation,
+//! Ready at its Ready condition's last transition. A kubelet can report
+//! Ready within a second of registering, inside the debounce, so the
+//! controller may see a Node that is already Ready: registered is then
+//! reported first, in the same reconcile ([`due`]).
 
 use crate::backoff::WatchBackoff;
 use crate::binding;
@@ -28,7 +33,8 @@ use crate::marks;
 use crate::metrics::Metrics;
 use crate::nodeclaim::{self, NodeClaims};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, NodeCondition};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::Patch;
 use kube::runtime::controller::{self, applier, trigger_self, trigger_with, Action};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -82,7 +88,7 @@ pub async fn run(client: Client, claims: NodeClaims, events: Events, metrics: Me
         .applied_objects();
     let (node_store, node_writer) = reflector::store();
     let node_changes = watcher(Api::<Node>::all(client), page)
-        .modify(cache::strip_node)
+        .modify(strip_node)
         .backoff(WatchBackoff::default())
         .reflect(node_writer)
         .touched_objects();
@@ -129,8 +135,20 @@ async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Action, E
     if !bound || claim.is_deleting() {
         return Ok(Action::await_change());
     }
-    let stage = stage(&claim, &ctx.nodes);
-    report_milestone(&claim, stage, &ctx).await?;
+    let node = node_of(&claim, &ctx.nodes);
+    let stage = stage(&claim, node.as_deref());
+    // Writing the mark moved the NodeClaim on: the condition is written
+    // against what that write returned, not (certain to conflict) the
+    // version read.
+    let written = report_milestones(&claim, stage, node.as_deref(), &ctx).await?;
+    let claim = match written {
+        Some(mut written) => {
+            // Judged like every claim read, so its marks are our own.
+            nodeclaim::strip(&mut written);
+            Arc::new(written)
+        }
+        None => claim,
+    };
     let desired = condition(stage, &claim);
     if !same(claim.condition(CONDITION), &desired) {
         match assert_condition(&ctx.nodeclaims, &claim, desired).await {
@@ -151,8 +169,30 @@ async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Action, E
     Ok(Action::requeue(next))
 }
 
-/// Derives the stage from the NodeClaim and its Node.
-pub fn stage(claim: &NodeClaim, nodes: &Store<Node>) -> Stage {
+/// [`cache::strip_node`], but keeping when the Node's Ready condition last
+/// changed: the time of the `ready` milestone. (Its creation time, the
+/// `registered` milestone's, is kept by `strip_node` itself.)
+fn strip_node(node: &mut Node) {
+    let since = ready_condition(node).and_then(|c| c.last_transition_time.clone());
+    cache::strip_node(node);
+    let ready = node
+        .status
+        .as_mut()
+        .and_then(|s| s.conditions.as_mut())
+        .and_then(|cs| cs.iter_mut().find(|c| c.type_ == "Ready"));
+    if let Some(ready) = ready {
+        ready.last_transition_time = since;
+    }
+}
+
+/// The Node with the NodeClaim's providerID, once kubelet registered it.
+fn node_of(claim: &NodeClaim, nodes: &Store<Node>) -> Option<Arc<Node>> {
+    let pid = claim.provider_id()?;
+    nodes.find(|n| n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(pid))
+}
+
+/// Derives the stage from the NodeClaim and its Node (if registered).
+pub fn stage(claim: &NodeClaim, node: Option<&Node>) -> Stage {
     if claim
         .metadata
         .annotations
@@ -161,21 +201,22 @@ pub fn stage(claim: &NodeClaim, nodes: &Store<Node>) -> Stage {
     {
         return Stage::Failed;
     }
-    let node = claim.provider_id().and_then(|pid| {
-        nodes.find(|n| n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(pid))
-    });
     match node {
-        Some(node) if is_ready(&node) => Stage::Ready,
+        Some(node) if is_ready(node) => Stage::Ready,
         Some(_) => Stage::Registered,
         None => Stage::Attested,
     }
 }
 
-fn is_ready(node: &Node) -> bool {
+fn ready_condition(node: &Node) -> Option<&NodeCondition> {
     node.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+}
+
+fn is_ready(node: &Node) -> bool {
+    ready_condition(node).is_some_and(|c| c.status == "True")
 }
 
 /// The condition autonode wants on the NodeClaim at this stage.
@@ -253,46 +294,142 @@ async fn assert_condition(
     .map(|_| ())
 }
 
-/// An Event and a latency observation for each milestone, once.
-async fn report_milestone(
+/// A milestone this controller reports, in the order they happen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Milestone {
+    Registered,
+    Ready,
+}
+
+impl Milestone {
+    /// Every milestone, in order.
+    const ALL: [Milestone; 2] = [Milestone::Registered, Milestone::Ready];
+
+    /// Its name in the [`marks::REPORTED`] mark and the metric's label.
+    pub fn name(self) -> &'static str {
+        match self {
+            Milestone::Registered => "registered",
+            Milestone::Ready => "ready",
+        }
+    }
+
+    /// Its Event: reason and note.
+    fn event(self) -> (&'static str, &'static str) {
+        match self {
+            Milestone::Registered => ("NodeRegistered", "kubelet registered the Node"),
+            Milestone::Ready => ("NodeReady", "the Node is Ready"),
+        }
+    }
+
+    /// Whether a machine at `stage` has passed it.
+    fn reached(self, stage: Stage) -> bool {
+        match self {
+            Milestone::Registered => matches!(stage, Stage::Registered | Stage::Ready),
+            Milestone::Ready => stage == Stage::Ready,
+        }
+    }
+}
+
+/// When a Node's milestones happened, as it records them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NodeTimes {
+    /// The Node's creation: kubelet registered it.
+    pub registered: Option<Timestamp>,
+    /// Its Ready condition's last transition.
+    pub ready: Option<Timestamp>,
+}
+
+impl NodeTimes {
+    fn of(node: &Node) -> Self {
+        NodeTimes {
+            registered: node.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            ready: ready_condition(node)
+                .and_then(|c| c.last_transition_time.as_ref())
+                .map(|t| t.0),
+        }
+    }
+}
+
+/// The milestones to report now, in order, each with its seconds since the
+/// NodeClaim's creation (`None` when that is unknown).
+///
+/// Due: reached at `stage`, not in `reported` (the [`marks::REPORTED`]
+/// mark), and not before one already reported, which would come out of
+/// order and late (a NodeClaim whose registration a former leader missed).
+/// Each is timed when it happened, `now` standing in for a time the Node
+/// does not give; Ready is never before registered, though it is stamped by
+/// kubelet's clock and registration by the API server's.
+pub fn due(
+    stage: Stage,
+    reported: &str,
+    created: Option<Timestamp>,
+    times: NodeTimes,
+    now: Timestamp,
+) -> Vec<(Milestone, Option<f64>)> {
+    let done: Vec<Milestone> = Milestone::ALL
+        .into_iter()
+        .filter(|m| reported.split(',').any(|r| r == m.name()))
+        .collect();
+    let registered = times.registered.unwrap_or(now);
+    let ready = times.ready.unwrap_or(now).max(registered);
+    let since =
+        |at: Timestamp| created.map(|created| at.duration_since(created).as_secs_f64().max(0.0));
+    Milestone::ALL
+        .into_iter()
+        .filter(|m| m.reached(stage) && done.iter().all(|d| d < m))
+        .map(|m| {
+            let at = match m {
+                Milestone::Registered => registered,
+                Milestone::Ready => ready,
+            };
+            (m, since(at))
+        })
+        .collect()
+}
+
+/// An Event and a latency observation for each milestone, once and in
+/// order (see [`due`]). Returns the NodeClaim as the mark's write left it,
+/// when there was one.
+async fn report_milestones(
     claim: &NodeClaim,
     stage: Stage,
+    node: Option<&Node>,
     ctx: &Context,
-) -> Result<(), kube::Error> {
-    let milestone = match stage {
-        Stage::Registered => "registered",
-        Stage::Ready => "ready",
-        Stage::Attested | Stage::Failed => return Ok(()),
-    };
+) -> Result<Option<NodeClaim>, kube::Error> {
     let reported = claim
         .metadata
         .annotations
         .as_ref()
         .and_then(|a| a.get(marks::REPORTED))
-        .cloned()
+        .map(String::as_str)
         .unwrap_or_default();
-    if reported.split(',').any(|m| m == milestone) {
-        return Ok(());
+    let created = claim.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    let times = node.map(NodeTimes::of).unwrap_or_default();
+    let due = due(stage, reported, created, times, Timestamp::now());
+    if due.is_empty() {
+        return Ok(None);
     }
+    // Marked before reported: a failed write reports nothing, and the
+    // retry reports it all; a report is never made twice.
     let mut all: Vec<&str> = reported.split(',').filter(|m| !m.is_empty()).collect();
-    all.push(milestone);
+    all.extend(due.iter().map(|(m, _)| m.name()));
     let patch = serde_json::json!({"metadata": {"annotations": {marks::REPORTED: all.join(",")}}});
-    ctx.nodeclaims
+    let written = ctx
+        .nodeclaims
         .patch(
             &claim.name_any(),
             &marks::patch_params(),
             &Patch::Merge(&patch),
         )
         .await?;
-    if let Some(age) = age_seconds(claim) {
-        ctx.metrics.observe_phase(milestone, age);
+    for (milestone, seconds) in due {
+        if let Some(seconds) = seconds {
+            ctx.metrics.observe_phase(milestone.name(), seconds);
+        }
+        let (reason, note) = milestone.event();
+        ctx.events.normal(claim, reason, note.to_string());
     }
-    let (reason, note) = match stage {
-        Stage::Ready => ("NodeReady", "the Node is Ready"),
-        _ => ("NodeRegistered", "kubelet registered the Node"),
-    };
-    ctx.events.normal(claim, reason, note.to_string());
-    Ok(())
+    Ok(Some(written))
 }
 
 /// Seconds since the NodeClaim was created.
@@ -339,6 +476,101 @@ mod tests {
             Some("2026-01-01T00:00:00Z")
         );
         assert_eq!(ready.status, "True");
+    }
+
+    fn at(seconds: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + seconds).unwrap()
+    }
+
+    /// A Node registered and Ready at these seconds.
+    fn times(registered: Option<i64>, ready: Option<i64>) -> NodeTimes {
+        NodeTimes {
+            registered: registered.map(at),
+            ready: ready.map(at),
+        }
+    }
+
+    /// Both milestones due, at these seconds after the claim.
+    fn both(registered: f64, ready: f64) -> [(Milestone, Option<f64>); 2] {
+        [
+            (Milestone::Registered, Some(registered)),
+            (Milestone::Ready, Some(ready)),
+        ]
+    }
+
+    fn names(due: &[(Milestone, Option<f64>)]) -> Vec<&'static str> {
+        due.iter().map(|(m, _)| m.name()).collect()
+    }
+
+    #[test]
+    fn a_node_seen_ready_at_once_is_registered_first_each_at_its_own_time() {
+        let times = times(Some(40), Some(41));
+        let due = due(Stage::Ready, "", Some(at(0)), times, at(43));
+        assert_eq!(due, both(40.0, 41.0));
+    }
+
+    #[test]
+    fn each_milestone_is_due_once() {
+        let times = times(Some(40), Some(45));
+        let now = at(50);
+        let registered = due(Stage::Registered, "", Some(at(0)), times, now);
+        assert_eq!(registered, [(Milestone::Registered, Some(40.0))]);
+        assert!(due(Stage::Registered, "registered", Some(at(0)), times, now).is_empty());
+        let ready = due(Stage::Ready, "registered", Some(at(0)), times, now);
+        assert_eq!(ready, [(Milestone::Ready, Some(45.0))]);
+        assert!(due(Stage::Ready, "registered,ready", Some(at(0)), times, now).is_empty());
+        for stage in [Stage::Attested, Stage::Failed] {
+            assert!(due(stage, "", Some(at(0)), times, now).is_empty());
+        }
+    }
+
+    #[test]
+    fn registered_is_not_reported_after_ready() {
+        // A former leader reported Ready, not registered: too late now.
+        let due = due(Stage::Ready, "ready", None, NodeTimes::default(), at(0));
+        assert!(due.is_empty(), "{:?}", names(&due));
+    }
+
+    #[test]
+    fn ready_is_never_before_registered_nor_before_the_claim() {
+        // kubelet's clock behind the API server's.
+        let skewed = times(Some(40), Some(38));
+        let due_now = due(Stage::Ready, "", Some(at(0)), skewed, at(50));
+        assert_eq!(due_now, both(40.0, 40.0));
+        let early = times(Some(-5), None);
+        let due_now = due(Stage::Ready, "", Some(at(0)), early, at(7));
+        assert_eq!(due_now, both(0.0, 7.0));
+        // No creation time: reported, not timed.
+        let untimed = due(Stage::Ready, "", None, skewed, at(50));
+        assert_eq!(names(&untimed), ["registered", "ready"]);
+        assert!(untimed.iter().all(|(_, s)| s.is_none()));
+    }
+
+    #[test]
+    fn the_ready_transition_survives_the_stripping_of_a_node() {
+        let mut node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n1", "creationTimestamp": "2027-01-15T08:00:00Z"},
+            "spec": {"providerID": "aws:///us-west-2a/i-1"},
+            "status": {"conditions": [
+                {"type": "MemoryPressure", "status": "False"},
+                {"type": "Ready", "status": "True", "reason": "KubeletReady",
+                 "lastTransitionTime": "2027-01-15T08:00:01Z"}]},
+        }))
+        .unwrap();
+        strip_node(&mut node);
+        let times = NodeTimes::of(&node);
+        assert_eq!(
+            times.registered,
+            Some("2027-01-15T08:00:00Z".parse().unwrap())
+        );
+        assert_eq!(times.ready, Some("2027-01-15T08:00:01Z".parse().unwrap()));
+        assert!(is_ready(&node));
+        let kept = serde_json::to_value(&node).unwrap();
+        assert_eq!(
+            kept["status"],
+            serde_json::json!({"conditions": [{"type": "Ready", "status": "True",
+                "lastTransitionTime": "2027-01-15T08:00:01Z"}]})
+        );
     }
 
     #[test]

@@ -23,8 +23,14 @@
 //! covers metadataOptions too, so a class that had weaker options gets its
 //! nodes replaced once: the point, since those nodes exposed the document.
 //!
-//! It writes only when a value differs (or, with enforcing turned off, once
-//! to let go of the metadata options it owned, see [`handover`]). Karpenter hashes userData and the
+//! A field autonode kept and no longer does (metadata options once
+//! enforcing is turned off; `amiSelectorTerms` once `--ami-ids` is unset)
+//! is handed over at its value, once, rather than removed (see
+//! [`released`] and [`handover`]): removing `amiSelectorTerms`, which the
+//! CRD requires, would be refused on every try.
+//!
+//! It writes only when a value differs, or once to let go of what it no
+//! longer keeps. Karpenter hashes userData and the
 //! AMI selection: a needless write is harmless to Karpenter only because it
 //! is byte-identical, and it still costs an API write and a watch event for
 //! every replica and every Karpenter, every resync. So the controller
@@ -53,10 +59,13 @@ pub const AMI_FAMILY: &str = "Custom";
 pub const RESTORED: &str = "NodeClassRestored";
 /// The Warning Event reason when, not enforcing, a class lets pods read IMDS.
 pub const EXPOSED: &str = "InstanceMetadataExposed";
-/// The field manager that takes over the metadata options autonode owned
-/// when enforcing them is turned off, so they keep their values (see
-/// [`handover`]).
+/// The field manager that takes over the fields autonode owned and no
+/// longer keeps (the metadata options when enforcing them is turned off,
+/// `amiSelectorTerms` when `--ami-ids` is unset), so they keep their values
+/// (see [`handover`]).
 pub const HANDOVER_MANAGER: &str = "autonode-server-handover";
+/// The Event reason when autonode let go of a class's AMI selection.
+pub const AMI_RELEASED: &str = "AmiSelectionReleased";
 
 /// `metadataOptions.httpTokens` kept: IMDSv2 only, every read needs a token.
 pub const HTTP_TOKENS: &str = "required";
@@ -195,55 +204,129 @@ pub fn exposures(spec: &Ec2NodeClassSpec) -> Vec<String> {
     found
 }
 
+/// A field below `spec`, as its path of keys (`["metadataOptions",
+/// "httpTokens"]`).
+pub type SpecPath = Vec<String>;
+
+/// The fields below `spec` that `manager`'s applies own, per the class's
+/// managedFields: a map's keys one by one, a list or a value whole (sorted;
+/// empty: none).
+pub fn applied_paths(meta: &ObjectMeta, manager: &str) -> Vec<SpecPath> {
+    /// Collects the owned leaves below `node`, a managedFields tree.
+    fn leaves(node: &Value, at: &mut SpecPath, out: &mut Vec<SpecPath>) {
+        let children: Vec<(&str, &Value)> = node
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter_map(|(key, child)| Some((key.strip_prefix("f:")?, child)))
+            .collect();
+        // No field below (a value, or a list whose items are `k:`/`v:`
+        // entries): owned whole.
+        if children.is_empty() {
+            if !at.is_empty() {
+                out.push(at.clone());
+            }
+            return;
+        }
+        for (key, child) in children {
+            at.push(key.to_string());
+            leaves(child, at, out);
+            at.pop();
+        }
+    }
+    let mut paths = Vec::new();
+    let applied = meta.managed_fields.iter().flatten().filter(|entry| {
+        entry.manager.as_deref() == Some(manager) && entry.operation.as_deref() == Some("Apply")
+    });
+    for entry in applied {
+        if let Some(spec) = entry.fields_v1.as_ref().and_then(|f| f.0.get("f:spec")) {
+            leaves(spec, &mut Vec::new(), &mut paths);
+        }
+    }
+    paths.sort_unstable();
+    paths.dedup();
+    paths
+}
+
 /// The keys of `spec.metadataOptions` that [`FIELD_MANAGER`]'s applies own,
 /// per the class's managedFields (sorted; empty: none).
 pub fn owned_metadata_options(meta: &ObjectMeta) -> Vec<String> {
-    let mut keys: Vec<String> = meta
-        .managed_fields
-        .iter()
-        .flatten()
-        .filter(|entry| {
-            entry.manager.as_deref() == Some(FIELD_MANAGER)
-                && entry.operation.as_deref() == Some("Apply")
+    applied_paths(meta, FIELD_MANAGER)
+        .into_iter()
+        .filter_map(|path| match <[String; 2]>::try_from(path) {
+            Ok([options, key]) if options == "metadataOptions" => Some(key),
+            _ => None,
         })
-        .filter_map(|entry| {
-            let fields = &entry.fields_v1.as_ref()?.0;
-            fields.get("f:spec")?.get("f:metadataOptions")?.as_object()
-        })
-        .flat_map(|options| options.keys())
-        .filter_map(|key| key.strip_prefix("f:"))
-        .map(str::to_string)
-        .collect();
-    keys.sort_unstable();
-    keys.dedup();
-    keys
+        .collect()
 }
 
-/// The apply configuration by which [`HANDOVER_MANAGER`] takes over `keys`
-/// of `spec.metadataOptions` at their current values, or `None` when none of
-/// them has a value.
+/// The fields autonode's applies own and its next apply, [`applied`] with
+/// `desired`, leaves out: each must be handed over first (sorted; empty:
+/// none).
+pub fn released(meta: &ObjectMeta, desired: &Desired) -> Vec<SpecPath> {
+    let next = applied("", desired);
+    applied_paths(meta, FIELD_MANAGER)
+        .into_iter()
+        .filter(|path| value_at(&next["spec"], path).is_none())
+        .collect()
+}
+
+/// The value at `path` below `spec`, if it has one.
+fn value_at<'a>(spec: &'a Value, path: &[String]) -> Option<&'a Value> {
+    path.iter()
+        .try_fold(spec, |at, key| at.get(key))
+        .filter(|value| !value.is_null())
+}
+
+/// The apply configuration by which [`HANDOVER_MANAGER`] takes over the
+/// `released` fields at their current values, and keeps those it took over
+/// before, or `None` when none of them has a value.
 ///
 /// Server-side apply removes a field when the manager that applied it
 /// leaves it out of its next apply and no other manager owns it. Once
-/// enforcing is off, autonode's applies leave `metadataOptions` out, so
-/// without a handover the keys only autonode owned would vanish, and what
-/// they become would be whatever the CRD's defaults are then: the class
-/// would change behind its owner's back on a mere flag change. So they are
-/// handed over first, unchanged (not forced: if the class changed since it
-/// was read, the apply conflicts and the reconcile is retried with the new
-/// values), and keep the values they have until someone edits them.
-pub fn handover(name: &str, spec: &Ec2NodeClassSpec, keys: &[String]) -> Option<Value> {
-    let current = serde_json::to_value(spec.metadata_options.clone()?).ok()?;
-    let kept: serde_json::Map<String, Value> = keys
-        .iter()
-        .filter_map(|key| Some((key.clone(), current.get(key)?.clone())))
-        .collect();
-    (!kept.is_empty()).then(|| {
+/// autonode no longer keeps a field (enforcing metadata options turned
+/// off, `--ami-ids` unset), its applies leave the field out, so without a
+/// handover a field only autonode owned would vanish: the metadata options
+/// would become whatever the CRD's defaults are then, behind the class's
+/// owner's back on a mere flag change, and `amiSelectorTerms`, which the
+/// CRD requires, could not be removed at all, every apply refused. So they
+/// are handed over first, unchanged (not forced: if the class changed since
+/// it was read, the apply conflicts and the reconcile is retried with the
+/// new values), and keep the values they have until someone edits them.
+/// The same rule holds for [`HANDOVER_MANAGER`] itself, hence
+/// `handed_before` (its own [`applied_paths`]), applied again each time.
+pub fn handover(
+    name: &str,
+    spec: &Ec2NodeClassSpec,
+    released: &[SpecPath],
+    handed_before: &[SpecPath],
+) -> Option<Value> {
+    if released.is_empty() {
+        return None;
+    }
+    let current = serde_json::to_value(spec).ok()?;
+    let mut kept = json!({});
+    for path in released.iter().chain(handed_before) {
+        // An empty list is how the typed spec reads an absent one.
+        let Some(value) = value_at(&current, path).filter(|v| v.as_array() != Some(&Vec::new()))
+        else {
+            continue;
+        };
+        let Some((last, parents)) = path.split_last() else {
+            continue;
+        };
+        let mut at = &mut kept;
+        for key in parents {
+            at = &mut at[key.as_str()];
+        }
+        at[last.as_str()] = value.clone();
+    }
+    (kept.as_object().is_some_and(|k| !k.is_empty())).then(|| {
         json!({
             "apiVersion": "karpenter.k8s.aws/v1",
             "kind": "EC2NodeClass",
             "metadata": { "name": name },
-            "spec": { "metadataOptions": kept },
+            "spec": kept,
         })
     })
 }
@@ -279,6 +362,11 @@ struct Context {
     /// Per class name, the exposure last warned about (with the class's
     /// uid), so a class is warned about once per change, not every resync.
     warned: Mutex<HashMap<String, String>>,
+    /// Per class name, the resourceVersion its last handover wrote. That
+    /// version is followed at once by autonode's own apply, but its watch
+    /// event wakes the class again: read from a store that has not seen the
+    /// apply yet, it would look released again and be written twice.
+    handed_over: Mutex<HashMap<String, String>>,
 }
 
 impl Context {
@@ -299,6 +387,32 @@ impl Context {
             })?;
         self.settings.metrics.nodeclass_writes.inc();
         Ok(written)
+    }
+
+    /// Whether `class` is the version a handover of ours wrote, already
+    /// superseded by the apply that followed it (forgotten once another
+    /// version is seen).
+    fn superseded(&self, name: &str, class: &Ec2NodeClass) -> bool {
+        let mut handed = self
+            .handed_over
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let version = class.metadata.resource_version.as_deref();
+        if version.is_some() && handed.get(name).map(String::as_str) == version {
+            return true;
+        }
+        handed.remove(name);
+        false
+    }
+
+    /// Remembers the version a handover wrote; see [`Context::superseded`].
+    fn handed_over(&self, name: &str, written: &Ec2NodeClass) {
+        if let Some(version) = written.metadata.resource_version.clone() {
+            self.handed_over
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(name.to_string(), version);
+        }
     }
 
     /// Logs and records a Warning Event when `class` exposes IMDS to pods
@@ -347,6 +461,7 @@ pub async fn run(client: Client, settings: Settings) {
         api: api.clone(),
         settings,
         warned: Mutex::new(HashMap::new()),
+        handed_over: Mutex::new(HashMap::new()),
     });
     Controller::new(api, config)
         .run(reconcile, error_policy, ctx)
@@ -363,30 +478,33 @@ async fn reconcile(class: Arc<Ec2NodeClass>, ctx: Arc<Context>) -> Result<Action
     let settings = &ctx.settings;
     settings.metrics.nodeclass_checks.inc();
     let name = class.name_any();
+    if ctx.superseded(&name, &class) {
+        // The apply after the handover wakes the class again, with the
+        // version it wrote.
+        return Ok(Action::requeue(settings.resync));
+    }
     let fields = drift(&class.spec, &settings.desired);
-    let released = match settings.desired.metadata_options {
-        MetadataOptionsPolicy::Enforce => Vec::new(),
-        MetadataOptionsPolicy::LeaveAlone => {
-            ctx.warn_exposures(&class, &name);
-            owned_metadata_options(&class.metadata)
-        }
-    };
+    if settings.desired.metadata_options == MetadataOptionsPolicy::LeaveAlone {
+        ctx.warn_exposures(&class, &name);
+    }
+    let released = released(&class.metadata, &settings.desired);
     if fields.is_empty() && released.is_empty() {
         tracing::debug!(nodeclass = %name, "EC2NodeClass as rendered");
         return Ok(Action::requeue(settings.resync));
     }
-    if let Some(body) = handover(&name, &class.spec, &released) {
-        ctx.apply(&name, &PatchParams::apply(HANDOVER_MANAGER), body)
+    let handed_before = applied_paths(&class.metadata, HANDOVER_MANAGER);
+    if let Some(body) = handover(&name, &class.spec, &released, &handed_before) {
+        let written = ctx
+            .apply(&name, &PatchParams::apply(HANDOVER_MANAGER), body)
             .await?;
+        ctx.handed_over(&name, &written);
     }
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let restored = ctx
         .apply(&name, &params, applied(&name, &settings.desired))
         .await?;
-    if !released.is_empty() {
-        let keys = released.join(", ");
-        tracing::info!(nodeclass = %name, %keys, "EC2NodeClass metadataOptions released at their values");
-    }
+    // Told once: from this apply on, autonode owns none of them.
+    report_released(&restored, &name, &released, &settings.events);
     if !fields.is_empty() {
         let fields = fields.join(", ");
         tracing::info!(nodeclass = %name, %fields, "EC2NodeClass restored");
@@ -397,6 +515,42 @@ async fn reconcile(class: Arc<Ec2NodeClass>, ctx: Arc<Context>) -> Result<Action
         );
     }
     Ok(Action::requeue(settings.resync))
+}
+
+/// Logs the fields let go of, by top-level field, and records an Event
+/// when it is the AMI selection: Karpenter's AMIs are the class owners'
+/// from now on.
+fn report_released(class: &Ec2NodeClass, name: &str, released: &[SpecPath], events: &Events) {
+    let mut by_field: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for path in released {
+        if let Some((field, below)) = path.split_first() {
+            by_field
+                .entry(field.as_str())
+                .or_default()
+                .extend(below.first().map(String::as_str));
+        }
+    }
+    for (field, keys) in by_field {
+        let keys = keys.join(", ");
+        tracing::info!(nodeclass = %name, %keys, "EC2NodeClass {field} released at their values");
+    }
+    if released
+        .iter()
+        .any(|path| path.first().map(String::as_str) == Some("amiSelectorTerms"))
+    {
+        tracing::info!(
+            nodeclass = %name,
+            "autonode-server no longer manages the EC2NodeClass's AMI (--ami-ids is unset): \
+             spec.amiSelectorTerms keep their values and are the class owners' to change"
+        );
+        events.normal(
+            class,
+            AMI_RELEASED,
+            "autonode-server no longer manages spec.amiSelectorTerms (--ami-ids is unset); \
+             they keep their values and are yours to change"
+                .to_string(),
+        );
+    }
 }
 
 fn error_policy(_class: Arc<Ec2NodeClass>, error: &Error, _ctx: Arc<Context>) -> Action {
@@ -589,12 +743,19 @@ mod tests {
         assert!(owned_metadata_options(&ObjectMeta::default()).is_empty());
     }
 
+    fn path(keys: &[&str]) -> SpecPath {
+        keys.iter().map(|k| k.to_string()).collect()
+    }
+
     #[test]
     fn the_handover_keeps_the_owned_keys_at_their_current_values() {
         let mut spec = kept_spec(&[]);
         options(&mut spec).http_put_response_hop_limit = Some(3);
-        let keys = ["httpPutResponseHopLimit".to_string(), "httpTokens".into()];
-        let body = handover("default", &spec, &keys).unwrap();
+        let keys = [
+            path(&["metadataOptions", "httpPutResponseHopLimit"]),
+            path(&["metadataOptions", "httpTokens"]),
+        ];
+        let body = handover("default", &spec, &keys, &[]).unwrap();
         assert_eq!(
             body["spec"],
             json!({"metadataOptions": {"httpPutResponseHopLimit": 3, "httpTokens": "required"}})
@@ -602,8 +763,74 @@ mod tests {
         assert_eq!(body["metadata"], json!({"name": "default"}));
         assert_eq!(body["kind"], "EC2NodeClass");
         spec.metadata_options = None;
-        assert!(handover("default", &spec, &keys).is_none());
-        assert!(handover("default", &kept_spec(&[]), &[]).is_none());
+        assert!(handover("default", &spec, &keys, &[]).is_none());
+        assert!(handover("default", &kept_spec(&[]), &[], &[]).is_none());
+    }
+
+    #[test]
+    fn the_handover_keeps_the_ami_terms_and_what_it_took_over_before() {
+        let terms = vec![json!({"id": "ami-0123"}), json!({"id": "ami-0456"})];
+        let spec = kept_spec(&terms);
+        let before = [path(&["metadataOptions", "httpTokens"])];
+        let ami = [path(&["amiSelectorTerms"])];
+        let body = handover("default", &spec, &ami, &before).unwrap();
+        // Left out, the handover's own earlier fields would be removed.
+        assert_eq!(
+            body["spec"],
+            json!({"amiSelectorTerms": terms, "metadataOptions": {"httpTokens": "required"}})
+        );
+        // Nothing released: nothing to hand over, whatever was before.
+        assert!(handover("default", &spec, &[], &before).is_none());
+        // No terms to keep (the typed spec reads an absent list as empty).
+        assert!(handover("default", &kept_spec(&[]), &ami, &[]).is_none());
+    }
+
+    #[test]
+    fn what_autonode_applied_and_no_longer_keeps_is_released() {
+        let ours = json!({"f:spec": {"f:userData": {}, "f:amiFamily": {},
+            "f:amiSelectorTerms": {}, "f:metadataOptions": {
+            ".": {}, "f:httpTokens": {}, "f:httpPutResponseHopLimit": {}, "f:httpEndpoint": {}}}});
+        let meta = ObjectMeta {
+            managed_fields: Some(vec![
+                entry("kubectl-edit", "Update", json!({"f:spec": {"f:role": {}}})),
+                entry(FIELD_MANAGER, "Apply", ours),
+            ]),
+            ..Default::default()
+        };
+        assert_eq!(
+            applied_paths(&meta, FIELD_MANAGER),
+            [
+                path(&["amiFamily"]),
+                path(&["amiSelectorTerms"]),
+                path(&["metadataOptions", "httpEndpoint"]),
+                path(&["metadataOptions", "httpPutResponseHopLimit"]),
+                path(&["metadataOptions", "httpTokens"]),
+                path(&["userData"]),
+            ]
+        );
+        let terms = Some(vec![json!({"id": "ami-0123"})]);
+        assert!(released(&meta, &desired(terms.clone())).is_empty());
+        // --ami-ids unset.
+        assert_eq!(
+            released(&meta, &desired(None)),
+            [path(&["amiSelectorTerms"])]
+        );
+        // Enforcement off, with and without AMI ids.
+        let options = [
+            path(&["metadataOptions", "httpEndpoint"]),
+            path(&["metadataOptions", "httpPutResponseHopLimit"]),
+            path(&["metadataOptions", "httpTokens"]),
+        ];
+        let off = Desired {
+            ami_terms: terms,
+            ..leave_alone()
+        };
+        assert_eq!(released(&meta, &off), options);
+        let mut both = vec![path(&["amiSelectorTerms"])];
+        both.extend(options);
+        assert_eq!(released(&meta, &leave_alone()), both);
+        // Nothing applied, nothing to let go of.
+        assert!(released(&ObjectMeta::default(), &leave_alone()).is_empty());
     }
 
     #[test]

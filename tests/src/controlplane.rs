@@ -1,7 +1,10 @@
 //! A real Kubernetes control plane on loopback, one per test.
 //!
 //! etcd 3.4 (Debian's), kube-apiserver and kube-controller-manager v1.20.2
-//! (built from Debian's source package by `tests/setup/build-kube`), with
+//! (built from Debian's source package by `tests/setup/build-kube`; or
+//! those in `AUTONODE_KUBE_BIN`, whose flags are chosen by the version each
+//! binary reports: [`apiserver_version_args`],
+//! [`controller_manager_version_args`]), with
 //! client-certificate authentication, `Node,RBAC` authorization, the
 //! `NodeRestriction` admission plugin, service-account keys, and
 //! kube-controller-manager's csrsigning controller signing with a CA made for
@@ -14,6 +17,7 @@
 //! the directory. The children also run under `setpriv --pdeathsig KILL`, so
 //! a test process killed outright (a nextest timeout) takes them with it.
 
+use crate::kubeversion::KubeVersion;
 use crate::pki::{Ca, CertPair};
 use crate::process::Daemon;
 use anyhow::{bail, Context, Result};
@@ -21,12 +25,16 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
+use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
-/// Kubernetes version the harness runs; matches `tests/setup/build-kube`.
+/// Kubernetes version the harness runs by default (without
+/// `AUTONODE_KUBE_BIN`); matches `tests/setup/build-kube`. What a running
+/// control plane is, is [`ControlPlane::version`].
 pub const KUBE_VERSION: &str = "1.20.2";
 
 /// The Karpenter v1.14.1 CRDs, byte-exact, as the project ships them.
@@ -43,6 +51,7 @@ pub struct ControlPlane {
     ca: Ca,
     url: String,
     admin_kubeconfig: PathBuf,
+    version: KubeVersion,
     dir: TempDir,
 }
 
@@ -70,6 +79,8 @@ impl ControlPlane {
 
     async fn start_bare(extra_ips: &[IpAddr]) -> Result<Self> {
         let bin = kube_bin_dir()?;
+        let version = binary_version(&bin.join("kube-apiserver"))?;
+        let kcm_version = binary_version(&bin.join("kube-controller-manager"))?;
         let dir = tempfile::Builder::new()
             .prefix("autonode-cp-")
             .tempdir()
@@ -79,7 +90,7 @@ impl ControlPlane {
 
         let etcd = start_etcd(dir.path())?;
         let api_port = free_port()?;
-        let apiserver = start_apiserver(&bin, &files, &etcd, api_port)?;
+        let apiserver = start_apiserver(&bin, version, &files, &etcd, api_port)?;
         let url = format!("https://127.0.0.1:{api_port}");
         let admin_kubeconfig = dir.path().join("admin.kubeconfig");
         write_kubeconfig(&admin_kubeconfig, &url, ca.cert_pem(), &files.admin)?;
@@ -90,7 +101,8 @@ impl ControlPlane {
         // are killed before their directory is removed.
         let client = kube_client(&admin_kubeconfig).await?;
         wait_ready(&client, &apiserver).await?;
-        let controller_manager = start_controller_manager(&bin, &files, &kcm_kubeconfig)?;
+        let controller_manager =
+            start_controller_manager(&bin, kcm_version, &files, &kcm_kubeconfig)?;
         Ok(Self {
             controller_manager,
             apiserver,
@@ -98,8 +110,15 @@ impl ControlPlane {
             ca,
             url,
             admin_kubeconfig,
+            version,
             dir,
         })
+    }
+
+    /// The version kube-apiserver reports: what the cluster's behaviour
+    /// (APIs, admission) follows.
+    pub fn version(&self) -> KubeVersion {
+        self.version
     }
 
     /// The API server URL (`https://127.0.0.1:<port>`).
@@ -213,6 +232,41 @@ pub fn kube_bin_dir() -> Result<PathBuf> {
     Ok(dir)
 }
 
+/// The version `binary --version` reports, asked once per binary per test
+/// process.
+pub fn binary_version(binary: &Path) -> Result<KubeVersion> {
+    static KNOWN: Mutex<Option<HashMap<PathBuf, KubeVersion>>> = Mutex::new(None);
+    let mut known = KNOWN.lock().unwrap_or_else(|e| e.into_inner());
+    let known = known.get_or_insert_with(HashMap::new);
+    if let Some(version) = known.get(binary) {
+        return Ok(*version);
+    }
+    let version = KubeVersion::of_binary(binary)?;
+    known.insert(binary.to_path_buf(), version);
+    Ok(version)
+}
+
+/// kube-apiserver's flags that depend on its version.
+pub fn apiserver_version_args(version: KubeVersion) -> Vec<String> {
+    let mut args = Vec::new();
+    // Insecure serving: off by default since 1.20, the flag (then only
+    // accepting 0) gone in 1.24.
+    if !version.at_least(1, 24) {
+        args.push("--insecure-port=0".into());
+    }
+    args
+}
+
+/// kube-controller-manager's flags that depend on its version.
+pub fn controller_manager_version_args(version: KubeVersion) -> Vec<String> {
+    let mut args = Vec::new();
+    // Insecure serving: a no-op since 1.22, the flag gone in 1.24.
+    if !version.at_least(1, 24) {
+        args.push("--port=0".into());
+    }
+    args
+}
+
 /// Certificates and keys the components read, written into the directory.
 struct Files {
     dir: PathBuf,
@@ -267,13 +321,18 @@ fn start_etcd(dir: &Path) -> Result<Daemon> {
     Ok(etcd)
 }
 
-fn start_apiserver(bin: &Path, files: &Files, etcd: &Daemon, port: u16) -> Result<Daemon> {
-    let args = vec![
+fn start_apiserver(
+    bin: &Path,
+    version: KubeVersion,
+    files: &Files,
+    etcd: &Daemon,
+    port: u16,
+) -> Result<Daemon> {
+    let mut args = vec![
         format!("--etcd-servers={}", etcd.endpoint()),
         "--bind-address=127.0.0.1".into(),
         "--advertise-address=127.0.0.1".into(),
         format!("--secure-port={port}"),
-        "--insecure-port=0".into(),
         format!("--cert-dir={}", files.path("apiserver-certs")),
         format!("--tls-cert-file={}", files.path("apiserver.crt")),
         format!("--tls-private-key-file={}", files.path("apiserver.key")),
@@ -285,11 +344,16 @@ fn start_apiserver(bin: &Path, files: &Files, etcd: &Daemon, port: u16) -> Resul
             "--service-account-signing-key-file={}",
             files.path("sa.key")
         ),
+        // Signing key, issuer and audience: what the TokenRequest API
+        // (`serviceaccounts/<name>/token`, how the server's token is made
+        // on every version) needs.
         "--service-account-issuer=https://kubernetes.default.svc".into(),
+        "--api-audiences=https://kubernetes.default.svc".into(),
         "--service-cluster-ip-range=10.96.0.0/16".into(),
         "--profiling=false".into(),
         "--v=1".into(),
     ];
+    args.extend(apiserver_version_args(version));
     Daemon::spawn(
         "kube-apiserver",
         &bin.join("kube-apiserver"),
@@ -298,14 +362,18 @@ fn start_apiserver(bin: &Path, files: &Files, etcd: &Daemon, port: u16) -> Resul
     )
 }
 
-fn start_controller_manager(bin: &Path, files: &Files, kubeconfig: &Path) -> Result<Daemon> {
+fn start_controller_manager(
+    bin: &Path,
+    version: KubeVersion,
+    files: &Files,
+    kubeconfig: &Path,
+) -> Result<Daemon> {
     let kubeconfig = kubeconfig.display();
-    let args = vec![
+    let mut args = vec![
         format!("--kubeconfig={kubeconfig}"),
         format!("--authentication-kubeconfig={kubeconfig}"),
         format!("--authorization-kubeconfig={kubeconfig}"),
         "--bind-address=127.0.0.1".into(),
-        "--port=0".into(),
         format!("--secure-port={}", free_port()?),
         "--leader-elect=false".into(),
         // Each controller acts as its own service account, as kubeadm runs
@@ -329,6 +397,7 @@ fn start_controller_manager(bin: &Path, files: &Files, kubeconfig: &Path) -> Res
         "--profiling=false".into(),
         "--v=1".into(),
     ];
+    args.extend(controller_manager_version_args(version));
     Daemon::spawn(
         "kube-controller-manager",
         &bin.join("kube-controller-manager"),
@@ -445,4 +514,33 @@ pub fn unique() -> String {
         std::process::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(minor: u32) -> KubeVersion {
+        KubeVersion::new(1, minor, 0)
+    }
+
+    #[test]
+    fn apiserver_insecure_port_only_before_1_24() {
+        assert_eq!(apiserver_version_args(v(20)), ["--insecure-port=0"]);
+        assert_eq!(apiserver_version_args(v(23)), ["--insecure-port=0"]);
+        for minor in [24, 27, 34] {
+            assert!(apiserver_version_args(v(minor)).is_empty(), "1.{minor}");
+        }
+    }
+
+    #[test]
+    fn controller_manager_port_only_before_1_24() {
+        assert_eq!(controller_manager_version_args(v(20)), ["--port=0"]);
+        for minor in [24, 27, 34] {
+            assert!(
+                controller_manager_version_args(v(minor)).is_empty(),
+                "1.{minor}"
+            );
+        }
+    }
 }

@@ -12,6 +12,8 @@
 //! - [`joiner`]: the join protocol spoken directly (refusal and load tests).
 //! - [`node`]: a simulated instance (netns, IMDS, root dir) for the agent binary.
 //! - [`karpenter`]: playing Karpenter's part (NodeClaims and friends).
+//! - [`kubeversion`]: the Kubernetes version of a binary, for flags that
+//!   differ between versions.
 //! - [`pki`]: throwaway CAs and certificates for a test run.
 //! - [`process`]: child processes that die with their test.
 //! - [`server`]: autonode-server as a real process, under the shipped RBAC.
@@ -27,6 +29,7 @@ pub mod hostile;
 pub mod ignition;
 pub mod joiner;
 pub mod karpenter;
+pub mod kubeversion;
 pub mod netns;
 pub mod node;
 pub mod pki;

@@ -10,8 +10,9 @@ use crate::fakecloud::ec2::{TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY};
 use crate::pki::Ca;
 use crate::process::Daemon;
 use anyhow::{bail, Context, Result};
-use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
 use kube::discovery::{pinned_kind, Scope};
 use kube::Client;
@@ -502,30 +503,38 @@ async fn manifest_objects(
     Ok(objects)
 }
 
-/// The token of a ServiceAccount (1.20: from the Secret the tokens
-/// controller creates for it).
+/// How long the server's test token is valid: longer than any test runs.
+const TOKEN_LIFETIME: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// A token for a ServiceAccount from the TokenRequest API
+/// (`serviceaccounts/<name>/token`), on every version: since 1.24 no token
+/// Secret is made for a ServiceAccount. The API server needs a signing
+/// key, issuer and audience for it (see the control plane's flags). The
+/// token is bound to the ServiceAccount: valid while it exists.
 pub async fn service_account_token(
     client: &Client,
     (namespace, name): (&str, &str),
 ) -> Result<String> {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let list = secrets.list(&Default::default()).await?;
-        let token = list.items.iter().find_map(|s| {
-            let annotations = s.metadata.annotations.as_ref()?;
-            (annotations.get("kubernetes.io/service-account.name")? == name)
-                .then(|| s.data.as_ref()?.get("token").cloned())
-                .flatten()
-        });
-        if let Some(token) = token {
-            return Ok(String::from_utf8(token.0)?);
-        }
-        if Instant::now() > deadline {
-            bail!("no token for ServiceAccount {namespace}/{name} after 30s");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            // No audiences: the API server's own (`--api-audiences`).
+            audiences: Vec::new(),
+            expiration_seconds: Some(TOKEN_LIFETIME.as_secs() as i64),
+            bound_object_ref: None,
+        },
+        ..Default::default()
+    };
+    let response = accounts
+        .create_token_request(name, &PostParams::default(), &request)
+        .await
+        .with_context(|| format!("requesting a token for ServiceAccount {namespace}/{name}"))?;
+    let token = response
+        .status
+        .map(|s| s.token)
+        .filter(|t| !t.is_empty())
+        .with_context(|| format!("no token in the TokenRequest for {namespace}/{name}"))?;
+    Ok(token)
 }
 
 fn write_token_kubeconfig(path: &Path, url: &str, ca_pem: &str, token: &str) -> Result<()> {

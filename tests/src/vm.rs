@@ -455,3 +455,42 @@ fn render_user_data(world: &World) -> Result<String> {
     }
     Ok(String::from_utf8(output.stdout)?)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The image's `KUBELET_EXTRA_ARGS` for a kubelet printing `version`
+    /// (`tests/setup/build-vm-image --kubelet-args`).
+    fn kubelet_extra_args(version: &str) -> Result<String> {
+        let script = repo_root().join("tests/setup/build-vm-image");
+        let output = std::process::Command::new(&script)
+            .args(["--kubelet-args", version])
+            .output()
+            .with_context(|| format!("running {}", script.display()))?;
+        if !output.status.success() {
+            bail!("{}", String::from_utf8_lossy(&output.stderr));
+        }
+        Ok(String::from_utf8(output.stdout)?.trim().to_string())
+    }
+
+    #[test]
+    fn kubelet_flags_follow_the_kubelet_version() {
+        const ENDPOINT: &str =
+            "--container-runtime-endpoint=unix:///run/containerd/containerd.sock";
+        let cases = [
+            (
+                "Kubernetes v1.20.2",
+                format!("--container-runtime=remote {ENDPOINT} --feature-gates=GracefulNodeShutdown=true"),
+            ),
+            ("Kubernetes v1.24.17", format!("--container-runtime=remote {ENDPOINT}")),
+            ("Kubernetes v1.27.0", ENDPOINT.to_string()),
+            ("kubelet v1.34.1", ENDPOINT.to_string()),
+            ("Kubernetes v1.31.0-eks-abc", ENDPOINT.to_string()),
+        ];
+        for (version, want) in cases {
+            assert_eq!(kubelet_extra_args(version).unwrap(), want, "{version}");
+        }
+        assert!(kubelet_extra_args("Kubernetes").is_err());
+    }
+}

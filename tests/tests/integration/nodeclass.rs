@@ -585,3 +585,73 @@ async fn turning_enforcement_off_hands_the_options_over_at_their_values() -> Res
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn unsetting_the_ami_ids_hands_the_terms_over_at_their_values() -> Result<()> {
+    let node = NodeFlags::new(&[])?;
+    let lease = "--leader-lease=3";
+    let (world, api, class) = world_with_class(&node, &[lease]).await?;
+    let terms = json!([{"id": AMD64}, {"id": ARM64}]);
+    assert_eq!(spec(&class)["amiSelectorTerms"], terms);
+    assert!(applied_fields(&class, "autonode-server").contains(&"f:amiSelectorTerms".into()));
+
+    // Events are published in the background: this one before the kill.
+    wait_for_events(&world, "default", "NodeClassRestored", 1).await?;
+
+    // The same settings without --ami-ids, once the first server is gone:
+    // autonode lets go of the terms, and they keep their values (the CRD
+    // requires them: removing them would be refused on every try).
+    world.server.kill();
+    let cloud = cloud_settings(&world.cloud, &world.ec2);
+    let mut without = node.flags.clone();
+    without.extend([lease.to_string(), "--nodeclass-resync=1".to_string()]);
+    assert!(!without.iter().any(|f| f.starts_with("--ami-ids")));
+    let second = TestServer::start(&world.cp, &cloud, &without).await?;
+    let class = wait_for(&api, "default", "released", |c| {
+        !applied_fields(c, "autonode-server").contains(&"f:amiSelectorTerms".into())
+    })
+    .await?;
+    assert_eq!(spec(&class)["amiSelectorTerms"], terms);
+    assert!(
+        applied_fields(&class, "autonode-server-handover").contains(&"f:amiSelectorTerms".into())
+    );
+    let told = wait_for_events(&world, "default", "AmiSelectionReleased", 1).await?;
+    assert!(told[0].2.contains("--ami-ids is unset"), "{told:?}");
+
+    // What autonode still keeps is still restored: an apply without the
+    // terms, which must not take them away.
+    let rendered = node.rendered()?;
+    let edit = json!({"spec": {"userData": "edited"}});
+    api.patch("default", &PatchParams::default(), &Patch::Merge(&edit))
+        .await?;
+    wait_for_events(&world, "default", "NodeClassRestored", 2).await?;
+    let class = wait_for(&api, "default", "restored", |c| {
+        spec(c)["userData"] == rendered.as_str()
+    })
+    .await?;
+    assert_eq!(spec(&class)["amiSelectorTerms"], terms);
+
+    // A user's edit of the terms stays, and nothing is refused or retried.
+    let mine = json!([{"id": "ami-0aaaaaaaaaaaaaaaa"}]);
+    let edit = json!({"spec": {"amiSelectorTerms": mine}});
+    api.patch("default", &PatchParams::default(), &Patch::Merge(&edit))
+        .await?;
+    resyncs(&second, 3.0).await?;
+    let class = api.get("default").await?;
+    assert_eq!(spec(&class)["amiSelectorTerms"], mine);
+    // The handover, autonode's apply without the terms, the restore.
+    assert_eq!(
+        metric(&second, "autonode_nodeclass_writes_total").await?,
+        3.0
+    );
+    let released = wait_for_events(&world, "default", "AmiSelectionReleased", 1).await?;
+    assert_eq!(released.len(), 1, "{released:?}");
+    let log = second.log();
+    assert!(!log.contains("reconcile failed"), "{log}");
+    assert_eq!(
+        log.matches("no longer manages the EC2NodeClass").count(),
+        1,
+        "{log}"
+    );
+    Ok(())
+}
