@@ -500,9 +500,33 @@ pub async fn kube_client(path: &Path) -> Result<Client> {
 ///
 /// There is a window between closing the probe socket and the component
 /// binding it; the components fail loudly if they lose that race.
+///
+/// Chosen below the kernel's ephemeral range, not by binding port 0: a port
+/// from that range, probed and released, can be taken by any outgoing
+/// connection's automatic bind before the daemon binds it, and the tests
+/// open thousands (the hostile-load tests' clients). That is how an etcd
+/// once found its client port taken and its API server waited on nothing.
+/// Below the range only an explicit bind can take a port; the probe and a
+/// random start keep two tests apart.
 pub fn free_port() -> Result<u16> {
-    let listener = TcpListener::bind("127.0.0.1:0").context("probing for a free port")?;
-    Ok(listener.local_addr()?.port())
+    let top = ephemeral_floor().clamp(HARNESS_PORTS_FROM + 1, u16::MAX);
+    let span = top - HARNESS_PORTS_FROM;
+    let start = rand::random::<u16>() % span;
+    (0..span)
+        .map(|i| HARNESS_PORTS_FROM + (start + i) % span)
+        .find(|port| TcpListener::bind((Ipv4Addr::LOCALHOST, *port)).is_ok())
+        .with_context(|| format!("no free port in {HARNESS_PORTS_FROM}..{top}"))
+}
+
+/// The lowest port the harness hands out.
+const HARNESS_PORTS_FROM: u16 = 10_000;
+
+/// The first port of the kernel's ephemeral range (32768 by default).
+fn ephemeral_floor() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
 }
 
 /// A process-unique suffix for names.
