@@ -259,7 +259,7 @@ impl Issuer {
             return Ok(None);
         }
         let asks_the_same = csr::parse_csr(&csr.spec.request.0)
-            .is_ok_and(|parsed| same_request(&parsed, request.judged));
+            .is_ok_and(|parsed| issued::same_ask(&parsed, request.judged));
         Ok(asks_the_same.then_some(csr))
     }
 
@@ -323,28 +323,6 @@ impl Issuer {
             waiters.remove(uid);
         }
     }
-}
-
-/// Whether two CSRs ask for the same thing: key, subject and names.
-fn same_request(a: &ParsedCsr, b: &ParsedCsr) -> bool {
-    fn sorted<T: Ord + Clone>(v: &[T]) -> Vec<T> {
-        let mut v = v.to_vec();
-        v.sort();
-        v
-    }
-    let names = |c: &ParsedCsr| {
-        (
-            sorted(&c.dns_names),
-            sorted(&c.ip_addresses),
-            sorted(&c.email_addresses),
-            sorted(&c.uris),
-        )
-    };
-    a.spki_der == b.spki_der
-        && a.common_name == b.common_name
-        && a.organizations == b.organizations
-        && a.other_subject_fields == b.other_subject_fields
-        && names(a) == names(b)
 }
 
 fn wake(waiters: &Mutex<HashMap<String, watch::Sender<Outcome>>>, csr: &CertificateSigningRequest) {

@@ -91,6 +91,17 @@ pub fn check(cert_pem: &str, judged: &ParsedCsr) -> Result<(), IssuedError> {
     Ok(())
 }
 
+/// Whether two CSRs ask for the same thing: the same key, subject and
+/// names (SANs as sets). A resumed agent signs its CSRs anew: the bytes
+/// differ, what they ask must not.
+pub fn same_ask(a: &ParsedCsr, b: &ParsedCsr) -> bool {
+    a.spki_der == b.spki_der
+        && describe(a.common_name.as_deref(), &a.organizations)
+            == describe(b.common_name.as_deref(), &b.organizations)
+        && a.other_subject_fields == b.other_subject_fields
+        && judged_names(a) == judged_names(b)
+}
+
 fn describe(cn: Option<&str>, orgs: &[String]) -> String {
     format!("CN={} O={}", cn.unwrap_or("-"), orgs.join(","))
 }
@@ -176,6 +187,19 @@ mod tests {
             check(&sign(&more, &key), &judged),
             Err(IssuedError::OtherNames { .. })
         ));
+    }
+
+    #[test]
+    fn a_csr_signed_anew_asks_the_same_and_another_key_or_name_does_not() {
+        let key = KeyPair::generate().unwrap();
+        let node = "system:node:n";
+        let (first, _) = issue(&key, node, vec![ip("10.0.0.1")]);
+        let (again, _) = issue(&key, node, vec![ip("10.0.0.1")]);
+        assert!(same_ask(&first, &again));
+        let (other_key, _) = issue(&KeyPair::generate().unwrap(), node, vec![ip("10.0.0.1")]);
+        let (more, _) = issue(&key, node, vec![ip("10.0.0.1"), ip("10.0.0.2")]);
+        assert!(!same_ask(&first, &other_key));
+        assert!(!same_ask(&first, &more));
     }
 
     #[test]
