@@ -29,6 +29,7 @@
 //! most one real lookup per node per [`LOOKUP_PERIOD`] beyond a burst of
 //! [`LOOKUP_BURST`] (the account's EC2 API budget is Karpenter's too).
 
+use crate::approval::{self, ApprovalError};
 use crate::backoff::WatchBackoff;
 use crate::binding::{self, Unreadable};
 use crate::cache;
@@ -39,11 +40,10 @@ use crate::nodeclaim::NodeClaims;
 use autonode_shared::csr::{self, Purpose};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::certificates::v1::{
-    CertificateSigningRequest, CertificateSigningRequestCondition, CertificateSigningRequestStatus,
+    CertificateSigningRequest, CertificateSigningRequestCondition,
 };
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::ByteString;
-use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{self, applier, trigger_self, Action};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
@@ -213,6 +213,8 @@ impl Decline {
 pub enum Error {
     #[error("kube API: {0}")]
     Kube(#[from] kube::Error),
+    #[error(transparent)]
+    Approval(#[from] ApprovalError),
 }
 
 /// Runs the controller until its streams end.
@@ -334,7 +336,9 @@ async fn reconcile(
     let kind = kind_label(purpose);
     match judge(&csr, &node, purpose, &ctx).await {
         Ok(()) => {
-            approve(&ctx.csrs, &csr.name_any(), &node).await?;
+            if !approve(&ctx.csrs, &csr, &node).await? {
+                return Ok(Action::await_change());
+            }
             ctx.settings
                 .metrics
                 .approvals
@@ -594,28 +598,34 @@ fn unix_now() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
+/// Approves the CSR judged, by UID: a CSR deleted and re-created under the
+/// same name while it was judged is another object and is not approved
+/// (it gets its own reconcile, and its own judgement).
 async fn approve(
     api: &Api<CertificateSigningRequest>,
-    name: &str,
+    csr: &CertificateSigningRequest,
     node: &str,
-) -> Result<(), kube::Error> {
-    let status = CertificateSigningRequestStatus {
-        conditions: Some(vec![CertificateSigningRequestCondition {
-            type_: "Approved".into(),
-            status: "True".into(),
-            reason: Some(RENEWAL_REASON.into()),
-            message: Some(format!(
-                "autonode-server: requested by node {node} for itself; \
-                     its instance's EC2 name and autonode's binding agree"
-            )),
-            ..Default::default()
-        }]),
-        certificate: None,
+) -> Result<bool, Error> {
+    let name = csr.name_any();
+    let Some(uid) = csr.metadata.uid.as_deref() else {
+        return Ok(false);
     };
-    let patch = serde_json::json!({ "status": status });
-    api.patch_approval(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .map(|_| ())
+    let message = format!(
+        "autonode-server: requested by node {node} for itself; \
+         its instance's EC2 name and autonode's binding agree"
+    );
+    let verdict = approval::Verdict {
+        reason: RENEWAL_REASON,
+        message: &message,
+    };
+    match approval::approve(api, &name, uid, verdict).await {
+        Ok(()) => Ok(true),
+        Err(ApprovalError::Substituted { detail, .. }) => {
+            tracing::warn!(csr = %name, %node, uid, %detail, "kubelet CSR replaced under its name while it was judged; nothing approved");
+            Ok(false)
+        }
+        Err(error) => Err(error.into()),
+    }
 }
 
 fn error_policy(_csr: Arc<CertificateSigningRequest>, error: &Error, _ctx: Arc<Context>) -> Action {

@@ -12,6 +12,7 @@
 //! a precondition, and the certificate signed into them is checked against
 //! the CSR that was judged before it goes back to the node.
 
+use crate::approval::{self, ApprovalError};
 use crate::backoff::WatchBackoff;
 use crate::binding::CsrRef;
 use crate::cache;
@@ -22,10 +23,9 @@ use autonode_shared::issued;
 use futures::StreamExt;
 use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestCondition, CertificateSigningRequestSpec,
-    CertificateSigningRequestStatus,
 };
 use k8s_openapi::ByteString;
-use kube::api::{DeleteParams, ObjectMeta, Patch, PostParams, Preconditions};
+use kube::api::{DeleteParams, ObjectMeta, PostParams, Preconditions};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
@@ -265,34 +265,18 @@ impl Issuer {
 
     /// Approves the CSR `name`, only while it is the object with `uid`.
     async fn approve(&self, name: &str, uid: &str, message: &str) -> Result<(), JoinError> {
-        let status = CertificateSigningRequestStatus {
-            conditions: Some(vec![CertificateSigningRequestCondition {
-                type_: "Approved".into(),
-                status: "True".into(),
-                reason: Some(APPROVAL_REASON.into()),
-                message: Some(message.into()),
-                ..Default::default()
-            }]),
-            certificate: None,
+        let verdict = approval::Verdict {
+            reason: APPROVAL_REASON,
+            message,
         };
-        // metadata.uid in a patch is a precondition: the API server refuses
-        // the write if the object under this name is another one.
-        let patch = serde_json::json!({ "metadata": { "uid": uid }, "status": status });
-        let params = marks::patch_params();
-        match self
-            .api
-            .patch_approval(name, &params, &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if matches!(s.code, 404 | 409 | 422) => {
-                Err(Refusal::CsrSubstituted {
-                    csr: name.to_string(),
-                    detail: format!("approval with UID {uid} refused: {}", s.message),
-                }
-                .into())
+        match approval::approve(&self.api, name, uid, verdict).await {
+            Ok(()) => Ok(()),
+            Err(ApprovalError::Substituted { detail, .. }) => Err(Refusal::CsrSubstituted {
+                csr: name.to_string(),
+                detail: format!("approval with UID {uid} refused: {detail}"),
             }
-            Err(e) => Err(e.into()),
+            .into()),
+            Err(ApprovalError::Api { source, .. }) => Err(source.into()),
         }
     }
 

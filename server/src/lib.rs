@@ -27,6 +27,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod approval;
 pub mod approver;
 pub mod backoff;
 pub mod binding;

@@ -60,6 +60,7 @@ struct FaultState {
     failures_left: u32,
     failure_status: Option<StatusCode>,
     delay: Duration,
+    arrived: u64,
 }
 
 impl Faults {
@@ -76,14 +77,25 @@ impl Faults {
         self.lock().delay = delay;
     }
 
-    /// Back to normal service.
+    /// Back to normal service (the count of arrivals is kept).
     pub fn clear(&self) {
-        *self.lock() = FaultState::default();
+        let mut state = self.lock();
+        *state = FaultState {
+            arrived: state.arrived,
+            ..FaultState::default()
+        };
+    }
+
+    /// Requests that have arrived, counted before any delay: a test can
+    /// tell that a client is waiting on this server right now.
+    pub fn arrived(&self) -> u64 {
+        self.lock().arrived
     }
 
     /// What to do with one request: how long to wait, and whether to fail.
     fn take(&self) -> (Duration, Option<StatusCode>) {
         let mut state = self.lock();
+        state.arrived += 1;
         let failure = if state.failures_left > 0 {
             state.failures_left -= 1;
             state.failure_status

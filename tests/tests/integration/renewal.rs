@@ -72,6 +72,50 @@ async fn only_a_nodes_own_renewals_are_approved() -> Result<()> {
     Ok(())
 }
 
+/// The attacker may delete and create CSRs (a cleanup job's grant, say)
+/// but not approve them. A node asks for a serving certificate the
+/// approver will approve; while the approver is judging it (its EC2 lookup
+/// is slow here), the attacker deletes it and creates, under the same name,
+/// one for an address the instance does not have. An approval written by
+/// name lands on the new object: the old approver approved it. Approval is
+/// by the judged object's UID, so it lands on nothing, and the new object
+/// is judged on its own and left pending.
+#[tokio::test]
+async fn a_csr_replaced_while_it_is_judged_is_not_approved() -> Result<()> {
+    let world = World::start().await?;
+    let x = Joined::new(&world, |i| i).await?;
+    register(&x.client, &x.name, &x.provider_id()).await?;
+    let csrs: Api<CertificateSigningRequest> = Api::all(x.client.clone());
+    let admin: Api<CertificateSigningRequest> = Api::all(world.cp.admin().await?);
+
+    world.ec2.faults().set_delay(Duration::from_secs(4));
+    let before = world.ec2.faults().arrived();
+    let name = format!("serving-swap-{}", autonode_tests::controlplane::unique());
+    let own = CsrShape::serving(&x.instance);
+    submit_named(&csrs, &name, SERVING, "server auth", &own).await?;
+    // The approver has started judging once its EC2 lookup is under way.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while world.ec2.faults().arrived() == before {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the approver never looked up the instance"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    admin.delete(&name, &DeleteParams::default()).await?;
+    let mut foreign = CsrShape::serving(&x.instance);
+    foreign.ips.push(IpAddr::V4(Ipv4Addr::new(10, 250, 0, 9)));
+    submit_named(&csrs, &name, SERVING, "server auth", &foreign).await?;
+    world.ec2.faults().set_delay(Duration::ZERO);
+
+    assert!(
+        !approved_within(&admin, &name, Duration::from_secs(10)).await?,
+        "the replacement CSR {name} was approved on the judgement of the one it replaced"
+    );
+    left_pending(&world, &name).await?;
+    Ok(())
+}
+
 /// The attacker holds node X's credential: the client certificate of X's
 /// kubelet, taken from a compromised X, valid for months after X is gone.
 /// On 1.20, NodeRestriction and the Node authorizer let a node create only
@@ -362,11 +406,23 @@ async fn submit(
     purpose_usage: &str,
     shape: &CsrShape<'_>,
 ) -> Result<String> {
-    let key = rcgen::KeyPair::generate()?;
     let name = format!("{prefix}-{}", autonode_tests::controlplane::unique());
+    submit_named(api, &name, signer, purpose_usage, shape).await?;
+    Ok(name)
+}
+
+/// Submits a CSR as kubelet would, under `name`.
+async fn submit_named(
+    api: &Api<CertificateSigningRequest>,
+    name: &str,
+    signer: &str,
+    purpose_usage: &str,
+    shape: &CsrShape<'_>,
+) -> Result<()> {
+    let key = rcgen::KeyPair::generate()?;
     let csr = CertificateSigningRequest {
         metadata: ObjectMeta {
-            name: Some(name.clone()),
+            name: Some(name.to_string()),
             ..Default::default()
         },
         spec: CertificateSigningRequestSpec {
@@ -382,7 +438,7 @@ async fn submit(
         status: None,
     };
     api.create(&PostParams::default(), &csr).await?;
-    Ok(name)
+    Ok(())
 }
 
 async fn issued(api: &Api<CertificateSigningRequest>, name: &str) -> Result<()> {
