@@ -8,12 +8,17 @@
 //! [options]
 //! deadline = "10m"                      # "90s", "10m", or seconds; at most 15m
 //! state-dir = "/var/lib/autonode"
+//! https-proxy = "http://proxy:3128"     # else $HTTPS_PROXY; see crate::proxy
+//! no-proxy = ".internal,10.0.0.0/8"     # else $NO_PROXY
+//! imds-endpoint-mode = "IPv6"           # local file only; see crate::imds
 //! ```
 //!
 //! Nothing here is secret: userData is readable by every process on the
 //! instance and hashed by Karpenter. Unknown keys are an error naming the
 //! key, so a typo never silently falls back to a default.
 
+use crate::imds::{self, EndpointMode};
+use crate::proxy::ProxySettings;
 use autonode_shared::agentconfig;
 use hyper::Uri;
 use serde::Deserialize;
@@ -21,7 +26,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 /// Where AMI builders may put a config that overrides userData.
-pub const LOCAL_FILE: &str = "/etc/autonode/agent.toml";
+pub const LOCAL_FILE: &str = agentconfig::LOCAL_FILE;
 /// Default overall deadline: below Karpenter's 15-minute registration limit,
 /// leaving kubelet time to register.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(600);
@@ -37,6 +42,18 @@ pub enum ConfigError {
     Parse { origin: String, message: String },
     #[error("{0} is not set (put it in the userData config, in {LOCAL_FILE}, or pass a flag)")]
     Missing(&'static str),
+    /// Nothing for the agent in userData, and the local file and flags are
+    /// not enough: say what userData holds and where the config can go.
+    #[error(
+        "{key} is not set. {found}. The config can go in a MIME part of type {} or {}, \
+         in the whole userData as TOML, in {LOCAL_FILE}, or in flags",
+        crate::userdata::CONTENT_TYPE,
+        crate::userdata::TEXT_CONTENT_TYPE
+    )]
+    NotInUserData {
+        key: &'static str,
+        found: crate::userdata::Found,
+    },
     #[error("server-url {url:?}: {reason}")]
     ServerUrl { url: String, reason: &'static str },
     #[error("server-ca: {0}")]
@@ -51,6 +68,10 @@ pub enum ConfigError {
     ClusterName(String),
     #[error(transparent)]
     UserData(#[from] crate::userdata::UserDataError),
+    #[error(transparent)]
+    Proxy(#[from] crate::proxy::ProxyError),
+    #[error(transparent)]
+    ImdsEndpoint(#[from] crate::imds::ImdsError),
 }
 
 /// One config document as written: every key optional, so documents can be
@@ -75,6 +96,13 @@ pub struct Document {
 pub struct Options {
     pub deadline: Option<String>,
     pub state_dir: Option<PathBuf>,
+    /// Wins over `HTTPS_PROXY`; `""` means no proxy.
+    pub https_proxy: Option<String>,
+    /// Wins over `NO_PROXY`.
+    pub no_proxy: Option<String>,
+    /// `IPv4` or `IPv6`; chooses how userData itself is read, so it is
+    /// refused in userData (see [`Document::refuse_in_user_data`]).
+    pub imds_endpoint_mode: Option<String>,
 }
 
 impl Document {
@@ -89,10 +117,28 @@ impl Document {
     /// Parses the config out of raw userData (any accepted form); an empty
     /// document when userData holds no agent config.
     pub fn from_user_data(raw: &[u8]) -> Result<Self, ConfigError> {
-        match crate::userdata::extract(raw)? {
-            Some(text) => Self::parse(&text, "userData"),
-            None => Ok(Self::default()),
+        match UserDataDocument::read(raw)? {
+            UserDataDocument::Config(doc) => Ok(doc),
+            UserDataDocument::Elsewhere(_) => Ok(Self::default()),
         }
+    }
+
+    /// Refuses the keys userData cannot set: `imds-endpoint-mode` decides
+    /// how userData itself is read, so only the local file, a flag or the
+    /// environment can set it.
+    pub fn refuse_in_user_data(&self) -> Result<(), ConfigError> {
+        if self.options.imds_endpoint_mode.is_some() {
+            return Err(ConfigError::Parse {
+                origin: "userData".into(),
+                message: format!(
+                    "[options] imds-endpoint-mode cannot be set here: userData is read from \
+                     IMDS, so the endpoint is chosen first; set it in {LOCAL_FILE} (baked into \
+                     the AMI), with --imds-endpoint-mode, or with {}",
+                    imds::ENDPOINT_MODE_ENV
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// `upper` wins key by key. The two trust keys are one setting: an
@@ -112,7 +158,45 @@ impl Document {
             options: Options {
                 deadline: upper.options.deadline.or(self.options.deadline),
                 state_dir: upper.options.state_dir.or(self.options.state_dir),
+                https_proxy: upper.options.https_proxy.or(self.options.https_proxy),
+                no_proxy: upper.options.no_proxy.or(self.options.no_proxy),
+                imds_endpoint_mode: upper
+                    .options
+                    .imds_endpoint_mode
+                    .or(self.options.imds_endpoint_mode),
             },
+        }
+    }
+}
+
+/// What userData holds for the config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UserDataDocument {
+    /// The agent's config (maybe partial), parsed.
+    Config(Document),
+    /// No agent config: what userData holds instead.
+    Elsewhere(crate::userdata::Found),
+}
+
+impl UserDataDocument {
+    /// Reads raw userData. A userData plainly meant for the agent (its MIME
+    /// part, or TOML with its keys) that is invalid is an error; one that
+    /// holds something else is [`UserDataDocument::Elsewhere`].
+    pub fn read(raw: &[u8]) -> Result<Self, ConfigError> {
+        match crate::userdata::extract(raw)? {
+            crate::userdata::Extracted::Config(text) => {
+                let doc = Document::parse(&text, "userData")?;
+                Ok(Self::Config(doc))
+            }
+            crate::userdata::Extracted::Elsewhere(found) => Ok(Self::Elsewhere(found)),
+        }
+    }
+
+    /// The agent's document, if userData held one.
+    pub fn document(&self) -> Option<&Document> {
+        match self {
+            Self::Config(doc) => Some(doc),
+            Self::Elsewhere(_) => None,
         }
     }
 }
@@ -134,6 +218,10 @@ pub struct Config {
     pub cluster_name: String,
     pub deadline: Duration,
     pub state_dir: PathBuf,
+    /// How the server is reached: the config's keys, else the environment.
+    pub proxy: ProxySettings,
+    /// From the local file (userData may not set it).
+    pub imds_endpoint_mode: Option<EndpointMode>,
 }
 
 impl Config {
@@ -154,6 +242,16 @@ impl Config {
             Some(value) => parse_deadline(&value)?,
             None => DEFAULT_DEADLINE,
         };
+        let proxy = ProxySettings::from_process_env(
+            doc.options.https_proxy.as_deref(),
+            doc.options.no_proxy.as_deref(),
+        )?;
+        let imds_endpoint_mode = doc
+            .options
+            .imds_endpoint_mode
+            .as_deref()
+            .map(|mode| EndpointMode::parse(mode, imds::MODE_KEY))
+            .transpose()?;
         Ok(Config {
             server_url: parse_server_url(&url)?,
             server_trust,
@@ -163,7 +261,29 @@ impl Config {
                 .options
                 .state_dir
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR)),
+            proxy,
+            imds_endpoint_mode,
         })
+    }
+}
+
+impl Config {
+    /// Layers userData under `upper` (the local file over flags' base) and
+    /// validates. A userData without agent config is ignored when `upper`
+    /// is complete (returned, to be logged); when `upper` is not, the error
+    /// says what userData holds instead.
+    pub fn resolve_layers(
+        user_data: UserDataDocument,
+        upper: Document,
+    ) -> Result<(Self, Option<crate::userdata::Found>), ConfigError> {
+        match user_data {
+            UserDataDocument::Config(doc) => Ok((Self::resolve(doc.overlay(upper))?, None)),
+            UserDataDocument::Elsewhere(found) => match Self::resolve(upper) {
+                Ok(config) => Ok((config, Some(found))),
+                Err(ConfigError::Missing(key)) => Err(ConfigError::NotInUserData { key, found }),
+                Err(other) => Err(other),
+            },
+        }
     }
 }
 
@@ -314,6 +434,118 @@ mod tests {
             "server-url = \"https://x\"\ncluster-name = \"c\"\nserver-ca = \"nope\"\n",
         ));
         assert!(matches!(err, Err(ConfigError::ServerCa(_))));
+    }
+
+    fn complete() -> Document {
+        doc(&format!(
+            "server-url = \"https://10.0.0.1\"\nserver-ca-sha256 = \"{PIN}\"\ncluster-name = \"c\"\n"
+        ))
+    }
+
+    #[test]
+    fn user_data_without_our_config_is_ignored_when_the_rest_is_complete() {
+        for raw in [
+            &b"echo hello from a script without #!\n"[..],
+            b"[settings.kubernetes]\napi-server = \"https://x\"\n",
+            b"#cloud-config\nruncmd: [true]\n",
+            br#"{"ignition": {"version": "3.4.0"}}"#,
+            b"",
+        ] {
+            let read = UserDataDocument::read(raw).unwrap();
+            let (config, ignored) = Config::resolve_layers(read, complete()).unwrap();
+            assert_eq!(config.cluster_name, "c");
+            assert!(ignored.is_some(), "{raw:?}");
+        }
+    }
+
+    #[test]
+    fn missing_config_says_what_user_data_holds_and_where_config_goes() {
+        let raw = "MIME-Version: 1.0\nContent-Type: multipart/mixed; boundary=b\n\n\
+            --b\nContent-Type: text/x-shellscript\n\n#!/bin/sh\n--b\n\
+            Content-Type: text/cloud-config\n\n#cloud-config\n--b--\n";
+        let read = UserDataDocument::read(raw.as_bytes()).unwrap();
+        let err = Config::resolve_layers(read, Document::default()).unwrap_err();
+        let text = err.to_string();
+        for needle in [
+            "server-url is not set",
+            "userData: 2 MIME parts: text/x-shellscript, text/cloud-config",
+            "application/x-autonode-config or text/x-autonode-config",
+            "whole userData as TOML",
+            LOCAL_FILE,
+            "flags",
+        ] {
+            assert!(text.contains(needle), "{needle:?} not in {text}");
+        }
+        let read = UserDataDocument::read(b"").unwrap();
+        let err = Config::resolve_layers(read, Document::default()).unwrap_err();
+        assert!(err.to_string().contains("userData: empty"), "{err}");
+    }
+
+    #[test]
+    fn user_data_meant_for_us_is_layered_and_its_errors_are_hard() {
+        let read = UserDataDocument::read(b"cluster-name = \"from-user-data\"\n").unwrap();
+        let mut upper = complete();
+        upper.cluster_name = None;
+        let (config, ignored) = Config::resolve_layers(read, upper.clone()).unwrap();
+        assert_eq!(
+            (config.cluster_name.as_str(), ignored),
+            ("from-user-data", None)
+        );
+        // Complete locally or not, a broken config of ours is an error.
+        for raw in [
+            &b"server-url = \"https://x\"\ntoken = \"t\"\n"[..],
+            b"server-url = \"https://x\n",
+        ] {
+            let err = UserDataDocument::read(raw).unwrap_err();
+            assert!(err.to_string().starts_with("userData: "), "{err}");
+        }
+        // A part of ours that leaves a key unset is the plain Missing.
+        let read = UserDataDocument::read(b"cluster-name = \"c\"\n").unwrap();
+        let err = Config::resolve_layers(read, Document::default()).unwrap_err();
+        assert!(matches!(err, ConfigError::Missing("server-url")), "{err}");
+    }
+
+    #[test]
+    fn network_options_layer_and_resolve() {
+        let base = format!(
+            "server-url = \"https://join.example:8443\"\nserver-ca-sha256 = \"{PIN}\"\n\
+             cluster-name = \"c\"\n[options]\n"
+        );
+        let user_data = doc(&format!(
+            "{base}https-proxy = \"http://a:1\"\nno-proxy = \"x\"\n"
+        ));
+        let local = doc("[options]\nhttps-proxy = \"http://b:2\"\nimds-endpoint-mode = \"ipv6\"\n");
+        let config = Config::resolve(user_data.overlay(local)).unwrap();
+        assert_eq!(config.imds_endpoint_mode, Some(EndpointMode::Ipv6));
+        let crate::proxy::Route::Proxy(proxy) = config.proxy.route("join.example") else {
+            panic!("expected the local file's proxy");
+        };
+        assert_eq!(proxy.address(), "b:2");
+        // userData's no-proxy still applies.
+        assert_ne!(config.proxy.route("x"), config.proxy.route("join.example"));
+
+        let err = Config::resolve(doc(&format!("{base}https-proxy = \"ftp://p\"\n")));
+        let text = err.unwrap_err().to_string();
+        assert!(text.contains("[options] https-proxy"), "{text}");
+        let err = Config::resolve(doc(&format!("{base}imds-endpoint-mode = \"v6\"\n")));
+        let text = err.unwrap_err().to_string();
+        assert!(
+            text.contains("imds-endpoint-mode") && text.contains("IPv6"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn user_data_cannot_choose_the_imds_endpoint() {
+        let user_data = doc("[options]\nimds-endpoint-mode = \"IPv6\"\n");
+        let text = user_data.refuse_in_user_data().unwrap_err().to_string();
+        assert!(
+            text.contains("userData") && text.contains(LOCAL_FILE),
+            "{text}"
+        );
+        assert!(doc("[options]\nhttps-proxy = \"http://p:1\"\n")
+            .refuse_in_user_data()
+            .is_ok());
     }
 
     #[test]

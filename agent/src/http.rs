@@ -1,8 +1,9 @@
 //! A minimal HTTP/1.1 client on hyper: one request per connection.
 //!
 //! Both of the agent's peers are single endpoints it talks to a handful of
-//! times, so there is no pool, no proxy support (IMDS must never go through
-//! one, and the join server is reached directly) and no redirects.
+//! times, so there is no pool and no redirects. Connections here are
+//! direct; the server connection may instead be tunnelled through an HTTP
+//! proxy by [`crate::proxy`], which IMDS never is.
 //!
 //! Name resolution: an IP-literal host is connected to directly, with no
 //! resolver involved, which is what a statically linked agent needs (static
@@ -32,6 +33,8 @@ pub enum HttpError {
     TooLarge(usize),
     #[error("timed out after {0:.1}s")]
     Timeout(f64),
+    #[error("through the proxy {proxy}: {reason}")]
+    Proxy { proxy: String, reason: String },
     #[error("bad URL {0:?}")]
     BadUrl(String),
 }

@@ -10,6 +10,14 @@
 //! renewed before it expires and whenever IMDS answers 401; 404 means "not
 //! there" (`Ok(None)`); connection failures, timeouts, 429 and 5xx are
 //! retried with backoff until the agent's deadline. No proxy is ever used.
+//! 403 is what IMDS answers when it is turned off for the instance
+//! (`http-endpoint disabled`): nothing will change before the deadline, so
+//! it ends the run at once as a configuration error ([`ImdsError::TurnedOff`]).
+//!
+//! The endpoint is chosen as the AWS SDKs choose it ([`select_endpoint`]):
+//! an explicit endpoint wins over any endpoint mode; the mode (`IPv4`, the
+//! default, or `IPv6`, case-insensitive) picks `http://169.254.169.254` or
+//! `http://[fd00:ec2::254]`.
 
 use crate::http::{self, HttpError};
 use crate::retry::{retry, Attempt, Deadline, RetryError, RetryPolicy};
@@ -24,8 +32,18 @@ use tokio::time::Instant;
 
 /// Where IMDS is on every EC2 instance.
 pub const DEFAULT_ENDPOINT: &str = "http://169.254.169.254";
+/// IMDS's IPv6 address, on Nitro instances whose metadata options enable
+/// it (`httpProtocolIPv6: enabled`).
+pub const IPV6_ENDPOINT: &str = "http://[fd00:ec2::254]";
 /// The AWS SDKs' variable for another endpoint (tests on loopback).
 pub const ENDPOINT_ENV: &str = "AWS_EC2_METADATA_SERVICE_ENDPOINT";
+/// The AWS SDKs' variable for the endpoint mode.
+pub const ENDPOINT_MODE_ENV: &str = "AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE";
+/// The config key for the endpoint mode.
+pub const MODE_KEY: &str = "[options] imds-endpoint-mode";
+/// The flags, named in logs.
+pub const ENDPOINT_FLAG: &str = "--imds-endpoint";
+pub const MODE_FLAG: &str = "--imds-endpoint-mode";
 /// Token lifetime asked for; the agent renews a minute before it ends.
 pub const TOKEN_TTL: Duration = Duration::from_secs(21_600);
 const TOKEN_MARGIN: Duration = Duration::from_secs(60);
@@ -39,12 +57,22 @@ const MAX_BODY: usize = 256 * 1024;
 pub enum ImdsError {
     #[error("IMDS endpoint {0:?} must be an http:// URL")]
     BadEndpoint(String),
-    #[error("IMDS at {endpoint} did not answer {path} by the deadline: {reason}")]
+    #[error("{origin}: {value:?} is not an IMDS endpoint mode (IPv4 or IPv6)")]
+    BadMode { origin: String, value: String },
+    #[error("IMDS at {endpoint} did not answer {path} by the deadline: {reason}{hint}")]
     GaveUp {
         endpoint: String,
         path: String,
         reason: RetryError<String>,
+        /// What to check, when the endpoint suggests something.
+        hint: &'static str,
     },
+    #[error(
+        "IMDS at {endpoint} answered {path} with 403 Forbidden: IMDS is turned off for this \
+         instance (metadata options http-endpoint disabled); enable it in the EC2NodeClass \
+         (spec.metadataOptions.httpEndpoint: enabled)"
+    )]
+    TurnedOff { endpoint: String, path: String },
     #[error("IMDS {path}: {reason}")]
     Refused { path: String, reason: String },
     #[error("IMDS has no {0}")]
@@ -95,16 +123,36 @@ impl Imds {
         )
         .await;
         outcome.map_err(|source| match source {
-            RetryError::Fatal(reason) => ImdsError::Refused {
+            RetryError::Fatal(Stop::TurnedOff) => ImdsError::TurnedOff {
+                endpoint: self.endpoint.to_string(),
+                path: path.into(),
+            },
+            RetryError::Fatal(Stop::Other(reason)) => ImdsError::Refused {
                 path: path.into(),
                 reason,
             },
-            gave_up => ImdsError::GaveUp {
+            RetryError::GaveUp { attempts, last } => ImdsError::GaveUp {
                 endpoint: self.endpoint.to_string(),
                 path: path.into(),
-                reason: gave_up,
+                reason: RetryError::GaveUp {
+                    attempts,
+                    last: last.to_string(),
+                },
+                hint: self.hint(),
             },
         })
+    }
+
+    /// The usual reason an endpoint never answers, when there is one.
+    fn hint(&self) -> &'static str {
+        let host = self.endpoint.host().unwrap_or_default();
+        let ip = host.trim_start_matches('[').trim_end_matches(']').parse();
+        if ip == Ok(std::net::Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254)) {
+            " (the IPv6 endpoint answers only on Nitro instances whose EC2NodeClass sets \
+             metadataOptions.httpProtocolIPv6: enabled)"
+        } else {
+            ""
+        }
     }
 
     /// GET `path` as trimmed text; `None` when IMDS says 404.
@@ -126,7 +174,7 @@ impl Imds {
             .ok_or_else(|| ImdsError::Missing(path.into()))
     }
 
-    async fn attempt(&self, path: &str) -> Attempt<Option<Bytes>, String> {
+    async fn attempt(&self, path: &str) -> Attempt<Option<Bytes>, Stop> {
         let token = match self.token().await {
             Ok(token) => token,
             Err(attempt) => return attempt,
@@ -138,7 +186,7 @@ impl Imds {
         });
         let response = match request {
             Ok(request) => self.exchange(request).await,
-            Err(e) => return Attempt::Fatal(e.to_string()),
+            Err(e) => return Attempt::Fatal(Stop::Other(e.to_string())),
         };
         match response {
             Ok(r) if r.status == StatusCode::OK => Attempt::Done(Some(r.body)),
@@ -147,13 +195,13 @@ impl Imds {
                 // The token expired (or IMDS restarted): get a new one.
                 self.forget_token();
                 Attempt::Retry {
-                    error: "401: token rejected; fetching a new one".into(),
+                    error: Stop::Other("401: token rejected; fetching a new one".into()),
                     after: None,
                 }
             }
             Ok(r) => classify(r.status),
             Err(e) => Attempt::Retry {
-                error: e.to_string(),
+                error: Stop::Other(e.to_string()),
                 after: None,
             },
         }
@@ -161,7 +209,7 @@ impl Imds {
 
     /// The current token, fetching one if there is none or it is about to
     /// expire. `Err` carries what the attempt came to.
-    async fn token(&self) -> Result<String, Attempt<Option<Bytes>, String>> {
+    async fn token(&self) -> Result<String, Attempt<Option<Bytes>, Stop>> {
         if let Some(token) = self.cached_token() {
             return Ok(token);
         }
@@ -174,14 +222,16 @@ impl Imds {
                 .body(Full::new(Bytes::new()))
                 .map_err(|e| HttpError::BadUrl(e.to_string()))
             });
-        let request = request.map_err(|e| Attempt::Fatal(e.to_string()))?;
+        let request = request.map_err(|e| Attempt::Fatal(Stop::Other(e.to_string())))?;
         let response = self.exchange(request).await.map_err(|e| Attempt::Retry {
-            error: format!("token: {e}"),
+            error: Stop::Other(format!("token: {e}")),
             after: None,
         })?;
         if response.status != StatusCode::OK {
             return Err(match classify(response.status) {
-                Attempt::Fatal(e) => Attempt::Fatal(format!("token: {e} (is IMDSv2 enabled?)")),
+                Attempt::Fatal(Stop::Other(e)) => {
+                    Attempt::Fatal(Stop::Other(format!("token: {e} (is IMDSv2 enabled?)")))
+                }
                 other => other,
             });
         }
@@ -292,14 +342,112 @@ impl Imds {
     }
 }
 
-/// 429 and 5xx are transient; any other status is final.
-fn classify<T>(status: StatusCode) -> Attempt<T, String> {
+/// Why an attempt failed: IMDS turned off is told apart, because it is
+/// the operator's to fix and deserves its own message and exit code.
+#[derive(Debug)]
+enum Stop {
+    TurnedOff,
+    Other(String),
+}
+
+impl std::fmt::Display for Stop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Stop::TurnedOff => write!(f, "403: IMDS is turned off"),
+            Stop::Other(reason) => write!(f, "{reason}"),
+        }
+    }
+}
+
+/// 429 and 5xx are transient; 403 is IMDS turned off (the agent never
+/// sends what else IMDS refuses with 403: a proxied token request); any
+/// other status is final.
+fn classify<T>(status: StatusCode) -> Attempt<T, Stop> {
     let error = format!("HTTP {status}");
     if status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
-        Attempt::Retry { error, after: None }
+        Attempt::Retry {
+            error: Stop::Other(error),
+            after: None,
+        }
+    } else if status == StatusCode::FORBIDDEN {
+        Attempt::Fatal(Stop::TurnedOff)
     } else {
-        Attempt::Fatal(error)
+        Attempt::Fatal(Stop::Other(error))
     }
+}
+
+/// An endpoint mode, as the AWS SDKs name them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndpointMode {
+    Ipv4,
+    Ipv6,
+}
+
+impl EndpointMode {
+    /// `IPv4` or `IPv6`, in any case (as the SDKs accept them); `origin`
+    /// names the setting in the error.
+    pub fn parse(value: &str, origin: &str) -> Result<Self, ImdsError> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "ipv4" => Ok(EndpointMode::Ipv4),
+            "ipv6" => Ok(EndpointMode::Ipv6),
+            _ => Err(ImdsError::BadMode {
+                origin: origin.into(),
+                value: value.into(),
+            }),
+        }
+    }
+
+    pub fn endpoint(self) -> &'static str {
+        match self {
+            EndpointMode::Ipv4 => DEFAULT_ENDPOINT,
+            EndpointMode::Ipv6 => IPV6_ENDPOINT,
+        }
+    }
+}
+
+/// The IMDS endpoint chosen, and the setting that chose it (for the log).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Selected {
+    pub endpoint: String,
+    pub reason: String,
+}
+
+/// Chooses the endpoint, first match wins:
+/// 1. `--imds-endpoint`, then `$AWS_EC2_METADATA_SERVICE_ENDPOINT`: an
+///    explicit endpoint wins over any mode, as in the SDKs;
+/// 2. the mode from `--imds-endpoint-mode`, then `[options]
+///    imds-endpoint-mode` (the config wins over the environment), then
+///    `$AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE`;
+/// 3. IPv4.
+///
+/// Empty environment variables count as unset. `env` looks a variable up.
+pub fn select_endpoint(
+    flag_endpoint: Option<&str>,
+    flag_mode: Option<&str>,
+    config_mode: Option<EndpointMode>,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<Selected, ImdsError> {
+    let env = |name: &str| env(name).filter(|value| !value.trim().is_empty());
+    let chosen = |endpoint: &str, reason: &str| Selected {
+        endpoint: endpoint.trim().to_string(),
+        reason: reason.to_string(),
+    };
+    if let Some(endpoint) = flag_endpoint {
+        return Ok(chosen(endpoint, ENDPOINT_FLAG));
+    }
+    if let Some(endpoint) = env(ENDPOINT_ENV) {
+        return Ok(chosen(&endpoint, ENDPOINT_ENV));
+    }
+    let (mode, reason) = match (flag_mode, config_mode, env(ENDPOINT_MODE_ENV)) {
+        (Some(flag), _, _) => (EndpointMode::parse(flag, MODE_FLAG)?, MODE_FLAG),
+        (None, Some(mode), _) => (mode, MODE_KEY),
+        (None, None, Some(var)) => (
+            EndpointMode::parse(&var, ENDPOINT_MODE_ENV)?,
+            ENDPOINT_MODE_ENV,
+        ),
+        (None, None, None) => (EndpointMode::Ipv4, "the default"),
+    };
+    Ok(chosen(mode.endpoint(), reason))
 }
 
 /// The fields of the identity document the agent uses (the server reads
@@ -361,6 +509,117 @@ mod tests {
             classify::<()>(StatusCode::FORBIDDEN),
             Attempt::Fatal(_)
         ));
+    }
+
+    fn env(vars: &[(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        let vars = vars.to_vec();
+        move |name| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn endpoint_selection_follows_the_sdks() {
+        let select = |flag, flag_mode, config, vars: &[_]| {
+            select_endpoint(flag, flag_mode, config, env(vars)).unwrap()
+        };
+        let v6 = Some(EndpointMode::Ipv6);
+        let both = [
+            (ENDPOINT_ENV, "http://127.0.0.1:9"),
+            (ENDPOINT_MODE_ENV, "ipv6"),
+        ];
+        // Nothing set: IPv4.
+        assert_eq!(select(None, None, None, &[]).endpoint, DEFAULT_ENDPOINT);
+        // An explicit endpoint beats every mode, the flag before the variable.
+        let chosen = select(Some("http://10.9.9.9"), Some("IPv6"), v6, &both);
+        assert_eq!(
+            (chosen.endpoint.as_str(), chosen.reason.as_str()),
+            ("http://10.9.9.9", ENDPOINT_FLAG)
+        );
+        let chosen = select(None, Some("IPv6"), v6, &both);
+        assert_eq!(
+            (chosen.endpoint.as_str(), chosen.reason.as_str()),
+            ("http://127.0.0.1:9", ENDPOINT_ENV)
+        );
+        // Modes: flag, then config, then environment; any case.
+        let modes = [(ENDPOINT_MODE_ENV, "IPV6")];
+        assert_eq!(
+            select(None, Some("ipv4"), v6, &modes).endpoint,
+            DEFAULT_ENDPOINT
+        );
+        let chosen = select(None, None, Some(EndpointMode::Ipv4), &modes);
+        assert_eq!(
+            (chosen.endpoint.as_str(), chosen.reason.as_str()),
+            (DEFAULT_ENDPOINT, MODE_KEY)
+        );
+        let chosen = select(None, None, None, &modes);
+        assert_eq!(
+            (chosen.endpoint.as_str(), chosen.reason.as_str()),
+            (IPV6_ENDPOINT, ENDPOINT_MODE_ENV)
+        );
+        // Empty variables are unset.
+        let empty = [(ENDPOINT_ENV, ""), (ENDPOINT_MODE_ENV, " ")];
+        assert_eq!(select(None, None, None, &empty).endpoint, DEFAULT_ENDPOINT);
+    }
+
+    #[test]
+    fn bad_modes_name_their_setting() {
+        let err = select_endpoint(None, Some("v6"), None, env(&[])).unwrap_err();
+        assert!(err.to_string().contains(MODE_FLAG), "{err}");
+        let err =
+            select_endpoint(None, None, None, env(&[(ENDPOINT_MODE_ENV, "IPv5")])).unwrap_err();
+        assert!(err.to_string().contains(ENDPOINT_MODE_ENV), "{err}");
+        let err = EndpointMode::parse("dual", MODE_KEY).unwrap_err();
+        assert!(err.to_string().contains("imds-endpoint-mode"), "{err}");
+        // The IPv6 endpoint is a valid client endpoint.
+        let deadline = Deadline::after(Duration::from_secs(1));
+        let imds = Imds::new(IPV6_ENDPOINT, deadline).unwrap();
+        assert!(imds.hint().contains("httpProtocolIPv6"));
+        assert_eq!(Imds::new(DEFAULT_ENDPOINT, deadline).unwrap().hint(), "");
+    }
+
+    /// An IMDS that answers every request with 403, as one turned off does.
+    async fn forbidding_imds() -> (String, tokio::task::JoinHandle<u32>) {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let task = tokio::spawn(async move {
+            let mut answered = 0;
+            while let Ok(Ok((mut stream, _))) =
+                tokio::time::timeout(Duration::from_millis(500), listener.accept()).await
+            {
+                let mut buf = [0u8; 4096];
+                let _ = stream.read(&mut buf).await;
+                let answer =
+                    "HTTP/1.1 403 Forbidden\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+                let _ = stream.write_all(answer.as_bytes()).await;
+                answered += 1;
+            }
+            answered
+        });
+        (endpoint, task)
+    }
+
+    #[tokio::test]
+    async fn turned_off_imds_ends_at_once() {
+        let (endpoint, server) = forbidding_imds().await;
+        let imds = Imds::new(&endpoint, Deadline::after(Duration::from_secs(30))).unwrap();
+        let started = std::time::Instant::now();
+        let err = imds.get("/latest/user-data").await.unwrap_err();
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(matches!(err, ImdsError::TurnedOff { .. }), "{err}");
+        let text = err.to_string();
+        assert!(
+            text.contains("turned off") && text.contains("httpEndpoint: enabled"),
+            "{text}"
+        );
+        assert_eq!(server.await.unwrap(), 1, "asked once, not retried");
     }
 
     #[tokio::test]

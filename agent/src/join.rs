@@ -8,6 +8,7 @@
 
 use crate::config::Config;
 use crate::http::{self, HttpError};
+use crate::proxy::{Proxy, Route};
 use crate::retry::{retry_observed, Attempt, Deadline, RetryError, RetryPolicy, Retrying};
 use crate::trust::{self, TrustError};
 use autonode_shared::protocol::{
@@ -51,13 +52,22 @@ pub enum JoinError {
 pub struct ServerClient {
     base: Uri,
     tls: Arc<ClientConfig>,
+    /// The HTTP proxy to tunnel through, unless none is set or NO_PROXY
+    /// excepts the server (see [`crate::proxy`]).
+    proxy: Option<Proxy>,
 }
 
 impl ServerClient {
     pub fn new(config: &Config) -> Result<Self, JoinError> {
+        let host = config.server_url.host().unwrap_or_default();
+        let proxy = match config.proxy.route(host) {
+            Route::Proxy(proxy) => Some(proxy.clone()),
+            Route::Direct | Route::Excepted(_) => None,
+        };
         Ok(ServerClient {
             base: config.server_url.clone(),
             tls: trust::client_config(&config.server_trust)?,
+            proxy,
         })
     }
 
@@ -164,7 +174,10 @@ impl ServerClient {
             )
             .body(Full::new(body))
             .map_err(|e| HttpError::BadUrl(e.to_string()))?;
-        let tcp = http::connect(&host, port).await?;
+        let tcp = match &self.proxy {
+            Some(proxy) => proxy.connect(&host, port).await?,
+            None => http::connect(&host, port).await?,
+        };
         let server_name =
             ServerName::try_from(host.clone()).map_err(|e| HttpError::BadUrl(e.to_string()))?;
         let tls = TlsConnector::from(self.tls.clone())

@@ -9,15 +9,28 @@
 //! | `/var/lib/kubelet/pki/kubelet-client-<notBefore>.pem` + `kubelet-client-current.pem` symlink | client cert + key, 0600 |
 //! | `/var/lib/kubelet/pki/kubelet-server-<notBefore>.pem` + `kubelet-server-current.pem` symlink | serving cert + key, 0600 |
 //! | `/etc/kubernetes/pki/ca.crt` | cluster CA |
-//! | `/etc/kubernetes/kubelet/config.json` | the server's KubeletConfiguration, verbatim |
-//! | `/etc/autonode/kubelet.env` | `KUBELET_ARGS=...`: the per-node flags |
-//! | `/etc/systemd/system/kubelet.service.d/10-autonode.conf` | drop-in: `EnvironmentFile=` + `ExecStart=<kubelet> $KUBELET_EXTRA_ARGS $KUBELET_ARGS` (the AMI's flags, then the node's) |
+//! | `/etc/kubernetes/kubelet/config.json` | the server's KubeletConfiguration, plus what this kubelet version reads there ([`settings`]) |
+//! | `/etc/autonode/kubelet.env` | `KUBELET_ARGS=...`: the per-node flags; `AUTONODE_KUBELET=`: the binary |
+//!
+//! kubelet reads the environment file through the package's drop-in,
+//! `kubelet.service.d/10-autonode-agent.conf`, which systemd loaded at boot
+//! with the rest of the units: the agent writes no unit, so starting
+//! kubelet needs no `systemctl daemon-reload` ([`systemd`]).
 //!
 //! The symlinked `-current.pem` files are exactly what kubelet's
 //! certificate store writes, with `--cert-dir=/var/lib/kubelet/pki`: with
 //! `rotateCertificates: true` and `serverTLSBootstrap: true` in the server's
 //! KubeletConfiguration, kubelet renews both itself. Flags carry only what
 //! is per node; everything else is the server's KubeletConfiguration.
+
+mod buildinfo;
+mod settings;
+mod systemd;
+mod version;
+
+pub use settings::{runtime_endpoint, Placement};
+pub use systemd::{ignition_touches_units, retire_old_dropin, start, Started, OLD_DROPIN};
+pub use version::{Answer, Found, KubeletVersion, Probe};
 
 use crate::fsutil::{self, Durability, FsError, Owner, Root};
 use crate::imds::Identity;
@@ -26,7 +39,6 @@ use rcgen::KeyPair;
 use rustls::pki_types::{pem::PemObject, CertificateDer};
 use std::net::IpAddr;
 use std::path::Path;
-use std::process::Command;
 
 pub const KUBECONFIG: &str = "/var/lib/kubelet/kubeconfig";
 pub const PKI_DIR: &str = "/var/lib/kubelet/pki";
@@ -35,19 +47,19 @@ pub const SERVER_CURRENT: &str = "/var/lib/kubelet/pki/kubelet-server-current.pe
 pub const CLUSTER_CA: &str = "/etc/kubernetes/pki/ca.crt";
 pub const CONFIG: &str = "/etc/kubernetes/kubelet/config.json";
 pub const ENV_FILE: &str = "/etc/autonode/kubelet.env";
-pub const DROPIN: &str = "/etc/systemd/system/kubelet.service.d/10-autonode.conf";
 pub const UNIT: &str = "kubelet.service";
+/// The cache of kubelet's version ([`Probe`]), in the state directory.
+pub const VERSION_CACHE: &str = "kubelet-version.json";
 /// Every file [`write`] leaves in place (the dated certificate files sit
 /// beside their `-current` links): what a joined node must still have, and
 /// what is synced before the apply phase is recorded.
-pub const FILES: [&str; 7] = [
+pub const FILES: [&str; 6] = [
     KUBECONFIG,
     CLIENT_CURRENT,
     SERVER_CURRENT,
     CLUSTER_CA,
     CONFIG,
     ENV_FILE,
-    DROPIN,
 ];
 
 /// Why kubelet could not be set up.
@@ -60,6 +72,11 @@ pub enum KubeletError {
     Fs(#[from] FsError),
     #[error("{command}: {reason}")]
     Command { command: String, reason: String },
+    /// `kubelet --version` could not tell which kubelet this is.
+    #[error("{program} --version: {reason}")]
+    Version { program: String, reason: String },
+    #[error("--kubelet-path {0:?} must be an absolute path without spaces, quotes or '$'")]
+    KubeletPath(String),
 }
 
 fn refused(reason: impl Into<String>) -> KubeletError {
@@ -72,7 +89,16 @@ pub struct Keys<'a> {
     pub serving: &'a KeyPair,
 }
 
-/// Checks the answer against this node and writes every kubelet file.
+/// The kubelet this node runs.
+#[derive(Debug, Clone, Copy)]
+pub struct Kubelet<'a> {
+    /// What kubelet.service runs (`--kubelet-path`), outside any `--root`.
+    pub path: &'a str,
+    pub version: KubeletVersion,
+}
+
+/// Checks the answer against this node and writes every kubelet file, each
+/// setting where `kubelet`'s version reads it ([`settings`]).
 /// Returns how many files changed. The writes are
 /// [`Durability::Deferred`]: every one is redone by a resumed apply phase,
 /// which the caller records only after syncing [`FILES`].
@@ -81,9 +107,14 @@ pub fn write(
     answer: &JoinResponse,
     keys: &Keys<'_>,
     identity: &Identity,
-    kubelet_path: &str,
+    kubelet: Kubelet<'_>,
 ) -> Result<usize, KubeletError> {
     validate(answer, identity)?;
+    if !kubelet.path.starts_with('/') || !is_token(kubelet.path) {
+        return Err(KubeletError::KubeletPath(kubelet.path.to_string()));
+    }
+    let placement = Placement::for_version(kubelet.version);
+    let node = settings::settings(answer, placement, runtime_endpoint(root))?;
     let client = certificate_file(root, "client", &answer.client_certificate, keys.client)?;
     let serving = certificate_file(root, "server", &answer.serving_certificate, keys.serving)?;
     let mut changed = client + serving;
@@ -94,8 +125,7 @@ pub fn write(
         0o644,
         public,
     )?);
-    let config =
-        serde_json::to_vec_pretty(&answer.kubelet.config).map_err(|e| refused(e.to_string()))?;
+    let config = serde_json::to_vec_pretty(&node.config).map_err(|e| refused(e.to_string()))?;
     changed += usize::from(write_file(&root.join(CONFIG)?, &config, 0o644, public)?);
     let kubeconfig = kubeconfig(&answer.api_server);
     changed += usize::from(write_file(
@@ -106,13 +136,7 @@ pub fn write(
     )?);
     changed += usize::from(write_file(
         &root.join(ENV_FILE)?,
-        env_file(answer).as_bytes(),
-        0o644,
-        public,
-    )?);
-    changed += usize::from(write_file(
-        &root.join(DROPIN)?,
-        dropin(kubelet_path).as_bytes(),
+        env_file(kubelet, &node.flags).as_bytes(),
         0o644,
         public,
     )?);
@@ -237,8 +261,10 @@ fn kubeconfig(api_server: &str) -> String {
     format!("{doc:#}\n")
 }
 
-/// The per-node kubelet flags.
-pub fn flags(answer: &JoinResponse) -> Vec<String> {
+/// The per-node kubelet flags every kubelet version takes as flags.
+/// [`settings`] adds those an older kubelet has no configuration field
+/// for.
+fn node_flags(answer: &JoinResponse) -> Vec<String> {
     let settings = &answer.kubelet;
     let mut flags = vec![
         format!("--kubeconfig={KUBECONFIG}"),
@@ -248,12 +274,6 @@ pub fn flags(answer: &JoinResponse) -> Vec<String> {
         format!("--node-ip={}", settings.node_ip),
         format!("--provider-id={}", settings.provider_id),
     ];
-    if !settings.register_with_taints.is_empty() {
-        flags.push(format!(
-            "--register-with-taints={}",
-            settings.register_with_taints.join(",")
-        ));
-    }
     if !settings.node_labels.is_empty() {
         let labels: Vec<String> = settings
             .node_labels
@@ -265,54 +285,19 @@ pub fn flags(answer: &JoinResponse) -> Vec<String> {
     flags
 }
 
-fn env_file(answer: &JoinResponse) -> String {
+/// What the package's kubelet drop-in reads: `ExecStart=/usr/bin/env
+/// ${AUTONODE_KUBELET} $KUBELET_EXTRA_ARGS $KUBELET_ARGS`, the AMI's flags
+/// first so the per-node ones win a conflict. Every value is a token
+/// ([`is_token`]), so the quotes are all systemd needs.
+fn env_file(kubelet: Kubelet<'_>, flags: &[String]) -> String {
     format!(
-        "# Written by autonode-agent; read by kubelet.service through {DROPIN}.\nKUBELET_ARGS=\"{}\"\n",
-        flags(answer).join(" ")
+        "# Written by autonode-agent for kubelet {}; read by kubelet.service\n\
+         # through the package's drop-in (kubelet.service.d/10-autonode-agent.conf).\n\
+         AUTONODE_KUBELET={}\nKUBELET_ARGS=\"{}\"\n",
+        kubelet.version,
+        kubelet.path,
+        flags.join(" ")
     )
-}
-
-/// `$KUBELET_EXTRA_ARGS` keeps the AMI's own flags, which this drop-in's
-/// `ExecStart=` would otherwise drop: what its kubelet version needs
-/// whatever the cluster (before 1.27 the container runtime endpoint is a
-/// flag only). They come first, so the per-node flags win a conflict.
-fn dropin(kubelet_path: &str) -> String {
-    format!(
-        "# Written by autonode-agent.\n[Unit]\nAfter=autonode-agent.service\n\n[Service]\n\
-         EnvironmentFile={ENV_FILE}\nExecStart=\n\
-         ExecStart={kubelet_path} $KUBELET_EXTRA_ARGS $KUBELET_ARGS\n"
-    )
-}
-
-/// Reloads systemd and starts `units` plus kubelet without waiting: the
-/// agent's own unit is ordered before kubelet, so a blocking start would
-/// wait for the agent itself.
-pub fn start(systemctl: &str, units: &[String]) -> Result<(), KubeletError> {
-    run(systemctl, &["daemon-reload".to_string()])?;
-    let mut args = vec!["start".to_string(), "--no-block".to_string()];
-    args.extend(units.iter().filter(|u| u.as_str() != UNIT).cloned());
-    args.push(UNIT.to_string());
-    run(systemctl, &args)
-}
-
-fn run(program: &str, args: &[String]) -> Result<(), KubeletError> {
-    let command = format!("{program} {}", args.join(" "));
-    log::info!("running {command}");
-    let output = Command::new(program)
-        .args(args)
-        .output()
-        .map_err(|e| KubeletError::Command {
-            command: command.clone(),
-            reason: e.to_string(),
-        })?;
-    if output.status.success() {
-        return Ok(());
-    }
-    let stderr = String::from_utf8_lossy(&output.stderr).trim().to_string();
-    Err(KubeletError::Command {
-        command,
-        reason: format!("{}: {stderr}", output.status),
-    })
 }
 
 #[cfg(test)]
@@ -335,6 +320,15 @@ mod tests {
             ips: vec!["10.0.0.1".parse().unwrap()],
         }
     }
+
+    const OLD: Kubelet<'static> = Kubelet {
+        path: "/usr/bin/kubelet",
+        version: KubeletVersion::new(1, 20, 2),
+    };
+    const NEW: Kubelet<'static> = Kubelet {
+        path: "/usr/bin/kubelet",
+        version: KubeletVersion::new(1, 34, 1),
+    };
 
     fn answer(client: &KeyPair, serving: &KeyPair) -> JoinResponse {
         let ca_key = KeyPair::generate().unwrap();
@@ -376,11 +370,8 @@ mod tests {
             client: &client,
             serving: &serving,
         };
-        assert!(write(&root, &answer, &keys, &identity(), "/usr/bin/kubelet").unwrap() >= 8);
-        assert_eq!(
-            write(&root, &answer, &keys, &identity(), "/usr/bin/kubelet").unwrap(),
-            0
-        );
+        assert!(write(&root, &answer, &keys, &identity(), OLD).unwrap() >= 7);
+        assert_eq!(write(&root, &answer, &keys, &identity(), OLD).unwrap(), 0);
 
         let current = dir.path().join(CLIENT_CURRENT.trim_start_matches('/'));
         let pem = std::fs::read_to_string(&current).unwrap();
@@ -408,7 +399,47 @@ mod tests {
             kubeconfig["clusters"][0]["cluster"]["server"],
             "https://10.0.0.2:6443"
         );
+        assert!(env.contains("AUTONODE_KUBELET=/usr/bin/kubelet\n"), "{env}");
         assert!(crate::state::verify_joined(&root, 0).is_ok());
+    }
+
+    /// The same answer for a 1.34 kubelet on a containerd node: taints and
+    /// runtime in the configuration, no deprecated flag.
+    #[test]
+    fn a_new_kubelet_gets_its_settings_in_the_config_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path());
+        std::fs::create_dir_all(dir.path().join("usr/bin")).unwrap();
+        std::fs::write(dir.path().join("usr/bin/containerd"), "").unwrap();
+        let (client, serving) = (KeyPair::generate().unwrap(), KeyPair::generate().unwrap());
+        let answer = answer(&client, &serving);
+        let keys = Keys {
+            client: &client,
+            serving: &serving,
+        };
+        write(&root, &answer, &keys, &identity(), NEW).unwrap();
+        let read = |path: &str| {
+            std::fs::read_to_string(dir.path().join(path.trim_start_matches('/'))).unwrap()
+        };
+        let env = read(ENV_FILE);
+        assert!(!env.contains("--register-with-taints"), "{env}");
+        assert!(env.contains("--provider-id="), "{env}");
+        let config: serde_json::Value = serde_json::from_str(&read(CONFIG)).unwrap();
+        assert_eq!(
+            config["registerWithTaints"],
+            serde_json::json!([{"key": "karpenter.sh/unregistered", "effect": "NoExecute"}])
+        );
+        assert_eq!(
+            config["containerRuntimeEndpoint"],
+            "unix:///run/containerd/containerd.sock"
+        );
+        assert_eq!(config["rotateCertificates"], true);
+
+        for path in ["kubelet", "/opt/my kubelet", "/usr/bin/$kubelet"] {
+            let kubelet = Kubelet { path, ..NEW };
+            let err = write(&root, &answer, &keys, &identity(), kubelet).unwrap_err();
+            assert!(matches!(err, KubeletError::KubeletPath(_)), "{path}: {err}");
+        }
     }
 
     #[test]
@@ -423,45 +454,20 @@ mod tests {
         let mut other = answer(&client, &serving);
         other.kubelet.provider_id = "aws:///us-west-2a/i-ffffffffffffffff0".into();
         assert!(matches!(
-            write(&root, &other, &keys, &identity(), "k"),
+            write(&root, &other, &keys, &identity(), OLD),
             Err(KubeletError::Refused(_))
         ));
         let mut injected = answer(&client, &serving);
         injected.kubelet.register_with_taints = vec!["a=b:NoSchedule --anonymous-auth=true".into()];
         assert!(matches!(
-            write(&root, &injected, &keys, &identity(), "k"),
+            write(&root, &injected, &keys, &identity(), NEW),
             Err(KubeletError::Refused(_))
         ));
         let swapped = answer(&serving, &client);
-        let err = write(&root, &swapped, &keys, &identity(), "k").unwrap_err();
+        let err = write(&root, &swapped, &keys, &identity(), OLD).unwrap_err();
         assert!(
             err.to_string().contains("not for this node's client key"),
             "{err}"
         );
-    }
-
-    #[test]
-    fn start_reloads_then_starts_without_blocking() {
-        let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join("calls");
-        let script = dir.path().join("systemctl");
-        std::fs::write(
-            &script,
-            format!("#!/bin/sh\necho \"$@\" >> {}\n", log.display()),
-        )
-        .unwrap();
-        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-            .unwrap();
-        start(
-            &script.to_string_lossy(),
-            &["app.service".into(), UNIT.into()],
-        )
-        .unwrap();
-        let calls = std::fs::read_to_string(&log).unwrap();
-        assert_eq!(
-            calls,
-            "daemon-reload\nstart --no-block app.service kubelet.service\n"
-        );
-        assert!(start("/nonexistent/systemctl", &[]).is_err());
     }
 }

@@ -18,6 +18,7 @@ pub mod join;
 pub mod keys;
 pub mod kubelet;
 pub mod logging;
+pub mod proxy;
 pub mod report;
 pub mod retry;
 pub mod state;

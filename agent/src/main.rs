@@ -8,13 +8,16 @@
 
 #![forbid(unsafe_code)]
 
+mod ignition_cmd;
+
 use anyhow::Context as _;
-use autonode_agent::config::{self, Config, Document};
+use autonode_agent::config::{self, Config, Document, UserDataDocument};
 use autonode_agent::fsutil::{Durability, Root};
 use autonode_agent::ignition::{self, units};
 use autonode_agent::imds::{self, Identity, Imds};
 use autonode_agent::join::{JoinError, ServerClient};
 use autonode_agent::kubelet::{self, KubeletError};
+use autonode_agent::proxy::Route;
 use autonode_agent::report::{Reporter, RetryNotices, REPORT_BUDGET};
 use autonode_agent::retry::Deadline;
 use autonode_agent::retry::Retrying;
@@ -36,7 +39,13 @@ Exit codes:
   4  bad local config: userData, the local config file or flags
 
 Every absolute path the agent writes (and --config-file, --state-dir) is
-resolved under --root.";
+resolved under --root.
+
+Proxy: the connection to the server (the join and the progress reports)
+goes through the HTTP proxy in `[options] https-proxy`, else $HTTPS_PROXY,
+else $https_proxy (HTTP CONNECT; TLS to the server end to end), except for
+hosts in `[options] no-proxy`, else $NO_PROXY, else $no_proxy. The config
+wins over the environment. IMDS is never reached through a proxy.";
 
 /// Makes this EC2 instance a Kubernetes node: reads its identity from IMDSv2,
 /// proves it to autonode-server, and starts kubelet with the credentials and
@@ -72,10 +81,22 @@ struct Cli {
     /// Directory every path is written under (tests use a temp dir).
     #[arg(long, value_name = "PATH", default_value = "/")]
     root: PathBuf,
-    /// IMDS base URL (plain http).
-    #[arg(long, value_name = "URL", env = imds::ENDPOINT_ENV, default_value = imds::DEFAULT_ENDPOINT)]
-    imds_endpoint: String,
-    /// systemctl to run (`daemon-reload`, then `start --no-block <units>`).
+    /// IMDS base URL (plain http), e.g. a stand-in on loopback.
+    ///
+    /// The endpoint is, first match wins: this flag;
+    /// $AWS_EC2_METADATA_SERVICE_ENDPOINT; the endpoint of the mode from
+    /// --imds-endpoint-mode, then `[options] imds-endpoint-mode` in the local
+    /// config file, then $AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE; else IPv4,
+    /// http://169.254.169.254. An explicit endpoint beats any mode, as in the
+    /// AWS SDKs.
+    #[arg(long, value_name = "URL")]
+    imds_endpoint: Option<String>,
+    /// IMDS endpoint mode: IPv4 (http://169.254.169.254) or IPv6
+    /// (http://[fd00:ec2::254]); any case. See --imds-endpoint for precedence.
+    #[arg(long, value_name = "MODE")]
+    imds_endpoint_mode: Option<String>,
+    /// systemctl to run (`daemon-reload` when units changed, then
+    /// `start --no-block <units> kubelet.service`).
     #[arg(
         long,
         alias = "start-command",
@@ -86,12 +107,28 @@ struct Cli {
     /// kubelet binary the kubelet.service drop-in runs.
     #[arg(long, value_name = "PATH", default_value = "/usr/bin/kubelet")]
     kubelet_path: String,
+    /// Leave starting kubelet.service to systemd, as the package's unit
+    /// does (its `Wants=kubelet.service` queues kubelet behind the agent);
+    /// only the units Ignition enabled are started.
+    #[arg(long)]
+    no_start_kubelet: bool,
     /// Where failures are echoed for the EC2 console output.
     #[arg(long, value_name = "PATH", default_value = "/dev/console")]
     console: PathBuf,
     /// Log debug messages too.
     #[arg(long, short)]
     verbose: bool,
+    /// A tool instead of a join (`ignition apply`).
+    #[command(subcommand)]
+    tool: Option<Tool>,
+}
+
+/// Tools run by hand or by tests instead of a join.
+#[derive(Debug, clap::Subcommand)]
+enum Tool {
+    /// Ignition tools.
+    #[command(subcommand)]
+    Ignition(ignition_cmd::IgnitionCommand),
 }
 
 /// What kind of failure ended the run; the exit code.
@@ -117,6 +154,17 @@ fn fail(kind: Kind, phase: Phase) -> impl FnOnce(anyhow::Error) -> Failure {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     logging::init(cli.verbose);
+    if let Some(Tool::Ignition(command)) = &cli.tool {
+        return ignition_cmd::run(command);
+    }
+    // The first line, as early as logging allows, with how long ago the
+    // process was forked: the VM test splits the agent's start-up with it
+    // (systemd's sandbox and the exec before main, the journal after).
+    let age = process_age().map_or("unknown".into(), |s| format!("{s:.2}"));
+    log::info!(
+        "autonode-agent {} starting since_fork_s={age}",
+        env!("CARGO_PKG_VERSION")
+    );
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build();
@@ -141,6 +189,24 @@ fn main() -> ExitCode {
             ExitCode::from(failure.kind as u8)
         }
     }
+}
+
+/// Seconds since this process was forked, from /proc (both times count
+/// from boot, in kernel ticks of 10 ms); `None` without /proc.
+fn process_age() -> Option<f64> {
+    let uptime = std::fs::read_to_string("/proc/uptime").ok()?;
+    let uptime: f64 = uptime.split_whitespace().next()?.parse().ok()?;
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The command name may hold spaces: count fields after its ')'.
+    // starttime is field 22, the 20th after the name.
+    let ticks: f64 = stat
+        .rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(19)?
+        .parse()
+        .ok()?;
+    Some((uptime - ticks / 100.0).max(0.0))
 }
 
 /// Everything a run has learnt so far.
@@ -181,6 +247,14 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
     let client = ServerClient::new(&run.config)
         .context("server trust")
         .map_err(fail(Kind::Config, Phase::Config))?;
+    let route = run
+        .config
+        .proxy
+        .route(run.config.server_url.host().unwrap_or_default());
+    match route {
+        Route::Direct => log::debug!("server connection: {route}"),
+        _ => log::info!("server connection: {route}"),
+    }
     let reporter = Reporter::new(client.clone(), identity.rsa2048.clone());
     let mut key = None;
     let result = join_and_start(&mut run, &identity, &client, &reporter, &mut key).await;
@@ -214,7 +288,7 @@ async fn load_config(cli: &Cli, root: &Root) -> Result<Config, Failure> {
     let flags = flag_document(cli).map_err(fail(Kind::Config, Phase::Config))?;
     let upper = local.overlay(flags);
     let user_data = if cli.no_user_data {
-        Document::default()
+        UserDataDocument::Config(Document::default())
     } else {
         let early = upper
             .options
@@ -225,21 +299,34 @@ async fn load_config(cli: &Cli, root: &Root) -> Result<Config, Failure> {
         let early = early
             .context("deadline")
             .map_err(fail(Kind::Config, Phase::Config))?;
-        let imds = Imds::new(
-            &cli.imds_endpoint,
-            Deadline::after(early.unwrap_or(config::DEFAULT_DEADLINE)),
-        )
-        .context("--imds-endpoint")
-        .map_err(fail(Kind::Config, Phase::Config))?;
+        let mode = upper.options.imds_endpoint_mode.as_deref();
+        let mode = mode.map(|m| imds::EndpointMode::parse(m, imds::MODE_KEY));
+        let mode = mode
+            .transpose()
+            .map_err(|e| fail(Kind::Config, Phase::Config)(e.into()))?;
+        let deadline = Deadline::after(early.unwrap_or(config::DEFAULT_DEADLINE));
+        let imds = imds_client(cli, mode, deadline, Phase::Config)?;
         let raw = imds.get("/latest/user-data").await.map_err(|e| {
             let kind = imds_failure_kind(&e);
             fail(kind, Phase::Config)(anyhow::Error::new(e).context("reading userData"))
         })?;
-        Document::from_user_data(raw.as_deref().unwrap_or_default())
+        UserDataDocument::read(raw.as_deref().unwrap_or_default())
+            .and_then(|read| {
+                let refused = read.document().map(Document::refuse_in_user_data);
+                refused.unwrap_or(Ok(())).map(|()| read)
+            })
             .map_err(|e| fail(Kind::Config, Phase::Config)(e.into()))?
     };
-    let config = Config::resolve(user_data.overlay(upper))
+    let (config, ignored) = Config::resolve_layers(user_data, upper)
         .map_err(|e| fail(Kind::Config, Phase::Config)(e.into()))?;
+    if let Some(found) = ignored {
+        // Not an error: an AMI with a complete local config may run under
+        // any userData (a script, a cloud-config, Bottlerocket settings).
+        log::info!(
+            "userData holds no autonode config ({found}); using {} and flags",
+            cli.config_file
+        );
+    }
     succeeded(
         Phase::Config,
         &format!(
@@ -275,6 +362,7 @@ fn flag_document(cli: &Cli) -> anyhow::Result<Document> {
         options: config::Options {
             deadline: cli.deadline.clone(),
             state_dir: cli.state_dir.clone(),
+            ..config::Options::default()
         },
     })
 }
@@ -312,18 +400,44 @@ fn already_joined(run: &mut Run<'_>) -> Result<bool, Failure> {
 /// IMDS that never answered is the deadline; one that answered wrongly is
 /// a failure of this instance.
 fn imds_failure_kind(error: &imds::ImdsError) -> Kind {
-    if matches!(error, imds::ImdsError::GaveUp { .. }) {
-        Kind::Deadline
-    } else {
-        Kind::Failed
+    use imds::ImdsError::*;
+    match error {
+        GaveUp { .. } => Kind::Deadline,
+        // The operator's to fix, and no retry fixes it.
+        TurnedOff { .. } | BadMode { .. } | BadEndpoint(_) => Kind::Config,
+        Refused { .. } | Missing(_) | Invalid { .. } => Kind::Failed,
     }
+}
+
+/// The IMDS client at the endpoint [`imds::select_endpoint`] picks; the
+/// choice is logged once per run.
+fn imds_client(
+    cli: &Cli,
+    config_mode: Option<imds::EndpointMode>,
+    deadline: Deadline,
+    phase: Phase,
+) -> Result<Imds, Failure> {
+    let selected = imds::select_endpoint(
+        cli.imds_endpoint.as_deref(),
+        cli.imds_endpoint_mode.as_deref(),
+        config_mode,
+        |name| std::env::var(name).ok(),
+    )
+    .map_err(|e| fail(Kind::Config, phase)(e.into()))?;
+    static LOGGED: std::sync::Once = std::sync::Once::new();
+    LOGGED.call_once(|| {
+        let (endpoint, reason) = (&selected.endpoint, &selected.reason);
+        log::info!("IMDS endpoint {endpoint} (from {reason}); never through a proxy");
+    });
+    Imds::new(&selected.endpoint, deadline)
+        .with_context(|| format!("the IMDS endpoint from {}", selected.reason))
+        .map_err(fail(Kind::Config, phase))
 }
 
 async fn phase_identity(run: &Run<'_>) -> Result<Identity, Failure> {
     started(Phase::Identity);
-    let imds = Imds::new(&run.cli.imds_endpoint, run.deadline)
-        .context("--imds-endpoint")
-        .map_err(fail(Kind::Config, Phase::Identity))?;
+    let mode = run.config.imds_endpoint_mode;
+    let imds = imds_client(run.cli, mode, run.deadline, Phase::Identity)?;
     let identity = imds.identity().await.map_err(|e| {
         let kind = imds_failure_kind(&e);
         fail(kind, Phase::Identity)(anyhow::Error::new(e).context("reading the instance identity"))
@@ -351,6 +465,8 @@ async fn join_and_start(
     reporter: &Reporter,
     key_out: &mut Option<KeyPair>,
 ) -> Result<(), Failure> {
+    // Runs while the agent makes keys and waits on the server.
+    let probe = probe_kubelet(run)?;
     let (client_key, serving_key) = phase_keys(run)?;
     *key_out = Some(
         KeyPair::from_pem(&client_key.serialize_pem())
@@ -361,14 +477,19 @@ async fn join_and_start(
     let answer = phase_join(run, identity, client, reporter, keys).await?;
 
     started(Phase::Apply);
-    let units = apply(run, identity, &answer, &client_key, &serving_key)?;
+    let keys = kubelet::Keys {
+        client: &client_key,
+        serving: &serving_key,
+    };
+    let (units, reload) = apply(run, identity, &answer, &keys, probe)?;
     let written = answer_paths(run)?;
     let written: Vec<&Path> = written.iter().map(PathBuf::as_path).collect();
     record(run, Phase::Apply, Some(&answer.node_name), &written)?;
     succeeded(Phase::Apply, &format!("node={}", answer.node_name));
 
     started(Phase::Start);
-    kubelet::start(&run.cli.systemctl, &units)
+    let start_kubelet = !run.cli.no_start_kubelet;
+    kubelet::start(&run.cli.systemctl, &units, reload, start_kubelet)
         .context("starting kubelet")
         .map_err(fail(Kind::Failed, Phase::Start))?;
     record(run, Phase::Start, Some(&answer.node_name), &[])?;
@@ -499,14 +620,32 @@ async fn phase_join(
     Ok(answer)
 }
 
-/// Ignition, kubelet's files, kubelet enabled. The units to start.
+/// `kubelet --version` of the kubelet under the root, or its cached answer
+/// ([`kubelet::Probe`]).
+fn probe_kubelet(run: &Run<'_>) -> Result<kubelet::Probe, Failure> {
+    let program = run
+        .root
+        .join(&run.cli.kubelet_path)
+        .context("--kubelet-path")
+        .map_err(fail(Kind::Config, Phase::Apply))?;
+    let cache = run
+        .root
+        .join(&run.config.state_dir.to_string_lossy())
+        .context("state-dir")
+        .map_err(fail(Kind::Config, Phase::Config))?
+        .join(kubelet::VERSION_CACHE);
+    Ok(kubelet::Probe::start(&program, &cache))
+}
+
+/// Ignition, kubelet's files, kubelet enabled. The units to start, and
+/// whether systemd must reload first.
 fn apply(
     run: &Run<'_>,
     identity: &Identity,
     answer: &JoinResponse,
-    client_key: &KeyPair,
-    serving_key: &KeyPair,
-) -> Result<Vec<String>, Failure> {
+    keys: &kubelet::Keys<'_>,
+    probe: kubelet::Probe,
+) -> Result<(Vec<String>, bool), Failure> {
     let applied = ignition::apply(&run.root, &answer.ignition).map_err(|e| {
         let kind = if e.is_refusal() {
             Kind::Refused
@@ -520,22 +659,37 @@ fn apply(
         applied.changed,
         applied.enabled_units
     );
-    let keys = kubelet::Keys {
-        client: client_key,
-        serving: serving_key,
+    let asked = std::time::Instant::now();
+    let kubelet::Answer { version, found } = probe
+        .finish()
+        .context("finding kubelet's version")
+        .map_err(fail(Kind::Failed, Phase::Apply))?;
+    // key=value, for the VM test's timings (tests/tests/integration/vm.rs).
+    log::info!(
+        "kubelet version={version} from={} took_s={:.3} waited_s={:.3}",
+        found.name(),
+        found.took().as_secs_f64(),
+        asked.elapsed().as_secs_f64()
+    );
+    let kubelet = kubelet::Kubelet {
+        path: &run.cli.kubelet_path,
+        version,
     };
-    let changed = kubelet::write(&run.root, answer, &keys, identity, &run.cli.kubelet_path)
-        .map_err(|e| {
-            let kind = if matches!(e, KubeletError::Refused(_)) {
-                Kind::Refused
-            } else {
-                Kind::Failed
-            };
-            fail(kind, Phase::Apply)(anyhow::Error::new(e).context("writing kubelet's files"))
-        })?;
+    let changed = kubelet::write(&run.root, answer, keys, identity, kubelet).map_err(|e| {
+        let kind = if matches!(e, KubeletError::Refused(_)) {
+            Kind::Refused
+        } else {
+            Kind::Failed
+        };
+        fail(kind, Phase::Apply)(anyhow::Error::new(e).context("writing kubelet's files"))
+    })?;
     log::info!("kubelet: {changed} files changed");
     units::enable(&run.root, kubelet::UNIT, Durability::Deferred)
         .context("enabling kubelet.service")
         .map_err(fail(Kind::Failed, Phase::Apply))?;
-    Ok(applied.enabled_units)
+    let retired = kubelet::retire_old_dropin(&run.root)
+        .context("removing an older agent's kubelet drop-in")
+        .map_err(fail(Kind::Failed, Phase::Apply))?;
+    let reload = retired || kubelet::ignition_touches_units(&answer.ignition);
+    Ok((applied.enabled_units, reload))
 }

@@ -1,26 +1,92 @@
-//! Finding the agent's config document in EC2 userData.
+//! Finding the agent's config document in EC2 userData, reading userData
+//! the way cloud-init reads it.
 //!
-//! userData is passed verbatim by Karpenter (`amiFamily: Custom`), so the
-//! agent accepts the forms an operator is likely to write:
+//! userData is passed verbatim by Karpenter (`amiFamily: Custom`) and is
+//! often written for cloud-init, so the agent splits it into the parts
+//! cloud-init would see ([`parts`], proven against cloud-init's own code by
+//! the `userdata_oracle` integration test):
 //!
-//! - the TOML document itself;
-//! - the same, gzip-compressed (userData is limited to 16 KiB);
-//! - one part of a MIME multipart document, with content type
-//!   [`CONTENT_TYPE`], beside cloud-init parts (the whole multipart may be
-//!   gzip-compressed too, and the part may be base64 and/or gzip).
+//! - gzip-compressed userData is decompressed first (at most
+//!   [`MAX_DECOMPRESSED`] bytes);
+//! - it is MIME when `MIME-Version:` appears in its first 4096 bytes; the
+//!   parts of nested multiparts are flattened, a missing closing boundary
+//!   and a header block with no blank line before the first boundary are
+//!   forgiven, part bodies are base64 or quoted-printable decoded, and parts
+//!   of a gzip type are decompressed;
+//! - otherwise it is one part of type `text/x-not-multipart`;
+//! - parts of type `text/plain`, `text/x-not-multipart` and
+//!   `text/x-shellscript` get the type their first line says (`#!`,
+//!   `#cloud-config`, ...), as cloud-init sniffs them.
 //!
-//! A userData that is only a script or a cloud-config holds no agent config:
-//! that is `Ok(None)`, and the config must come from the local file or
-//! flags. Pure: bytes in, text out.
+//! The agent's config ([`extract`]) is then the one part of type
+//! [`CONTENT_TYPE`] or [`TEXT_CONTENT_TYPE`] (`cloud-init devel make-mime`
+//! can only write `text/...` types), possibly gzip-compressed itself, or a
+//! whole non-MIME userData that is TOML with an autonode key. Anything else
+//! (a script, a cloud-config, Bottlerocket's TOML settings, an Ignition
+//! config, which the OS's Ignition reads) holds no agent config: that is
+//! [`Extracted::Elsewhere`], saying what was found, and the config must
+//! come from the local file or flags. Unlike cloud-init, the agent fetches
+//! nothing: `#include` and `#cloud-config-archive` parts are listed as
+//! themselves. Pure: bytes in, text out.
+
+mod mime;
 
 use base64::Engine as _;
+use std::fmt;
 use std::io::Read as _;
 
 /// MIME content type of the agent's config part.
 pub const CONTENT_TYPE: &str = "application/x-autonode-config";
+/// The same, as a `text/` type: what `cloud-init devel make-mime` writes.
+pub const TEXT_CONTENT_TYPE: &str = "text/x-autonode-config";
 /// Largest decompressed userData accepted: a gzip bomb must not exhaust a
 /// node at boot. The raw userData is at most 16 KiB.
 pub const MAX_DECOMPRESSED: usize = 1024 * 1024;
+/// cloud-init's type for a userData that is not MIME.
+pub const NOT_MULTIPART: &str = "text/x-not-multipart";
+
+/// Top-level TOML keys of the agent's config (`config::Document`): a TOML
+/// userData with one of them is meant for the agent.
+const AUTONODE_KEYS: [&str; 5] = [
+    "server-url",
+    "server-ca",
+    "server-ca-sha256",
+    "cluster-name",
+    "options",
+];
+
+/// Part types cloud-init decompresses before looking at them.
+const GZIP_TYPES: [&str; 8] = [
+    "application/gzip",
+    "application/gzip-compressed",
+    "application/gzipped",
+    "application/x-compress",
+    "application/x-compressed",
+    "application/x-gunzip",
+    "application/x-gzip",
+    "application/x-gzip-compressed",
+];
+/// Part types whose real type cloud-init takes from their first line.
+const SNIFFED_TYPES: [&str; 3] = ["text/plain", NOT_MULTIPART, "text/x-shellscript"];
+/// cloud-init's first-line markers, longest first so that the longest
+/// match wins (`#cloud-config-archive` over `#cloud-config`).
+const MARKERS: [(&str, &str); 12] = [
+    (
+        "text/x-shellscript-per-instance",
+        "text/x-shellscript-per-instance",
+    ),
+    ("text/x-shellscript-per-boot", "text/x-shellscript-per-boot"),
+    ("text/x-shellscript-per-once", "text/x-shellscript-per-once"),
+    ("#cloud-config-archive", "text/cloud-config-archive"),
+    ("#cloud-config-jsonp", "text/cloud-config-jsonp"),
+    ("## template: jinja", "text/jinja2"),
+    ("#cloud-boothook", "text/cloud-boothook"),
+    ("#include-once", "text/x-include-once-url"),
+    ("#cloud-config", "text/cloud-config"),
+    ("#part-handler", "text/part-handler"),
+    ("#include", "text/x-include-url"),
+    ("#!", "text/x-shellscript"),
+];
 
 /// Why userData could not be read.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -31,43 +97,312 @@ pub enum UserDataError {
     TooLarge,
     #[error("userData MIME multipart: {0}")]
     Mime(String),
-    #[error("userData has {0} parts of type {CONTENT_TYPE}; expected at most one")]
+    #[error(
+        "userData has {0} parts of type {CONTENT_TYPE} or {TEXT_CONTENT_TYPE}; expected at most one"
+    )]
     DuplicatePart(usize),
     #[error("the autonode config in userData is not UTF-8")]
     NotUtf8,
 }
 
-/// Returns the agent's config document from userData, or `None` when the
-/// userData holds no agent config.
-pub fn extract(raw: &[u8]) -> Result<Option<String>, UserDataError> {
+/// One part of userData as cloud-init sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Part {
+    /// Lower-cased media type, after cloud-init's sniffing.
+    pub content_type: String,
+    /// The body, transfer-decoded (and decompressed for gzip types).
+    pub payload: Vec<u8>,
+}
+
+/// userData split into parts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Parsed {
+    /// Read as MIME (else `parts` is the one whole userData).
+    pub mime: bool,
+    pub parts: Vec<Part>,
+}
+
+/// What userData holds for the agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Extracted {
+    /// The agent's config document (TOML text, not yet parsed).
+    Config(String),
+    /// No agent config; what is there instead.
+    Elsewhere(Found),
+}
+
+/// What a userData without an agent config holds, for messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Found {
+    Empty,
+    /// MIME, with parts of these types and none of the agent's.
+    MimeParts(Vec<String>),
+    /// Not MIME: one document of a cloud-init type (a script, ...).
+    Document(String),
+    /// An Ignition config, read by the OS's Ignition.
+    Ignition,
+    /// TOML without an autonode key: its top-level keys.
+    TomlWithoutAutonodeKeys(Vec<String>),
+    /// Text that is not TOML: the TOML error.
+    NotToml(String),
+    /// Neither UTF-8 text nor MIME.
+    Binary,
+}
+
+impl fmt::Display for Found {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "userData: ")?;
+        match self {
+            Found::Empty => write!(f, "empty"),
+            Found::MimeParts(types) => {
+                match types.len() {
+                    0 => write!(f, "MIME with no parts")?,
+                    1 => write!(f, "1 MIME part: {}", types[0])?,
+                    n => write!(f, "{n} MIME parts: {}", types.join(", "))?,
+                }
+                write!(f, "; no part of type {CONTENT_TYPE} or {TEXT_CONTENT_TYPE}")
+            }
+            Found::Document(kind) => write!(f, "not MIME, one {kind} document"),
+            Found::Ignition => write!(f, "an Ignition config (JSON), for the OS's Ignition"),
+            Found::TomlWithoutAutonodeKeys(keys) => write!(
+                f,
+                "TOML without autonode keys (its top-level keys: {})",
+                keys.join(", ")
+            ),
+            Found::NotToml(error) => {
+                write!(f, "text that is not MIME, cloud-init or TOML ({error})")
+            }
+            Found::Binary => write!(f, "binary data, neither MIME nor text"),
+        }
+    }
+}
+
+/// Splits userData into the parts cloud-init sees.
+pub fn parts(raw: &[u8]) -> Result<Parsed, UserDataError> {
     let data = gunzip_if_compressed(raw)?;
-    if is_mime(&data) {
-        return extract_from_mime(&data);
+    if !mime::declares_mime(&data) {
+        let part = as_cloud_init_sees(NOT_MULTIPART.to_string(), data)?;
+        return Ok(Parsed {
+            mime: false,
+            parts: vec![part],
+        });
     }
-    if is_cloud_init(&data) || data.iter().all(u8::is_ascii_whitespace) {
-        return Ok(None);
+    let mut parts = Vec::new();
+    for leaf in mime::leaves(&data)? {
+        let payload = match transfer_decode(leaf.body, leaf.encoding.as_deref()) {
+            Ok(payload) => payload,
+            Err(reason) if is_autonode_type(&leaf.content_type) => {
+                return Err(UserDataError::Mime(format!(
+                    "{} part: {reason}",
+                    leaf.content_type
+                )))
+            }
+            // cloud-init keeps such a body as it is.
+            Err(_) => leaf.body.to_vec(),
+        };
+        parts.push(as_cloud_init_sees(leaf.content_type, payload)?);
     }
-    utf8(data).map(Some)
+    Ok(Parsed { mime: true, parts })
 }
 
-fn utf8(data: Vec<u8>) -> Result<String, UserDataError> {
-    String::from_utf8(data).map_err(|_| UserDataError::NotUtf8)
+/// Returns the agent's config document from userData, or what userData
+/// holds instead.
+pub fn extract(raw: &[u8]) -> Result<Extracted, UserDataError> {
+    let parsed = parts(raw)?;
+    if !parsed.mime {
+        return Ok(parsed
+            .parts
+            .into_iter()
+            .next()
+            .map_or(Extracted::Elsewhere(Found::Empty), whole));
+    }
+    let (mut ours, others): (Vec<Part>, Vec<Part>) = parsed
+        .parts
+        .into_iter()
+        .partition(|part| is_autonode_type(&part.content_type));
+    match ours.len() {
+        0 => Ok(Extracted::Elsewhere(Found::MimeParts(
+            others.into_iter().map(|p| p.content_type).collect(),
+        ))),
+        1 => {
+            let payload = gunzip_if_compressed(&ours.remove(0).payload)?;
+            let text = String::from_utf8(payload).map_err(|_| UserDataError::NotUtf8)?;
+            Ok(Extracted::Config(text))
+        }
+        n => Err(UserDataError::DuplicatePart(n)),
+    }
 }
 
-/// cloud-init's markers for its own formats (scripts, cloud-config, ...).
-fn is_cloud_init(data: &[u8]) -> bool {
-    ["#!", "#cloud-", "#include", "#part-handler", "#upstart-job"]
+pub fn is_autonode_type(content_type: &str) -> bool {
+    content_type == CONTENT_TYPE || content_type == TEXT_CONTENT_TYPE
+}
+
+/// A whole, non-MIME userData: the agent's when it is TOML with an
+/// autonode key, or broken TOML that plainly sets one (so the TOML error
+/// is reported, not ignored).
+fn whole(part: Part) -> Extracted {
+    if part.content_type != NOT_MULTIPART {
+        return Extracted::Elsewhere(Found::Document(part.content_type));
+    }
+    let Ok(text) = String::from_utf8(part.payload) else {
+        return Extracted::Elsewhere(Found::Binary);
+    };
+    if text.trim().is_empty() {
+        return Extracted::Elsewhere(Found::Empty);
+    }
+    match text.parse::<toml::Table>() {
+        Ok(table) if table.keys().any(|k| is_autonode_key(k)) => Extracted::Config(text),
+        Ok(table) => Extracted::Elsewhere(Found::TomlWithoutAutonodeKeys(
+            table.keys().cloned().collect(),
+        )),
+        Err(_) if is_ignition(&text) => Extracted::Elsewhere(Found::Ignition),
+        Err(_) if sets_autonode_key(&text) => Extracted::Config(text),
+        Err(error) => Extracted::Elsewhere(Found::NotToml(toml_error_line(&error))),
+    }
+}
+
+/// Autonode's keys, forgiving case and `_` for `-` (so that a typo'd key
+/// still makes the document ours, and its error is reported).
+fn is_autonode_key(key: &str) -> bool {
+    let key = key.trim().to_ascii_lowercase().replace('_', "-");
+    AUTONODE_KEYS.contains(&key.as_str())
+}
+
+/// A line `key = ...` or `[options]` with an autonode key.
+fn sets_autonode_key(text: &str) -> bool {
+    text.lines().any(|line| {
+        let line = line.trim();
+        if let Some(table) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            return is_autonode_key(table);
+        }
+        line.split_once('=')
+            .is_some_and(|(key, _)| is_autonode_key(key.trim().trim_matches('"')))
+    })
+}
+
+fn is_ignition(text: &str) -> bool {
+    serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(text)
+        .is_ok_and(|object| object.contains_key("ignition"))
+}
+
+/// The TOML error on one line: its message and where.
+fn toml_error_line(error: &toml::de::Error) -> String {
+    let message = error.message().trim();
+    match error.span() {
+        Some(span) => format!("TOML error at byte {}: {message}", span.start),
+        None => format!("TOML error: {message}"),
+    }
+}
+
+/// The type cloud-init gives a part, and its payload after cloud-init's
+/// decompression of gzip types.
+fn as_cloud_init_sees(content_type: String, payload: Vec<u8>) -> Result<Part, UserDataError> {
+    let (mut content_type, payload) = if GZIP_TYPES.contains(&content_type.as_str()) {
+        ("text/plain".to_string(), gunzip(&payload)?)
+    } else {
+        (content_type, payload)
+    };
+    if SNIFFED_TYPES.contains(&content_type.as_str()) {
+        if let Some(sniffed) = sniff(&payload) {
+            content_type = sniffed.to_string();
+        }
+    }
+    Ok(Part {
+        content_type,
+        payload,
+    })
+}
+
+/// The type cloud-init reads from a payload's start: after leading blanks,
+/// case-insensitive.
+fn sniff(payload: &[u8]) -> Option<&'static str> {
+    let text = String::from_utf8_lossy(payload);
+    // Python's str.isspace also counts the ASCII separators 0x1c-0x1f.
+    let text =
+        text.trim_start_matches(|c: char| c.is_whitespace() || ('\x1c'..='\x1f').contains(&c));
+    MARKERS.iter().find_map(|(marker, content_type)| {
+        text.as_bytes()
+            .get(..marker.len())
+            .is_some_and(|start| start.eq_ignore_ascii_case(marker.as_bytes()))
+            .then_some(*content_type)
+    })
+}
+
+/// Undoes a Content-Transfer-Encoding as Python's `email` does; `Err` with
+/// why when the body cannot be decoded.
+fn transfer_decode(body: &[u8], encoding: Option<&str>) -> Result<Vec<u8>, String> {
+    match encoding.map(str::trim) {
+        None | Some("" | "7bit" | "8bit" | "binary") => Ok(body.to_vec()),
+        Some("base64") => decode_base64(body),
+        Some("quoted-printable") => Ok(decode_quoted_printable(body)),
+        Some(other) => Err(format!("unsupported Content-Transfer-Encoding {other:?}")),
+    }
+}
+
+/// Lenient like Python's: characters outside the alphabet are skipped and
+/// padding may be missing.
+fn decode_base64(body: &[u8]) -> Result<Vec<u8>, String> {
+    let alphabet: Vec<u8> = body
         .iter()
-        .any(|marker| data.starts_with(marker.as_bytes()))
+        .copied()
+        .take_while(|&b| b != b'=')
+        .filter(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/'))
+        .collect();
+    let engine = base64::engine::GeneralPurpose::new(
+        &base64::alphabet::STANDARD,
+        base64::engine::GeneralPurposeConfig::new()
+            .with_decode_padding_mode(base64::engine::DecodePaddingMode::RequireNone)
+            .with_decode_allow_trailing_bits(true),
+    );
+    engine
+        .decode(alphabet)
+        .map_err(|e| format!("bad base64: {e}"))
+}
+
+/// `=XX` is a byte, `=` at a line's end joins it to the next line, and
+/// any other `=` is kept.
+fn decode_quoted_printable(body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(body.len());
+    let mut i = 0;
+    while i < body.len() {
+        let rest = &body[i..];
+        if rest[0] != b'=' {
+            out.push(rest[0]);
+            i += 1;
+        } else if rest.starts_with(b"=\r\n") {
+            i += 3;
+        } else if rest.starts_with(b"=\n") || rest.starts_with(b"=\r") {
+            i += 2;
+        } else if let Some(byte) = rest.get(1..3).and_then(hex_byte) {
+            out.push(byte);
+            i += 3;
+        } else {
+            out.push(b'=');
+            i += 1;
+        }
+    }
+    out
+}
+
+fn hex_byte(pair: &[u8]) -> Option<u8> {
+    let text = std::str::from_utf8(pair).ok()?;
+    u8::from_str_radix(text, 16).ok()
 }
 
 fn gunzip_if_compressed(raw: &[u8]) -> Result<Vec<u8>, UserDataError> {
-    if !raw.starts_with(&[0x1f, 0x8b]) {
-        return Ok(raw.to_vec());
+    if raw.starts_with(&[0x1f, 0x8b]) {
+        gunzip(raw)
+    } else {
+        Ok(raw.to_vec())
     }
+}
+
+/// Decompresses every gzip member (as Python's gzip module does), up to
+/// [`MAX_DECOMPRESSED`] bytes.
+fn gunzip(raw: &[u8]) -> Result<Vec<u8>, UserDataError> {
     let mut out = Vec::new();
     let limit = MAX_DECOMPRESSED as u64 + 1;
-    flate2::read::GzDecoder::new(raw)
+    flate2::read::MultiGzDecoder::new(raw)
         .take(limit)
         .read_to_end(&mut out)
         .map_err(|e| UserDataError::Gzip(e.to_string()))?;
@@ -75,163 +410,6 @@ fn gunzip_if_compressed(raw: &[u8]) -> Result<Vec<u8>, UserDataError> {
         return Err(UserDataError::TooLarge);
     }
     Ok(out)
-}
-
-/// A MIME message starts with headers, one of which is a multipart
-/// Content-Type (cloud-init's `write-mime-multipart` starts with it, or
-/// with `MIME-Version`).
-fn is_mime(data: &[u8]) -> bool {
-    let (headers, _) = split_headers(data);
-    headers.iter().any(|(name, value)| {
-        name == "content-type" && value.to_ascii_lowercase().starts_with("multipart/")
-    })
-}
-
-fn extract_from_mime(data: &[u8]) -> Result<Option<String>, UserDataError> {
-    let (headers, body) = split_headers(data);
-    let content_type = header(&headers, "content-type").unwrap_or_default();
-    let boundary = parameter(&content_type, "boundary")
-        .ok_or_else(|| UserDataError::Mime("multipart Content-Type has no boundary".into()))?;
-    let mut found = Vec::new();
-    for part in split_parts(body, &boundary)? {
-        let (part_headers, part_body) = split_headers(part);
-        let part_type = header(&part_headers, "content-type").unwrap_or_default();
-        if media_type(&part_type) == CONTENT_TYPE {
-            let encoding = header(&part_headers, "content-transfer-encoding");
-            found.push(decode_part(part_body, encoding.as_deref())?);
-        }
-    }
-    match found.len() {
-        0 => Ok(None),
-        1 => {
-            let part = gunzip_if_compressed(&found.remove(0))?;
-            utf8(part).map(Some)
-        }
-        n => Err(UserDataError::DuplicatePart(n)),
-    }
-}
-
-fn decode_part(body: &[u8], encoding: Option<&str>) -> Result<Vec<u8>, UserDataError> {
-    match encoding.map(|e| e.trim().to_ascii_lowercase()).as_deref() {
-        None | Some("7bit" | "8bit" | "binary") => Ok(body.to_vec()),
-        Some("base64") => {
-            let compact: Vec<u8> = body
-                .iter()
-                .copied()
-                .filter(|b| !b.is_ascii_whitespace())
-                .collect();
-            base64::engine::general_purpose::STANDARD
-                .decode(compact)
-                .map_err(|e| UserDataError::Mime(format!("{CONTENT_TYPE} part: bad base64: {e}")))
-        }
-        Some(other) => Err(UserDataError::Mime(format!(
-            "{CONTENT_TYPE} part: unsupported Content-Transfer-Encoding {other:?}"
-        ))),
-    }
-}
-
-/// Splits a header block from the body at the first empty line. Header names
-/// are lower-cased; folded lines are joined.
-fn split_headers(data: &[u8]) -> (Vec<(String, String)>, &[u8]) {
-    let mut headers: Vec<(String, String)> = Vec::new();
-    let mut offset = 0;
-    while offset < data.len() {
-        let end = data[offset..]
-            .iter()
-            .position(|&b| b == b'\n')
-            .map_or(data.len(), |i| offset + i);
-        let line = String::from_utf8_lossy(&data[offset..end]);
-        let line = line.trim_end_matches('\r');
-        offset = (end + 1).min(data.len());
-        if line.is_empty() {
-            return (headers, &data[offset..]);
-        }
-        if line.starts_with([' ', '\t']) {
-            if let Some((_, value)) = headers.last_mut() {
-                value.push(' ');
-                value.push_str(line.trim());
-            }
-            continue;
-        }
-        match line.split_once(':') {
-            Some((name, value)) => {
-                headers.push((name.trim().to_ascii_lowercase(), value.trim().to_string()))
-            }
-            // Not a header: this is no MIME header block.
-            None => return (Vec::new(), data),
-        }
-    }
-    (headers, &data[data.len()..])
-}
-
-fn header(headers: &[(String, String)], name: &str) -> Option<String> {
-    headers
-        .iter()
-        .find(|(n, _)| n == name)
-        .map(|(_, v)| v.clone())
-}
-
-fn media_type(content_type: &str) -> String {
-    content_type
-        .split(';')
-        .next()
-        .unwrap_or_default()
-        .trim()
-        .to_ascii_lowercase()
-}
-
-/// A `name=value` or `name="value"` parameter of a header value.
-fn parameter(value: &str, name: &str) -> Option<String> {
-    value.split(';').skip(1).find_map(|param| {
-        let (key, val) = param.split_once('=')?;
-        (key.trim().eq_ignore_ascii_case(name)).then(|| val.trim().trim_matches('"').to_string())
-    })
-}
-
-/// The parts between `--boundary` lines, up to `--boundary--`. The line
-/// break before a delimiter belongs to the delimiter (RFC 2046).
-fn split_parts<'a>(body: &'a [u8], boundary: &str) -> Result<Vec<&'a [u8]>, UserDataError> {
-    let delimiter = format!("--{boundary}");
-    let mut parts = Vec::new();
-    let mut part_start: Option<usize> = None;
-    let mut offset = 0;
-    while offset < body.len() {
-        let end = body[offset..]
-            .iter()
-            .position(|&b| b == b'\n')
-            .map_or(body.len(), |i| offset + i);
-        let line = body[offset..end]
-            .strip_suffix(b"\r")
-            .unwrap_or(&body[offset..end]);
-        let line = trim_trailing_space(line);
-        let is_close = line == format!("{delimiter}--").as_bytes();
-        if line == delimiter.as_bytes() || is_close {
-            if let Some(start) = part_start {
-                parts.push(strip_line_break(&body[start..offset.max(start)]));
-            }
-            if is_close {
-                return Ok(parts);
-            }
-            part_start = Some((end + 1).min(body.len()));
-        }
-        offset = end + 1;
-    }
-    Err(UserDataError::Mime(format!(
-        "no closing boundary {delimiter}--"
-    )))
-}
-
-fn trim_trailing_space(line: &[u8]) -> &[u8] {
-    let len = line
-        .iter()
-        .rposition(|b| !matches!(b, b' ' | b'\t'))
-        .map_or(0, |i| i + 1);
-    &line[..len]
-}
-
-fn strip_line_break(part: &[u8]) -> &[u8] {
-    let part = part.strip_suffix(b"\n").unwrap_or(part);
-    part.strip_suffix(b"\r").unwrap_or(part)
 }
 
 #[cfg(test)]
@@ -265,81 +443,200 @@ mod tests {
         out
     }
 
-    #[test]
-    fn plain_toml() {
-        assert_eq!(extract(DOC.as_bytes()).unwrap().as_deref(), Some(DOC));
+    fn config(data: &[u8]) -> String {
+        match extract(data).unwrap() {
+            Extracted::Config(text) => text,
+            Extracted::Elsewhere(found) => panic!("no config: {found}"),
+        }
+    }
+
+    fn elsewhere(data: &[u8]) -> Found {
+        match extract(data).unwrap() {
+            Extracted::Elsewhere(found) => found,
+            Extracted::Config(text) => panic!("read as config: {text}"),
+        }
     }
 
     #[test]
-    fn gzip_toml() {
-        assert_eq!(
-            extract(&gzip(DOC.as_bytes())).unwrap().as_deref(),
-            Some(DOC)
-        );
+    fn plain_and_gzip_toml() {
+        assert_eq!(config(DOC.as_bytes()), DOC);
+        assert_eq!(config(&gzip(DOC.as_bytes())), DOC);
     }
 
     #[test]
-    fn mime_with_other_parts() {
-        let data = mime(&[
-            ("text/x-shellscript", None, "#!/bin/sh\necho hi"),
-            (CONTENT_TYPE, Some("7bit"), DOC.trim_end()),
-            ("text/cloud-config", None, "#cloud-config\nruncmd: []"),
-        ]);
-        assert_eq!(
-            extract(data.as_bytes()).unwrap().as_deref(),
-            Some(DOC.trim_end())
-        );
+    fn mime_with_other_parts_both_types() {
+        for our_type in [CONTENT_TYPE, TEXT_CONTENT_TYPE, "Text/X-Autonode-Config"] {
+            let data = mime(&[
+                ("text/x-shellscript", None, "#!/bin/sh\necho hi"),
+                (our_type, Some("7bit"), DOC.trim_end()),
+                ("text/cloud-config", None, "#cloud-config\nruncmd: []"),
+            ]);
+            assert_eq!(config(data.as_bytes()), DOC.trim_end());
+        }
     }
 
     #[test]
-    fn mime_base64_part_and_gzip_whole() {
+    fn mime_encoded_parts_and_gzip_whole() {
         let encoded = base64::engine::general_purpose::STANDARD.encode(DOC);
         let data = mime(&[(CONTENT_TYPE, Some("base64"), &encoded)]);
+        assert_eq!(config(&gzip(data.as_bytes())), DOC);
+        let encoded = base64::engine::general_purpose::STANDARD.encode(gzip(DOC.as_bytes()));
+        let data = mime(&[(TEXT_CONTENT_TYPE, Some("base64"), &encoded)]);
+        assert_eq!(config(data.as_bytes()), DOC);
+        let data = mime(&[(
+            CONTENT_TYPE,
+            Some("quoted-printable"),
+            "server-url =3D \"https://x\"=\r\n\ncluster-name = \"c=3Dd\"",
+        )]);
         assert_eq!(
-            extract(&gzip(data.as_bytes())).unwrap().as_deref(),
-            Some(DOC)
+            config(data.as_bytes()),
+            "server-url = \"https://x\"\ncluster-name = \"c=d\""
         );
     }
 
     #[test]
-    fn mime_without_our_part_is_none() {
-        let data = mime(&[("text/x-shellscript", None, "#!/bin/sh\ntrue")]);
-        assert_eq!(extract(data.as_bytes()).unwrap(), None);
+    fn karpenter_al2023_style_without_closing_boundary() {
+        let data = "MIME-Version: 1.0\nContent-Type: multipart/mixed; boundary=\"//\"\n\n\
+            --//\nContent-Type: application/node.eks.aws\n\n---\nkind: NodeConfig\n\
+            --//\nContent-Type: text/x-autonode-config\n\nserver-url = \"https://x\"\n\
+            --//\n";
+        assert_eq!(config(data.as_bytes()), "server-url = \"https://x\"");
+        let parsed = parts(data.as_bytes()).unwrap();
+        let types: Vec<&str> = parsed
+            .parts
+            .iter()
+            .map(|p| p.content_type.as_str())
+            .collect();
+        assert_eq!(
+            types,
+            ["application/node.eks.aws", TEXT_CONTENT_TYPE, "text/plain"]
+        );
     }
 
     #[test]
-    fn scripts_and_empty_are_none() {
-        assert_eq!(extract(b"#!/bin/bash\necho\n").unwrap(), None);
-        assert_eq!(extract(b"#cloud-config\n{}\n").unwrap(), None);
-        assert_eq!(extract(b"").unwrap(), None);
+    fn terraform_style_without_blank_line_is_mime() {
+        let data = "Content-Type: multipart/mixed; boundary=\"MIMEBOUNDARY\"\nMIME-Version: 1.0\n\
+            --MIMEBOUNDARY\nContent-Transfer-Encoding: 7bit\nContent-Type: application/x-autonode-config\n\n\
+            server-url = \"https://x\"\n--MIMEBOUNDARY--\n";
+        assert_eq!(config(data.as_bytes()), "server-url = \"https://x\"");
+    }
+
+    #[test]
+    fn what_is_not_ours_is_described() {
+        let data = mime(&[
+            ("text/x-shellscript", None, "#!/bin/sh\ntrue"),
+            ("text/plain", None, "#cloud-config\n{}"),
+        ]);
+        let found = elsewhere(data.as_bytes());
+        assert_eq!(
+            found.to_string(),
+            "userData: 2 MIME parts: text/x-shellscript, text/cloud-config; \
+             no part of type application/x-autonode-config or text/x-autonode-config"
+        );
+        assert_eq!(
+            elsewhere(b"#!/bin/bash\necho\n"),
+            Found::Document("text/x-shellscript".into())
+        );
+        assert_eq!(
+            elsewhere(b"  #Cloud-Config\n{}\n"),
+            Found::Document("text/cloud-config".into())
+        );
+        assert_eq!(elsewhere(b""), Found::Empty);
+        assert_eq!(elsewhere(b" \n\t"), Found::Empty);
+        assert_eq!(
+            elsewhere(b"[settings.kubernetes]\napi-server = \"https://x\"\n"),
+            Found::TomlWithoutAutonodeKeys(vec!["settings".into()])
+        );
+        assert_eq!(
+            elsewhere(br#"{"ignition": {"version": "3.4.0"}}"#),
+            Found::Ignition
+        );
+        assert!(matches!(elsewhere(b"echo hello\n"), Found::NotToml(e) if e.contains("byte")));
+        assert_eq!(elsewhere(&[0xff, 0xfe, 0x00]), Found::Binary);
+        // No MIME-Version: cloud-init reads it as one document, and so do we.
+        let no_version = "Content-Type: multipart/mixed; boundary=b\n\n--b\n\nx\n--b--\n";
+        assert!(matches!(
+            elsewhere(no_version.as_bytes()),
+            Found::NotToml(_)
+        ));
+    }
+
+    #[test]
+    fn toml_plainly_for_autonode_stays_ours_even_when_broken() {
+        // Typo'd and unknown keys are for config to refuse by name.
+        assert_eq!(config(b"server_url = \"x\"\n"), "server_url = \"x\"\n");
+        assert_eq!(
+            config(b"[options]\ndeadlin = 1\n"),
+            "[options]\ndeadlin = 1\n"
+        );
+        // Not TOML, but it sets our key: the TOML error must surface.
+        assert_eq!(
+            config(b"server-url = \"https://x\n"),
+            "server-url = \"https://x\n"
+        );
     }
 
     #[test]
     fn broken_forms_are_errors() {
         let truncated = &gzip(DOC.as_bytes())[..12];
         assert!(matches!(extract(truncated), Err(UserDataError::Gzip(_))));
-        let unclosed =
-            "Content-Type: multipart/mixed; boundary=b\n\n--b\nContent-Type: text/plain\n\nx\n";
-        assert!(matches!(
-            extract(unclosed.as_bytes()),
-            Err(UserDataError::Mime(_))
-        ));
-        let no_boundary = "Content-Type: multipart/mixed\n\n";
-        assert!(matches!(
-            extract(no_boundary.as_bytes()),
-            Err(UserDataError::Mime(_))
-        ));
-        let twice = mime(&[(CONTENT_TYPE, None, DOC), (CONTENT_TYPE, None, DOC)]);
+        let twice = mime(&[(CONTENT_TYPE, None, DOC), (TEXT_CONTENT_TYPE, None, DOC)]);
         assert_eq!(
             extract(twice.as_bytes()),
             Err(UserDataError::DuplicatePart(2))
         );
-        assert_eq!(extract(&[0xff, 0xfe, 0x00]), Err(UserDataError::NotUtf8));
+        let not_utf8 = mime(&[(CONTENT_TYPE, Some("base64"), "//79")]);
+        assert_eq!(extract(not_utf8.as_bytes()), Err(UserDataError::NotUtf8));
+        let bad_base64 = mime(&[(CONTENT_TYPE, Some("base64"), "QUJDR")]);
+        assert!(
+            matches!(extract(bad_base64.as_bytes()), Err(UserDataError::Mime(m)) if m.contains("base64"))
+        );
+        let odd = mime(&[(CONTENT_TYPE, Some("x-uuencode"), "begin")]);
+        assert!(
+            matches!(extract(odd.as_bytes()), Err(UserDataError::Mime(m)) if m.contains("x-uuencode"))
+        );
+        // Others' undecodable parts are kept as they are, as cloud-init does.
+        let theirs = mime(&[("text/x-foo", Some("base64"), "QUJDR")]);
+        assert_eq!(parts(theirs.as_bytes()).unwrap().parts[0].payload, b"QUJDR");
+        let bad_gzip_part = mime(&[("application/x-gzip", None, "not gzip")]);
+        assert!(matches!(
+            extract(bad_gzip_part.as_bytes()),
+            Err(UserDataError::Gzip(_))
+        ));
+    }
+
+    #[test]
+    fn gzip_parts_are_decompressed_and_sniffed() {
+        let encoded = base64::engine::general_purpose::STANDARD.encode(gzip(b"#!/bin/sh\ntrue\n"));
+        let data = mime(&[("application/x-gzip", Some("base64"), &encoded)]);
+        let parsed = parts(data.as_bytes()).unwrap();
+        assert_eq!(parsed.parts[0].content_type, "text/x-shellscript");
+        assert_eq!(parsed.parts[0].payload, b"#!/bin/sh\ntrue\n");
+    }
+
+    #[test]
+    fn sniffing_prefers_the_longest_marker() {
+        assert_eq!(
+            sniff(b"#cloud-config-archive\n- x"),
+            Some("text/cloud-config-archive")
+        );
+        assert_eq!(
+            sniff(b"#include-once\nhttp://x"),
+            Some("text/x-include-once-url")
+        );
+        assert_eq!(sniff(b"\x1c #!/bin/sh"), Some("text/x-shellscript"));
+        assert_eq!(sniff(b"server-url = 1"), None);
     }
 
     #[test]
     fn gzip_bomb_is_refused() {
         let bomb = gzip(&vec![b'a'; MAX_DECOMPRESSED + 10]);
         assert_eq!(extract(&bomb), Err(UserDataError::TooLarge));
+        let mut two_members = gzip(&vec![b'a'; MAX_DECOMPRESSED / 2 + 10]);
+        two_members.extend(gzip(&vec![b'a'; MAX_DECOMPRESSED / 2 + 10]));
+        assert_eq!(extract(&two_members), Err(UserDataError::TooLarge));
+        let part = base64::engine::general_purpose::STANDARD.encode(&bomb);
+        let data = mime(&[("application/gzip", Some("base64"), &part)]);
+        assert_eq!(extract(data.as_bytes()), Err(UserDataError::TooLarge));
     }
 }

@@ -122,11 +122,13 @@ fn existing_file_with_other_contents_needs_overwrite() {
 fn unsupported_sections_are_refused_before_anything_is_written() {
     let dir = tempfile::tempdir().unwrap();
     let root = Root::new(dir.path());
-    let mut with_passwd = config();
-    with_passwd["passwd"] = json!({"users": [{"name": "core"}]});
-    let err = ignition::apply(&root, &with_passwd).unwrap_err();
+    // A config that also asks for a disk: refused by the field's path, and
+    // its files (valid on their own) are not written.
+    let mut with_disks = config();
+    with_disks["storage"]["disks"] = json!([{"device": "/dev/xvdb", "wipeTable": true}]);
+    let err = ignition::apply(&root, &with_disks).unwrap_err();
     assert!(err.is_refusal());
-    assert!(err.to_string().contains("`passwd`"), "{err}");
+    assert!(err.to_string().contains("storage.disks"), "{err}");
     assert_eq!(
         std::fs::read_dir(dir.path()).unwrap().count(),
         0,

@@ -134,6 +134,8 @@ fn client(url: &str, trust: ServerTrust) -> ServerClient {
         cluster_name: "c".into(),
         deadline: Duration::from_secs(60),
         state_dir: "/tmp".into(),
+        proxy: Default::default(),
+        imds_endpoint_mode: None,
     };
     ServerClient::new(&config).unwrap()
 }

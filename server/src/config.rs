@@ -358,7 +358,7 @@ impl NodeClassArgs {
             tracing::warn!("EC2NodeClass upkeep is off: --public-url, --join-ca-file and --cluster-name are not set");
             return Ok(None);
         }
-        let user_data = autonode_server::userdata::render(&node.node_config()?);
+        let user_data = autonode_server::userdata::Rendered::new(&node.node_config()?);
         let ami_terms = ami_selector_terms(&self.ami_ids).context("--ami-ids")?;
         let metadata_options = if self.enforce_metadata_options {
             MetadataOptionsPolicy::Enforce

@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 
 mod config;
 mod identity_cmd;
+mod ignition_cmd;
 mod render_userdata_cmd;
 mod serve;
 
@@ -23,11 +24,13 @@ struct Cli {
 enum Command {
     /// Inspect and verify EC2 instance identity signatures.
     Identity(identity_cmd::IdentityArgs),
+    /// Check Ignition configs as the server does before serving them.
+    Ignition(ignition_cmd::IgnitionArgs),
     /// Serve the join API and watch the guest cluster.
     Serve(Box<config::ServeArgs>),
     /// Print the EC2NodeClass userData (the agent's config) that `serve`
     /// keeps, from the same flags.
-    RenderUserdata(render_userdata_cmd::NodeConfigArgs),
+    RenderUserdata(render_userdata_cmd::RenderArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -35,6 +38,8 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse_from(args);
     match cli.command {
         Command::Identity(args) => identity_cmd::run(args),
+        // Its own exit statuses: 1 refused, 2 unreadable (see its --help).
+        Command::Ignition(args) => std::process::exit(ignition_cmd::run(&args)),
         Command::RenderUserdata(args) => render_userdata_cmd::run(args),
         Command::Serve(args) => {
             init_logging(&args.log_format)?;

@@ -3,7 +3,8 @@
 //!
 //! For every EC2NodeClass (or those matching a label selector) these fields
 //! are autonode's: `spec.userData` (the agent's config, see
-//! [`crate::userdata`]), `spec.amiFamily` (`Custom`, so Karpenter passes
+//! [`crate::userdata`], in the format the class's [`FORMAT_ANNOTATION`]
+//! names; see [`format_of`]), `spec.amiFamily` (`Custom`, so Karpenter passes
 //! userData verbatim), when AMI ids are configured `spec.amiSelectorTerms`
 //! (`[{id: …}]`, one per architecture), and, unless turned off, three keys
 //! of `spec.metadataOptions` (see [`MetadataOptionsPolicy`]). When one of
@@ -39,6 +40,7 @@
 use crate::events::Events;
 use crate::karpenter::{Ec2NodeClass, Ec2NodeClassSpec};
 use crate::metrics::Metrics;
+use crate::userdata::{Format, Rendered, UnknownFormat, FORMAT_ANNOTATION};
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Patch, PatchParams};
@@ -66,6 +68,9 @@ pub const EXPOSED: &str = "InstanceMetadataExposed";
 pub const HANDOVER_MANAGER: &str = "autonode-server-handover";
 /// The Event reason when autonode let go of a class's AMI selection.
 pub const AMI_RELEASED: &str = "AmiSelectionReleased";
+/// The Warning Event reason when a class's [`FORMAT_ANNOTATION`] names no
+/// format, and the class is left as it is.
+pub const FORMAT_UNKNOWN: &str = "UserDataFormatUnknown";
 
 /// `metadataOptions.httpTokens` kept: IMDSv2 only, every read needs a token.
 pub const HTTP_TOKENS: &str = "required";
@@ -89,8 +94,9 @@ pub enum MetadataOptionsPolicy {
 /// The values of the kept fields.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Desired {
-    /// The rendered userData.
-    pub user_data: String,
+    /// The rendered userData, in every format: each class gets the one its
+    /// [`FORMAT_ANNOTATION`] names.
+    pub user_data: Rendered,
     /// `amiSelectorTerms`, or `None` to leave them to the user.
     pub ami_terms: Option<Vec<Value>>,
     /// Whether `metadataOptions` are kept.
@@ -153,10 +159,25 @@ pub fn ami_selector_terms(entries: &[String]) -> Result<Option<Vec<Value>>, AmiI
     }))
 }
 
-/// Which kept fields of `spec` differ from the settings (empty: none).
-pub fn drift(spec: &Ec2NodeClassSpec, desired: &Desired) -> Vec<&'static str> {
+/// The userData format `class` asks for with [`FORMAT_ANNOTATION`], as
+/// the class is now: [`Format::Toml`] when it is absent, an error naming
+/// the value when it names no format.
+///
+/// The annotation is trusted as it stands, whoever set it: it is the
+/// choice of the class's owners, who may as well write the userData
+/// itself; it only picks which of autonode's own renderings is kept.
+pub fn format_of(class: &Ec2NodeClass) -> Result<Format, UnknownFormat> {
+    match class.annotations().get(FORMAT_ANNOTATION) {
+        Some(value) => Format::parse(value),
+        None => Ok(Format::default()),
+    }
+}
+
+/// Which kept fields of `spec` differ from the settings, userData in
+/// `format` (empty: none).
+pub fn drift(spec: &Ec2NodeClassSpec, desired: &Desired, format: Format) -> Vec<&'static str> {
     let mut fields = Vec::new();
-    if spec.user_data.as_deref() != Some(desired.user_data.as_str()) {
+    if spec.user_data.as_deref() != Some(desired.user_data.get(format)) {
         fields.push("spec.userData");
     }
     if spec.ami_family.as_deref() != Some(AMI_FAMILY) {
@@ -264,7 +285,8 @@ pub fn owned_metadata_options(meta: &ObjectMeta) -> Vec<String> {
 /// `desired`, leaves out: each must be handed over first (sorted; empty:
 /// none).
 pub fn released(meta: &ObjectMeta, desired: &Desired) -> Vec<SpecPath> {
-    let next = applied("", desired);
+    // Which fields, not their values: any format will do.
+    let next = applied("", desired, Format::default());
     applied_paths(meta, FIELD_MANAGER)
         .into_iter()
         .filter(|path| value_at(&next["spec"], path).is_none())
@@ -331,10 +353,12 @@ pub fn handover(
     })
 }
 
-/// The apply configuration: always every kept field, because server-side
-/// apply removes a field its manager applied before and now leaves out.
-pub fn applied(name: &str, desired: &Desired) -> Value {
-    let mut spec = json!({ "userData": desired.user_data, "amiFamily": AMI_FAMILY });
+/// The apply configuration, userData in `format`: always every kept field,
+/// because server-side apply removes a field its manager applied before
+/// and now leaves out.
+pub fn applied(name: &str, desired: &Desired, format: Format) -> Value {
+    let user_data = desired.user_data.get(format);
+    let mut spec = json!({ "userData": user_data, "amiFamily": AMI_FAMILY });
     if let Some(terms) = &desired.ami_terms {
         spec["amiSelectorTerms"] = Value::Array(terms.clone());
     }
@@ -367,6 +391,9 @@ struct Context {
     /// event wakes the class again: read from a store that has not seen the
     /// apply yet, it would look released again and be written twice.
     handed_over: Mutex<HashMap<String, String>>,
+    /// Per class name, the unknown format last warned about (with the
+    /// class's uid), so it is warned about once per value, not every resync.
+    refused_format: Mutex<HashMap<String, String>>,
 }
 
 impl Context {
@@ -413,6 +440,52 @@ impl Context {
                 .unwrap_or_else(PoisonError::into_inner)
                 .insert(name.to_string(), version);
         }
+    }
+
+    /// The format `class` asks for, or `None` after warning (once per
+    /// value) that its annotation names none: the class is then left as it
+    /// is, every kept field, until the annotation is fixed. Keeping the
+    /// rest would need an apply, and an apply without userData would remove
+    /// the class's userData (server-side apply drops what its manager
+    /// leaves out).
+    fn format_of(&self, class: &Ec2NodeClass, name: &str) -> Option<Format> {
+        let mut refused = self
+            .refused_format
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let unknown = match format_of(class) {
+            Ok(format) => {
+                refused.remove(name);
+                return Some(format);
+            }
+            Err(unknown) => unknown,
+        };
+        let key = format!(
+            "{}/{}",
+            class.metadata.uid.as_deref().unwrap_or(""),
+            unknown.0
+        );
+        if refused.get(name) == Some(&key) {
+            return None;
+        }
+        refused.insert(name.to_string(), key);
+        drop(refused);
+        tracing::warn!(
+            nodeclass = %name,
+            annotation = FORMAT_ANNOTATION,
+            value = %unknown.0,
+            "EC2NodeClass left as it is: its userData format annotation is unknown"
+        );
+        self.settings.events.warning(
+            class,
+            FORMAT_UNKNOWN,
+            format!(
+                "annotation {FORMAT_ANNOTATION}: {unknown}. autonode-server leaves this \
+                 EC2NodeClass as it is (its userData and every other field) until the \
+                 annotation is fixed or removed"
+            ),
+        );
+        None
     }
 
     /// Logs and records a Warning Event when `class` exposes IMDS to pods
@@ -462,6 +535,7 @@ pub async fn run(client: Client, settings: Settings) {
         settings,
         warned: Mutex::new(HashMap::new()),
         handed_over: Mutex::new(HashMap::new()),
+        refused_format: Mutex::new(HashMap::new()),
     });
     Controller::new(api, config)
         .run(reconcile, error_policy, ctx)
@@ -483,10 +557,13 @@ async fn reconcile(class: Arc<Ec2NodeClass>, ctx: Arc<Context>) -> Result<Action
         // version it wrote.
         return Ok(Action::requeue(settings.resync));
     }
-    let fields = drift(&class.spec, &settings.desired);
     if settings.desired.metadata_options == MetadataOptionsPolicy::LeaveAlone {
         ctx.warn_exposures(&class, &name);
     }
+    let Some(format) = ctx.format_of(&class, &name) else {
+        return Ok(Action::requeue(settings.resync));
+    };
+    let fields = drift(&class.spec, &settings.desired, format);
     let released = released(&class.metadata, &settings.desired);
     if fields.is_empty() && released.is_empty() {
         tracing::debug!(nodeclass = %name, "EC2NodeClass as rendered");
@@ -501,13 +578,14 @@ async fn reconcile(class: Arc<Ec2NodeClass>, ctx: Arc<Context>) -> Result<Action
     }
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let restored = ctx
-        .apply(&name, &params, applied(&name, &settings.desired))
+        .apply(&name, &params, applied(&name, &settings.desired, format))
         .await?;
     // Told once: from this apply on, autonode owns none of them.
     report_released(&restored, &name, &released, &settings.events);
     if !fields.is_empty() {
         let fields = fields.join(", ");
-        tracing::info!(nodeclass = %name, %fields, "EC2NodeClass restored");
+        let format = format.as_str();
+        tracing::info!(nodeclass = %name, %fields, %format, "EC2NodeClass restored");
         settings.events.normal(
             &restored,
             RESTORED,
@@ -565,7 +643,10 @@ mod tests {
 
     fn desired(ami_terms: Option<Vec<Value>>) -> Desired {
         Desired {
-            user_data: "server-url = \"https://a\"\n".into(),
+            user_data: Rendered {
+                toml: "server-url = \"https://a\"\n".into(),
+                ignition: "{\"ignition\":{\"version\":\"3.0.0\"}}\n".into(),
+            },
             ami_terms,
             metadata_options: MetadataOptionsPolicy::Enforce,
         }
@@ -582,7 +663,7 @@ mod tests {
     /// metadataOptions, which are the kept values.
     fn kept_spec(terms: &[Value]) -> Ec2NodeClassSpec {
         serde_json::from_value(json!({
-            "amiFamily": "Custom", "userData": desired(None).user_data,
+            "amiFamily": "Custom", "userData": desired(None).user_data.toml,
             "amiSelectorTerms": terms, "role": "KarpenterNodeRole",
             "metadataOptions": {"httpEndpoint": "enabled", "httpProtocolIPv6": "disabled",
                                 "httpPutResponseHopLimit": 1, "httpTokens": "required"},
@@ -598,20 +679,66 @@ mod tests {
     fn only_differing_fields_are_drift() {
         let terms = vec![json!({"id": "ami-0123"})];
         let kept = kept_spec(&terms);
-        assert!(drift(&kept, &desired(Some(terms.clone()))).is_empty());
-        assert!(drift(&kept, &desired(None)).is_empty(), "terms left alone");
+        assert!(drift(&kept, &desired(Some(terms.clone())), Format::Toml).is_empty());
+        assert!(
+            drift(&kept, &desired(None), Format::Toml).is_empty(),
+            "terms left alone"
+        );
         let mut edited = kept.clone();
         edited.ami_family = Some("AL2023".into());
         edited.ami_selector_terms = vec![json!({"alias": "al2023@latest"})];
         assert_eq!(
-            drift(&edited, &desired(Some(terms))),
+            drift(&edited, &desired(Some(terms)), Format::Toml),
             ["spec.amiFamily", "spec.amiSelectorTerms"]
         );
         edited.user_data = None;
         assert_eq!(
-            drift(&edited, &desired(None)),
+            drift(&edited, &desired(None), Format::Toml),
             ["spec.userData", "spec.amiFamily"]
         );
+    }
+
+    fn annotated(value: Option<&str>) -> Ec2NodeClass {
+        let annotations = value.map(|v| json!({ FORMAT_ANNOTATION: v, "other": "x" }));
+        serde_json::from_value(json!({
+            "metadata": {"name": "default", "annotations": annotations},
+            "spec": {"userData": "mine"},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_classes_annotation_chooses_its_userdata_format() {
+        assert_eq!(format_of(&annotated(None)), Ok(Format::Toml));
+        assert_eq!(format_of(&annotated(Some("toml"))), Ok(Format::Toml));
+        assert_eq!(
+            format_of(&annotated(Some("ignition"))),
+            Ok(Format::Ignition)
+        );
+        assert_eq!(
+            format_of(&annotated(Some("Ignition"))),
+            Err(UnknownFormat("Ignition".into()))
+        );
+        assert_eq!(
+            format_of(&annotated(Some(""))),
+            Err(UnknownFormat(String::new()))
+        );
+    }
+
+    #[test]
+    fn the_chosen_format_is_what_is_compared_and_applied() {
+        let want = desired(None);
+        let kept = kept_spec(&[]);
+        assert!(drift(&kept, &want, Format::Toml).is_empty());
+        assert_eq!(drift(&kept, &want, Format::Ignition), ["spec.userData"]);
+        let mut ignition = kept;
+        ignition.user_data = Some(want.user_data.ignition.clone());
+        assert!(drift(&ignition, &want, Format::Ignition).is_empty());
+        assert_eq!(drift(&ignition, &want, Format::Toml), ["spec.userData"]);
+        let body = applied("default", &want, Format::Ignition);
+        assert_eq!(body["spec"]["userData"], want.user_data.ignition.as_str());
+        let body = applied("default", &want, Format::Toml);
+        assert_eq!(body["spec"]["userData"], want.user_data.toml.as_str());
     }
 
     /// A change to a class's spec.
@@ -637,18 +764,21 @@ mod tests {
         for (field, edit) in cases {
             let mut edited = kept.clone();
             edit(&mut edited);
-            assert_eq!(drift(&edited, &desired(None)), [field]);
-            assert!(drift(&edited, &leave_alone()).is_empty(), "{field}");
+            assert_eq!(drift(&edited, &desired(None), Format::Toml), [field]);
+            assert!(
+                drift(&edited, &leave_alone(), Format::Toml).is_empty(),
+                "{field}"
+            );
         }
         // Only the kept keys count: IPv6 is the user's.
         let mut ipv6 = kept.clone();
         options(&mut ipv6).http_protocol_ipv6 = Some("enabled".into());
-        assert!(drift(&ipv6, &desired(None)).is_empty());
+        assert!(drift(&ipv6, &desired(None), Format::Toml).is_empty());
         // No metadataOptions at all (a schema without defaults): all three.
         let mut bare = kept;
         bare.metadata_options = None;
         assert_eq!(
-            drift(&bare, &desired(None)),
+            drift(&bare, &desired(None), Format::Toml),
             [
                 "spec.metadataOptions.httpTokens",
                 "spec.metadataOptions.httpPutResponseHopLimit",
@@ -659,7 +789,11 @@ mod tests {
 
     #[test]
     fn the_apply_names_every_kept_field_and_nothing_else() {
-        let with_terms = applied("default", &desired(Some(vec![json!({"id": "ami-1"})])));
+        let with_terms = applied(
+            "default",
+            &desired(Some(vec![json!({"id": "ami-1"})])),
+            Format::Toml,
+        );
         let spec = with_terms["spec"].as_object().unwrap();
         let mut keys: Vec<&str> = spec.keys().map(String::as_str).collect();
         keys.sort_unstable();
@@ -678,9 +812,9 @@ mod tests {
             json!({"httpEndpoint": "enabled", "httpPutResponseHopLimit": 1, "httpTokens": "required"})
         );
         assert_eq!(with_terms["metadata"], json!({"name": "default"}));
-        let without = applied("default", &desired(None));
+        let without = applied("default", &desired(None), Format::Toml);
         assert!(without["spec"].get("amiSelectorTerms").is_none());
-        let alone = applied("default", &leave_alone());
+        let alone = applied("default", &leave_alone(), Format::Toml);
         assert!(alone["spec"].get("metadataOptions").is_none());
     }
 

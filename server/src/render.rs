@@ -18,9 +18,12 @@
 //! **Ignition.** Three layers, merged in order: the operator's base config
 //! for the cluster < the EC2NodeClass's config < what autonode generates
 //! (kubelet's config file). An entry at the same path (files, directories
-//! and links share one namespace, as on disk) or a unit of the same name in
-//! a later layer replaces the earlier entry whole; nothing is merged field
-//! by field. The result's version is the newest of the layers'.
+//! and links share one namespace, as on disk), or a unit, user or group of
+//! the same name, in a later layer replaces the earlier entry whole;
+//! nothing is merged field by field. The result's version is the newest of
+//! the layers'. Each layer, and the result, is checked by
+//! [`autonode_shared::ignition::parse`], the agent's own check: a config a
+//! node would refuse is refused here, at render time, and never served.
 
 use crate::karpenter::{KubeletSpec, NodeClaim, Taint, UNREGISTERED_TAINT};
 use autonode_shared::ignition::{self as spec, Config, SpecError};
@@ -28,15 +31,17 @@ use autonode_shared::labels::kubelet_may_set;
 use autonode_shared::protocol::KubeletSettings;
 use base64::Engine as _;
 use serde_json::{json, Map, Value};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 /// Where the agent writes kubelet's config (agent/src/kubelet.rs `CONFIG`);
 /// the generated Ignition layer writes the same file, so an operator's
 /// entry at this path visibly loses in the rendered config.
 pub const KUBELET_CONFIG_PATH: &str = "/etc/kubernetes/kubelet/config.json";
 /// The spec version of the generated layer (and of a config without
-/// operator layers).
+/// operator layers). The merged config takes the newest layer's version,
+/// so operator layers up to [`spec::MAX_MINOR`] keep theirs.
 const GENERATED_MINOR: u32 = 4;
+const _: () = assert!(GENERATED_MINOR <= spec::MAX_MINOR);
 
 /// Cluster-wide settings that go into every node's config.
 #[derive(Debug, Clone, Default)]
@@ -62,14 +67,10 @@ pub enum IgnitionError {
     Json { origin: String, error: String },
     #[error("{origin}: {error}")]
     Spec { origin: String, error: SpecError },
-    #[error("{origin}: {what} {name:?} appears more than once")]
-    Duplicate {
-        origin: String,
-        what: &'static str,
-        name: String,
-    },
-    #[error("{origin}: path {path:?} must be absolute and without '..'")]
-    BadPath { origin: String, path: String },
+    /// The merge of checked layers broke a rule (a defect: each layer was
+    /// valid, and later entries replace earlier ones whole).
+    #[error("the merged Ignition config is refused: {0}")]
+    Merged(SpecError),
     #[error("writing the merged Ignition config: {0}")]
     Write(#[from] serde_json::Error),
 }
@@ -207,76 +208,34 @@ pub fn node_labels(claim: &NodeClaim) -> BTreeMap<String, String> {
 }
 
 /// Parses an operator's Ignition config (JSON text) and checks it by the
-/// agent's rules, plus what a merge needs: no path or unit twice, absolute
-/// paths. `origin` names it in errors (e.g. `ConfigMap autonode-system/base`).
+/// agent's rules ([`spec::parse`], the one check the agent also runs before
+/// applying: shape, versions, data URLs decoded and hashes verified, paths,
+/// names, duplicates within the config). `origin` names it in errors (e.g.
+/// `ConfigMap autonode-system/base`). `autonode-server ignition check` runs
+/// exactly this.
 pub fn parse_layer(origin: &str, text: &str) -> Result<Config, IgnitionError> {
     let value: Value = serde_json::from_str(text).map_err(|e| IgnitionError::Json {
         origin: origin.to_string(),
         error: e.to_string(),
     })?;
-    let config = spec::parse(&value).map_err(|error| IgnitionError::Spec {
+    spec::parse(&value).map_err(|error| IgnitionError::Spec {
         origin: origin.to_string(),
         error,
-    })?;
-    check_layer(origin, &config)?;
-    Ok(config)
-}
-
-fn check_layer(origin: &str, config: &Config) -> Result<(), IgnitionError> {
-    let mut paths = BTreeSet::new();
-    for path in storage_paths(config) {
-        if !path.starts_with('/') || path.split('/').any(|part| part == "..") {
-            return Err(IgnitionError::BadPath {
-                origin: origin.to_string(),
-                path: path.to_string(),
-            });
-        }
-        if !paths.insert(clean(path)) {
-            return Err(duplicate(origin, "path", path));
-        }
-    }
-    let mut units = BTreeSet::new();
-    for unit in &config.systemd.units {
-        if !units.insert(unit.name.as_str()) {
-            return Err(duplicate(origin, "unit", &unit.name));
-        }
-    }
-    Ok(())
-}
-
-fn storage_paths(config: &Config) -> impl Iterator<Item = &str> {
-    let storage = &config.storage;
-    let files = storage.files.iter().map(|f| f.path.as_str());
-    let directories = storage.directories.iter().map(|d| d.path.as_str());
-    let links = storage.links.iter().map(|l| l.path.as_str());
-    files.chain(directories).chain(links)
-}
-
-fn duplicate(origin: &str, what: &'static str, name: &str) -> IgnitionError {
-    IgnitionError::Duplicate {
-        origin: origin.to_string(),
-        what,
-        name: name.to_string(),
-    }
-}
-
-/// A path as the filesystem sees it, for comparing entries: `//` and `.`
-/// components and a trailing `/` do not make a different file.
-fn clean(path: &str) -> String {
-    let parts: Vec<&str> = path
-        .split('/')
-        .filter(|p| !p.is_empty() && *p != ".")
-        .collect();
-    format!("/{}", parts.join("/"))
+    })
 }
 
 /// The node's Ignition config: `layers` (operator configs, lowest
 /// precedence first, already checked by [`parse_layer`]) merged under the
 /// generated layer, which writes `kubelet_config` where the agent does.
+///
+/// The result is checked again by [`spec::parse`], exactly as the agent will
+/// check it, so a config that would be refused on the node is never served.
 pub fn ignition(layers: &[Config], kubelet_config: &Value) -> Result<Value, IgnitionError> {
     let generated = generated_layer(kubelet_config)?;
     let merged = merge(layers.iter().chain(std::iter::once(&generated)));
-    Ok(serde_json::to_value(&merged)?)
+    let value = serde_json::to_value(&merged)?;
+    spec::parse(&value).map_err(IgnitionError::Merged)?;
+    Ok(value)
 }
 
 /// What autonode itself puts in every node's config.
@@ -311,30 +270,44 @@ enum Entry {
     Link(spec::Link),
 }
 
-/// Later layers replace earlier entries at the same path or unit name;
-/// the output is sorted by path and name, whatever order the inputs had.
+/// Later layers replace earlier entries at the same path, unit name, user
+/// name or group name; the output is sorted by path and name, whatever
+/// order the inputs had. Paths need no cleaning: [`spec::parse`] refuses
+/// any that is not fully simplified, so equal places are equal strings.
 fn merge<'a>(layers: impl Iterator<Item = &'a Config>) -> Config {
     let mut entries: BTreeMap<String, Entry> = BTreeMap::new();
     let mut units = BTreeMap::new();
+    let mut users = BTreeMap::new();
+    let mut groups = BTreeMap::new();
     let mut minor = 0;
     for layer in layers {
+        // The newest layer's version, so every field any layer uses is
+        // known at the merged version (fields are only ever added).
         minor = minor.max(layer.ignition.minor().unwrap_or(0));
         let storage = &layer.storage;
         for file in &storage.files {
-            entries.insert(clean(&file.path), Entry::File(file.clone()));
+            entries.insert(file.path.clone(), Entry::File(file.clone()));
         }
         for directory in &storage.directories {
-            entries.insert(clean(&directory.path), Entry::Directory(directory.clone()));
+            entries.insert(directory.path.clone(), Entry::Directory(directory.clone()));
         }
         for link in &storage.links {
-            entries.insert(clean(&link.path), Entry::Link(link.clone()));
+            entries.insert(link.path.clone(), Entry::Link(link.clone()));
         }
         for unit in &layer.systemd.units {
             units.insert(unit.name.clone(), unit.clone());
         }
+        for user in &layer.passwd.users {
+            users.insert(user.name.clone(), user.clone());
+        }
+        for group in &layer.passwd.groups {
+            groups.insert(group.name.clone(), group.clone());
+        }
     }
     let mut out = Config::default();
     out.ignition.version = version(minor);
+    out.passwd.users = users.into_values().collect();
+    out.passwd.groups = groups.into_values().collect();
     for entry in entries.into_values() {
         match entry {
             Entry::File(file) => out.storage.files.push(file),
@@ -470,13 +443,13 @@ mod tests {
 
     const BASE: &str = r#"{"ignition": {"version": "3.2.0"}, "storage": {
         "files": [{"path": "/etc/motd", "contents": {"source": "data:,base"}},
-                  {"path": "/etc/kubernetes/kubelet/config.json", "contents": {"source": "data:,{}"}},
+                  {"path": "/etc/kubernetes/kubelet/config.json", "contents": {"source": "data:,%7B%7D"}},
                   {"path": "/etc/base-only", "mode": 384}],
         "directories": [{"path": "/opt/tools"}]},
         "systemd": {"units": [{"name": "a.service", "contents": "[Unit]\n"},
                               {"name": "b.service", "enabled": true}]}}"#;
     const CLASS: &str = r#"{"ignition": {"version": "3.3.0"}, "storage": {
-        "links": [{"path": "/opt//tools/", "target": "/usr/local/tools"}],
+        "links": [{"path": "/opt/tools", "target": "/usr/local/tools"}],
         "files": [{"path": "/etc/motd", "contents": {"source": "data:,class"}}]},
         "systemd": {"units": [{"name": "a.service", "mask": true}]}}"#;
 
@@ -536,17 +509,43 @@ mod tests {
     }
 
     #[test]
+    fn users_and_groups_merge_by_name_and_the_newest_version_wins() {
+        let base = layer(
+            r#"{"ignition": {"version": "3.1.0"}, "passwd": {
+                "users": [{"name": "core", "uid": 1000}, {"name": "ops", "groups": ["wheel"]}],
+                "groups": [{"name": "wheel", "gid": 10}]}}"#,
+        );
+        let class = layer(
+            r#"{"ignition": {"version": "3.6.0"}, "passwd": {
+                "users": [{"name": "core", "shouldExist": false}],
+                "groups": [{"name": "wheel", "gid": 11}]}}"#,
+        );
+        let merged = ignition(&[base, class], &json!({})).unwrap();
+        assert_eq!(merged["ignition"]["version"], "3.6.0");
+        assert_eq!(
+            merged["passwd"]["users"],
+            json!([{"name": "core", "shouldExist": false}, {"name": "ops", "groups": ["wheel"]}]),
+            "the class's core replaces the base's whole"
+        );
+        assert_eq!(
+            merged["passwd"]["groups"],
+            json!([{"name": "wheel", "gid": 11}])
+        );
+        assert!(spec::parse(&merged).is_ok(), "the agent accepts it");
+    }
+
+    #[test]
     fn bad_operator_configs_are_refused_with_their_origin() {
         let cases = [
             ("{", "not JSON"),
             (
-                r#"{"ignition": {"version": "3.4.0"}, "passwd": {"users": []}}"#,
-                "`passwd`",
+                r#"{"ignition": {"version": "3.4.0"}, "storage": {"disks": [{"device": "/dev/sdb"}]}}"#,
+                "storage.disks: autonode does not support",
             ),
-            (r#"{"ignition": {"version": "2.2.0"}}"#, "version"),
+            (r#"{"ignition": {"version": "2.2.0"}}"#, "ignition.version"),
             (
-                r#"{"ignition": {"version": "3.4.0"}, "storage": {"files": [{"path": "/a"}], "links": [{"path": "/a/", "target": "/b"}]}}"#,
-                "path \"/a/\" appears more than once",
+                r#"{"ignition": {"version": "3.4.0"}, "storage": {"files": [{"path": "/a"}], "links": [{"path": "/a", "target": "/b"}]}}"#,
+                "storage.links[0]: path \"/a\" appears more than once",
             ),
             (
                 r#"{"ignition": {"version": "3.4.0"}, "systemd": {"units": [{"name": "x.service"}, {"name": "x.service"}]}}"#,
@@ -554,11 +553,20 @@ mod tests {
             ),
             (
                 r#"{"ignition": {"version": "3.4.0"}, "storage": {"files": [{"path": "etc/x"}]}}"#,
-                "must be absolute",
+                "must be an absolute path",
             ),
             (
                 r#"{"ignition": {"version": "3.4.0"}, "storage": {"directories": [{"path": "/etc/../root"}]}}"#,
-                "must be absolute",
+                "must be fully simplified",
+            ),
+            // Decoded and verified at render time, not first on the node.
+            (
+                r#"{"ignition": {"version": "3.4.0"}, "storage": {"files": [{"path": "/a", "contents": {"source": "data:;base64,aGk%0A="}}]}}"#,
+                "storage.files[0].contents.source: bad base64",
+            ),
+            (
+                r#"{"ignition": {"version": "3.4.0"}, "storage": {"files": [{"path": "/a", "contents": {"source": "data:,ho", "verification": {"hash": "sha256-8f434346648f6b96df89dda901c5176b10a6d83961dd3c1ac88b59b2dc327aa4"}}}]}}"#,
+                "hash mismatch",
             ),
         ];
         for (text, expected) in cases {
@@ -600,7 +608,7 @@ mod tests {
                                                        {"contents": "[Unit]\n", "name": "a.service"}]},
             "storage": {"directories": [{"path": "/opt/tools"}],
                         "files": [{"mode": 384, "path": "/etc/base-only"},
-                                  {"contents": {"source": "data:,{}"}, "path": "/etc/kubernetes/kubelet/config.json"},
+                                  {"contents": {"source": "data:,%7B%7D"}, "path": "/etc/kubernetes/kubelet/config.json"},
                                   {"path": "/etc/motd", "contents": {"source": "data:,base"}}]},
             "ignition": {"version": "3.2.0"}}"#;
         assert_eq!(first, render(reordered_kubelet, reordered_base));

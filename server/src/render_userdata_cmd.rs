@@ -2,10 +2,12 @@
 //! server keeps, for operators who manage their classes themselves (or want
 //! to see what `serve` writes). The flags are `serve`'s own
 //! ([`NodeConfigArgs`], flattened into it), so both render the same bytes.
+//! `--format` picks the form, as a class's `autonode.dev/userdata-format`
+//! annotation does for `serve`.
 
 use crate::config;
 use anyhow::{Context, Result};
-use autonode_server::userdata::{self, CaForm, NodeConfig};
+use autonode_server::userdata::{self, CaForm, Format, NodeConfig};
 use clap::{Args, ValueEnum};
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -41,6 +43,35 @@ pub struct NodeConfigArgs {
         value_name = "SECONDS"
     )]
     pub agent_deadline_secs: Option<u64>,
+}
+
+/// `render-userdata`'s arguments: `serve`'s userData flags and the form.
+#[derive(Debug, Clone, Args)]
+pub struct RenderArgs {
+    #[command(flatten)]
+    pub node: NodeConfigArgs,
+
+    /// `toml` (the agent's config itself) or `ignition` (an Ignition spec
+    /// 3.0.0 config writing that config to the agent's local config file,
+    /// for Flatcar, Fedora CoreOS and RHCOS, whose Ignition reads userData).
+    #[arg(long, value_enum, default_value = "toml")]
+    pub format: FormatArg,
+}
+
+/// `--format` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FormatArg {
+    Toml,
+    Ignition,
+}
+
+impl From<FormatArg> for Format {
+    fn from(arg: FormatArg) -> Self {
+        match arg {
+            FormatArg::Toml => Format::Toml,
+            FormatArg::Ignition => Format::Ignition,
+        }
+    }
 }
 
 /// `--join-ca-form` values.
@@ -86,9 +117,10 @@ impl NodeConfigArgs {
     }
 }
 
-/// Prints the rendered userData, exactly the bytes `serve` keeps.
-pub fn run(args: NodeConfigArgs) -> Result<()> {
-    let rendered = userdata::render(&args.node_config()?);
+/// Prints the rendered userData in the chosen form, exactly the bytes
+/// `serve` keeps on a class annotated with that form.
+pub fn run(args: RenderArgs) -> Result<()> {
+    let rendered = userdata::render_as(&args.node.node_config()?, args.format.into());
     let mut stdout = std::io::stdout().lock();
     stdout.write_all(rendered.as_bytes())?;
     stdout.flush()?;

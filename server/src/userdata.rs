@@ -20,8 +20,17 @@
 //! it only changes when the CA does. The join API must then present the CA
 //! certificate in its chain. [`CaForm::Pem`] embeds the CA bundle instead,
 //! for a CA that is not in the served chain.
+//!
+//! **Two formats** ([`Format`]). The TOML document is the userData of AMIs
+//! that leave userData to autonode. On Ignition-first AMIs (Flatcar, Fedora
+//! CoreOS, RHCOS) the OS's own Ignition consumes userData at first boot and
+//! would refuse TOML, failing the boot; for those, [`render_ignition`] wraps
+//! the very same TOML bytes in an Ignition config that writes them to the
+//! agent's local config file ([`agentconfig::LOCAL_FILE`]). A class chooses
+//! with the annotation [`FORMAT_ANNOTATION`]; TOML when it is absent.
 
 use autonode_shared::agentconfig;
+use serde_json::Value;
 use std::fmt::Write as _;
 use std::time::Duration;
 use thiserror::Error;
@@ -33,6 +42,23 @@ pub const MAX_DEADLINE: Duration = Duration::from_secs(900);
 /// EC2 console or `kubectl get ec2nodeclass -o yaml`.
 pub const HEADER: &str =
     "# autonode agent config, kept by autonode-server: edits here are reverted.\n";
+
+/// EC2NodeClass annotation choosing the class's userData [`Format`]
+/// (`toml` or `ignition`; `toml` when absent).
+pub const FORMAT_ANNOTATION: &str = "autonode.dev/userdata-format";
+
+/// The Ignition spec version of [`render_ignition`]'s config: the lowest of
+/// spec 3, because every Ignition that reads spec 3 reads 3.0.0 (newer ones
+/// translate it up), while an older Ignition refuses a version newer than
+/// its own (RHCOS 4.6 reads at most 3.1.0), and Flatcar, Fedora CoreOS and
+/// RHCOS images stay in use for years. 3.0.0 has all this config needs: one
+/// file with inline contents, a mode and `overwrite`. Spec 2 is no option:
+/// Fedora CoreOS and RHCOS 4.6+ refuse it.
+pub const IGNITION_VERSION: &str = "3.0.0";
+
+/// The local config file's mode: world-readable, as userData is (nothing in
+/// it is secret), written by root only.
+pub const LOCAL_FILE_MODE: u32 = 0o644;
 
 /// Why the settings cannot be rendered.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -55,6 +81,69 @@ pub enum CaForm {
     Pin,
     /// `server-ca`: the CA certificates as PEM.
     Pem,
+}
+
+/// The form userData takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub enum Format {
+    /// The agent's config TOML itself ([`render`]).
+    #[default]
+    Toml,
+    /// An Ignition config writing that TOML to the agent's local config
+    /// file ([`render_ignition`]).
+    Ignition,
+}
+
+/// A [`FORMAT_ANNOTATION`] value that names no [`Format`].
+#[derive(Debug, Error, PartialEq, Eq)]
+#[error("userData format {0:?} is unknown: expected \"toml\" or \"ignition\"")]
+pub struct UnknownFormat(pub String);
+
+impl Format {
+    /// Every format, in a fixed order.
+    pub const ALL: [Format; 2] = [Format::Toml, Format::Ignition];
+
+    /// The format's name, as the annotation and `--format` spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Format::Toml => "toml",
+            Format::Ignition => "ignition",
+        }
+    }
+
+    /// The format named `value`, spelled exactly as [`Format::as_str`]
+    /// does: a near miss (`Ignition`, ` toml`) is refused rather than
+    /// guessed, since a wrong guess replaces every node of the class.
+    pub fn parse(value: &str) -> Result<Self, UnknownFormat> {
+        Self::ALL
+            .into_iter()
+            .find(|format| format.as_str() == value)
+            .ok_or_else(|| UnknownFormat(value.to_string()))
+    }
+}
+
+/// The userData in every [`Format`], rendered once from the same settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rendered {
+    pub toml: String,
+    pub ignition: String,
+}
+
+impl Rendered {
+    /// Both forms of `config`'s userData.
+    pub fn new(config: &NodeConfig) -> Self {
+        let toml = render(config);
+        let ignition = ignition_writing(&toml);
+        Self { toml, ignition }
+    }
+
+    /// The userData in `format`.
+    pub fn get(&self, format: Format) -> &str {
+        match format {
+            Format::Toml => &self.toml,
+            Format::Ignition => &self.ignition,
+        }
+    }
 }
 
 /// What goes into the agent's config.
@@ -139,6 +228,43 @@ pub fn render(config: &NodeConfig) -> String {
         );
     }
     out
+}
+
+/// The userData in `format`.
+pub fn render_as(config: &NodeConfig, format: Format) -> String {
+    match format {
+        Format::Toml => render(config),
+        Format::Ignition => render_ignition(config),
+    }
+}
+
+/// The userData as an Ignition config (spec [`IGNITION_VERSION`]) that
+/// writes exactly [`render`]'s bytes to [`agentconfig::LOCAL_FILE`], mode
+/// [`LOCAL_FILE_MODE`]; byte-stable like [`render`].
+pub fn render_ignition(config: &NodeConfig) -> String {
+    ignition_writing(&render(config))
+}
+
+/// The Ignition config writing `toml` to the local config file, as compact
+/// JSON written by hand so its bytes never depend on a serializer's key
+/// order: keys in a fixed order, the contents as a base64 `data:` URL
+/// (one spelling per content, unlike percent-encoding's choices).
+///
+/// `overwrite` is true: Ignition runs once, at first boot, so the only
+/// file it can meet there is one baked into the image, and spec 3 fails the
+/// boot on an existing file it may not overwrite. The class's config, which
+/// the operator chose, wins over the image's.
+fn ignition_writing(toml: &str) -> String {
+    use base64::Engine as _;
+    let data = base64::engine::general_purpose::STANDARD.encode(toml);
+    // serde_json's Display of a string value is its JSON literal, escaped.
+    let path = Value::from(agentconfig::LOCAL_FILE);
+    format!(
+        "{{\"ignition\":{{\"version\":\"{IGNITION_VERSION}\"}},\
+         \"storage\":{{\"files\":[{{\"path\":{path},\
+         \"contents\":{{\"source\":\"data:;base64,{data}\"}},\
+         \"mode\":{LOCAL_FILE_MODE},\"overwrite\":true}}]}}}}\n"
+    )
 }
 
 /// Lowercase hex SHA-256 of a certificate's DER: what `server-ca-sha256`
@@ -305,6 +431,95 @@ mod tests {
             new(ok, &ca, CaForm::Pin, "c", Some(0)),
             Err(RenderError::Deadline)
         );
+    }
+
+    /// The file an Ignition config writes: (path, decoded contents, mode,
+    /// overwrite), by a reading independent of how it was written.
+    fn ignition_file(ignition: &str) -> (String, String, u64, bool) {
+        use base64::Engine as _;
+        let doc: serde_json::Value = serde_json::from_str(ignition).unwrap();
+        assert_eq!(doc["ignition"]["version"], "3.0.0");
+        let files = doc["storage"]["files"].as_array().unwrap();
+        assert_eq!(files.len(), 1, "{ignition}");
+        let file = &files[0];
+        let source = file["contents"]["source"].as_str().unwrap();
+        let data = source.strip_prefix("data:;base64,").unwrap();
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(data)
+            .unwrap();
+        (
+            file["path"].as_str().unwrap().to_string(),
+            String::from_utf8(bytes).unwrap(),
+            file["mode"].as_u64().unwrap(),
+            file["overwrite"].as_bool().unwrap(),
+        )
+    }
+
+    #[test]
+    fn the_ignition_form_writes_exactly_the_toml_form() {
+        let ca = ca_pem();
+        for form in [CaForm::Pin, CaForm::Pem] {
+            let config = config(&ca, form);
+            let ignition = render_ignition(&config);
+            let (path, contents, mode, overwrite) = ignition_file(&ignition);
+            assert_eq!(path, "/etc/autonode/agent.toml");
+            assert_eq!(path, agentconfig::LOCAL_FILE);
+            assert_eq!(contents, render(&config), "byte-identical to the TOML form");
+            assert_eq!(mode, 0o644);
+            assert!(overwrite);
+            // Only the file: no users, units or remote configs.
+            let doc: serde_json::Value = serde_json::from_str(&ignition).unwrap();
+            let keys: Vec<&String> = doc.as_object().unwrap().keys().collect();
+            assert_eq!(keys, ["ignition", "storage"]);
+            assert_eq!(doc["ignition"].as_object().unwrap().len(), 1);
+            assert_eq!(doc["storage"].as_object().unwrap().len(), 1);
+        }
+    }
+
+    #[test]
+    fn the_ignition_form_is_byte_stable() {
+        let ca = ca_pem();
+        let rendered = render_ignition(&config(&ca, CaForm::Pin));
+        let messy = format!("\n{}\r\n", ca.replace('\n', "\r\n"));
+        assert_eq!(render_ignition(&config(&messy, CaForm::Pin)), rendered);
+        // Keys in a fixed order, compact, one trailing newline.
+        let data = rendered
+            .split("data:;base64,")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .unwrap();
+        let expected = format!(
+            "{{\"ignition\":{{\"version\":\"3.0.0\"}},\"storage\":{{\"files\":[{{\
+             \"path\":\"/etc/autonode/agent.toml\",\"contents\":{{\"source\":\
+             \"data:;base64,{data}\"}},\"mode\":420,\"overwrite\":true}}]}}}}\n"
+        );
+        assert_eq!(rendered, expected);
+        // A setting that changes the TOML changes the Ignition form too.
+        let mut other = config(&ca, CaForm::Pin);
+        other.deadline = None;
+        assert_ne!(render_ignition(&other), rendered);
+    }
+
+    #[test]
+    fn formats_have_one_spelling_each() {
+        for format in Format::ALL {
+            assert_eq!(Format::parse(format.as_str()), Ok(format));
+        }
+        assert_eq!(Format::default(), Format::Toml);
+        for bad in ["", "Ignition", " toml", "json", "ignition\n"] {
+            let err = Format::parse(bad).unwrap_err();
+            assert_eq!(err, UnknownFormat(bad.to_string()));
+            assert!(
+                err.to_string().contains("\"toml\" or \"ignition\""),
+                "{err}"
+            );
+        }
+        let config = config(&ca_pem(), CaForm::Pin);
+        let both = Rendered::new(&config);
+        assert_eq!(both.get(Format::Toml), render(&config));
+        assert_eq!(both.get(Format::Ignition), render_ignition(&config));
+        assert_eq!(render_as(&config, Format::Ignition), both.ignition);
+        assert_eq!(render_as(&config, Format::Toml), both.toml);
     }
 
     #[test]

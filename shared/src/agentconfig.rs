@@ -7,6 +7,11 @@ use http::Uri;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::CertificateDer;
 
+/// Where the agent reads its local config: what AMI builders may put there
+/// to override userData, and where an Ignition-form userData (written by the
+/// OS's own Ignition at first boot) puts the config the server renders.
+pub const LOCAL_FILE: &str = "/etc/autonode/agent.toml";
+
 /// The server URL: `https://`, a host, no credentials, no query.
 pub fn check_server_url(url: &str) -> Result<Uri, &'static str> {
     let uri: Uri = url.parse().map_err(|_| "not a URL")?;

@@ -1,9 +1,13 @@
 //! autonode's test harness.
 //!
+//! - [`barenode`]: an instance with IMDS (IPv4 or IPv6) and no server, for
+//!   the agent binary's IMDS and proxy behaviour.
 //! - [`blip`]: a loopback relay whose connections a test can cut.
 //! - [`controlplane`]: a real etcd, kube-apiserver and kube-controller-manager
 //!   on loopback, with the real Karpenter CRDs installed.
 //! - [`ignition`]: the operator's Ignition ConfigMaps and Secrets.
+//! - [`ignition_oracle`]: the real Ignition as the judge of autonode's
+//!   Ignition support, and the corpus of cases it judges.
 //! - [`fakecloud`]: the fake AWS: IMDSv2 for an instance, EC2
 //!   `DescribeInstances`, and a test CA that signs identity documents in
 //!   AWS's exact PKCS#7 shape; with faults on demand.
@@ -15,6 +19,7 @@
 //! - [`kubeversion`]: the Kubernetes version of a binary, for flags that
 //!   differ between versions.
 //! - [`pki`]: throwaway CAs and certificates for a test run.
+//! - [`proxy`]: an HTTP CONNECT proxy stand-in that records what it tunnels.
 //! - [`process`]: child processes that die with their test.
 //! - [`server`]: autonode-server as a real process, under the shipped RBAC.
 //! - [`world`]: one test's control plane, fake cloud and server together.
@@ -22,11 +27,13 @@
 //!
 //! The cloud is the only stand-in; everything Kubernetes is real.
 
+pub mod barenode;
 pub mod blip;
 pub mod controlplane;
 pub mod fakecloud;
 pub mod hostile;
 pub mod ignition;
+pub mod ignition_oracle;
 pub mod joiner;
 pub mod karpenter;
 pub mod kubeversion;
@@ -34,6 +41,7 @@ pub mod netns;
 pub mod node;
 pub mod pki;
 pub mod process;
+pub mod proxy;
 pub mod server;
 pub mod vm;
 pub mod world;

@@ -109,6 +109,10 @@ impl SimulatedNode {
             .args(self.agent_args())
             .args(extra)
             .env_remove(IMDS_ENDPOINT_ENV);
+        // Nor a proxy: the agent would honour it.
+        for name in crate::proxy::PROXY_ENV {
+            command.env_remove(name);
+        }
         command.output().await.context("running autonode-agent")
     }
 
@@ -190,8 +194,8 @@ fn write_fake_systemctl(root: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The kubelet unit an AMI ships with kubelet's package; the agent adds a
-/// drop-in and starts it.
+/// The kubelet an AMI ships with kubelet's package (its unit, and a
+/// binary that answers `--version`); the agent starts it.
 fn write_kubelet_unit(root: &Path) -> Result<()> {
     let dir = root.join("usr/lib/systemd/system");
     std::fs::create_dir_all(&dir)?;
@@ -199,5 +203,12 @@ fn write_kubelet_unit(root: &Path) -> Result<()> {
         dir.join("kubelet.service"),
         "[Unit]\nDescription=kubelet\n\n[Service]\nExecStart=/usr/bin/kubelet\n\n[Install]\nWantedBy=multi-user.target\n",
     )?;
+    // The agent asks kubelet its version (`kubelet --version`) to know
+    // where its settings go: this one is the harness's.
+    use std::os::unix::fs::PermissionsExt;
+    let kubelet = root.join("usr/bin/kubelet");
+    std::fs::create_dir_all(root.join("usr/bin"))?;
+    std::fs::write(&kubelet, "#!/bin/sh\necho Kubernetes v1.20.2\n")?;
+    std::fs::set_permissions(&kubelet, std::fs::Permissions::from_mode(0o755))?;
     Ok(())
 }

@@ -484,9 +484,11 @@ mod tests {
                 format!("--container-runtime=remote {ENDPOINT} --feature-gates=GracefulNodeShutdown=true"),
             ),
             ("Kubernetes v1.24.17", format!("--container-runtime=remote {ENDPOINT}")),
-            ("Kubernetes v1.27.0", ENDPOINT.to_string()),
-            ("kubelet v1.34.1", ENDPOINT.to_string()),
-            ("Kubernetes v1.31.0-eks-abc", ENDPOINT.to_string()),
+            ("Kubernetes v1.26.15", format!("--container-runtime=remote {ENDPOINT}")),
+            // From 1.27 the agent puts the endpoint in the configuration.
+            ("Kubernetes v1.27.0", String::new()),
+            ("kubelet v1.34.1", String::new()),
+            ("Kubernetes v1.31.0-eks-abc", String::new()),
         ];
         for (version, want) in cases {
             assert_eq!(kubelet_extra_args(version).unwrap(), want, "{version}");

@@ -1,9 +1,11 @@
 //! The agent's IMDSv2 client against the fake cloud's IMDS: absent, late,
-//! failing, token expiry, and userData in its binary (gzip) form.
+//! failing, token expiry, and userData in its binary (gzip) form; and the
+//! agent binary finding IMDS over IPv6 and stopping when IMDS is turned off.
 
 use autonode_agent::config::{Config, Document};
 use autonode_agent::imds::{Imds, ImdsError};
 use autonode_agent::retry::Deadline;
+use autonode_tests::barenode::{BareNode, ImdsAt};
 use autonode_tests::fakecloud::{imds, BoundSocket, FakeCloud, Faults, Instance};
 use hyper::StatusCode;
 use std::io::Write as _;
@@ -134,4 +136,88 @@ async fn token_expiry_mid_run_recovers() {
     fake.invalidate_tokens();
     let identity = client.identity().await.unwrap();
     assert_eq!(identity.document.instance_id, instance.instance_id);
+}
+
+/// The agent binary's config, with an unreachable server: each run ends
+/// in the join phase (exit code 3) once IMDS has told it everything.
+const UNREACHABLE_SERVER: &str = "server-url = \"https://10.0.0.1:8443\"\n\
+    server-ca-sha256 = \"00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\"\n\
+    cluster-name = \"test\"\n";
+
+fn stderr(output: &std::process::Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// IMDS only at [fd00:ec2::254]: the default (IPv4) finds nothing; the
+/// SDKs' mode variable or the local config's `imds-endpoint-mode` finds it,
+/// and the config wins over the environment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_reads_imds_over_ipv6_when_told() -> anyhow::Result<()> {
+    let node = BareNode::boot(UNREACHABLE_SERVER, ImdsAt::V6)?;
+    node.write_local_config("[options]\ndeadline = \"3s\"\n")?;
+    let run = node.run_agent(&[], &[]).await?;
+    let text = stderr(&run);
+    assert_eq!(run.status.code(), Some(3), "{text}");
+    assert!(
+        text.contains("IMDS at http://169.254.169.254/ did not answer"),
+        "{text}"
+    );
+    assert_eq!(node.imds.tokens_issued(), 0);
+
+    let mode = [("AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE", "ipv6")];
+    let run = node.run_agent(&mode, &[]).await?;
+    let text = stderr(&run);
+    assert_eq!(run.status.code(), Some(3), "{text}");
+    assert!(
+        text.contains(
+            "IMDS endpoint http://[fd00:ec2::254] (from AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE)"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("phase=identity succeeded"), "{text}");
+    let after_env = node.imds.tokens_issued();
+    assert!(after_env >= 1);
+
+    node.write_local_config("[options]\ndeadline = \"3s\"\nimds-endpoint-mode = \"IPv6\"\n")?;
+    let run = node
+        .run_agent(&[("AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE", "IPv4")], &[])
+        .await?;
+    let text = stderr(&run);
+    assert_eq!(run.status.code(), Some(3), "{text}");
+    assert!(
+        text.contains("(from [options] imds-endpoint-mode)")
+            && text.contains("phase=identity succeeded"),
+        "{text}"
+    );
+    assert!(node.imds.tokens_issued() > after_env);
+    Ok(())
+}
+
+/// IMDS turned off answers 403 to everything: a config error at once, with
+/// what to change, instead of ten minutes of retries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn turned_off_imds_is_a_config_error_at_once() -> anyhow::Result<()> {
+    let node = BareNode::boot(UNREACHABLE_SERVER, ImdsAt::V4)?;
+    node.write_local_config("[options]\ndeadline = \"60s\"\n")?;
+    node.imds
+        .faults()
+        .fail_next(u32::MAX, StatusCode::FORBIDDEN);
+    let started = Instant::now();
+    let run = node.run_agent(&[], &[]).await?;
+    let text = stderr(&run);
+    assert_eq!(run.status.code(), Some(4), "{text}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    let console = node.console();
+    for place in [&text, &console] {
+        assert!(
+            place.contains("IMDS is turned off for this instance")
+                && place.contains("spec.metadataOptions.httpEndpoint: enabled"),
+            "{place}"
+        );
+    }
+    Ok(())
 }

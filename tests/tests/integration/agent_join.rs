@@ -98,7 +98,7 @@ async fn a_refused_agent_says_so_and_starts_nothing() -> Result<()> {
 #[tokio::test]
 async fn a_join_that_keeps_failing_is_reported_and_then_completes() -> Result<()> {
     let world = World::start_with(&["--base-ignition=base".into()]).await?;
-    let broken = r#"{"ignition": {"version": "3.3.0"}, "passwd": {"users": [{"name": "core"}]}}"#;
+    let broken = r#"{"ignition": {"version": "3.3.0"}, "storage": {"disks": [{"device": "/dev/xvdb", "wipeTable": true}]}}"#;
     ignition::put_configmap(&world.cp.admin().await?, "base", broken).await?;
     let (claim, node) = launch_machine(&world).await?;
     let agent = tokio::spawn(async move {

@@ -8,6 +8,7 @@
 
 mod agent_imds;
 mod agent_join;
+mod agent_proxy;
 mod attacks;
 mod burst;
 mod controlplane;
@@ -15,6 +16,8 @@ mod ec2_lookup;
 mod events;
 mod feedback;
 mod hostile;
+mod ignition_check;
+mod ignition_oracle;
 mod join;
 mod limits;
 mod memory;
@@ -25,4 +28,5 @@ mod rbac;
 mod renewal;
 mod reports;
 mod resilience;
+mod userdata_oracle;
 mod vm;

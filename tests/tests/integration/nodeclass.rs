@@ -655,3 +655,167 @@ async fn unsetting_the_ami_ids_hands_the_terms_over_at_their_values() -> Result<
     );
     Ok(())
 }
+
+/// What `autonode-server render-userdata --format <format>` prints for
+/// `node`'s flags.
+fn rendered_as(node: &NodeFlags, format: &str) -> Result<String> {
+    let output = std::process::Command::new(server::binary("autonode-server")?)
+        .arg("render-userdata")
+        .arg(format!("--format={format}"))
+        .args(&node.flags)
+        .output()?;
+    if !output.status.success() {
+        bail!(
+            "render-userdata --format={format}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok(String::from_utf8(output.stdout)?)
+}
+
+/// The one file an Ignition config writes: its path, mode and decoded
+/// contents (from a `data:;base64,` URL, the only source it may use).
+fn ignition_file(ignition: &str) -> Result<(String, u64, String)> {
+    use base64::Engine as _;
+    let doc: Value = serde_json::from_str(ignition).context("Ignition JSON")?;
+    let files = doc["storage"]["files"]
+        .as_array()
+        .context("storage.files")?;
+    let [file] = files.as_slice() else {
+        bail!("expected one file, got {files:?}");
+    };
+    let source = file["contents"]["source"].as_str().context("source")?;
+    let data = source
+        .strip_prefix("data:;base64,")
+        .with_context(|| format!("not a base64 data URL: {source}"))?;
+    let contents = base64::engine::general_purpose::STANDARD.decode(data)?;
+    Ok((
+        file["path"].as_str().context("path")?.to_string(),
+        file["mode"].as_u64().context("mode")?,
+        String::from_utf8(contents)?,
+    ))
+}
+
+/// Runs the real `ignition-validate` (Debian's `ignition` package) on
+/// `config`; an error when the tool is missing, refuses it or warns.
+fn ignition_validate(config: &str) -> Result<()> {
+    const TOOL: &str = "/usr/bin/ignition-validate";
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("userdata.ign");
+    std::fs::write(&path, config)?;
+    let output = std::process::Command::new(TOOL)
+        .arg(&path)
+        .output()
+        .with_context(|| format!("running {TOOL} (install Debian's ignition package)"))?;
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    if !output.status.success() || !said.trim().is_empty() {
+        bail!("ignition-validate ({}): {said}\n{config}", output.status);
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_ignition_form_is_valid_ignition_writing_the_toml_form() -> Result<()> {
+    for extra in [&[][..], &["--join-ca-form=pem"][..]] {
+        let node = NodeFlags::new(extra)?;
+        let toml = rendered_as(&node, "toml")?;
+        assert_eq!(toml, node.rendered()?, "toml is the default");
+        let ignition = rendered_as(&node, "ignition")?;
+        assert_eq!(ignition, rendered_as(&node, "ignition")?, "byte-stable");
+        ignition_validate(&ignition)?;
+
+        let (path, mode, contents) = ignition_file(&ignition)?;
+        assert_eq!(path, autonode_agent::config::LOCAL_FILE);
+        assert_eq!(mode, 0o644);
+        assert_eq!(contents, toml, "byte-identical to the TOML form");
+        // The agent reads the written file as its local config.
+        let config = Config::resolve(Document::parse(&contents, &path)?)?;
+        assert_eq!(config.cluster_name, CLUSTER);
+        assert_eq!(config.server_url.to_string(), format!("{PUBLIC_URL}/"));
+    }
+    // The test itself can fail: a config Ignition refuses is refused.
+    let relative = r#"{"ignition":{"version":"3.0.0"},"storage":{"files":[{"path":"etc/x"}]}}"#;
+    assert!(ignition_validate(relative).is_err());
+
+    let bad = std::process::Command::new(server::binary("autonode-server")?)
+        .args(["render-userdata", "--format=yaml"])
+        .args(&NodeFlags::new(&[])?.flags)
+        .output()?;
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("ignition"));
+    Ok(())
+}
+
+/// Sets (or, with `None`, removes) `class`'s userData format annotation.
+async fn annotate_format(api: &Api<DynamicObject>, class: &str, value: Option<&str>) -> Result<()> {
+    let patch = json!({"metadata": {"annotations": {"autonode.dev/userdata-format": value}}});
+    api.patch(class, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn each_class_gets_the_userdata_format_its_annotation_names() -> Result<()> {
+    let node = NodeFlags::new(&[])?;
+    let world = World::start_with(&serve_flags(&node, &[])).await?;
+    let (toml, ignition) = (rendered_as(&node, "toml")?, rendered_as(&node, "ignition")?);
+    let admin = world.cp.admin().await?;
+    let api = ec2nodeclasses(&admin);
+    let format = |value: &str| json!({"autonode.dev/userdata-format": value});
+    let mine = || {
+        let mut spec = karpenter::custom_spec(json!({}));
+        spec["userData"] = "mine".into();
+        spec
+    };
+    karpenter::create_nodeclass(&admin, "flatcar", format("ignition"), mine()).await?;
+    karpenter::create_nodeclass(&admin, "plain", json!({}), mine()).await?;
+    karpenter::create_nodeclass(&admin, "typo", format("Ignition"), mine()).await?;
+
+    let has = |user_data: &str| {
+        let user_data = user_data.to_string();
+        move |c: &DynamicObject| spec(c)["userData"] == user_data.as_str()
+    };
+    wait_for(&api, "flatcar", "given Ignition", has(&ignition)).await?;
+    wait_for(&api, "plain", "given TOML", has(&toml)).await?;
+
+    // An unknown value: warned about once, naming the value, and the class
+    // is left exactly as it is.
+    let warned = wait_for_events(&world, "typo", "UserDataFormatUnknown", 1).await?;
+    assert_eq!(warned[0].0, "Warning");
+    assert!(warned[0].2.contains("\"Ignition\""), "{warned:?}");
+    let before = api.get("typo").await?;
+    resyncs(&world.server, 3.0).await?;
+    let after = api.get("typo").await?;
+    assert_eq!(spec(&after)["userData"], "mine");
+    assert_eq!(
+        after.metadata.resource_version,
+        before.metadata.resource_version
+    );
+    assert!(applied_fields(&after, "autonode-server").is_empty());
+    let warnings = events_of(&world, "typo").await?;
+    let warnings = warnings.iter().filter(|e| e.1 == "UserDataFormatUnknown");
+    assert_eq!(warnings.count(), 1);
+    let log = world.server.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("userData format annotation is unknown")
+                && l.contains("typo")
+                && l.contains("Ignition")),
+        "{log}"
+    );
+    assert_eq!(
+        metric(&world.server, "autonode_nodeclass_writes_total").await?,
+        2.0
+    );
+
+    // Fixed, the class is kept; a switch back to TOML is the operator's too.
+    annotate_format(&api, "typo", Some("ignition")).await?;
+    wait_for(&api, "typo", "given Ignition once fixed", has(&ignition)).await?;
+    annotate_format(&api, "flatcar", None).await?;
+    wait_for(&api, "flatcar", "given TOML once unannotated", has(&toml)).await?;
+    Ok(())
+}

@@ -40,8 +40,7 @@ const BASE: &str = r#"{"ignition": {"version": "3.2.0"},
   "systemd": {"units": [{"name": "base.service", "contents": "[Service]\nExecStart=/bin/true\n"}]}}"#;
 const CLASS: &str = r#"{"ignition": {"version": "3.3.0"},
   "storage": {"files": [{"path": "/etc/motd", "overwrite": true, "contents": {"source": "data:,class"}}]}}"#;
-const BROKEN: &str =
-    r#"{"ignition": {"version": "3.3.0"}, "passwd": {"users": [{"name": "core"}]}}"#;
+const BROKEN: &str = r#"{"ignition": {"version": "3.3.0"}, "storage": {"disks": [{"device": "/dev/xvdb", "wipeTable": true}]}}"#;
 
 /// An EC2NodeClass as an operator writes it, with `spec.kubelet` and the
 /// ConfigMap holding its Ignition config.
@@ -230,7 +229,7 @@ async fn a_broken_ignition_config_is_retryable_and_reported_on_the_class() -> Re
 
     // 503 until the server's caches show the objects just written, then
     // 503 for the config's own fault, named in the log.
-    let line = unavailable_because(&world, &request, "passwd").await?;
+    let line = unavailable_because(&world, &request, "storage.disks").await?;
     assert!(
         line.contains("ConfigMap autonode-system/broken-ignition"),
         "the log names the ConfigMap: {line}"
@@ -246,7 +245,7 @@ async fn a_broken_ignition_config_is_retryable_and_reported_on_the_class() -> Re
     world.event_reasons("broken", "NodeConfigInvalid").await?;
     let events: Api<Event> = Api::namespaced(world.cp.admin().await?, "default");
     let selector = "involvedObject.kind=EC2NodeClass,involvedObject.name=broken";
-    let about_passwd: Vec<_> = events
+    let about_disks: Vec<_> = events
         .list(&ListParams::default().fields(selector))
         .await?
         .items
@@ -255,15 +254,15 @@ async fn a_broken_ignition_config_is_retryable_and_reported_on_the_class() -> Re
             e.message
                 .as_deref()
                 .unwrap_or_default()
-                .contains("`passwd`")
+                .contains("storage.disks")
         })
         .collect();
     assert_eq!(
-        about_passwd.len(),
+        about_disks.len(),
         1,
         "one Event on the class, however often the agent retried"
     );
-    assert_eq!(about_passwd[0].reason.as_deref(), Some("NodeConfigInvalid"));
+    assert_eq!(about_disks[0].reason.as_deref(), Some("NodeConfigInvalid"));
 
     // The operator fixes the config; the agent's retry succeeds.
     put_configmap(&world, "broken-ignition", CLASS).await?;

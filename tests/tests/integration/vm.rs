@@ -12,6 +12,7 @@ use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
 use serde_json::json;
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 /// From QEMU's start to the agent's report: firmware, kernel, systemd,
@@ -45,6 +46,13 @@ async fn joins_and_becomes_ready(
     ensure!(
         imds.tokens_issued() > 0,
         "the agent joined without a token from the test's IMDS"
+    );
+    // The package's kubelet drop-in reads what the agent writes, and this
+    // Ignition config writes no unit: systemd has nothing to reload.
+    ensure!(
+        report.agent_logged("daemon-reload took_s=").is_err(),
+        "the agent ran systemctl daemon-reload: {:?}",
+        report.agent_log
     );
 
     let nodes: Api<Node> = Api::all(env.world.cp.admin().await?);
@@ -177,23 +185,59 @@ fn check_agent(report: &Report, result: &str, status: &str) -> Result<()> {
 }
 
 /// Where the agent's time went, by the guest's clock (seconds): its whole
-/// run as systemd saw it; from systemd starting it to its first log line
-/// (sandbox set-up, exec); its own work from config to kubelet's files
-/// written (IMDS, keys, join, apply); `systemctl daemon-reload`.
+/// run as systemd saw it; from systemd starting it (sandbox set-up, exec)
+/// to its first log line; from there to its first phase; its own work from
+/// config to kubelet's files written (IMDS, keys, join, apply); how the
+/// agent learnt kubelet's version (its build information, the cache or
+/// `kubelet --version`), what that cost and how long the agent waited;
+/// whether `systemctl daemon-reload` ran and its time; from the start
+/// phase to exit (any `systemctl start`, the final report).
 fn agent_timings(report: &Report) -> Result<serde_json::Value> {
     let start = report.monotonic("autonode-agent.ExecMainStartTimestampMonotonic")?;
-    let first = report.agent_logged("phase=config started")?;
+    let exit = report.monotonic("autonode-agent.ExecMainExitTimestampMonotonic")?;
+    let first = report.agent_logged(" starting")?;
+    let config = report.agent_logged("phase=config started")?;
     let applied = report.agent_logged("phase=apply succeeded")?;
-    let reload = report.agent_logged("running systemctl daemon-reload")?;
-    let reloaded = report.agent_logged("running systemctl start")?;
+    let start_phase = report.agent_logged("phase=start started")?;
+    let reload = logged_pairs(report, "daemon-reload took_s=").ok();
+    let version = logged_pairs(report, "kubelet version=")?;
+    let starting = logged_pairs(report, "autonode-agent ")?;
     let seconds = |d: Option<Duration>| d.map(|d| d.as_secs_f64());
     Ok(json!({
         "run_s": agent_run_time(report)?.as_secs_f64(),
         "started_after_kernel_s": start.as_secs_f64(),
         "exec_to_first_log_s": seconds(first.checked_sub(start)),
-        "config_to_applied_s": seconds(applied.checked_sub(first)),
-        "daemon_reload_s": seconds(reloaded.checked_sub(reload)),
+        "fork_to_main_s": number(&starting, "since_fork_s"),
+        "first_log_to_config_s": seconds(config.checked_sub(first)),
+        "config_to_applied_s": seconds(applied.checked_sub(config)),
+        "kubelet_version": version.get("version"),
+        "kubelet_version_from": version.get("from"),
+        "kubelet_version_took_s": number(&version, "took_s"),
+        "kubelet_version_waited_s": number(&version, "waited_s"),
+        "daemon_reload_ran": reload.is_some(),
+        "daemon_reload_s": reload.and_then(|pairs| number(&pairs, "took_s")),
+        "start_to_exit_s": seconds(exit.checked_sub(start_phase)),
     }))
+}
+
+/// The `key=value` pairs of the agent's first line starting with `prefix`
+/// (`kubelet version=… from=… took_s=… waited_s=…`).
+fn logged_pairs(report: &Report, prefix: &str) -> Result<BTreeMap<String, String>> {
+    let (_, line) = report
+        .agent_log
+        .iter()
+        .find(|(_, message)| message.starts_with(prefix))
+        .with_context(|| format!("the agent never logged {prefix:?}: {:?}", report.agent_log))?;
+    Ok(line
+        .split_whitespace()
+        .filter_map(|pair| pair.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect())
+}
+
+/// A pair's value as seconds; `None` if absent or not a number ("cached").
+fn number(pairs: &BTreeMap<String, String>, key: &str) -> Option<f64> {
+    pairs.get(key).and_then(|v| v.parse().ok())
 }
 
 /// How long the agent's process ran, by systemd's clock in the guest.
