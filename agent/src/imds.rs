@@ -87,6 +87,8 @@ struct Token {
     renew_at: Instant,
 }
 
+const DOCUMENT_PATH: &str = "/latest/dynamic/instance-identity/document";
+
 /// An IMDSv2 client bound to the agent's deadline.
 #[derive(Debug)]
 pub struct Imds {
@@ -281,25 +283,19 @@ impl Imds {
 
     /// Reads everything the join needs about this instance.
     pub async fn identity(&self) -> Result<Identity, ImdsError> {
-        let document_path = "/latest/dynamic/instance-identity/document";
         // The first request fetches the session token; the rest share it
         // and go out together (each is a round trip to the hypervisor).
-        let instance_id = self.require_text("/latest/meta-data/instance-id").await?;
-        let (document_raw, rsa2048, availability_zone, local_hostname, ips) = tokio::try_join!(
-            self.require_text(document_path),
-            self.require_text("/latest/dynamic/instance-identity/rsa2048"),
-            self.require_text("/latest/meta-data/placement/availability-zone"),
-            self.require_text("/latest/meta-data/local-hostname"),
+        let instance_id = self.instance_id().await?;
+        let (document, rsa2048, availability_zone, local_hostname, ips) = tokio::try_join!(
+            self.identity_document(),
+            self.identity_signature(),
+            self.availability_zone(),
+            self.local_hostname(),
             self.ips(),
         )?;
-        let document: IdentityDocument =
-            serde_json::from_str(&document_raw).map_err(|e| ImdsError::Invalid {
-                path: document_path.into(),
-                reason: e.to_string(),
-            })?;
         if instance_id != document.instance_id || availability_zone != document.availability_zone {
             return Err(ImdsError::Invalid {
-                path: document_path.into(),
+                path: DOCUMENT_PATH.into(),
                 reason: "instance id or availability zone differs from the metadata".into(),
             });
         }
@@ -311,8 +307,42 @@ impl Imds {
         })
     }
 
+    /// The raw userData; `None` when the instance has none.
+    pub async fn user_data(&self) -> Result<Option<Bytes>, ImdsError> {
+        self.get("/latest/user-data").await
+    }
+
+    pub async fn instance_id(&self) -> Result<String, ImdsError> {
+        self.require_text("/latest/meta-data/instance-id").await
+    }
+
+    pub async fn availability_zone(&self) -> Result<String, ImdsError> {
+        self.require_text("/latest/meta-data/placement/availability-zone")
+            .await
+    }
+
+    /// The private DNS name: the node name kubelet registers.
+    pub async fn local_hostname(&self) -> Result<String, ImdsError> {
+        self.require_text("/latest/meta-data/local-hostname").await
+    }
+
+    /// The identity document's fields the agent reads.
+    pub async fn identity_document(&self) -> Result<IdentityDocument, ImdsError> {
+        let raw = self.require_text(DOCUMENT_PATH).await?;
+        serde_json::from_str(&raw).map_err(|e| ImdsError::Invalid {
+            path: DOCUMENT_PATH.into(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// The base64 PKCS#7 signature over the identity document.
+    pub async fn identity_signature(&self) -> Result<String, ImdsError> {
+        self.require_text("/latest/dynamic/instance-identity/rsa2048")
+            .await
+    }
+
     /// The primary interface's private IPv4s and IPv6s, primary IP first.
-    async fn ips(&self) -> Result<Vec<IpAddr>, ImdsError> {
+    pub async fn ips(&self) -> Result<Vec<IpAddr>, ImdsError> {
         let (primary, mac) = tokio::try_join!(
             self.get_text("/latest/meta-data/local-ipv4"),
             self.get_text("/latest/meta-data/mac"),
@@ -450,6 +480,55 @@ pub fn select_endpoint(
     Ok(chosen(mode.endpoint(), reason))
 }
 
+/// What chooses the IMDS endpoint ([`select_endpoint`]'s inputs): the
+/// flags and the local config's mode; the environment is read when a
+/// client is made.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EndpointChoice {
+    /// `--imds-endpoint`.
+    pub flag_endpoint: Option<String>,
+    /// `--imds-endpoint-mode`.
+    pub flag_mode: Option<String>,
+    /// `[options] imds-endpoint-mode` from the local file.
+    pub config_mode: Option<EndpointMode>,
+}
+
+/// Why no IMDS client could be made: the operator's to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum EndpointError {
+    #[error(transparent)]
+    Select(ImdsError),
+    #[error("the IMDS endpoint from {reason}")]
+    Client {
+        reason: String,
+        #[source]
+        source: ImdsError,
+    },
+}
+
+impl EndpointChoice {
+    /// The IMDS client at the endpoint [`select_endpoint`] picks; the
+    /// choice is logged once per process.
+    pub fn client(&self, deadline: Deadline) -> Result<Imds, EndpointError> {
+        let selected = select_endpoint(
+            self.flag_endpoint.as_deref(),
+            self.flag_mode.as_deref(),
+            self.config_mode,
+            |name| std::env::var(name).ok(),
+        )
+        .map_err(EndpointError::Select)?;
+        static LOGGED: std::sync::Once = std::sync::Once::new();
+        LOGGED.call_once(|| {
+            let (endpoint, reason) = (&selected.endpoint, &selected.reason);
+            log::info!("IMDS endpoint {endpoint} (from {reason}); never through a proxy");
+        });
+        Imds::new(&selected.endpoint, deadline).map_err(|source| EndpointError::Client {
+            reason: selected.reason,
+            source,
+        })
+    }
+}
+
 /// The fields of the identity document the agent uses (the server reads
 /// the signed copy; these are for naming and cross-checks).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -476,9 +555,9 @@ pub struct Identity {
 impl Identity {
     /// `aws:///<availability-zone>/<instance-id>`, as Karpenter records it.
     pub fn provider_id(&self) -> String {
-        format!(
-            "aws:///{}/{}",
-            self.document.availability_zone, self.document.instance_id
+        autonode_shared::contract::aws_provider_id(
+            &self.document.availability_zone,
+            &self.document.instance_id,
         )
     }
 }

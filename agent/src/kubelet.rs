@@ -37,16 +37,12 @@ use crate::imds::Identity;
 use autonode_shared::protocol::JoinResponse;
 use rcgen::KeyPair;
 use rustls::pki_types::{pem::PemObject, CertificateDer};
-use std::net::IpAddr;
 use std::path::Path;
 
-pub const KUBECONFIG: &str = "/var/lib/kubelet/kubeconfig";
-pub const PKI_DIR: &str = "/var/lib/kubelet/pki";
-pub const CLIENT_CURRENT: &str = "/var/lib/kubelet/pki/kubelet-client-current.pem";
-pub const SERVER_CURRENT: &str = "/var/lib/kubelet/pki/kubelet-server-current.pem";
-pub const CLUSTER_CA: &str = "/etc/kubernetes/pki/ca.crt";
-pub const CONFIG: &str = "/etc/kubernetes/kubelet/config.json";
-pub const ENV_FILE: &str = "/etc/autonode/kubelet.env";
+/// The paths the server's rendered config points kubelet at.
+pub use autonode_shared::contract::kubelet::{
+    CLIENT_CURRENT, CLUSTER_CA, CONFIG, ENV_FILE, KUBECONFIG, PKI_DIR, SERVER_CURRENT,
+};
 pub const UNIT: &str = "kubelet.service";
 /// The cache of kubelet's version ([`Probe`]), in the state directory.
 pub const VERSION_CACHE: &str = "kubelet-version.json";
@@ -109,8 +105,8 @@ pub fn write(
     identity: &Identity,
     kubelet: Kubelet<'_>,
 ) -> Result<usize, KubeletError> {
-    validate(answer, identity)?;
-    if !kubelet.path.starts_with('/') || !is_token(kubelet.path) {
+    crate::join::check_answer(answer, identity).map_err(|e| KubeletError::Refused(e.0))?;
+    if !kubelet.path.starts_with('/') || !crate::join::is_token(kubelet.path) {
         return Err(KubeletError::KubeletPath(kubelet.path.to_string()));
     }
     let placement = Placement::for_version(kubelet.version);
@@ -143,60 +139,33 @@ pub fn write(
     Ok(changed)
 }
 
-/// Values that end up in flags must be plain tokens: no spaces, quotes or
-/// `$`, which would change the command line systemd builds.
-fn is_token(value: &str) -> bool {
-    !value.is_empty()
-        && value
-            .bytes()
-            .all(|b| b.is_ascii_graphic() && !b"\"'\\$`,;".contains(&b))
+/// Seconds since the epoch after which the certificate in `pem` expires.
+pub fn not_after(pem: &[u8]) -> Option<i64> {
+    let der = CertificateDer::from_pem_slice(pem).ok()?;
+    let (_, cert) = x509_parser::parse_x509_certificate(&der).ok()?;
+    Some(cert.validity().not_after.timestamp())
 }
 
-fn validate(answer: &JoinResponse, identity: &Identity) -> Result<(), KubeletError> {
-    let settings = &answer.kubelet;
-    if settings.provider_id != identity.provider_id() {
-        return Err(refused(format!(
-            "providerID {:?} is not this instance ({})",
-            settings.provider_id,
-            identity.provider_id()
-        )));
+/// Checks that an earlier successful run's result is still in place: every
+/// kubelet file present and the client certificate not expired. `Err`
+/// says what is wrong.
+pub fn verify_joined(root: &Root, now: i64) -> Result<(), String> {
+    for file in FILES {
+        let path = root.join(file).map_err(|e| e.to_string())?;
+        if !path.is_file() {
+            return Err(format!("{file} is missing"));
+        }
     }
-    let name_ok = answer.node_name.len() <= 253
-        && is_token(&answer.node_name)
-        && answer
-            .node_name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-.".contains(&b));
-    if !name_ok {
-        return Err(refused(format!(
-            "node name {:?} is not a DNS name",
-            answer.node_name
-        )));
+    let path = root.join(CLIENT_CURRENT).map_err(|e| e.to_string())?;
+    let pem = std::fs::read(&path).map_err(|e| format!("{}: {e}", CLIENT_CURRENT))?;
+    match not_after(&pem) {
+        Some(expiry) if expiry > now => Ok(()),
+        Some(_) => Err(format!(
+            "the client certificate in {} has expired",
+            CLIENT_CURRENT
+        )),
+        None => Err(format!("{} holds no certificate", CLIENT_CURRENT)),
     }
-    let ip: IpAddr = settings
-        .node_ip
-        .parse()
-        .map_err(|_| refused(format!("node IP {:?}", settings.node_ip)))?;
-    if !identity.ips.contains(&ip) {
-        log::warn!(
-            "node IP {ip} is not among this instance's IPs {:?}",
-            identity.ips
-        );
-    }
-    if let Some(bad) = settings.register_with_taints.iter().find(|t| !is_token(t)) {
-        return Err(refused(format!("taint {bad:?}")));
-    }
-    if let Some((k, v)) = settings
-        .node_labels
-        .iter()
-        .find(|(k, v)| !is_token(k) || !(v.is_empty() || is_token(v)))
-    {
-        return Err(refused(format!("label {k:?}={v:?}")));
-    }
-    if !answer.api_server.starts_with("https://") || !is_token(&answer.api_server) {
-        return Err(refused(format!("API server URL {:?}", answer.api_server)));
-    }
-    Ok(())
 }
 
 /// Writes `kubelet-<kind>-<notBefore>.pem` (cert + key, 0600) and points
@@ -288,7 +257,7 @@ fn node_flags(answer: &JoinResponse) -> Vec<String> {
 /// What the package's kubelet drop-in reads: `ExecStart=/usr/bin/env
 /// ${AUTONODE_KUBELET} $KUBELET_EXTRA_ARGS $KUBELET_ARGS`, the AMI's flags
 /// first so the per-node ones win a conflict. Every value is a token
-/// ([`is_token`]), so the quotes are all systemd needs.
+/// ([`crate::join::is_token`]), so the quotes are all systemd needs.
 fn env_file(kubelet: Kubelet<'_>, flags: &[String]) -> String {
     format!(
         "# Written by autonode-agent for kubelet {}; read by kubelet.service\n\
@@ -400,7 +369,7 @@ mod tests {
             "https://10.0.0.2:6443"
         );
         assert!(env.contains("AUTONODE_KUBELET=/usr/bin/kubelet\n"), "{env}");
-        assert!(crate::state::verify_joined(&root, 0).is_ok());
+        assert!(verify_joined(&root, 0).is_ok());
     }
 
     /// The same answer for a 1.34 kubelet on a containerd node: taints and
@@ -469,5 +438,12 @@ mod tests {
             err.to_string().contains("not for this node's client key"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn verify_names_the_missing_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = verify_joined(&Root::new(dir.path()), 0).unwrap_err();
+        assert!(err.contains("kubeconfig"), "{err}");
     }
 }

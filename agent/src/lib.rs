@@ -1,10 +1,24 @@
 //! autonode-agent as a library: everything but the command line.
 //!
-//! The binary (`main.rs`) runs the one-way flow
-//! config → identity → keys → join → apply → start; each step is a module
-//! here with one job. The pure parsers ([`userdata`], [`config`],
-//! [`ignition::spec`]) take bytes and return typed values or typed errors,
-//! so fuzz targets, integration tests and the server can call them.
+//! The binary (`main.rs`, its `phases`) runs the one-way flow
+//! config → identity → keys → join → apply → start; the work of each step
+//! is a module here with one job:
+//!
+//! - [`config`]: the TOML document and its validation; [`config::load`]
+//!   layers userData < local file < flags into the run's settings.
+//! - [`imds`]: IMDSv2, one method per datum ([`imds::Imds::user_data`],
+//!   [`imds::Imds::identity`], ...), and the choice of endpoint.
+//! - [`keys`], [`csr`]: the node's two keys and their CSRs.
+//! - [`join`]: the join request, and the check of the server's answer
+//!   before any of it is used.
+//! - [`server_client`]: the HTTPS client the join and [`report`]s share;
+//!   [`trust`] decides whom it trusts, [`proxy`] how it gets there.
+//! - [`ignition`], [`kubelet`]: what the answer is applied with.
+//! - [`state`]: what earlier runs achieved.
+//!
+//! The pure parsers ([`userdata`], [`config`], [`ignition::spec`]) take
+//! bytes and return typed values or typed errors, so fuzz targets,
+//! integration tests and the server can call them.
 
 #![forbid(unsafe_code)]
 
@@ -21,6 +35,7 @@ pub mod logging;
 pub mod proxy;
 pub mod report;
 pub mod retry;
+pub mod server_client;
 pub mod state;
 pub mod trust;
 pub mod userdata;

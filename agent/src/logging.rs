@@ -59,3 +59,21 @@ pub fn to_console(console: &Path, message: &str) {
         log::debug!("console {}: {e}", console.display());
     }
 }
+
+/// Seconds since this process was forked, from /proc (both times count
+/// from boot, in kernel ticks of 10 ms); `None` without /proc.
+pub fn process_age() -> Option<f64> {
+    let uptime = std::fs::read_to_string("/proc/uptime").ok()?;
+    let uptime: f64 = uptime.split_whitespace().next()?.parse().ok()?;
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The command name may hold spaces: count fields after its ')'.
+    // starttime is field 22, the 20th after the name.
+    let ticks: f64 = stat
+        .rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(19)?
+        .parse()
+        .ok()?;
+    Some((uptime - ticks / 100.0).max(0.0))
+}

@@ -7,8 +7,8 @@
 //! Once the client key exists, each report carries a [`KeyProof`], so a
 //! process that merely read the identity document cannot fake a failure.
 
-use crate::join::ServerClient;
 use crate::retry::{Deadline, RetryPolicy};
+use crate::server_client::ServerClient;
 use autonode_shared::protocol::{
     InstanceIdentity, KeyProof, Outcome, Phase, ReportRequest, REPORT_PATH,
 };

@@ -6,10 +6,8 @@
 //! join resumes without asking again) and `state.json` (the last phase that
 //! completed).
 
-use crate::fsutil::{self, Durability, FsError, Owner, Root};
-use crate::kubelet;
+use crate::fsutil::{self, Durability, FsError, Owner};
 use autonode_shared::protocol::{JoinResponse, Phase};
-use rustls::pki_types::{pem::PemObject, CertificateDer};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -135,37 +133,6 @@ fn write_json<T: Serialize>(path: &Path, value: &T, mode: u32) -> Result<(), Sta
     Ok(())
 }
 
-/// Seconds since the epoch after which the certificate in `pem` expires.
-pub fn not_after(pem: &[u8]) -> Option<i64> {
-    let der = CertificateDer::from_pem_slice(pem).ok()?;
-    let (_, cert) = x509_parser::parse_x509_certificate(&der).ok()?;
-    Some(cert.validity().not_after.timestamp())
-}
-
-/// Checks that an earlier successful run's result is still in place: every
-/// kubelet file present and the client certificate not expired. `Err`
-/// says what is wrong.
-pub fn verify_joined(root: &Root, now: i64) -> Result<(), String> {
-    for file in kubelet::FILES {
-        let path = root.join(file).map_err(|e| e.to_string())?;
-        if !path.is_file() {
-            return Err(format!("{file} is missing"));
-        }
-    }
-    let path = root
-        .join(kubelet::CLIENT_CURRENT)
-        .map_err(|e| e.to_string())?;
-    let pem = std::fs::read(&path).map_err(|e| format!("{}: {e}", kubelet::CLIENT_CURRENT))?;
-    match not_after(&pem) {
-        Some(expiry) if expiry > now => Ok(()),
-        Some(_) => Err(format!(
-            "the client certificate in {} has expired",
-            kubelet::CLIENT_CURRENT
-        )),
-        None => Err(format!("{} holds no certificate", kubelet::CLIENT_CURRENT)),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,12 +159,5 @@ mod tests {
             std::fs::write(dir.path().join("state.json"), torn).unwrap();
             assert_eq!(state.load().unwrap(), State::default());
         }
-    }
-
-    #[test]
-    fn verify_names_the_missing_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let err = verify_joined(&Root::new(dir.path()), 0).unwrap_err();
-        assert!(err.contains("kubeconfig"), "{err}");
     }
 }

@@ -16,7 +16,6 @@
 //!
 //! The operating system's trust store is never consulted.
 
-use crate::config::ServerTrust;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
 use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
@@ -26,6 +25,15 @@ use rustls::{
 };
 use sha2::{Digest as _, Sha256};
 use std::sync::Arc;
+
+/// How the agent decides to trust the server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServerTrust {
+    /// Only these CA certificates (DER).
+    Ca(Vec<Vec<u8>>),
+    /// The CA whose DER has this sha256, found in the presented chain.
+    Sha256Pin([u8; 32]),
+}
 
 /// Why no TLS configuration could be built.
 #[derive(Debug, thiserror::Error)]

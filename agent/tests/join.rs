@@ -3,9 +3,10 @@
 //! and refusals that are final. (The real server is tested by the lead's
 //! end-to-end tests; this only plays the status codes.)
 
-use autonode_agent::config::{Config, ServerTrust};
-use autonode_agent::join::{JoinError, ServerClient};
+use autonode_agent::config::Config;
 use autonode_agent::retry::Deadline;
+use autonode_agent::server_client::{JoinError, ServerClient};
+use autonode_agent::trust::ServerTrust;
 use autonode_shared::protocol::{InstanceIdentity, JoinRequest, JoinResponse, KubeletSettings};
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full};

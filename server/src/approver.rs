@@ -30,9 +30,8 @@
 //! [`LOOKUP_BURST`] (the account's EC2 API budget is Karpenter's too).
 
 use crate::approval::{self, ApprovalError};
-use crate::backoff::WatchBackoff;
 use crate::binding::{self, Unreadable};
-use crate::cache;
+use crate::cache::{self, Cache};
 use crate::ec2::{InstanceLookup, LookupCache, LookupError};
 use crate::karpenter::{parse_aws_provider_id, NodeClaim};
 use crate::metrics::{KindLabels, LeftPendingLabels, Metrics};
@@ -45,10 +44,11 @@ use k8s_openapi::api::certificates::v1::{
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::ByteString;
 use kube::runtime::controller::{self, applier, trigger_self, Action};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{watcher, WatchStreamExt};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use std::collections::HashMap;
+use std::convert::Infallible;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 use thiserror::Error;
@@ -219,25 +219,19 @@ pub enum Error {
 
 /// Runs the controller until its streams end.
 ///
-/// The CSRs are watched per signer (a field selector on
-/// `spec.signerName`, one watch and one store for each of the two kubelet
-/// signers): a CSR of any other signer, of any size, never reaches this
-/// replica. What is kept of each is what judging reads
-/// ([`keep_for_judging`]).
-pub async fn run(client: Client, settings: Settings) {
-    let (nodes, node_writer) = reflector::store();
-    let node_config = watcher::Config::default().page_size(cache::LIST_PAGE);
-    let node_stream = watcher(Api::<Node>::all(client.clone()), node_config)
-        .modify(cache::strip_node)
-        .backoff(WatchBackoff::default())
-        .reflect(node_writer);
-    // Polled here, not spawned: a replica that stops leading drops this
-    // future, and the Node watch and store with it (a spawned task went on,
-    // and each time it led again added another).
-    let keep_nodes = node_stream.for_each(|_| futures::future::ready(()));
+/// Nodes are read from the leader's one Node cache (`nodes`, shared with
+/// the feedback controller). The CSRs are watched per signer (a field
+/// selector on `spec.signerName`, one watch and one store for each of the
+/// two kubelet signers): a CSR of any other signer, of any size, never
+/// reaches this replica. What is kept of each is what judging reads
+/// ([`keep_for_judging`]). These two watches are not the join path's CSR
+/// watch ([`crate::issuer`]): that one selects autonode's own CSRs by label
+/// and keeps their outcome, these select kubelet's by signer and keep what
+/// judging reads; neither set contains the other.
+pub async fn run(client: Client, settings: Settings, nodes: Store<Node>) {
     let csrs: Api<CertificateSigningRequest> = Api::all(client);
-    let (client_store, client_csrs) = kubelet_csrs(&csrs, csr::CLIENT_SIGNER);
-    let (serving_store, serving_csrs) = kubelet_csrs(&csrs, csr::SERVING_SIGNER);
+    let (client_store, client_csrs, client_watch) = kubelet_csrs(&csrs, csr::CLIENT_SIGNER);
+    let (serving_store, serving_csrs, serving_watch) = kubelet_csrs(&csrs, csr::SERVING_SIGNER);
     let ctx = Arc::new(Context {
         csrs,
         nodes,
@@ -254,34 +248,34 @@ pub async fn run(client: Client, settings: Settings) {
         }
         futures::future::ready(())
     });
-    futures::future::join(keep_nodes, judge).await;
+    // Polled here, not spawned: a replica that stops leading drops this
+    // future, and the watches with it.
+    futures::future::join3(client_watch, serving_watch, judge).await;
 }
 
-/// The CSRs of `signer`, as a store and the stream that fills it (each
-/// object stripped to [`keep_for_judging`] before it is kept).
+/// The CSRs of `signer`, as a store, the queue of their changes and the
+/// watch that fills both (each object stripped to [`keep_for_judging`]
+/// before it is kept), to be polled beside the controller.
 fn kubelet_csrs(
     api: &Api<CertificateSigningRequest>,
-    signer: &str,
+    signer: &'static str,
 ) -> (
     Store<CertificateSigningRequest>,
-    impl Stream<Item = Result<CertificateSigningRequest, watcher::Error>> + Send + 'static,
+    impl Stream<Item = Result<Arc<CertificateSigningRequest>, Infallible>> + Send + 'static,
+    impl std::future::Future<Output = ()> + Send + 'static,
 ) {
-    let (store, writer) = reflector::store();
     let config = watcher::Config::default()
         .fields(&format!("spec.signerName={signer}"))
         .page_size(cache::SMALL_PAGE);
-    let stream = watcher(api.clone(), config)
-        .modify(keep_for_judging)
-        .backoff(WatchBackoff::default())
-        .reflect(writer)
-        .applied_objects();
-    (store, stream)
+    let (csrs, watching) = Cache::with_config(api.clone(), config, signer, keep_for_judging);
+    let changes = csrs.changes().map(Ok);
+    (csrs.store, changes, watching)
 }
 
 /// Reconciles every CSR `csrs` brings, reading it from `store`.
 fn judging(
     store: Store<CertificateSigningRequest>,
-    csrs: impl Stream<Item = Result<CertificateSigningRequest, watcher::Error>> + Send + 'static,
+    csrs: impl Stream<Item = Result<Arc<CertificateSigningRequest>, Infallible>> + Send + 'static,
     ctx: Arc<Context>,
 ) -> impl Stream<Item = Result<(), String>> {
     applier(
@@ -791,7 +785,7 @@ mod tests {
         serde_json::from_value(json!({
             "metadata": {
                 "name": "c1", "uid": "u1", "creationTimestamp": "2026-01-01T10:00:00Z",
-                "labels": {"autonode.dev/managed": "true"},
+                "labels": {crate::marks::CSR_MANAGED_LABEL: "true"},
                 "annotations": {"big": "x".repeat(200_000)},
                 "managedFields": [{"manager": "kubelet"}],
             },

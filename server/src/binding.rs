@@ -23,7 +23,6 @@
 use crate::karpenter::NodeClaim;
 use crate::marks;
 use crate::nodeclaim::NodeClaims;
-use crate::refusal::{JoinError, Refusal};
 use serde::{Deserialize, Serialize};
 
 /// What the binding records: everything later decisions about this
@@ -83,6 +82,36 @@ pub fn recorded(claim: &NodeClaim) -> Result<Option<Record>, Unreadable> {
 #[error("the binding annotation cannot be read: {0}")]
 pub struct Unreadable(pub String);
 
+/// Why a join cannot bind, or could not write its binding.
+#[derive(Debug, thiserror::Error)]
+pub enum BindingError {
+    /// The recorded binding does not parse: refused, not ignored.
+    #[error("NodeClaim {nodeclaim}: {}", .source.0)]
+    Unreadable {
+        nodeclaim: String,
+        #[source]
+        source: Unreadable,
+    },
+    /// Another key is bound: someone else may hold the document.
+    #[error("possible replay: instance {instance_id} (NodeClaim {nodeclaim}) is bound to client key {bound}, this join used {offered}")]
+    PossibleReplay {
+        instance_id: String,
+        nodeclaim: String,
+        bound: String,
+        offered: String,
+    },
+    /// The NodeClaim was deleted during the join.
+    #[error("no NodeClaim has providerID {0}")]
+    Gone(String),
+    /// Another join wrote the binding first; a retry is judged on it.
+    #[error(
+        "the binding of NodeClaim {0} changed during this join; the retry is judged on the new one"
+    )]
+    Changed(String),
+    #[error("kube API: {0}")]
+    Api(#[from] kube::Error),
+}
+
 /// How the join relates to the binding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Binding {
@@ -106,11 +135,11 @@ pub fn judge(
     claim: &NodeClaim,
     instance_id: &str,
     keys: Keys<'_>,
-) -> Result<Option<Record>, Refusal> {
+) -> Result<Option<Record>, BindingError> {
     let name = claim.metadata.name.clone().unwrap_or_default();
-    let record = recorded(claim).map_err(|e| Refusal::BindingUnreadable {
+    let record = recorded(claim).map_err(|source| BindingError::Unreadable {
         nodeclaim: name.clone(),
-        detail: e.0,
+        source,
     })?;
     let Some(record) = record else {
         return Ok(None);
@@ -118,7 +147,7 @@ pub fn judge(
     if record.client_key == keys.client && record.serving_key == keys.serving {
         return Ok(Some(record));
     }
-    Err(Refusal::PossibleReplay {
+    Err(BindingError::PossibleReplay {
         instance_id: instance_id.to_string(),
         nodeclaim: name,
         bound: format!(
@@ -146,7 +175,7 @@ pub async fn write(
     claim: &NodeClaim,
     record: &Record,
     resuming: bool,
-) -> Result<(), JoinError> {
+) -> Result<(), BindingError> {
     let name = claim.metadata.name.clone().unwrap_or_default();
     let version = claim.metadata.resource_version.as_deref();
     match claims.write_binding(&name, version, record).await {
@@ -157,16 +186,14 @@ pub async fn write(
     let fresh = claims
         .get_fresh(&name)
         .await?
-        .ok_or_else(|| Refusal::NoNodeClaim(name.clone()))?;
+        .ok_or_else(|| BindingError::Gone(name.clone()))?;
     let keys = Keys {
         client: &record.client_key,
         serving: &record.serving_key,
     };
     let now_bound = judge(&fresh, &record.instance_id, keys)?.is_some();
     if now_bound != resuming {
-        return Err(JoinError::Unavailable(format!(
-            "the binding of NodeClaim {name} changed during this join; the retry is judged on the new one"
-        )));
+        return Err(BindingError::Changed(name));
     }
     let version = fresh.metadata.resource_version.as_deref();
     claims.write_binding(&name, version, record).await?;
@@ -232,7 +259,7 @@ mod tests {
         let (c, s, other) = ("c".repeat(64), "s".repeat(64), "o".repeat(64));
         for (client, serving) in [(&other, &s), (&c, &other)] {
             let err = judge(&claim(Some(&json)), "i-1", keys(client, serving)).unwrap_err();
-            assert_eq!(err.reason(), "possible_replay");
+            assert!(matches!(err, BindingError::PossibleReplay { .. }), "{err}");
         }
     }
 
@@ -240,6 +267,6 @@ mod tests {
     fn an_unreadable_record_is_refused_not_ignored() {
         let (c, s) = ("c".repeat(64), "s".repeat(64));
         let err = judge(&claim(Some("ab12")), "i-1", keys(&c, &s)).unwrap_err();
-        assert_eq!(err.reason(), "binding_unreadable");
+        assert!(matches!(err, BindingError::Unreadable { .. }), "{err}");
     }
 }

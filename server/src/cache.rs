@@ -16,6 +16,12 @@
 //!   one blip of the connection to the API server). Here a watch that fails
 //!   is started over, list first, after [`WatchBackoff`], as client-go's
 //!   reflector does: fresh means listed since the last failure.
+//!
+//! A cache is also the one watch of its kind that controllers share (as in
+//! kube-rs's `shared_stream_controllers` example): [`Cache::changes`] feeds
+//! a controller's queue from the same list and watch that fill the store,
+//! so every reader of a kind has the relist-after-failure fix, and the API
+//! server serves one watch per kind, not one per controller.
 
 use crate::backoff::WatchBackoff;
 use futures::StreamExt;
@@ -26,11 +32,13 @@ use kube::runtime::utils::Backoff;
 use kube::runtime::watcher;
 use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
+use std::collections::VecDeque;
 use std::fmt::Debug;
+use std::future::Future;
 use std::hash::Hash;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 
 /// Objects per page when a cache lists. A page is held whole (the response
 /// body, then the parsed objects) before anything is stripped from them.
@@ -40,6 +48,9 @@ pub const LIST_PAGE: u32 = 100;
 /// as many as they like): ten such objects are a bounded spike, 500 (the
 /// watcher's default) would be most of the server's memory limit.
 pub const SMALL_PAGE: u32 = 10;
+/// Changes a controller may fall behind by before it is handed the whole
+/// store again (see [`Cache::changes`]). Held only while a controller reads.
+const CHANGES_BUFFER: usize = 1024;
 /// The longest `spec.providerID` kept of a Node. An AWS one
 /// (`aws:///<zone>/<instance>`) is under 64 bytes; a node writes its own.
 pub const MAX_PROVIDER_ID: usize = 256;
@@ -52,6 +63,8 @@ where
 {
     pub store: Store<K>,
     pub status: Status,
+    /// Each object the watch applies or deletes, for [`Cache::changes`].
+    changes: broadcast::Sender<Arc<K>>,
 }
 
 impl<K> Clone for Cache<K>
@@ -63,6 +76,7 @@ where
         Self {
             store: self.store.clone(),
             status: self.status.clone(),
+            changes: self.changes.clone(),
         }
     }
 }
@@ -91,25 +105,147 @@ where
     /// strips what the cache's readers do not read; managedFields are
     /// dropped after it in any case: they can outweigh a small object.
     pub fn start_filtered(api: Api<K>, what: &'static str, filter: fn(&mut K)) -> Self {
+        let (cache, task) = Self::new(api, what, filter);
+        tokio::spawn(task);
+        cache
+    }
+
+    /// Like [`Cache::start_filtered`], but the watch runs only while the
+    /// returned future is polled: a controller that runs on the leader
+    /// polls it beside itself, so a replica that stops leading stops
+    /// watching (a spawned task would go on, and add another each time the
+    /// replica led again).
+    pub fn new(
+        api: Api<K>,
+        what: &'static str,
+        filter: fn(&mut K),
+    ) -> (Self, impl Future<Output = ()> + Send + 'static) {
+        let config = watcher::Config::default().page_size(LIST_PAGE);
+        Self::with_config(api, config, what, filter)
+    }
+
+    /// Like [`Cache::new`], with the watch's own selectors and page size.
+    pub fn with_config(
+        api: Api<K>,
+        config: watcher::Config,
+        what: &'static str,
+        filter: fn(&mut K),
+    ) -> (Self, impl Future<Output = ()> + Send + 'static) {
+        Self::build(api, config, what, filter, false)
+    }
+
+    /// Like [`Cache::with_config`], keeping whole objects, managedFields
+    /// included: for a controller that reads who owns which field (the
+    /// EC2NodeClass upkeep, of the few classes it selects).
+    pub fn whole(
+        api: Api<K>,
+        config: watcher::Config,
+        what: &'static str,
+    ) -> (Self, impl Future<Output = ()> + Send + 'static) {
+        Self::build(api, config, what, |_| {}, true)
+    }
+
+    fn build(
+        api: Api<K>,
+        config: watcher::Config,
+        what: &'static str,
+        filter: fn(&mut K),
+        keep_managed_fields: bool,
+    ) -> (Self, impl Future<Output = ()> + Send + 'static) {
         let (store, writer) = reflector::store();
         let (listed_tx, listed) = watch::channel(false);
+        let (changes, _) = broadcast::channel(CHANGES_BUFFER);
         let fresh = Arc::new(AtomicBool::new(false));
         let task = Task {
             api,
+            config,
             writer,
             listed: listed_tx,
             fresh: fresh.clone(),
             what,
             filter,
+            keep_managed_fields,
+            changes: changes.clone(),
         };
-        tokio::spawn(task.run());
-        Self {
+        let status = Status {
+            listed,
+            fresh,
+            what,
+        };
+        let cache = Self {
             store,
-            status: Status {
-                listed,
-                fresh,
-                what,
-            },
+            status,
+            changes,
+        };
+        (cache, task.run())
+    }
+
+    /// Every object the cache holds once it has listed, then each object
+    /// its watch applies or deletes from then on, and every object again
+    /// after each relist: a controller's queue.
+    /// A reader that falls more than [`CHANGES_BUFFER`] changes behind is
+    /// handed the whole store again, so it misses nothing (a wake-up too
+    /// many costs a reconcile that finds nothing to do). Ends when the
+    /// cache's watch ends before its first list.
+    pub fn changes(&self) -> impl futures::Stream<Item = Arc<K>> + Send + 'static {
+        let feed = Changes {
+            receiver: self.changes.subscribe(),
+            store: self.store.clone(),
+            status: self.status.clone(),
+            backlog: VecDeque::new(),
+            listed: false,
+        };
+        futures::stream::unfold(feed, |mut feed| async move {
+            let next = feed.next().await?;
+            Some((next, feed))
+        })
+    }
+}
+
+/// The reading half of [`Cache::changes`].
+struct Changes<K>
+where
+    K: Resource + 'static,
+    K::DynamicType: Eq + Hash + Clone,
+{
+    receiver: broadcast::Receiver<Arc<K>>,
+    store: Store<K>,
+    status: Status,
+    /// Objects to hand out before the next change.
+    backlog: VecDeque<Arc<K>>,
+    listed: bool,
+}
+
+impl<K> Changes<K>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Eq + Hash + Clone,
+{
+    async fn next(&mut self) -> Option<Arc<K>> {
+        loop {
+            if let Some(object) = self.backlog.pop_front() {
+                return Some(object);
+            }
+            if !self.listed {
+                // Subscribed before this wait: nothing applied after the
+                // snapshot below is missed (at worst, seen twice).
+                self.status.wait_listed().await.ok()?;
+                self.listed = true;
+                self.backlog.extend(self.store.state());
+                continue;
+            }
+            match self.receiver.recv().await {
+                Ok(object) => return Some(object),
+                Err(broadcast::error::RecvError::Lagged(missed)) => {
+                    tracing::debug!(
+                        missed,
+                        "{}: a controller fell behind; handing it every object again",
+                        self.status.what
+                    );
+                    self.backlog.extend(self.store.state());
+                }
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
         }
     }
 }
@@ -145,11 +281,14 @@ where
     K::DynamicType: Eq + Hash + Clone,
 {
     api: Api<K>,
+    config: watcher::Config,
     writer: reflector::store::Writer<K>,
     listed: watch::Sender<bool>,
     fresh: Arc<AtomicBool>,
     what: &'static str,
     filter: fn(&mut K),
+    keep_managed_fields: bool,
+    changes: broadcast::Sender<Arc<K>>,
 }
 
 impl<K> Task<K>
@@ -161,18 +300,20 @@ where
     async fn run(mut self) {
         let mut backoff = WatchBackoff::default();
         loop {
-            let config = watcher::Config::default().page_size(LIST_PAGE);
-            let events = watcher(self.api.clone(), config);
+            let events = watcher(self.api.clone(), self.config.clone());
             let mut events = std::pin::pin!(events);
             while let Some(event) = events.next().await {
                 match event {
                     Ok(event) => {
-                        let filter = self.filter;
+                        let (filter, keep) = (self.filter, self.keep_managed_fields);
                         let event = event.modify(|object| {
                             filter(object);
-                            object.meta_mut().managed_fields = None;
+                            if !keep {
+                                object.meta_mut().managed_fields = None;
+                            }
                         });
                         self.writer.apply_watcher_event(&event);
+                        self.announce(&event);
                         if matches!(event, watcher::Event::InitDone) {
                             self.in_sync();
                             backoff.reset();
@@ -187,6 +328,29 @@ where
             }
             let delay = backoff.next().unwrap_or(crate::backoff::MAX);
             tokio::time::sleep(delay).await;
+        }
+    }
+
+    /// Hands the object `event` touched to whoever reads [`Cache::changes`]
+    /// (cloned only when someone does). A list's objects are handed over
+    /// when it is done, from the store: before that the store still holds
+    /// the previous list, and a controller woken by a new object would not
+    /// find it there.
+    fn announce(&self, event: &watcher::Event<K>) {
+        if self.changes.receiver_count() == 0 {
+            return;
+        }
+        // No reader left is no error: it has stopped.
+        match event {
+            watcher::Event::Apply(object) | watcher::Event::Delete(object) => {
+                let _ = self.changes.send(Arc::new(object.clone()));
+            }
+            watcher::Event::InitDone => {
+                for object in self.writer.as_reader().state() {
+                    let _ = self.changes.send(object);
+                }
+            }
+            watcher::Event::Init | watcher::Event::InitApply(_) => {}
         }
     }
 
@@ -216,10 +380,12 @@ pub fn identity_only(meta: &mut ObjectMeta) {
     };
 }
 
-/// What the approver and the feedback controller keep of a Node: its name
-/// and UID, `spec.providerID` (when it is of a sane length) and whether it
-/// is Ready. A node writes its own Node, status included: its images,
-/// annotations, labels and conditions are as large as it likes.
+/// What the approver and the feedback controller keep of a Node (they read
+/// the leader's one Node cache): its name, UID and creation time (the
+/// `registered` milestone), `spec.providerID` (when it is of a sane length)
+/// and whether it is Ready, with the Ready condition's last transition (the
+/// `ready` milestone). A node writes its own Node, status included: its
+/// images, annotations, labels and conditions are as large as it likes.
 pub fn strip_node(node: &mut Node) {
     identity_only(&mut node.metadata);
     let provider_id = node
@@ -239,6 +405,7 @@ pub fn strip_node(node: &mut Node) {
         .map(|c| NodeCondition {
             type_: c.type_,
             status: c.status,
+            last_transition_time: c.last_transition_time,
             ..NodeCondition::default()
         });
     node.status = Some(NodeStatus {

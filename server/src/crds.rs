@@ -21,8 +21,8 @@ use serde_json::Value;
 use std::time::{Duration, Instant};
 use thiserror::Error;
 
-/// The field manager of the CRDs autonode installs.
-pub const FIELD_MANAGER: &str = "autonode-server";
+/// The field manager of the CRDs autonode installs (see [`crate::marks`]).
+pub use crate::marks::FIELD_MANAGER;
 
 pub use autonode_shared::karpenter_crds::CRDS;
 

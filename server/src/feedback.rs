@@ -24,9 +24,8 @@
 //! controller may see a Node that is already Ready: registered is then
 //! reported first, in the same reconcile ([`due`]).
 
-use crate::backoff::WatchBackoff;
 use crate::binding;
-use crate::cache;
+use crate::cache::Cache;
 use crate::events::Events;
 use crate::karpenter::{Condition, NodeClaim};
 use crate::marks;
@@ -35,11 +34,10 @@ use crate::nodeclaim::{self, NodeClaims};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, NodeCondition};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::Patch;
 use kube::runtime::controller::{self, applier, trigger_self, trigger_with, Action};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Api, Client, ResourceExt};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::ResourceExt;
+use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
@@ -51,7 +49,8 @@ const DEBOUNCE: Duration = Duration::from_secs(1);
 
 /// What the feedback controller needs.
 pub struct Context {
-    pub nodeclaims: Api<NodeClaim>,
+    /// The only writer of NodeClaims (and the cache the join reads).
+    pub claims: NodeClaims,
     pub nodes: Store<Node>,
     pub events: Events,
     pub metrics: Metrics,
@@ -74,43 +73,38 @@ pub enum Stage {
 
 /// Runs the controller until its stream ends.
 ///
-/// One NodeClaim watch and one Node watch, each into a store of what is
-/// read ([`nodeclaim::strip`], [`cache::strip_node`]): a Node changing
-/// (registered, Ready) wakes the NodeClaim with its providerID.
-pub async fn run(client: Client, claims: NodeClaims, events: Events, metrics: Metrics) {
-    let nodeclaims: Api<NodeClaim> = Api::all(client.clone());
-    let page = watcher::Config::default().page_size(cache::LIST_PAGE);
-    let (claim_store, claim_writer) = reflector::store();
-    let claim_changes = watcher(nodeclaims.clone(), page.clone())
-        .modify(nodeclaim::strip)
-        .backoff(WatchBackoff::default())
-        .reflect(claim_writer)
-        .applied_objects();
-    let (node_store, node_writer) = reflector::store();
-    let node_changes = watcher(Api::<Node>::all(client), page)
-        .modify(strip_node)
-        .backoff(WatchBackoff::default())
-        .reflect(node_writer)
-        .touched_objects();
-    let woken = trigger_with(node_changes, move |node: Node| {
-        let provider_id = node.spec.and_then(|s| s.provider_id).unwrap_or_default();
-        claims
-            .by_provider_id(&provider_id)
+/// It watches nothing itself: it reads the NodeClaim cache the join path
+/// reads and the leader's Node cache (both [`cache::Cache`]s, with the
+/// relist after a failed watch), and is woken by their changes: a Node
+/// changing (registered, Ready) wakes the NodeClaim with its providerID.
+pub async fn run(claims: NodeClaims, nodes: Cache<Node>, events: Events, metrics: Metrics) {
+    let claim_changes = claims.changes().map(Ok::<_, Infallible>);
+    let node_changes = nodes.changes().map(Ok::<_, Infallible>);
+    let lookup = claims.clone();
+    let woken = trigger_with(node_changes, move |node: Arc<Node>| {
+        let provider_id = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.provider_id.as_deref())
+            .unwrap_or_default();
+        lookup
+            .by_provider_id(provider_id)
             .into_iter()
             .map(|c| ObjectRef::<NodeClaim>::new(&c.name_any()))
             .collect::<Vec<_>>()
     });
     let queue = futures::stream::select(trigger_self(claim_changes, ()), woken);
+    let claim_store = claims.store();
     let ctx = Arc::new(Context {
-        nodeclaims,
-        nodes: node_store,
+        claims,
+        nodes: nodes.store,
         events,
         metrics,
     });
     // Debounced: a NodeClaim's events come in bursts while its machine
     // joins (the binding, Karpenter's status writes), and writing the
     // condition at the first of them put one more API write beside the
-    // join's own approvals and signatures (README, Benchmarks: the
+    // join's own approvals and signatures (docs/benchmarks.md: the
     // server's part of a join over its API writes alone, before and
     // after). A second later the join is done; Ready is reported a second
     // later too, which nobody waits on.
@@ -151,7 +145,7 @@ async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Action, E
     };
     let desired = condition(stage, &claim);
     if !same(claim.condition(CONDITION), &desired) {
-        match assert_condition(&ctx.nodeclaims, &claim, desired).await {
+        match assert_condition(&ctx.claims, &claim, desired).await {
             // Changed under us (Karpenter wrote status): the watch brings
             // the new version, and we judge again.
             Err(kube::Error::Api(s)) if s.code == 409 => {
@@ -167,22 +161,6 @@ async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Action, E
         Stage::Attested | Stage::Registered => Duration::from_secs(3),
     };
     Ok(Action::requeue(next))
-}
-
-/// [`cache::strip_node`], but keeping when the Node's Ready condition last
-/// changed: the time of the `ready` milestone. (Its creation time, the
-/// `registered` milestone's, is kept by `strip_node` itself.)
-fn strip_node(node: &mut Node) {
-    let since = ready_condition(node).and_then(|c| c.last_transition_time.clone());
-    cache::strip_node(node);
-    let ready = node
-        .status
-        .as_mut()
-        .and_then(|s| s.conditions.as_mut())
-        .and_then(|cs| cs.iter_mut().find(|c| c.type_ == "Ready"));
-    if let Some(ready) = ready {
-        ready.last_transition_time = since;
-    }
 }
 
 /// The Node with the NodeClaim's providerID, once kubelet registered it.
@@ -270,7 +248,7 @@ fn same(current: Option<&Condition>, desired: &Condition) -> bool {
 /// Writes `claim`'s conditions with ours replaced, through the status
 /// subresource, only if the NodeClaim is still at the version we read.
 async fn assert_condition(
-    api: &Api<NodeClaim>,
+    claims: &NodeClaims,
     claim: &NodeClaim,
     condition: Condition,
 ) -> Result<(), kube::Error> {
@@ -281,17 +259,7 @@ async fn assert_condition(
         .unwrap_or_default();
     conditions.retain(|c| c.type_ != CONDITION);
     conditions.push(condition);
-    let patch = serde_json::json!({
-        "metadata": { "resourceVersion": claim.metadata.resource_version },
-        "status": { "conditions": conditions },
-    });
-    api.patch_status(
-        &claim.name_any(),
-        &marks::patch_params(),
-        &Patch::Merge(&patch),
-    )
-    .await
-    .map(|_| ())
+    claims.write_conditions(claim, &conditions).await
 }
 
 /// A milestone this controller reports, in the order they happen.
@@ -413,14 +381,9 @@ async fn report_milestones(
     // retry reports it all; a report is never made twice.
     let mut all: Vec<&str> = reported.split(',').filter(|m| !m.is_empty()).collect();
     all.extend(due.iter().map(|(m, _)| m.name()));
-    let patch = serde_json::json!({"metadata": {"annotations": {marks::REPORTED: all.join(",")}}});
     let written = ctx
-        .nodeclaims
-        .patch(
-            &claim.name_any(),
-            &marks::patch_params(),
-            &Patch::Merge(&patch),
-        )
+        .claims
+        .mark_reported(&claim.name_any(), &all.join(","))
         .await?;
     for (milestone, seconds) in due {
         if let Some(seconds) = seconds {
@@ -430,13 +393,6 @@ async fn report_milestones(
         ctx.events.normal(claim, reason, note.to_string());
     }
     Ok(Some(written))
-}
-
-/// Seconds since the NodeClaim was created.
-pub fn age_seconds(claim: &NodeClaim) -> Option<f64> {
-    let created = claim.metadata.creation_timestamp.as_ref()?;
-    let age = k8s_openapi::jiff::Timestamp::now().duration_since(created.0);
-    Some(age.as_secs_f64().max(0.0))
 }
 
 fn now_rfc3339() -> String {
@@ -557,7 +513,7 @@ mod tests {
                  "lastTransitionTime": "2027-01-15T08:00:01Z"}]},
         }))
         .unwrap();
-        strip_node(&mut node);
+        crate::cache::strip_node(&mut node);
         let times = NodeTimes::of(&node);
         assert_eq!(
             times.registered,

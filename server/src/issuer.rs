@@ -17,9 +17,8 @@ use crate::backoff::WatchBackoff;
 use crate::binding::CsrRef;
 use crate::cache;
 use crate::marks;
-use crate::refusal::{JoinError, Refusal};
 use autonode_shared::csr::{self, usages_for, ParsedCsr, Purpose};
-use autonode_shared::issued;
+use autonode_shared::issued::{self, IssuedError};
 use futures::StreamExt;
 use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestCondition, CertificateSigningRequestSpec,
@@ -72,6 +71,30 @@ pub fn reference(kind: &str, csr: &CertificateSigningRequest) -> CsrRef {
         name: csr.metadata.name.clone().unwrap_or_default(),
         uid: csr.metadata.uid.clone().unwrap_or_default(),
     }
+}
+
+/// Why a certificate could not be had.
+#[derive(Debug, thiserror::Error)]
+pub enum IssueError {
+    /// kube-controller-manager refused or failed to sign.
+    #[error("kube-controller-manager refused to sign {csr}: {message}")]
+    SigningFailed { csr: String, message: String },
+    /// The object under the name is not the one the join created.
+    #[error("CSR object {csr} is not the one this join created and judged: {detail}")]
+    Substituted { csr: String, detail: String },
+    /// The signed certificate does not certify what was judged.
+    #[error("CSR {csr}: {source}")]
+    CertificateMismatch {
+        csr: String,
+        #[source]
+        source: IssuedError,
+    },
+    #[error("CSR watch ended")]
+    WatchEnded,
+    #[error("CSR {csr} not signed within {timeout:?}: is kube-controller-manager's csrsigning controller running?")]
+    NotSigned { csr: String, timeout: Duration },
+    #[error("kube API: {0}")]
+    Api(#[from] kube::Error),
 }
 
 /// Where a CSR stands.
@@ -129,7 +152,7 @@ impl Issuer {
         &self,
         request: &IssueRequest<'_>,
         csr: CertificateSigningRequest,
-    ) -> Result<String, JoinError> {
+    ) -> Result<String, IssueError> {
         let name = csr.metadata.name.clone().unwrap_or_default();
         let uid = csr.metadata.uid.clone().unwrap_or_default();
         let cert = match outcome(&csr) {
@@ -150,7 +173,7 @@ impl Issuer {
             }
         };
         issued::check(&cert, request.judged)
-            .map_err(|source| Refusal::CertificateMismatch { csr: name, source })?;
+            .map_err(|source| IssueError::CertificateMismatch { csr: name, source })?;
         Ok(cert)
     }
 
@@ -159,7 +182,7 @@ impl Issuer {
         &self,
         name: &str,
         rx: &mut watch::Receiver<Outcome>,
-    ) -> Result<String, JoinError> {
+    ) -> Result<String, IssueError> {
         let waited = tokio::time::timeout(self.timeout, async {
             loop {
                 match rx.borrow_and_update().clone() {
@@ -168,16 +191,14 @@ impl Issuer {
                     Outcome::Pending => {}
                 }
                 if rx.changed().await.is_err() {
-                    return Err(JoinError::Unavailable("CSR watch ended".into()));
+                    return Err(IssueError::WatchEnded);
                 }
             }
         })
         .await;
-        waited.map_err(|_| {
-            JoinError::Unavailable(format!(
-                "CSR {name} not signed within {:?}: is kube-controller-manager's csrsigning controller running?",
-                self.timeout
-            ))
+        waited.map_err(|_| IssueError::NotSigned {
+            csr: name.to_string(),
+            timeout: self.timeout,
         })?
     }
 
@@ -213,7 +234,7 @@ impl Issuer {
     pub async fn create(
         &self,
         request: &IssueRequest<'_>,
-    ) -> Result<CertificateSigningRequest, JoinError> {
+    ) -> Result<CertificateSigningRequest, IssueError> {
         let mut labels = request.labels.clone();
         labels.insert(MANAGED_LABEL.into(), "true".into());
         let csr = CertificateSigningRequest {
@@ -247,7 +268,7 @@ impl Issuer {
         &self,
         request: &IssueRequest<'_>,
         recorded: &CsrRef,
-    ) -> Result<Option<CertificateSigningRequest>, JoinError> {
+    ) -> Result<Option<CertificateSigningRequest>, IssueError> {
         let Some(csr) = self.api.get_opt(&recorded.name).await? else {
             return Ok(None);
         };
@@ -264,18 +285,17 @@ impl Issuer {
     }
 
     /// Approves the CSR `name`, only while it is the object with `uid`.
-    async fn approve(&self, name: &str, uid: &str, message: &str) -> Result<(), JoinError> {
+    async fn approve(&self, name: &str, uid: &str, message: &str) -> Result<(), IssueError> {
         let verdict = approval::Verdict {
             reason: APPROVAL_REASON,
             message,
         };
         match approval::approve(&self.api, name, uid, verdict).await {
             Ok(()) => Ok(()),
-            Err(ApprovalError::Substituted { detail, .. }) => Err(Refusal::CsrSubstituted {
+            Err(ApprovalError::Substituted { detail, .. }) => Err(IssueError::Substituted {
                 csr: name.to_string(),
                 detail: format!("approval with UID {uid} refused: {detail}"),
-            }
-            .into()),
+            }),
             Err(ApprovalError::Api { source, .. }) => Err(source.into()),
         }
     }
@@ -381,11 +401,11 @@ fn is_approved(csr: &CertificateSigningRequest) -> bool {
         })
 }
 
-fn failed(name: &str, message: String) -> JoinError {
-    JoinError::Refused(Refusal::SigningFailed {
+fn failed(name: &str, message: String) -> IssueError {
+    IssueError::SigningFailed {
         csr: name.to_string(),
         message,
-    })
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -259,36 +259,13 @@ impl Resource for Ec2NodeClass {
     }
 }
 
-/// `aws:///<availability-zone>/<instance-id>`: how Karpenter and kubelet
-/// name an EC2 instance.
-pub fn aws_provider_id(availability_zone: &str, instance_id: &str) -> String {
-    format!("aws:///{availability_zone}/{instance_id}")
-}
-
-/// The instance id and zone in an AWS provider ID, if it is one.
-pub fn parse_aws_provider_id(provider_id: &str) -> Option<(&str, &str)> {
-    let rest = provider_id.strip_prefix("aws:///")?;
-    let (zone, instance) = rest.split_once('/')?;
-    (!zone.is_empty() && instance.starts_with("i-") && !instance.contains('/'))
-        .then_some((zone, instance))
-}
+/// How Karpenter and kubelet name an EC2 instance; the agent names itself
+/// with the same code.
+pub use autonode_shared::contract::{aws_provider_id, parse_aws_provider_id};
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn provider_ids_round_trip() {
-        let id = aws_provider_id("us-west-2a", "i-0123456789abcdef0");
-        assert_eq!(id, "aws:///us-west-2a/i-0123456789abcdef0");
-        assert_eq!(
-            parse_aws_provider_id(&id),
-            Some(("us-west-2a", "i-0123456789abcdef0"))
-        );
-        assert_eq!(parse_aws_provider_id("aws://us-west-2a/i-1"), None);
-        assert_eq!(parse_aws_provider_id("aws:///us-west-2a/x-1"), None);
-        assert_eq!(parse_aws_provider_id("aws:////i-1"), None);
-    }
 
     #[test]
     fn reads_karpenter_status_and_ignores_the_rest() {

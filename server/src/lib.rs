@@ -2,12 +2,11 @@
 //! autonode that the binary, the integration tests and the test harness
 //! share.
 //!
-//! A join request flows one way through these modules:
-//! [`api`] (HTTPS, limits) → [`join`]: parse → verify (the `shared`
-//! verifier) → bind ([`nodeclaim`], [`ec2`], [`binding`]) → approve
-//! ([`issuer`]) → render ([`render`]). Outcomes go to [`events`] and
-//! [`metrics`]; [`refusal`] says why a join was not granted. Agents'
-//! progress reports arrive through [`report`].
+//! A join request arrives through [`api`] (HTTPS, limits) and is handled
+//! by [`join`], whose module docs are the one list of its steps and the
+//! modules that own them. Services return their own errors; [`refusal`]
+//! is where the join turns them into a verdict. Agents' progress reports
+//! arrive through [`report`].
 //!
 //! - [`approver`]: approves kubelet's own renewal and serving CSRs.
 //! - [`ec2`]: looking booting instances up in EC2 (`DescribeInstances`).
@@ -23,6 +22,7 @@
 //!   are current.
 //! - [`nodeclass`]: keeps EC2NodeClasses' userData ([`userdata`]) and AMIs.
 //! - [`crds`]: installs or updates Karpenter's CRDs (`--install-crds`).
+//! - [`watches`]: the leader's controllers on watches built once per kind.
 
 #![forbid(unsafe_code)]
 
@@ -53,3 +53,4 @@ pub mod report;
 
 pub mod tls;
 pub mod userdata;
+pub mod watches;

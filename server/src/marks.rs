@@ -1,4 +1,5 @@
-//! autonode's marks on objects it does not own, and who may have made them.
+//! autonode's marks on objects it does not own, and who may have made them;
+//! and every `autonode.dev/*` name autonode reads or writes, in one place.
 //!
 //! autonode records facts on Karpenter's NodeClaims as annotations: the
 //! one-shot binding, a bootstrap failure, the milestones already reported.
@@ -27,6 +28,11 @@ use kube::api::PatchParams;
 
 /// The field manager under which autonode writes everything it writes.
 pub const FIELD_MANAGER: &str = "autonode-server";
+/// The field manager that takes over the EC2NodeClass fields autonode owned
+/// and no longer keeps (the metadata options when enforcing them is turned
+/// off, `amiSelectorTerms` when `--ami-ids` is unset), so they keep their
+/// values (see `crate::nodeclass`).
+pub const HANDOVER_MANAGER: &str = "autonode-server-handover";
 
 /// The one-shot binding of an instance to its keys (see `crate::binding`).
 pub const BINDING: &str = "autonode.dev/binding";
@@ -46,6 +52,15 @@ pub const CSR_INSTANCE_LABEL: &str = "autonode.dev/instance-id";
 pub const CSR_NODECLAIM_LABEL: &str = "autonode.dev/nodeclaim";
 /// See [`CSR_INSTANCE_LABEL`].
 pub const CSR_MANAGED_LABEL: &str = "autonode.dev/managed";
+
+/// EC2NodeClass annotation naming the ConfigMap or Secret (in the Ignition
+/// namespace; see `nodeconfig::Source::parse`) with the class's Ignition
+/// config. Set by operators, read by autonode: not a mark.
+pub const IGNITION_ANNOTATION: &str = "autonode.dev/ignition";
+/// EC2NodeClass annotation choosing the class's userData format (`toml` or
+/// `ignition`; `toml` when absent; see `crate::userdata::Format`). Set by
+/// operators, read by autonode: not a mark.
+pub const FORMAT_ANNOTATION: &str = "autonode.dev/userdata-format";
 
 /// Patch parameters for every write of a mark: names [`FIELD_MANAGER`].
 pub fn patch_params() -> PatchParams {

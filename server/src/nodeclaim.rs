@@ -1,4 +1,11 @@
-//! Finding an instance's NodeClaim, and the rules it must pass.
+//! Finding an instance's NodeClaim, the rules it must pass, and every
+//! write autonode makes to NodeClaims.
+//!
+//! [`NodeClaims`] is the only writer of NodeClaims: the binding, the
+//! bootstrap-failed and reported marks, the feedback condition and the
+//! deletion of a failed machine's NodeClaim all go through its methods, each
+//! under [`marks::FIELD_MANAGER`], so what the API server records under that
+//! name (and [`marks::keep_own`] trusts) is exactly what these methods write.
 //!
 //! Lookups come from a watch-backed cache (a kube-runtime reflector), never
 //! a LIST per join: a scale-out of a thousand machines must not become a
@@ -6,9 +13,8 @@
 
 use crate::binding::Record;
 use crate::cache::{self, Cache};
-use crate::karpenter::NodeClaim;
+use crate::karpenter::{Condition, NodeClaim};
 use crate::marks;
-use crate::refusal::{JoinError, Refusal};
 use kube::api::{DeleteParams, Patch, Preconditions};
 use kube::{Api, Client};
 use std::sync::Arc;
@@ -36,12 +42,8 @@ impl NodeClaims {
     }
 
     /// Waits until the first full list has arrived.
-    pub async fn ready(&self) -> Result<(), JoinError> {
-        self.cache
-            .status
-            .wait_listed()
-            .await
-            .map_err(|e| JoinError::Unavailable(format!("NodeClaim cache: {e}")))
+    pub async fn ready(&self) -> Result<(), NotListed> {
+        self.cache.status.wait_listed().await.map_err(NotListed)
     }
 
     /// Whether the cache has listed since its watch last failed (which
@@ -75,6 +77,17 @@ impl NodeClaims {
         self.cache
             .store
             .state_filter(|c| c.provider_id() == Some(provider_id))
+    }
+
+    /// Each NodeClaim this cache's watch brings (see [`Cache::changes`]):
+    /// the feedback controller's queue, from the one NodeClaim watch.
+    pub fn changes(&self) -> impl futures::Stream<Item = Arc<NodeClaim>> + Send + 'static {
+        self.cache.changes()
+    }
+
+    /// The cache's store, for a controller reconciling from it.
+    pub fn store(&self) -> kube::runtime::reflector::Store<NodeClaim> {
+        self.cache.store.clone()
     }
 
     /// The NodeClaim as the API server has it now (for conflict handling),
@@ -128,10 +141,58 @@ impl NodeClaims {
         }
     }
 
-    /// The NodeClaim API.
-    pub fn api(&self) -> &Api<NodeClaim> {
-        &self.api
+    /// Marks `name` failed with the agent's `note` (the [`marks::BOOTSTRAP_FAILED`]
+    /// annotation), for the feedback controller's condition, when deleting
+    /// failed NodeClaims is turned off.
+    pub async fn mark_failed(&self, name: &str, note: &str) -> Result<(), kube::Error> {
+        let patch =
+            serde_json::json!({"metadata": {"annotations": {marks::BOOTSTRAP_FAILED: note}}});
+        self.merge(name, &patch).await.map(|_| ())
     }
+
+    /// Records `reported` (comma-separated milestones) as `name`'s
+    /// [`marks::REPORTED`] mark; returns the NodeClaim as the write left it.
+    pub async fn mark_reported(
+        &self,
+        name: &str,
+        reported: &str,
+    ) -> Result<NodeClaim, kube::Error> {
+        let patch = serde_json::json!({"metadata": {"annotations": {marks::REPORTED: reported}}});
+        self.merge(name, &patch).await
+    }
+
+    /// Writes `claim`'s status conditions as `conditions`, through the
+    /// status subresource, only if the NodeClaim is still at the version
+    /// `claim` was read at (the API server answers 409 otherwise).
+    pub async fn write_conditions(
+        &self,
+        claim: &NodeClaim,
+        conditions: &[Condition],
+    ) -> Result<(), kube::Error> {
+        let patch = serde_json::json!({
+            "metadata": { "resourceVersion": claim.metadata.resource_version },
+            "status": { "conditions": conditions },
+        });
+        let name = claim.metadata.name.as_deref().unwrap_or_default();
+        self.api
+            .patch_status(name, &marks::patch_params(), &Patch::Merge(&patch))
+            .await
+            .map(|_| ())
+    }
+
+    /// A merge patch of `name`'s metadata, under autonode's field manager.
+    async fn merge(&self, name: &str, patch: &serde_json::Value) -> Result<NodeClaim, kube::Error> {
+        self.api
+            .patch(name, &marks::patch_params(), &Patch::Merge(patch))
+            .await
+    }
+}
+
+/// Seconds since the NodeClaim was created.
+pub fn age_seconds(claim: &NodeClaim) -> Option<f64> {
+    let created = claim.metadata.creation_timestamp.as_ref()?;
+    let age = k8s_openapi::jiff::Timestamp::now().duration_since(created.0);
+    Some(age.as_secs_f64().max(0.0))
 }
 
 /// What is kept of a NodeClaim (in this cache and the feedback controller's):
@@ -162,6 +223,32 @@ fn keep_own_marks(claim: &mut NodeClaim) {
     }
 }
 
+/// The NodeClaim cache never listed: its watch ended first.
+#[derive(Debug, thiserror::Error)]
+#[error("NodeClaim cache: {0}")]
+pub struct NotListed(#[source] cache::WatchEnded);
+
+/// Why an attested instance has no NodeClaim it may join as.
+#[derive(Debug, thiserror::Error)]
+pub enum SelectError {
+    #[error("no NodeClaim has providerID {0}")]
+    None(String),
+    #[error("{count} NodeClaims have providerID {provider_id}")]
+    Many { provider_id: String, count: usize },
+    #[error("NodeClaim {0} is already Registered")]
+    Registered(String),
+    #[error("NodeClaim {0} is being deleted")]
+    Deleting(String),
+    #[error(
+        "instance pendingTime {pending} is before NodeClaim {nodeclaim} was created ({created})"
+    )]
+    PendingBeforeNodeClaim {
+        nodeclaim: String,
+        pending: String,
+        created: String,
+    },
+}
+
 /// Picks the one NodeClaim an attested instance may join as, or says why
 /// there is none: exactly one match, not Registered, not deleting, and the
 /// instance's `pendingTime` no earlier than the NodeClaim's creation (an
@@ -171,15 +258,15 @@ pub fn select(
     provider_id: &str,
     matches: Vec<Arc<NodeClaim>>,
     pending_time: OffsetDateTime,
-) -> Result<Arc<NodeClaim>, Refusal> {
+) -> Result<Arc<NodeClaim>, SelectError> {
     let claim = match matches.len() {
-        0 => return Err(Refusal::NoNodeClaim(provider_id.to_string())),
+        0 => return Err(SelectError::None(provider_id.to_string())),
         1 => matches
             .into_iter()
             .next()
-            .ok_or_else(|| Refusal::NoNodeClaim(provider_id.to_string()))?,
+            .ok_or_else(|| SelectError::None(provider_id.to_string()))?,
         count => {
-            return Err(Refusal::ManyNodeClaims {
+            return Err(SelectError::Many {
                 provider_id: provider_id.to_string(),
                 count,
             })
@@ -190,13 +277,13 @@ pub fn select(
 }
 
 /// The rules one NodeClaim must pass.
-pub fn check(claim: &NodeClaim, pending_time: OffsetDateTime) -> Result<(), Refusal> {
+pub fn check(claim: &NodeClaim, pending_time: OffsetDateTime) -> Result<(), SelectError> {
     let name = claim.metadata.name.clone().unwrap_or_default();
     if claim.is_deleting() {
-        return Err(Refusal::Deleting(name));
+        return Err(SelectError::Deleting(name));
     }
     if claim.is_registered() {
-        return Err(Refusal::AlreadyRegistered(name));
+        return Err(SelectError::Registered(name));
     }
     let created = claim
         .metadata
@@ -206,7 +293,7 @@ pub fn check(claim: &NodeClaim, pending_time: OffsetDateTime) -> Result<(), Refu
     match created {
         // The API server stores whole seconds: compare at that resolution.
         Some(created) if pending_time.unix_timestamp() >= created.unix_timestamp() => Ok(()),
-        created => Err(Refusal::PendingBeforeNodeClaim {
+        created => Err(SelectError::PendingBeforeNodeClaim {
             nodeclaim: name,
             pending: pending_time.to_string(),
             created: created
@@ -290,12 +377,12 @@ mod tests {
     fn none_or_many_are_refused() {
         assert!(matches!(
             select(PID, vec![], AFTER),
-            Err(Refusal::NoNodeClaim(_))
+            Err(SelectError::None(_))
         ));
         let two = vec![claim(json!({})), claim(json!({}))];
         assert!(matches!(
             select(PID, two, AFTER),
-            Err(Refusal::ManyNodeClaims { count: 2, .. })
+            Err(SelectError::Many { count: 2, .. })
         ));
     }
 
@@ -305,17 +392,17 @@ mod tests {
             claim(json!({"status": {"conditions": [{"type": "Registered", "status": "True"}]}}));
         assert!(matches!(
             select(PID, vec![registered], AFTER),
-            Err(Refusal::AlreadyRegistered(_))
+            Err(SelectError::Registered(_))
         ));
         let deleting = claim(json!({"metadata": {"deletionTimestamp": "2026-01-01T10:01:00Z"}}));
         assert!(matches!(
             select(PID, vec![deleting], AFTER),
-            Err(Refusal::Deleting(_))
+            Err(SelectError::Deleting(_))
         ));
         let before = datetime!(2026-01-01 09:59:59 UTC);
         assert!(matches!(
             select(PID, vec![claim(json!({}))], before),
-            Err(Refusal::PendingBeforeNodeClaim { .. })
+            Err(SelectError::PendingBeforeNodeClaim { .. })
         ));
     }
 }

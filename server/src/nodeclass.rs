@@ -37,6 +37,7 @@
 //! every replica and every Karpenter, every resync. So the controller
 //! compares first, and counts its writes in `autonode_nodeclass_writes_total`.
 
+use crate::cache::Cache;
 use crate::events::Events;
 use crate::karpenter::{Ec2NodeClass, Ec2NodeClassSpec};
 use crate::metrics::Metrics;
@@ -44,28 +45,26 @@ use crate::userdata::{Format, Rendered, UnknownFormat, FORMAT_ANNOTATION};
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::{self, applier, trigger_self, Action};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
+use std::convert::Infallible;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use thiserror::Error;
 
-/// The server-side apply field manager that owns the kept fields.
-pub const FIELD_MANAGER: &str = "autonode-server";
+/// The field managers: the one that owns the kept fields, and the one that
+/// takes over what autonode no longer keeps (see [`handover`]). Defined with
+/// every other name autonode writes under, in [`crate::marks`].
+pub use crate::marks::{FIELD_MANAGER, HANDOVER_MANAGER};
 /// The `amiFamily` under which Karpenter passes userData verbatim.
 pub const AMI_FAMILY: &str = "Custom";
 /// The Event reason when fields were restored.
 pub const RESTORED: &str = "NodeClassRestored";
 /// The Warning Event reason when, not enforcing, a class lets pods read IMDS.
 pub const EXPOSED: &str = "InstanceMetadataExposed";
-/// The field manager that takes over the fields autonode owned and no
-/// longer keeps (the metadata options when enforcing them is turned off,
-/// `amiSelectorTerms` when `--ami-ids` is unset), so they keep their values
-/// (see [`handover`]).
-pub const HANDOVER_MANAGER: &str = "autonode-server-handover";
 /// The Event reason when autonode let go of a class's AMI selection.
 pub const AMI_RELEASED: &str = "AmiSelectionReleased";
 /// The Warning Event reason when a class's [`FORMAT_ANNOTATION`] names no
@@ -537,15 +536,20 @@ pub async fn run(client: Client, settings: Settings) {
         handed_over: Mutex::new(HashMap::new()),
         refused_format: Mutex::new(HashMap::new()),
     });
-    Controller::new(api, config)
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| {
+    // A cache, not kube-runtime's Controller: it lists again after a
+    // failed watch (see `crate::cache`), and runs only while polled here.
+    let (classes, watching) = Cache::whole(api, config, "EC2NodeClass upkeep");
+    let queue = trigger_self(classes.changes().map(Ok::<_, Infallible>), ());
+    let config = controller::Config::default();
+    let reconciler = |class, ctx| Box::pin(reconcile(class, ctx));
+    let controller =
+        applier(reconciler, error_policy, ctx, classes.store, queue, config).for_each(|result| {
             if let Err(error) = result {
                 tracing::debug!(%error, "EC2NodeClass controller");
             }
             futures::future::ready(())
-        })
-        .await;
+        });
+    futures::future::join(watching, controller).await;
 }
 
 async fn reconcile(class: Arc<Ec2NodeClass>, ctx: Arc<Context>) -> Result<Action, Error> {

@@ -21,8 +21,8 @@
 //!
 //! A referenced object that is missing, lacks the key or holds a config
 //! the agent would refuse is an operator's error that can be fixed while
-//! the agent keeps retrying: the join is [`JoinError::Unavailable`] (503,
-//! retried until the agent's deadline), and a Warning Event says why on the
+//! the agent keeps retrying: [`ConfigError`], which the join answers as
+//! unavailable (503, retried until the agent's deadline), and a Warning Event says why on the
 //! EC2NodeClass (on the NodeClaim when there is no class).
 //!
 //! A NodeClaim whose EC2NodeClass is not found (in the cache, nor then by a
@@ -34,7 +34,6 @@
 use crate::cache::{self, Cache};
 use crate::events::Events;
 use crate::karpenter::{Ec2NodeClass, NodeClaim};
-use crate::refusal::JoinError;
 use crate::render::{self, ClusterSettings, IgnitionError, NodeFacts};
 use autonode_shared::ignition::Config;
 use autonode_shared::protocol::KubeletSettings;
@@ -47,9 +46,8 @@ use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// EC2NodeClass annotation naming the ConfigMap or Secret (in the Ignition
-/// namespace; see [`Source::parse`]) with the class's Ignition config.
-pub const IGNITION_ANNOTATION: &str = "autonode.dev/ignition";
+/// Defined with every other `autonode.dev/*` name in [`crate::marks`].
+pub use crate::marks::IGNITION_ANNOTATION;
 /// The ConfigMap or Secret key holding an Ignition config (JSON, as Butane
 /// writes it).
 pub const IGNITION_KEY: &str = "config.ign";
@@ -128,6 +126,21 @@ impl std::str::FromStr for Source {
     fn from_str(reference: &str) -> Result<Self, Self::Err> {
         Self::parse(reference)
     }
+}
+
+/// Why [`NodeConfig::render`] has no config for a node now. All of it can
+/// be fixed while the agent retries.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The EC2NodeClass cache has not listed yet.
+    #[error("{0}")]
+    Classes(#[source] NodeConfigError),
+    /// Reading an EC2NodeClass the cache lacks failed.
+    #[error("kube API: {0}")]
+    Api(#[from] kube::Error),
+    /// The operator's config is missing or invalid (reported in an Event).
+    #[error("node config: {0}")]
+    Invalid(#[source] NodeConfigError),
 }
 
 /// Why a node's config cannot be rendered now.
@@ -213,7 +226,7 @@ impl NodeConfig {
         &self,
         cluster: &ClusterSettings,
         facts: &NodeFacts<'_>,
-    ) -> Result<(KubeletSettings, serde_json::Value), JoinError> {
+    ) -> Result<(KubeletSettings, serde_json::Value), ConfigError> {
         let class = self.class_of(facts.claim).await?;
         let kubelet_spec = class.as_ref().and_then(|c| c.spec.kubelet.as_ref());
         let kubelet = render::kubelet(cluster, kubelet_spec, facts);
@@ -225,7 +238,7 @@ impl NodeConfig {
             Ok(ignition) => Ok((kubelet, ignition)),
             Err(e) => {
                 self.report(class.as_deref(), facts.claim, &e);
-                Err(JoinError::Unavailable(format!("node config: {e}")))
+                Err(ConfigError::Invalid(e))
             }
         }
     }
@@ -245,7 +258,7 @@ impl NodeConfig {
     }
 
     /// The NodeClaim's EC2NodeClass, if it names one that exists.
-    async fn class_of(&self, claim: &NodeClaim) -> Result<Option<Arc<Ec2NodeClass>>, JoinError> {
+    async fn class_of(&self, claim: &NodeClaim) -> Result<Option<Arc<Ec2NodeClass>>, ConfigError> {
         let Some(reference) = &claim.spec.node_class_ref else {
             return Ok(None);
         };
@@ -253,9 +266,7 @@ impl NodeConfig {
         if reference.kind != kind || reference.group != group {
             return Ok(None);
         }
-        wait(&self.classes)
-            .await
-            .map_err(|e| JoinError::Unavailable(e.to_string()))?;
+        wait(&self.classes).await.map_err(ConfigError::Classes)?;
         let found = self.find_class(&reference.name).await?;
         if found.is_none() {
             tracing::warn!(
@@ -271,7 +282,7 @@ impl NodeConfig {
     /// before its NodeClaim, while the watch catches up) from the API
     /// server. Karpenter launches only from classes that exist, so the GET
     /// is rare.
-    async fn find_class(&self, name: &str) -> Result<Option<Arc<Ec2NodeClass>>, JoinError> {
+    async fn find_class(&self, name: &str) -> Result<Option<Arc<Ec2NodeClass>>, ConfigError> {
         if let Some(class) = self.classes.store.get(&ObjectRef::new(name)) {
             return Ok(Some(class));
         }

@@ -18,7 +18,6 @@
 use crate::binding::{self, Unreadable};
 use crate::events::Events;
 use crate::karpenter::{aws_provider_id, NodeClaim};
-use crate::marks;
 use crate::metrics::{Metrics, PhaseLabels, ReportRefusalLabels};
 use crate::nodeclaim::NodeClaims;
 use autonode_shared::identity::{self, IdentityError, Policy, TrustStore};
@@ -428,16 +427,9 @@ async fn mark_failed(
     note: &str,
 ) -> Result<(), ReportError> {
     let name = claim.metadata.name.clone().unwrap_or_default();
-    let patch = serde_json::json!({"metadata": {"annotations": {marks::BOOTSTRAP_FAILED: note}}});
     ctx.claims
-        .api()
-        .patch(
-            &name,
-            &marks::patch_params(),
-            &kube::api::Patch::Merge(&patch),
-        )
+        .mark_failed(&name, note)
         .await
-        .map(|_| ())
         .map_err(|e| ReportError::Unavailable(format!("marking NodeClaim {name} failed: {e}")))
 }
 

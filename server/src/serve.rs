@@ -15,7 +15,8 @@ use autonode_server::observe;
 use autonode_server::render::ClusterSettings;
 use autonode_server::report::{Replays, ReportContext};
 use autonode_server::tls::ReloadingCert;
-use autonode_server::{approver, feedback, leader};
+use autonode_server::watches::Leader;
+use autonode_server::{approver, leader};
 use autonode_shared::identity::{Policy, TrustStore};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use std::sync::Arc;
@@ -45,51 +46,28 @@ pub async fn run(args: ServeArgs) -> Result<()> {
 
     let ec2: Arc<dyn autonode_server::ec2::InstanceLookup> = Arc::new(ec2);
     let leading = start_election(&args, &client, &metrics);
-    if args.approve_kubelet_csrs {
-        let settings = approver::Settings {
+    let leader = Leader {
+        client: client.clone(),
+        claims: claims.clone(),
+        events: events.clone(),
+        metrics: metrics.clone(),
+        approver: args.approve_kubelet_csrs.then(|| approver::Settings {
             claims: claims.clone(),
             ec2: ec2.clone(),
             metrics: metrics.clone(),
             pending_cap: args.pending_csr_cap,
-        };
-        let client = client.clone();
-        tokio::spawn(leader::while_leading(
-            leading.clone(),
-            "csr-approver",
-            move || approver::run(client.clone(), settings.clone()),
-        ));
-    }
-    {
-        let (client, claims, events, metrics) = (
-            client.clone(),
-            claims.clone(),
-            events.clone(),
-            metrics.clone(),
-        );
-        tokio::spawn(leader::while_leading(
-            leading.clone(),
-            "nodeclaim-feedback",
-            move || {
-                feedback::run(
-                    client.clone(),
-                    claims.clone(),
-                    events.clone(),
-                    metrics.clone(),
-                )
-            },
-        ));
-    }
-    if let Some(settings) = args
-        .nodeclasses
-        .settings(&args.node_config, &metrics, &events)?
-    {
-        let client = client.clone();
-        tokio::spawn(leader::while_leading(
-            leading.clone(),
-            "ec2nodeclass-upkeep",
-            move || autonode_server::nodeclass::run(client.clone(), settings.clone()),
-        ));
-    }
+        }),
+        nodeclasses: args
+            .nodeclasses
+            .settings(&args.node_config, &metrics, &events)?,
+    };
+    // The approver, the feedback and the EC2NodeClass upkeep, on the
+    // watches they share (see `watches`).
+    tokio::spawn(leader::while_leading(
+        leading.clone(),
+        "leader-controllers",
+        move || leader.clone().run(),
+    ));
     if let (Some(Source::Secret(name)), false) = (&args.base_ignition, args.ignition_secrets) {
         anyhow::bail!(
             "--base-ignition names Secret {name}, but --ignition-secrets=false: keep the base config in a ConfigMap, or turn Secrets on"

@@ -36,16 +36,15 @@ use std::time::Duration;
 use thiserror::Error;
 
 /// Longest agent deadline: Karpenter's registration limit.
-pub const MAX_DEADLINE: Duration = Duration::from_secs(900);
+pub use autonode_shared::contract::MAX_DEADLINE;
 
 /// First line of every rendered document: what an operator sees in the
 /// EC2 console or `kubectl get ec2nodeclass -o yaml`.
 pub const HEADER: &str =
     "# autonode agent config, kept by autonode-server: edits here are reverted.\n";
 
-/// EC2NodeClass annotation choosing the class's userData [`Format`]
-/// (`toml` or `ignition`; `toml` when absent).
-pub const FORMAT_ANNOTATION: &str = "autonode.dev/userdata-format";
+/// Defined with every other `autonode.dev/*` name in [`crate::marks`].
+pub use crate::marks::FORMAT_ANNOTATION;
 
 /// The Ignition spec version of [`render_ignition`]'s config: the lowest of
 /// spec 3, because every Ignition that reads spec 3 reads 3.0.0 (newer ones

@@ -5,6 +5,8 @@
 //! Both halves depend on it, so the contract between them lives here:
 //!
 //! - [`agentconfig`]: the rules agent config values follow (agent and server).
+//! - [`contract`]: the deadline's bounds, the providerID format and
+//!   kubelet's file paths, named once for both halves.
 //! - [`protocol`]: the JSON messages the agent and server exchange.
 //! - [`identity`]: verifying AWS-signed instance identity documents
 //!   (pinned certificates only) and the policy on who may join when. Its
@@ -22,6 +24,7 @@
 #![forbid(unsafe_code)]
 
 pub mod agentconfig;
+pub mod contract;
 pub mod csr;
 pub mod identity;
 pub mod ignition;

@@ -6,7 +6,7 @@
 //! real Ignition: a config of spec 3.0–3.3 (what Debian's `ignition-validate`
 //! 2.14 reads) that autonode applies must pass `ignition-validate` too, so
 //! autonode never accepts what Ignition would refuse. Each such input costs
-//! a process (about 3.6 ms, ~275/s), hence opt-in; see README, Fuzzing.
+//! a process (about 3.6 ms, ~275/s), hence opt-in; see docs/fuzzing.md.
 #![no_main]
 
 use autonode_agent::fsutil::Root;

@@ -3,8 +3,7 @@
 //! comment) and must fail now. docs/design.md's threat model points here.
 
 use anyhow::{ensure, Context, Result};
-use autonode_server::issuer::{IssueRequest, Issuer};
-use autonode_server::refusal::{JoinError, Refusal};
+use autonode_server::issuer::{IssueError, IssueRequest, Issuer};
 use autonode_shared::csr::{self, Purpose};
 use autonode_shared::issued;
 use autonode_shared::protocol::JoinResponse;
@@ -357,10 +356,7 @@ async fn approval_is_bound_to_the_uid_the_join_created() -> Result<()> {
 
     let outcome = issuer.finish(&request, created).await;
     assert!(
-        matches!(
-            outcome,
-            Err(JoinError::Refused(Refusal::CsrSubstituted { .. }))
-        ),
+        matches!(outcome, Err(IssueError::Substituted { .. })),
         "{outcome:?}"
     );
     assert!(

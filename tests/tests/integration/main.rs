@@ -19,6 +19,7 @@ mod hostile;
 mod ignition_check;
 mod ignition_oracle;
 mod join;
+mod layout;
 mod limits;
 mod memory;
 mod nodeclass;

@@ -2,7 +2,8 @@
 //! real control plane with autonode-server running under the shipped RBAC.
 
 use anyhow::{bail, Context, Result};
-use autonode_agent::config::{Config, Document, ServerTrust};
+use autonode_agent::config::{Config, Document};
+use autonode_agent::trust::ServerTrust;
 use autonode_tests::controlplane::ControlPlane;
 use autonode_tests::karpenter::{self, ec2nodeclasses};
 use autonode_tests::pki::Ca;

@@ -16,9 +16,17 @@
 //! Nothing here is secret: userData is readable by every process on the
 //! instance and hashed by Karpenter. Unknown keys are an error naming the
 //! key, so a typo never silently falls back to a default.
+//!
+//! This module parses and validates documents; [`load`] reads the three
+//! layers and yields the run's [`Settings`].
+
+mod load;
+
+pub use load::{load, Flags, LoadError, Node, Settings};
 
 use crate::imds::{self, EndpointMode};
 use crate::proxy::ProxySettings;
+use crate::trust::ServerTrust;
 use autonode_shared::agentconfig;
 use hyper::Uri;
 use serde::Deserialize;
@@ -27,11 +35,8 @@ use std::time::Duration;
 
 /// Where AMI builders may put a config that overrides userData.
 pub const LOCAL_FILE: &str = agentconfig::LOCAL_FILE;
-/// Default overall deadline: below Karpenter's 15-minute registration limit,
-/// leaving kubelet time to register.
-pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(600);
-/// Karpenter deletes an instance that has not registered by then.
-pub const MAX_DEADLINE: Duration = Duration::from_secs(900);
+/// The deadline's default and bound, shared with the server's rendering.
+pub use autonode_shared::contract::{DEFAULT_DEADLINE, MAX_DEADLINE};
 /// Default directory for the agent's keys and state.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/autonode";
 
@@ -199,15 +204,6 @@ impl UserDataDocument {
             Self::Elsewhere(_) => None,
         }
     }
-}
-
-/// How the agent decides to trust the server.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ServerTrust {
-    /// Only these CA certificates (DER).
-    Ca(Vec<Vec<u8>>),
-    /// The CA whose DER has this sha256, found in the presented chain.
-    Sha256Pin([u8; 32]),
 }
 
 /// The validated configuration.

@@ -1,0 +1,157 @@
+//! Steps 3 (its end) and 4 of a join: the binding ([`crate::binding`]),
+//! the CSR objects ([`crate::issuer`]) and the node's config
+//! ([`crate::nodeconfig`]), all in place before anything is approved.
+
+use super::{kind, Attested, JoinContext};
+use crate::binding::{self, Binding, BindingError, CsrRef, Keys, Record};
+use crate::issuer::{self, IssueError, IssueRequest};
+use crate::refusal::JoinError;
+use crate::render::NodeFacts;
+use autonode_shared::csr::Purpose;
+use autonode_shared::protocol::KubeletSettings;
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+
+/// What a join has ready before anything is approved.
+pub(super) struct Prepared {
+    pub(super) binding: Binding,
+    pub(super) rendered: (KubeletSettings, serde_json::Value),
+    /// The CSR objects, in the order of the requests.
+    pub(super) csrs: Vec<CsrObject>,
+}
+
+/// A CSR object a join will approve, and whether this join created it.
+pub(super) struct CsrObject {
+    pub(super) object: CertificateSigningRequest,
+    created: bool,
+}
+
+/// Steps 3 (its end) and 4: judges the binding, finds or creates the CSR
+/// objects and renders the config, then records the binding naming those
+/// objects. Rendering and the objects need only what attestation
+/// established, so they run together; nothing is approved until all of it
+/// stands, and a join that fails on the way deletes the objects it created.
+pub(super) async fn prepare(
+    ctx: &JoinContext,
+    attested: &Attested,
+    keys: Keys<'_>,
+    requests: &[IssueRequest<'_>],
+) -> Result<Prepared, JoinError> {
+    // Judged on the cached NodeClaim first, so a replay creates nothing;
+    // the write below judges again on the version it writes over.
+    let existing = binding::judge(&attested.claim, &attested.doc.instance_id, keys)?;
+    let facts = NodeFacts {
+        claim: &attested.claim,
+        provider_id: &attested.provider_id,
+        node_ip: node_ip(attested),
+    };
+    let (rendered, csrs) = tokio::join!(
+        ctx.nodeconfig.render(&ctx.cluster.settings, &facts),
+        csr_objects(ctx, requests, existing.as_ref()),
+    );
+    let csrs = csrs?;
+    let bound = match rendered {
+        Ok(rendered) => record_binding(ctx, attested, keys, &csrs, existing)
+            .await
+            .map(|binding| (binding, rendered))
+            .map_err(JoinError::from),
+        Err(e) => Err(e.into()),
+    };
+    match bound {
+        Ok((binding, rendered)) => Ok(Prepared {
+            binding,
+            rendered,
+            csrs,
+        }),
+        Err(e) => {
+            abandon_created(ctx, &csrs).await;
+            Err(e)
+        }
+    }
+}
+
+/// The CSR objects for `requests`: the binding's own when a resumed join
+/// can use them, new ones otherwise. On any failure the new ones are
+/// deleted again.
+async fn csr_objects(
+    ctx: &JoinContext,
+    requests: &[IssueRequest<'_>],
+    existing: Option<&Record>,
+) -> Result<Vec<CsrObject>, IssueError> {
+    let each = requests.iter().map(|request| async move {
+        let recorded = existing.and_then(|r| r.csrs.iter().find(|c| c.purpose == request.kind()));
+        if let Some(recorded) = recorded {
+            if let Some(object) = ctx.issuer.find(request, recorded).await? {
+                return Ok(CsrObject {
+                    object,
+                    created: false,
+                });
+            }
+        }
+        ctx.issuer.create(request).await.map(|object| CsrObject {
+            object,
+            created: true,
+        })
+    });
+    let results: Vec<Result<CsrObject, IssueError>> = futures::future::join_all(each).await;
+    let (ok, failed): (Vec<_>, Vec<_>) = results.into_iter().partition(Result::is_ok);
+    let objects: Vec<CsrObject> = ok.into_iter().flatten().collect();
+    match failed.into_iter().find_map(Result::err) {
+        None => Ok(objects),
+        Some(e) => {
+            abandon_created(ctx, &objects).await;
+            Err(e)
+        }
+    }
+}
+
+async fn abandon_created(ctx: &JoinContext, csrs: &[CsrObject]) {
+    for csr in csrs.iter().filter(|c| c.created) {
+        ctx.issuer.abandon(&csr.object).await;
+    }
+}
+
+/// Writes the binding: a new record, or the resumed one naming the objects
+/// this join uses if they are not the recorded ones.
+async fn record_binding(
+    ctx: &JoinContext,
+    attested: &Attested,
+    keys: Keys<'_>,
+    csrs: &[CsrObject],
+    existing: Option<Record>,
+) -> Result<Binding, BindingError> {
+    let refs: Vec<CsrRef> = csrs
+        .iter()
+        .zip([Purpose::Client, Purpose::Serving])
+        .map(|(csr, purpose)| issuer::reference(kind(purpose), &csr.object))
+        .collect();
+    let claim = &attested.claim;
+    match existing {
+        Some(record) if record.csrs == refs => Ok(Binding::Resumed),
+        Some(mut record) => {
+            record.csrs = refs;
+            binding::write(&ctx.claims, claim, &record, true).await?;
+            Ok(Binding::Resumed)
+        }
+        None => {
+            let record = Record {
+                instance_id: attested.doc.instance_id.clone(),
+                region: attested.doc.region.clone(),
+                node_name: attested.instance.private_dns_name.clone(),
+                client_key: keys.client.to_string(),
+                serving_key: keys.serving.to_string(),
+                csrs: refs,
+            };
+            binding::write(&ctx.claims, claim, &record, false).await?;
+            Ok(Binding::New)
+        }
+    }
+}
+
+fn node_ip(attested: &Attested) -> String {
+    attested
+        .doc
+        .private_ip
+        .or_else(|| attested.instance.private_ips.first().copied())
+        .map(|ip| ip.to_string())
+        .unwrap_or_default()
+}

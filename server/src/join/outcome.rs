@@ -1,0 +1,204 @@
+//! What a join request leaves behind, wherever it ended: its log line, the
+//! Event on its NodeClaim, its metrics, and (for an instance refused for
+//! good) the deletion of its NodeClaim. [`record`] is the one place that
+//! happens; each of those is a small function of its own, and whether to
+//! delete is a pure decision ([`dooms_nodeclaim`]).
+
+use super::{Granted, JoinContext};
+use crate::binding::{self, Binding};
+use crate::karpenter::NodeClaim;
+use crate::metrics::JoinLabels;
+use crate::refusal::{JoinError, Refusal};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// How a join ended, with the NodeClaim it found, if exactly one matched
+/// (whether or not it passed the rules): what the outcome is reported on.
+pub(super) struct Outcome {
+    pub(super) claim: Option<Arc<NodeClaim>>,
+    pub(super) result: Result<Granted, JoinError>,
+}
+
+impl Outcome {
+    /// A join that ended before it found a NodeClaim.
+    pub(super) fn without_claim(error: JoinError) -> Self {
+        Self {
+            claim: None,
+            result: Err(error),
+        }
+    }
+}
+
+/// Times, logs, counts and reports the outcome on the NodeClaim.
+pub(super) fn record(
+    ctx: &JoinContext,
+    request_id: &str,
+    started: Instant,
+    claim: Option<&NodeClaim>,
+    result: Result<&Granted, &JoinError>,
+) {
+    ctx.metrics
+        .join_seconds
+        .observe(started.elapsed().as_secs_f64());
+    let labels = match result {
+        Ok(granted) => self::granted(ctx, request_id, claim, granted),
+        Err(JoinError::Unavailable(why)) => {
+            let claim_name = name(claim);
+            tracing::warn!(request_id, nodeclaim = claim_name, reason = %why, "join could not complete now");
+            JoinLabels {
+                result: "unavailable",
+                reason: "unavailable",
+            }
+        }
+        Err(JoinError::Refused(refusal)) => refused(ctx, request_id, claim, refusal),
+    };
+    ctx.metrics.joins.get_or_create(&labels).inc();
+}
+
+/// Records a bootstrap milestone's latency from the NodeClaim's creation.
+pub(super) fn milestone(ctx: &JoinContext, claim: &NodeClaim, milestone: &'static str) {
+    if let Some(age) = crate::nodeclaim::age_seconds(claim) {
+        ctx.metrics.observe_phase(milestone, age);
+    }
+}
+
+fn name(claim: Option<&NodeClaim>) -> &str {
+    claim
+        .and_then(|c| c.metadata.name.as_deref())
+        .unwrap_or("-")
+}
+
+fn granted(
+    ctx: &JoinContext,
+    request_id: &str,
+    claim: Option<&NodeClaim>,
+    granted: &Granted,
+) -> JoinLabels {
+    let node = &granted.response.node_name;
+    let result = if granted.binding == Binding::Resumed {
+        "resumed"
+    } else {
+        "joined"
+    };
+    tracing::info!(request_id, nodeclaim = name(claim), node = %node, result, "join granted");
+    if let Some(claim) = claim {
+        ctx.events.normal(
+            claim,
+            "Attested",
+            format!("instance attested; certificates issued for node {node} ({result})"),
+        );
+    }
+    JoinLabels {
+        result,
+        reason: "none",
+    }
+}
+
+fn refused(
+    ctx: &JoinContext,
+    request_id: &str,
+    claim: Option<&NodeClaim>,
+    refusal: &Refusal,
+) -> JoinLabels {
+    tracing::warn!(request_id, nodeclaim = name(claim), reason = refusal.reason(), detail = %refusal, "join refused");
+    if matches!(refusal, Refusal::PossibleReplay { .. }) {
+        ctx.metrics.possible_replays.inc();
+    }
+    if let Some(claim) = claim {
+        if dooms_nodeclaim(ctx.delete_refused, refusal, claim) {
+            delete_doomed(ctx, claim.clone(), request_id.to_string());
+        }
+        let reason = match refusal {
+            Refusal::PossibleReplay { .. } => "PossibleReplay",
+            _ => "JoinRefused",
+        };
+        ctx.events
+            .warning(claim, reason, format!("{refusal} (request {request_id})"));
+    }
+    JoinLabels {
+        result: "refused",
+        reason: refusal.reason(),
+    }
+}
+
+/// Whether `refusal` is a reason to delete `claim` so Karpenter replaces
+/// its machine now: only when deleting is on, the refusal dooms the
+/// instance itself ([`Refusal::dooms_instance`]), and the NodeClaim is
+/// neither bound (a join got through once: this may be someone else
+/// holding its document) nor Registered (the node is up).
+fn dooms_nodeclaim(delete_refused: bool, refusal: &Refusal, claim: &NodeClaim) -> bool {
+    delete_refused
+        && refusal.dooms_instance()
+        && !matches!(binding::recorded(claim), Ok(Some(_)))
+        && !claim.is_registered()
+}
+
+/// Deletes a NodeClaim whose instance can never join, in the background.
+fn delete_doomed(ctx: &JoinContext, claim: NodeClaim, request_id: String) {
+    let (claims, metrics) = (ctx.claims.clone(), ctx.metrics.clone());
+    tokio::spawn(async move {
+        let name = claim.metadata.name.clone().unwrap_or_default();
+        match claims.delete_failed(&claim).await {
+            Ok(true) => {
+                metrics.nodeclaims_deleted.inc();
+                tracing::warn!(request_id, nodeclaim = %name, "instance refused for good; NodeClaim deleted so Karpenter replaces it now");
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(request_id, nodeclaim = %name, error = %e, "could not delete the NodeClaim of a refused instance")
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::marks;
+    use serde_json::json;
+
+    fn claim(extra: serde_json::Value) -> NodeClaim {
+        let mut base = json!({"metadata": {"name": "c1"}, "spec": {}});
+        if let (Some(b), serde_json::Value::Object(e)) = (base.as_object_mut(), extra) {
+            b.extend(e);
+        }
+        serde_json::from_value(base).unwrap()
+    }
+
+    fn not_live() -> Refusal {
+        Refusal::InstanceNotLive {
+            instance_id: "i-1".into(),
+            state: "terminated".into(),
+        }
+    }
+
+    #[test]
+    fn a_doomed_unbound_unregistered_claim_is_deleted_when_allowed() {
+        assert!(dooms_nodeclaim(true, &not_live(), &claim(json!({}))));
+        assert!(!dooms_nodeclaim(false, &not_live(), &claim(json!({}))));
+    }
+
+    #[test]
+    fn refusals_someone_else_could_cause_delete_nothing() {
+        let replay = Refusal::PossibleReplay {
+            instance_id: "i-1".into(),
+            nodeclaim: "c1".into(),
+            bound: "a".into(),
+            offered: "b".into(),
+        };
+        assert!(!dooms_nodeclaim(true, &replay, &claim(json!({}))));
+    }
+
+    #[test]
+    fn bound_or_registered_claims_are_kept() {
+        let bound = claim(json!({"metadata": {
+            "name": "c1",
+            "annotations": {marks::BINDING: r#"{"instanceId":"i-1","region":"r","nodeName":"n","clientKey":"c","servingKey":"s","csrs":[]}"#},
+        }}));
+        assert!(!dooms_nodeclaim(true, &not_live(), &bound));
+        let registered = claim(json!({"status": {
+            "conditions": [{"type": "Registered", "status": "True"}],
+        }}));
+        assert!(!dooms_nodeclaim(true, &not_live(), &registered));
+    }
+}

@@ -1,0 +1,261 @@
+//! Many joins at once over the join protocol, from a fleet of loopback
+//! addresses, optionally beside hostile clients: throughput and the
+//! server's memory under load.
+
+use crate::*;
+use anyhow::{anyhow, bail, ensure, Context, Result};
+use autonode_shared::protocol::{JoinRequest, JoinResponse, JOIN_PATH};
+use autonode_tests::controlplane::unique;
+use autonode_tests::fakecloud::Instance;
+use autonode_tests::hostile::{self, Answers, Attackers};
+use autonode_tests::joiner::{self, NodeKeys};
+use autonode_tests::karpenter;
+use autonode_tests::node::{self};
+use autonode_tests::world::{World, ACCOUNT, REGION};
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client as HttpClient;
+use serde_json::{Map, Value};
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// `count` joins at once on a fresh control plane and server.
+pub(crate) async fn burst(
+    count: usize,
+    hostile: bool,
+    results: &mut Map<String, Value>,
+) -> Result<()> {
+    let world = World::start().await?;
+    let prefix = if hostile { "hostile_burst" } else { "burst" };
+    let admin = world.cp.admin().await?;
+    // The class the NodeClaims name exists, as it does under Karpenter:
+    // without it every join would also GET it from the API server.
+    karpenter::create_custom_nodeclass(&admin, "default", &node::user_data(&world)).await?;
+    let prepared = Instant::now();
+    // Karpenter's part, a few at a time: NodeClaim, instance, providerID.
+    let instances: Vec<Instance> = futures::stream::iter(0..count)
+        .map(|_| {
+            let (admin, cloud) = (admin.clone(), &world.cloud);
+            async move {
+                let claim = format!("burst-{}", unique());
+                karpenter::create_nodeclaim(&admin, &claim, "default").await?;
+                let built = Instance::builder()
+                    .account_id(ACCOUNT)
+                    .region(REGION)
+                    .build();
+                let instance = cloud.launch(built);
+                karpenter::set_provider_id(&admin, &claim, &instance.provider_id()).await?;
+                anyhow::Ok(instance)
+            }
+        })
+        .buffer_unordered(LAUNCH_CONCURRENCY)
+        .try_collect()
+        .await?;
+    // What each agent would send: its keys, CSRs and signed document.
+    let ca = world.cloud.ca().clone();
+    let requests = tokio::task::spawn_blocking(move || {
+        instances
+            .iter()
+            .map(|instance| joiner::honest_request(instance, &ca, &NodeKeys::generate()?))
+            .collect::<Result<Vec<JoinRequest>>>()
+    })
+    .await??;
+    // The server's NodeClaim watch has seen the last providerID by now.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    eprintln!(
+        "  {count} instances, NodeClaims and requests ready in {:.1}s",
+        prepared.elapsed().as_secs_f64()
+    );
+
+    let pid = world.server.pid();
+    let cpu_before = cpu_seconds(pid)?;
+    let cp_pids = world.cp.pids();
+    let cp_before = cp_pids.map(|p| cpu_seconds(p).unwrap_or(0.0));
+    let client = JoinClient::new(world.server.url(), world.server.ca_pem())?;
+    let foreign = Answers::default();
+    let attackers = match hostile {
+        true => attack(&world, &foreign)?,
+        false => Attackers::default(),
+    };
+    let started = Instant::now();
+    let joins = requests.into_iter().enumerate().map(|(machine, request)| {
+        let client = client.clone();
+        tokio::spawn(async move { client.join_like_agent(machine, &request).await })
+    });
+    let outcomes = futures::future::join_all(joins).await;
+    let seconds = started.elapsed().as_secs_f64();
+    drop(attackers);
+    let server_cpu = cpu_seconds(pid)? - cpu_before;
+    // Where else the machine's cores went: etcd, kube-apiserver, kcm.
+    for ((name, pid), before) in ["etcd", "apiserver", "kcm"]
+        .iter()
+        .zip(cp_pids)
+        .zip(cp_before)
+    {
+        let used = cpu_seconds(pid).unwrap_or(before) - before;
+        results.insert(format!("{prefix}_{name}_cpu_s"), round(used, 1).into());
+    }
+
+    let (mut granted, mut failures, mut busy) = (Vec::new(), 0usize, 0u32);
+    let mut first_failure = None;
+    for outcome in outcomes {
+        match outcome? {
+            Ok(done) => {
+                busy += done.busy_answers;
+                granted.push(done.elapsed);
+            }
+            Err(e) => {
+                failures += 1;
+                first_failure.get_or_insert(format!("{e:#}"));
+            }
+        }
+    }
+    if let Some(e) = &first_failure {
+        eprintln!("  first failure: {e}");
+    }
+    let peak_rss = vm_hwm_bytes(pid)?;
+    keep_logs(&world, prefix)?;
+    let mut put = |name: &str, value: Value| results.insert(format!("{prefix}_{name}"), value);
+    put("nodes", granted.len().into());
+    put("seconds", round(seconds, 1).into());
+    put("failures", failures.into());
+    put("503_answers", busy.into());
+    put(
+        "join_p50_ms",
+        round(ms(percentile(&granted, 0.5)), 1).into(),
+    );
+    put(
+        "join_max_ms",
+        round(ms(percentile(&granted, 1.0)), 1).into(),
+    );
+    put("server_cpu_s", round(server_cpu, 1).into());
+    if hostile {
+        let foreign = std::mem::take(&mut *foreign.lock().map_err(|_| anyhow!("poisoned"))?);
+        let refused = foreign.iter().filter(|(status, _)| *status == 403).count();
+        put("foreign_answers", foreign.len().into());
+        put("foreign_refused", refused.into());
+        put("server_peak_rss_bytes", peak_rss.into());
+    } else {
+        results.insert("server_peak_rss_bytes".into(), peak_rss.into());
+    }
+    Ok(())
+}
+
+/// Slow bodies (a source's worth, from 127.0.0.2) and documents of an
+/// account the server does not allow (16 callers, from 127.0.0.3), beside
+/// the burst: what `--hostile` measures the burst under.
+pub(crate) fn attack(world: &World, answers: &Answers) -> Result<Attackers> {
+    let mut attackers = Attackers::default();
+    let (url, ca) = (world.server.url(), world.server.ca_pem());
+    let slow = hostile::client_from(ca, hostile::OTHER_SOURCE)?;
+    attackers.slow_bodies(&slow, url, 64);
+    let foreign = Instance::builder()
+        .account_id("999999999999")
+        .region(REGION)
+        .build();
+    let foreign = joiner::honest_request(&foreign, world.cloud.ca(), &NodeKeys::generate()?)?;
+    let stream = hostile::client_from(ca, IpAddr::V4(Ipv4Addr::new(127, 0, 0, 3)))?;
+    for _ in 0..16 {
+        attackers.repeat(&stream, url, &foreign, answers)?;
+    }
+    Ok(attackers)
+}
+
+use autonode_tests::joiner::Https;
+
+/// The join protocol with the agent's retry rules: 429 and 5xx again after
+/// `max(backoff, Retry-After)`, anything else final. Each machine speaks
+/// from a loopback address of its own among [`SOURCES`], as machines in a
+/// VPC have addresses of their own: the server's per-source limits see a
+/// fleet, not one client.
+#[derive(Clone)]
+pub(crate) struct JoinClient {
+    clients: Arc<Vec<HttpClient<Https, hostile::Body>>>,
+    url: Arc<str>,
+}
+
+/// How many source addresses (127.0.1.1 on) the burst's machines use.
+pub(crate) const SOURCES: u8 = 250;
+
+pub(crate) struct Granted {
+    elapsed: Duration,
+    busy_answers: u32,
+}
+
+impl JoinClient {
+    fn new(base: &str, ca_pem: &str) -> Result<Self> {
+        let clients = (1..=SOURCES)
+            .map(|i| hostile::client_from(ca_pem, IpAddr::V4(Ipv4Addr::new(127, 0, 1, i))))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            clients: Arc::new(clients),
+            url: format!("{}{JOIN_PATH}", base.trim_end_matches('/')).into(),
+        })
+    }
+
+    async fn join_like_agent(&self, machine: usize, request: &JoinRequest) -> Result<Granted> {
+        let body = Bytes::from(serde_json::to_vec(request)?);
+        let started = Instant::now();
+        let mut busy_answers = 0;
+        for attempt in 1u32.. {
+            let (status, retry_after, text) = match self.post(machine, body.clone()).await {
+                Ok(answer) => answer,
+                Err(e) => (0, None, format!("{e:#}")),
+            };
+            if status == 200 {
+                let response: JoinResponse = serde_json::from_str(&text)?;
+                ensure!(
+                    response.client_certificate.contains("BEGIN CERTIFICATE")
+                        && response.serving_certificate.contains("BEGIN CERTIFICATE"),
+                    "granted without certificates"
+                );
+                return Ok(Granted {
+                    elapsed: started.elapsed(),
+                    busy_answers,
+                });
+            }
+            let transient = status == 0 || status == 429 || status >= 500;
+            ensure!(transient, "HTTP {status}: {text}");
+            if status == 503 {
+                busy_answers += 1;
+            }
+            // The agent's RetryPolicy::JOIN: 1 s doubling to 30 s, up to
+            // half of it jittered away, never sooner than Retry-After.
+            let backoff =
+                Duration::from_secs(1 << (attempt - 1).min(5)).min(Duration::from_secs(30));
+            let delay = backoff
+                .mul_f64(1.0 - 0.5 * rand::random::<f64>())
+                .max(retry_after.unwrap_or_default());
+            if started.elapsed() + delay > BURST_DEADLINE {
+                bail!("gave up after {attempt} attempts: HTTP {status}: {text}");
+            }
+            tokio::time::sleep(delay).await;
+        }
+        unreachable!("the loop returns or bails")
+    }
+
+    async fn post(&self, machine: usize, body: Bytes) -> Result<(u16, Option<Duration>, String)> {
+        let request = hyper::Request::post(&*self.url)
+            .header("content-type", "application/json")
+            .body(Full::new(body).boxed())?;
+        let client = &self.clients[machine % self.clients.len()];
+        let response = tokio::time::timeout(Duration::from_secs(60), client.request(request))
+            .await
+            .context("no answer within 60s")??;
+        let status = response.status().as_u16();
+        let retry_after = response
+            .headers()
+            .get(hyper::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse().ok())
+            .map(Duration::from_secs);
+        let body = response.into_body().collect().await?.to_bytes();
+        Ok((
+            status,
+            retry_after,
+            String::from_utf8_lossy(&body).into_owned(),
+        ))
+    }
+}

@@ -1,0 +1,115 @@
+//! autonode-bench: the join benchmarks (not a test; `tests/bench/run` runs it).
+//!
+//! Against a real control plane on this machine, with the release builds:
+//!
+//! 1. **join vs bare CSR**: one join at a time, the real agent binary
+//!    (`$AUTONODE_AGENT_BIN`, the static release build) on a simulated
+//!    instance, timed from the agent's start to kubelet's credentials
+//!    written and synced (the agent's `phase=apply succeeded` line, read
+//!    from its stderr as it comes), and to its exit 0 (kubelet started
+//!    through the fake systemctl, reports sent); interleaved with
+//!    the bare Kubernetes path a kubelet bootstrap takes on the same API
+//!    server (create a client CSR, approve it, wait for the certificate).
+//!    Each agent run is reaped with `wait4`, which gives its peak RSS and CPU
+//!    time.
+//! 2. **burst**: a fresh control plane and server; N instances with their
+//!    NodeClaims and signed documents made first, then N joins at once
+//!    through the join protocol (no agent processes), each retrying 503 after
+//!    `Retry-After` as the agent does, until every one has its certificates
+//!    or has finally failed. The machines speak from 250 loopback addresses,
+//!    so the server's per-source limits see a fleet. The server's peak RSS
+//!    is its `VmHWM`.
+//! 3. **hostile burst**: the same again on a fresh control plane, while 64
+//!    slow-body clients (from 127.0.0.2) and 16 callers repeating a document
+//!    of an account the server does not allow (from 127.0.0.3) run beside it.
+//!
+//! Writes the numbers as JSON (merged with `tests/bench/identity`'s when
+//! `--identity` names its file), the raw timings beside it
+//! (`*.samples.json`), and prints a table.
+//!
+//! For finding where time goes: `AUTONODE_BENCH_LOGS=DIR` keeps the
+//! server's and control plane's logs (and the last agent's),
+//! `AUTONODE_BENCH_TRACE=1` prints each agent run and bare CSR's timings
+//! (and each line the agent logs, with the time since its start),
+//! `AUTONODE_BENCH_WRAP="strace -f -tt -o FILE"` runs the agent under a tool.
+
+mod burst;
+mod measure;
+mod options;
+mod sequential;
+mod table;
+
+use anyhow::{bail, ensure, Context, Result};
+use serde_json::{Map, Value};
+use std::time::Instant;
+use {burst::*, measure::*, options::*, sequential::*, table::*};
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<()> {
+    let options = Options::parse()?;
+    ensure!(
+        options.agent.exists(),
+        "no agent binary at {}",
+        options.agent.display()
+    );
+    let mut results = Map::new();
+    let started = Instant::now();
+
+    eprintln!("== agent joins and bare CSRs, one at a time");
+    sequential(&options, &mut results).await?;
+    if options.burst > 0 {
+        eprintln!("== burst of {} joins", options.burst);
+        burst(options.burst, false, &mut results).await?;
+        eprintln!(
+            "== burst of {} joins beside slow bodies and foreign documents",
+            options.burst
+        );
+        burst(options.burst, true, &mut results).await?;
+    }
+    results.insert(
+        "agent_size_bytes".into(),
+        std::fs::metadata(&options.agent)?.len().into(),
+    );
+    results.insert(
+        "agent_path".into(),
+        options.agent.display().to_string().into(),
+    );
+    results.insert(
+        "bench_seconds".into(),
+        round(started.elapsed().as_secs_f64(), 1).into(),
+    );
+    if let Some(identity) = &options.identity {
+        let text = std::fs::read_to_string(identity)
+            .with_context(|| format!("reading {}", identity.display()))?;
+        let Value::Object(more) = serde_json::from_str(&text)? else {
+            bail!("{} is not a JSON object", identity.display());
+        };
+        for (key, value) in more {
+            let key = if key == "core" || key == "openssl_version" {
+                format!("identity_{key}")
+            } else {
+                key
+            };
+            results.insert(key, value);
+        }
+    }
+    results.insert("machine".into(), machine());
+    results.insert(
+        "kubernetes".into(),
+        autonode_tests::controlplane::KUBE_VERSION.into(),
+    );
+
+    if let Some(dir) = options.out.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    // The raw timings go beside the results, not in them.
+    if let Some(samples) = results.remove("samples") {
+        let path = options.out.with_extension("samples.json");
+        std::fs::write(&path, serde_json::to_string(&samples)? + "\n")?;
+    }
+    let results = Value::Object(results);
+    std::fs::write(&options.out, serde_json::to_string_pretty(&results)? + "\n")?;
+    print!("{}", table(&results));
+    eprintln!("wrote {}", options.out.display());
+    Ok(())
+}

@@ -1,0 +1,104 @@
+//! Reading what happened: the server's metrics, processes' CPU and peak
+//! memory, percentiles, and the machine the figures come from.
+
+use anyhow::{Context, Result};
+use autonode_tests::world::World;
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The server's steps of a join, as its `join_step_duration_seconds`
+/// histogram labels them.
+pub(crate) const JOIN_STEPS: [&str; 4] = ["attest", "ec2", "prepare", "certificates"];
+
+/// The server's /metrics text.
+pub(crate) async fn server_metrics(world: &World) -> Result<String> {
+    let url = format!("{}/metrics", world.server.metrics_url());
+    Ok(autonode_tests::server::http_get(&url).await?.1)
+}
+
+/// The value of the sample named exactly `name` (with its labels).
+pub(crate) fn metric(text: &str, name: &str) -> Result<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .with_context(|| format!("no {name} in /metrics"))
+}
+
+/// With `$AUTONODE_BENCH_LOGS` set to a directory, copies the server's and
+/// the control plane's logs there (for finding where the time goes).
+pub(crate) fn keep_logs(world: &World, phase: &str) -> Result<()> {
+    let Some(dir) = std::env::var_os("AUTONODE_BENCH_LOGS") else {
+        return Ok(());
+    };
+    let dir = PathBuf::from(dir).join(phase);
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("autonode-server.log"), world.server.log())?;
+    for name in ["kube-apiserver", "kube-controller-manager", "etcd"] {
+        let from = world.cp.dir().join(format!("{name}.log"));
+        if from.exists() {
+            std::fs::copy(&from, dir.join(format!("{name}.log")))?;
+        }
+    }
+    Ok(())
+}
+
+/// Nearest-rank percentile (`p` in 0..=1) of unsorted durations.
+pub(crate) fn percentile(values: &[Duration], p: f64) -> Duration {
+    let mut sorted = values.to_vec();
+    sorted.sort();
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = (p * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+pub(crate) fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+pub(crate) fn round(value: f64, digits: i32) -> f64 {
+    let scale = 10f64.powi(digits);
+    (value * scale).round() / scale
+}
+
+/// Peak resident set of a live process.
+pub(crate) fn vm_hwm_bytes(pid: u32) -> Result<u64> {
+    autonode_tests::process::status_bytes(pid, "VmHWM:")
+}
+
+/// User + system CPU time of a live process so far.
+pub(crate) fn cpu_seconds(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name (which may hold spaces): state is 3rd,
+    // utime 14th and stime 15th of the whole line.
+    let rest = stat.rsplit_once(')').context("odd /proc stat")?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { nix::libc::sysconf(nix::libc::_SC_CLK_TCK) }.max(1) as f64;
+    Ok(ticks as f64 / hz)
+}
+
+/// nproc, CPU model and memory of this machine.
+pub(crate) fn machine() -> Value {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name")?.split_once(':'))
+        .map(|(_, m)| m.trim().to_string())
+        .unwrap_or_else(|| "unknown".into());
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let memory_kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:")?.trim().strip_suffix("kB"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    let nproc = std::thread::available_parallelism().map_or(0, |n| n.get());
+    json!({
+        "nproc": nproc,
+        "cpu_model": model,
+        "memory_bytes": memory_kib * 1024,
+        "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
+    })
+}

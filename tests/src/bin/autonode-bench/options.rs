@@ -1,0 +1,62 @@
+//! The command line: how many of each measurement, and where the
+//! agent binary and the results are.
+
+use anyhow::{bail, ensure, Context, Result};
+use autonode_tests::node;
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub(crate) const USAGE: &str =
+    "usage: autonode-bench [--joins N] [--bare N] [--burst N] [--warmup N] \
+[--agent PATH] [--identity FILE] [--out FILE]";
+
+/// Agent runs and bare CSRs not counted, to warm connections and caches.
+pub(crate) const WARMUP: usize = 3;
+/// Launch calls (NodeClaim create + providerID) in flight at once.
+pub(crate) const LAUNCH_CONCURRENCY: usize = 16;
+/// A burst join that has not succeeded by then has failed.
+pub(crate) const BURST_DEADLINE: Duration = Duration::from_secs(300);
+
+pub(crate) struct Options {
+    pub(crate) joins: usize,
+    pub(crate) bare: usize,
+    pub(crate) burst: usize,
+    pub(crate) warmup: usize,
+    pub(crate) agent: PathBuf,
+    pub(crate) identity: Option<PathBuf>,
+    pub(crate) out: PathBuf,
+}
+
+impl Options {
+    pub(crate) fn parse() -> Result<Self> {
+        let mut options = Options {
+            joins: 100,
+            bare: 100,
+            burst: 1000,
+            warmup: WARMUP,
+            agent: node::agent_binary()?,
+            identity: None,
+            out: PathBuf::from("target/bench/results.json"),
+        };
+        let mut args = std::env::args().skip(1);
+        while let Some(flag) = args.next() {
+            let mut value = || args.next().with_context(|| format!("{flag} needs a value"));
+            match flag.as_str() {
+                "--joins" => options.joins = value()?.parse()?,
+                "--bare" => options.bare = value()?.parse()?,
+                "--burst" => options.burst = value()?.parse()?,
+                "--warmup" => options.warmup = value()?.parse()?,
+                "--agent" => options.agent = value()?.into(),
+                "--identity" => options.identity = Some(value()?.into()),
+                "--out" => options.out = value()?.into(),
+                "-h" | "--help" => {
+                    println!("{USAGE}");
+                    std::process::exit(0);
+                }
+                other => bail!("unknown argument {other}\n{USAGE}"),
+            }
+        }
+        ensure!(options.joins > 0 && options.bare > 0, "{USAGE}");
+        Ok(options)
+    }
+}

@@ -1,0 +1,456 @@
+//! Joins one at a time with the real agent binary, interleaved with the
+//! bare kubelet CSR path and the join's API writes alone, on one control
+//! plane: what a join costs over the floor it stands on.
+
+use crate::*;
+use anyhow::{ensure, Context, Result};
+use autonode_shared::csr::{self, Purpose};
+use autonode_tests::controlplane::unique;
+use autonode_tests::fakecloud::Instance;
+use autonode_tests::joiner::CsrShape;
+use autonode_tests::karpenter;
+use autonode_tests::node::{self, SimulatedNode};
+use autonode_tests::world::World;
+use futures::StreamExt;
+use k8s_openapi::api::certificates::v1::{
+    CertificateSigningRequest, CertificateSigningRequestCondition, CertificateSigningRequestSpec,
+    CertificateSigningRequestStatus,
+};
+use k8s_openapi::ByteString;
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use serde_json::{json, Map, Value};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Agent joins interleaved with bare CSRs on one control plane.
+pub(crate) async fn sequential(options: &Options, results: &mut Map<String, Value>) -> Result<()> {
+    let world = World::start().await?;
+    let admin = world.cp.admin().await?;
+    let user_data = node::user_data(&world);
+    // The class the NodeClaims name exists, as it does under Karpenter:
+    // without it every join would also GET it from the API server.
+    karpenter::create_custom_nodeclass(&admin, "default", &user_data).await?;
+    let runs = options.warmup + options.joins;
+    // Karpenter's part for every join first, so the server's NodeClaim
+    // cache holds them all before anything is timed.
+    let mut instances = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let (_, instance) = world
+            .launch(|i| Instance {
+                user_data: user_data.clone().into_bytes(),
+                ..i
+            })
+            .await?;
+        instances.push(instance);
+    }
+    // And NodeClaims for the join's writes alone to bind (no providerID:
+    // no join will ask for them).
+    let writes_claims = karpenter::nodeclaims(&admin);
+    let mut write_targets = Vec::with_capacity(options.warmup + options.bare);
+    for _ in 0..options.warmup + options.bare {
+        let name = format!("writes-{}", unique());
+        karpenter::create_nodeclaim(&admin, &name, "default").await?;
+        write_targets.push(name);
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // kube-rs speaks HTTP/1.1 only: a watch per CSR would hold a connection
+    // and close it when dropped, and each new connection's setup costs about
+    // 40 ms here. kubelet's watch shares its warm HTTP/2 connection; one
+    // long-lived watch over the bare CSRs, on a client of its own, is the
+    // same cost.
+    let csrs: Api<CertificateSigningRequest> = Api::all(admin);
+    let signed = watch_signed(Api::all(world.cp.admin().await?));
+    let mut joins = Vec::with_capacity(options.joins);
+    let mut exits = Vec::with_capacity(options.joins);
+    let mut bares = Vec::with_capacity(options.bare);
+    let mut writes = Vec::with_capacity(options.bare);
+    let mut max_rss_kib = 0;
+    let mut cpu = Vec::with_capacity(options.joins);
+    let rounds = options.warmup + options.joins.max(options.bare);
+    for round in 0..rounds {
+        let counted = round >= options.warmup;
+        if let Some(instance) = instances.get(round) {
+            let node = SimulatedNode::boot(&world, instance)?;
+            let run = run_agent(&node, &options.agent).await?;
+            if counted {
+                joins.push(run.credentials);
+                exits.push(run.elapsed);
+                max_rss_kib = max_rss_kib.max(run.max_rss_kib);
+                cpu.push(run.cpu);
+            }
+        }
+        // One NodeClaim to bind per bare round, warmup included.
+        if let Some(target) = write_targets.get(round) {
+            let elapsed = bare_csr(&csrs, &signed).await?;
+            let written = join_writes(&csrs, &writes_claims, target, &signed).await?;
+            if counted {
+                bares.push(elapsed);
+                writes.push(written);
+            }
+        }
+        if counted && (round - options.warmup + 1) % 25 == 0 {
+            eprintln!(
+                "  {} rounds: join p50 {:.1} ms, bare CSR p50 {:.1} ms, join's writes p50 {:.1} ms",
+                round - options.warmup + 1,
+                ms(percentile(&joins, 0.5)),
+                ms(percentile(&bares, 0.5)),
+                ms(percentile(&writes, 0.5)),
+            );
+        }
+    }
+    let metrics = server_metrics(&world).await?;
+    // The server's own time per join (its histograms' means): the rest of
+    // an agent's run is the agent's work on the node. Includes the warmup
+    // joins.
+    let mean_ms = |name: &str, labels: &str| -> Result<f64> {
+        let count = metric(&metrics, &format!("{name}_count{labels}"))?;
+        let sum = metric(&metrics, &format!("{name}_sum{labels}"))?;
+        Ok(round(sum / count.max(1.0) * 1000.0, 1))
+    };
+    results.insert(
+        "join_server_mean_ms".into(),
+        mean_ms("autonode_join_duration_seconds", "")?.into(),
+    );
+    let mut steps = Map::new();
+    for step in JOIN_STEPS {
+        let labels = format!("{{step=\"{step}\"}}");
+        let mean = mean_ms("autonode_join_step_duration_seconds", &labels)?;
+        steps.insert(step.into(), mean.into());
+    }
+    results.insert("join_server_steps_mean_ms".into(), steps.into());
+    keep_logs(&world, "sequential")?;
+    let samples = |v: &[Duration]| v.iter().map(|d| round(ms(*d), 2)).collect::<Vec<f64>>();
+    results.insert(
+        "samples".into(),
+        json!({
+            "join_ms": samples(&joins),
+            "agent_exit_ms": samples(&exits),
+            "bare_csr_ms": samples(&bares),
+            "join_writes_ms": samples(&writes),
+        }),
+    );
+    let join_p50 = ms(percentile(&joins, 0.5));
+    let bare_p50 = ms(percentile(&bares, 0.5));
+    let put = |results: &mut Map<String, Value>, key: &str, value: f64| {
+        results.insert(key.into(), round(value, 1).into());
+    };
+    results.insert("joins".into(), joins.len().into());
+    put(results, "join_p50_ms", join_p50);
+    put(results, "join_p99_ms", ms(percentile(&joins, 0.99)));
+    put(results, "join_min_ms", ms(percentile(&joins, 0.0)));
+    put(results, "agent_exit_p50_ms", ms(percentile(&exits, 0.5)));
+    results.insert("bare_csrs".into(), bares.len().into());
+    put(results, "bare_csr_p50_ms", bare_p50);
+    put(results, "bare_csr_p99_ms", ms(percentile(&bares, 0.99)));
+    results.insert(
+        "join_vs_bare_ratio".into(),
+        round(join_p50 / bare_p50, 2).into(),
+    );
+    let writes_p50 = ms(percentile(&writes, 0.5));
+    put(results, "join_writes_p50_ms", writes_p50);
+    results.insert(
+        "join_writes_vs_bare_ratio".into(),
+        round(writes_p50 / bare_p50, 2).into(),
+    );
+    results.insert(
+        "join_vs_join_writes_ratio".into(),
+        round(join_p50 / writes_p50, 2).into(),
+    );
+    results.insert("agent_peak_rss_bytes".into(), (max_rss_kib * 1024).into());
+    put(results, "agent_cpu_ms", ms(percentile(&cpu, 0.5)));
+    Ok(())
+}
+
+/// One agent run, reaped with `wait4`.
+pub(crate) struct AgentRun {
+    /// Until kubelet's credentials were written and synced.
+    credentials: Duration,
+    /// Until the agent exited.
+    elapsed: Duration,
+    max_rss_kib: u64,
+    cpu: Duration,
+}
+
+/// Runs the agent on `node` as `SimulatedNode::run_agent` does, but
+/// entering the namespace itself (no `ip netns exec` in between), so the
+/// child is the agent and `wait4` reports the agent's own resources.
+pub(crate) async fn run_agent(node: &SimulatedNode, agent: &Path) -> Result<AgentRun> {
+    use std::os::unix::process::CommandExt;
+    let root = node.root.path().to_path_buf();
+    let netns = std::fs::File::open(node.netns.path())?;
+    let log = std::fs::File::create(root.join("agent.log"))?;
+    let trace = trace();
+    let wrap = std::env::var("AUTONODE_BENCH_WRAP").unwrap_or_default();
+    let mut wrap = wrap.split_whitespace();
+    let mut command = match wrap.next() {
+        Some(program) => {
+            let mut c = std::process::Command::new(program);
+            c.args(wrap).arg(agent);
+            c
+        }
+        None => std::process::Command::new(agent),
+    };
+    command
+        .args(node.agent_args())
+        .args(trace.then_some("--verbose"))
+        .env_remove(node::IMDS_ENDPOINT_ENV)
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(std::process::Stdio::piped());
+    // SAFETY: setns is a plain system call, safe between fork and exec.
+    unsafe {
+        command.pre_exec(move || {
+            nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET)
+                .map_err(std::io::Error::from)
+        });
+    }
+    let (credentials, elapsed, status, usage) =
+        tokio::task::spawn_blocking(move || -> Result<_> {
+            let started = Instant::now();
+            let mut child = command.spawn().context("starting the agent")?;
+            let pid = child.id() as nix::libc::pid_t;
+            let stderr = child.stderr.take().context("the agent's stderr")?;
+            let credentials = read_log(stderr, log, started, trace)?;
+            let mut status = 0;
+            // SAFETY: an all-zero rusage is valid; wait4 fills it in.
+            let mut usage: nix::libc::rusage = unsafe { std::mem::zeroed() };
+            // SAFETY: valid pointers to locals; reaps only our own child.
+            let reaped = unsafe { nix::libc::wait4(pid, &mut status, 0, &mut usage) };
+            let elapsed = started.elapsed();
+            if trace {
+                let now = time::OffsetDateTime::now_utc();
+                eprintln!("agent ran {:?} until {now}", elapsed);
+            }
+            ensure!(reaped == pid, "wait4: {}", std::io::Error::last_os_error());
+            Ok((credentials, elapsed, status, usage))
+        })
+        .await??;
+    let log = std::fs::read_to_string(root.join("agent.log")).unwrap_or_default();
+    if let Some(dir) = std::env::var_os("AUTONODE_BENCH_LOGS") {
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(PathBuf::from(dir).join("agent.log"), &log)?;
+    }
+    ensure!(
+        nix::libc::WIFEXITED(status) && nix::libc::WEXITSTATUS(status) == 0,
+        "the agent failed (wait status {status:#x}):\n{log}"
+    );
+    for file in [
+        "/var/lib/kubelet/kubeconfig",
+        "/var/lib/kubelet/pki/kubelet-client-current.pem",
+    ] {
+        ensure!(
+            node.path(file).exists(),
+            "the agent exited 0 without {file}"
+        );
+    }
+    let tv = |t: nix::libc::timeval| {
+        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+    };
+    let credentials = credentials
+        .with_context(|| format!("the agent never logged {CREDENTIALS_WRITTEN}:\n{log}"))?;
+    Ok(AgentRun {
+        credentials,
+        elapsed,
+        max_rss_kib: usage.ru_maxrss as u64,
+        cpu: tv(usage.ru_utime) + tv(usage.ru_stime),
+    })
+}
+
+/// The agent's line once kubelet's files are written and synced.
+pub(crate) const CREDENTIALS_WRITTEN: &str = "phase=apply succeeded";
+
+/// Copies the agent's stderr to `log` as it comes (and, with `trace`, to
+/// ours with timestamps); when it logged [`CREDENTIALS_WRITTEN`], counted
+/// from `started`.
+pub(crate) fn read_log(
+    stderr: impl std::io::Read,
+    mut log: std::fs::File,
+    started: Instant,
+    trace: bool,
+) -> Result<Option<Duration>> {
+    use std::io::{BufRead as _, Write as _};
+    let mut credentials = None;
+    for line in std::io::BufReader::new(stderr).lines() {
+        let line = line.context("reading the agent's stderr")?;
+        if trace {
+            let now = time::OffsetDateTime::now_utc().time();
+            eprintln!("  {now} +{:6.1} ms  {line}", ms(started.elapsed()));
+        }
+        if credentials.is_none() && line.contains(CREDENTIALS_WRITTEN) {
+            credentials = Some(started.elapsed());
+        }
+        writeln!(log, "{line}")?;
+    }
+    Ok(credentials)
+}
+
+/// What kubelet's TLS bootstrap does on the API server: create a client
+/// CSR, (an approver) approve it, wait for kube-controller-manager's
+/// certificate with a watch on that one name. The key is made beforehand.
+pub(crate) async fn bare_csr(
+    api: &Api<CertificateSigningRequest>,
+    signed: &tokio::sync::broadcast::Sender<String>,
+) -> Result<Duration> {
+    let key = rcgen::KeyPair::generate()?;
+    let name = format!("bare-{}", unique());
+    let csr = bench_csr(&name, Purpose::Client, &CsrShape::client(&name), &key)?;
+    let mut signed = signed.subscribe();
+    let started = Instant::now();
+    api.create(&PostParams::default(), &csr).await?;
+    let created = started.elapsed();
+    approve(api, &name).await?;
+    let approved = started.elapsed();
+    wait_signed(&mut signed, &[name]).await?;
+    if trace() {
+        eprintln!(
+            "bare CSR: created {created:?} approved {approved:?} signed {:?}",
+            started.elapsed()
+        );
+    }
+    Ok(started.elapsed())
+}
+
+/// The API writes no join can do without, made straight from a client in
+/// the order the server makes them: the binding patch on a NodeClaim beside
+/// the client and serving CSRs' creation, then both approvals, then both
+/// signatures by kube-controller-manager. A join's time beyond this is
+/// autonode's own (agent, TLS, attestation, rendering, its watches).
+pub(crate) async fn join_writes(
+    csrs: &Api<CertificateSigningRequest>,
+    claims: &Api<kube::api::DynamicObject>,
+    claim: &str,
+    signed: &tokio::sync::broadcast::Sender<String>,
+) -> Result<Duration> {
+    let id = unique();
+    let node = format!("ip-10-0-0-1.writes-{id}.internal");
+    let serving_shape = CsrShape {
+        dns: vec![node.clone()],
+        ips: vec![std::net::Ipv4Addr::new(10, 0, 0, 1).into()],
+        ..CsrShape::client(&node)
+    };
+    let (client_key, serving_key) = (rcgen::KeyPair::generate()?, rcgen::KeyPair::generate()?);
+    let client = bench_csr(
+        &format!("writes-client-{id}"),
+        Purpose::Client,
+        &CsrShape::client(&node),
+        &client_key,
+    )?;
+    let serving = bench_csr(
+        &format!("writes-serving-{id}"),
+        Purpose::Serving,
+        &serving_shape,
+        &serving_key,
+    )?;
+    let names = [&client, &serving].map(|c| c.metadata.name.clone().unwrap_or_default());
+    let binding =
+        Patch::Merge(json!({"metadata": {"annotations": {"autonode-bench/binding": id}}}));
+    let (post, patch) = (PostParams::default(), PatchParams::default());
+    let mut signed = signed.subscribe();
+    let started = Instant::now();
+    let (bound, client, serving) = tokio::join!(
+        claims.patch(claim, &patch, &binding),
+        csrs.create(&post, &client),
+        csrs.create(&post, &serving),
+    );
+    bound?;
+    client?;
+    serving?;
+    let (client, serving) = tokio::join!(approve(csrs, &names[0]), approve(csrs, &names[1]));
+    client?;
+    serving?;
+    wait_signed(&mut signed, &names).await?;
+    Ok(started.elapsed())
+}
+
+/// A CSR object as a kubelet or the server creates it, labelled for the
+/// bench's watch.
+pub(crate) fn bench_csr(
+    name: &str,
+    purpose: Purpose,
+    shape: &CsrShape,
+    key: &rcgen::KeyPair,
+) -> Result<CertificateSigningRequest> {
+    Ok(CertificateSigningRequest {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some([(BARE_LABEL.to_string(), "true".to_string())].into()),
+            ..Default::default()
+        },
+        spec: CertificateSigningRequestSpec {
+            request: ByteString(shape.csr(key)?.into_bytes()),
+            signer_name: purpose.signer().into(),
+            usages: Some(csr::usages_for(purpose).map(String::from).to_vec()),
+            ..Default::default()
+        },
+        status: None,
+    })
+}
+
+pub(crate) async fn approve(api: &Api<CertificateSigningRequest>, name: &str) -> Result<()> {
+    let approval = json!({"status": CertificateSigningRequestStatus {
+        conditions: Some(vec![CertificateSigningRequestCondition {
+            type_: "Approved".into(),
+            status: "True".into(),
+            reason: Some("BenchApproved".into()),
+            message: Some("autonode-bench: approved by the bench itself".into()),
+            ..Default::default()
+        }]),
+        certificate: None,
+    }});
+    api.patch_approval(name, &PatchParams::default(), &Patch::Merge(&approval))
+        .await?;
+    Ok(())
+}
+
+/// Waits until every CSR in `names` has been signed.
+pub(crate) async fn wait_signed(
+    signed: &mut tokio::sync::broadcast::Receiver<String>,
+    names: &[String],
+) -> Result<()> {
+    let mut left: Vec<&String> = names.iter().collect();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while !left.is_empty() {
+            let name = signed.recv().await?;
+            left.retain(|n| **n != name);
+        }
+        anyhow::Ok(())
+    })
+    .await
+    .with_context(|| format!("CSRs {names:?} not signed within 30s"))?
+}
+
+/// Whether `AUTONODE_BENCH_TRACE` asks for each run's timings.
+pub(crate) fn trace() -> bool {
+    std::env::var_os("AUTONODE_BENCH_TRACE").is_some()
+}
+
+/// Label on the bench's own CSRs (the bare path and the join's writes).
+pub(crate) const BARE_LABEL: &str = "autonode-bench/bare";
+
+/// One watch over the bench's own CSRs: sends the name of each as it is
+/// signed.
+pub(crate) fn watch_signed(
+    api: Api<CertificateSigningRequest>,
+) -> tokio::sync::broadcast::Sender<String> {
+    use kube::runtime::{watcher, WatchStreamExt};
+    let (tx, _) = tokio::sync::broadcast::channel(64);
+    let sender = tx.clone();
+    tokio::spawn(async move {
+        let config = watcher::Config::default().labels(&format!("{BARE_LABEL}=true"));
+        let stream = watcher(api, config).default_backoff().applied_objects();
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            let Ok(csr) = event else { continue };
+            let issued = csr
+                .status
+                .as_ref()
+                .and_then(|s| s.certificate.as_ref())
+                .is_some_and(|c| !c.0.is_empty());
+            if issued {
+                let _ = sender.send(csr.metadata.name.unwrap_or_default());
+            }
+        }
+    });
+    tx
+}
