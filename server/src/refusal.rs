@@ -3,8 +3,18 @@
 //! The caller learns only that it was refused (and a request id); the
 //! precise reason goes to the log, an Event and the `reason` label of a
 //! metric. Each reason has a short stable label for that.
+//!
+//! The services a join uses ([`crate::nodeclaim`], [`crate::binding`],
+//! [`crate::issuer`], [`crate::nodeconfig`]) return their own errors and
+//! know nothing of HTTP; the `From` impls here are the one place that
+//! decides which of their failures refuse a join and which only make it
+//! unavailable for now.
 
+use crate::binding::BindingError;
 use crate::ec2::LookupError;
+use crate::issuer::IssueError;
+use crate::nodeclaim::{NotListed, SelectError};
+use crate::nodeconfig::ConfigError;
 use autonode_shared::csr::CsrError;
 use autonode_shared::identity::{IdentityError, PolicyError};
 use autonode_shared::issued::IssuedError;
@@ -19,22 +29,10 @@ pub enum Refusal {
     Identity(#[from] IdentityError),
     #[error("identity policy refused: {0}")]
     Policy(#[from] PolicyError),
-    #[error("no NodeClaim has providerID {0}")]
-    NoNodeClaim(String),
-    #[error("{count} NodeClaims have providerID {provider_id}")]
-    ManyNodeClaims { provider_id: String, count: usize },
-    #[error("NodeClaim {0} is already Registered")]
-    AlreadyRegistered(String),
-    #[error("NodeClaim {0} is being deleted")]
-    Deleting(String),
-    #[error(
-        "instance pendingTime {pending} is before NodeClaim {nodeclaim} was created ({created})"
-    )]
-    PendingBeforeNodeClaim {
-        nodeclaim: String,
-        pending: String,
-        created: String,
-    },
+    /// No one NodeClaim may be bound for this instance now; the
+    /// selection's own words (see [`SelectError`]).
+    #[error(transparent)]
+    NodeClaim(SelectError),
     #[error("EC2 refused the instance lookup: {0}")]
     Lookup(LookupError),
     #[error("instance {instance_id} is {state} in EC2, not pending or running")]
@@ -87,7 +85,7 @@ impl Refusal {
         matches!(
             self,
             Self::Policy(_)
-                | Self::PendingBeforeNodeClaim { .. }
+                | Self::NodeClaim(SelectError::PendingBeforeNodeClaim { .. })
                 | Self::InstanceNotLive { .. }
                 | Self::ImageMismatch { .. }
                 | Self::NoPrivateDnsName(_)
@@ -100,11 +98,13 @@ impl Refusal {
             Self::BadRequest(_) => "bad_request",
             Self::Identity(e) => e.label(),
             Self::Policy(e) => e.label(),
-            Self::NoNodeClaim(_) => "no_nodeclaim",
-            Self::ManyNodeClaims { .. } => "many_nodeclaims",
-            Self::AlreadyRegistered(_) => "nodeclaim_registered",
-            Self::Deleting(_) => "nodeclaim_deleting",
-            Self::PendingBeforeNodeClaim { .. } => "pending_before_nodeclaim",
+            Self::NodeClaim(e) => match e {
+                SelectError::None(_) => "no_nodeclaim",
+                SelectError::Many { .. } => "many_nodeclaims",
+                SelectError::Registered(_) => "nodeclaim_registered",
+                SelectError::Deleting(_) => "nodeclaim_deleting",
+                SelectError::PendingBeforeNodeClaim { .. } => "pending_before_nodeclaim",
+            },
             Self::Lookup(_) => "ec2_lookup_refused",
             Self::InstanceNotLive { .. } => "instance_not_live",
             Self::ImageMismatch { .. } => "image_mismatch",
@@ -129,7 +129,7 @@ pub enum JoinError {
     /// Something on our side or upstream is unavailable; the agent retries
     /// (HTTP 503).
     #[error("temporarily unavailable: {0}")]
-    Unavailable(String),
+    Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 impl JoinError {
@@ -140,10 +140,127 @@ impl JoinError {
             Self::Unavailable(_) => "unavailable",
         }
     }
+
+    /// A join that cannot complete now, for `why`.
+    pub fn unavailable(why: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Self::Unavailable(why.into())
+    }
 }
 
-impl From<kube::Error> for JoinError {
-    fn from(e: kube::Error) -> Self {
-        Self::Unavailable(format!("kube API: {e}"))
+// What each service's error means for the join: the only place a
+// service's failure becomes a verdict. A service says what went wrong; the
+// join decides whether that is a refusal (final) or unavailable (retry).
+
+impl From<NotListed> for JoinError {
+    fn from(e: NotListed) -> Self {
+        Self::unavailable(e)
+    }
+}
+
+impl From<SelectError> for Refusal {
+    fn from(e: SelectError) -> Self {
+        Self::NodeClaim(e)
+    }
+}
+
+impl From<SelectError> for JoinError {
+    fn from(e: SelectError) -> Self {
+        Self::Refused(e.into())
+    }
+}
+
+impl From<BindingError> for JoinError {
+    fn from(e: BindingError) -> Self {
+        let refusal = match e {
+            BindingError::Unreadable { nodeclaim, source } => Refusal::BindingUnreadable {
+                nodeclaim,
+                detail: source.0,
+            },
+            BindingError::PossibleReplay {
+                instance_id,
+                nodeclaim,
+                bound,
+                offered,
+            } => Refusal::PossibleReplay {
+                instance_id,
+                nodeclaim,
+                bound,
+                offered,
+            },
+            BindingError::Gone(name) => Refusal::NodeClaim(SelectError::None(name)),
+            e @ (BindingError::Changed(_) | BindingError::Api(_)) => return Self::unavailable(e),
+        };
+        Self::Refused(refusal)
+    }
+}
+
+impl From<IssueError> for JoinError {
+    fn from(e: IssueError) -> Self {
+        let refusal = match e {
+            IssueError::SigningFailed { csr, message } => Refusal::SigningFailed { csr, message },
+            IssueError::Substituted { csr, detail } => Refusal::CsrSubstituted { csr, detail },
+            IssueError::CertificateMismatch { csr, source } => {
+                Refusal::CertificateMismatch { csr, source }
+            }
+            e @ (IssueError::Api(_) | IssueError::WatchEnded | IssueError::NotSigned { .. }) => {
+                return Self::unavailable(e)
+            }
+        };
+        Self::Refused(refusal)
+    }
+}
+
+impl From<ConfigError> for JoinError {
+    fn from(e: ConfigError) -> Self {
+        Self::unavailable(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_nodeclaim_that_fails_the_rules_refuses_with_the_same_words() {
+        let e = SelectError::PendingBeforeNodeClaim {
+            nodeclaim: "c1".into(),
+            pending: "p".into(),
+            created: "c".into(),
+        };
+        let message = e.to_string();
+        let verdict = JoinError::from(e);
+        assert_eq!(verdict.reason(), "pending_before_nodeclaim");
+        assert_eq!(verdict.to_string(), message);
+    }
+
+    #[test]
+    fn a_binding_conflict_is_retried_and_a_replay_refused() {
+        let changed = JoinError::from(BindingError::Changed("c1".into()));
+        assert_eq!(changed.reason(), "unavailable");
+        assert_eq!(
+            changed.to_string(),
+            "temporarily unavailable: the binding of NodeClaim c1 changed during this join; the retry is judged on the new one"
+        );
+        let gone = JoinError::from(BindingError::Gone("c1".into()));
+        assert_eq!(gone.reason(), "no_nodeclaim");
+    }
+
+    #[test]
+    fn a_slow_signer_is_retried_and_a_substituted_csr_refused() {
+        let slow = JoinError::from(IssueError::NotSigned {
+            csr: "x".into(),
+            timeout: Duration::from_secs(1),
+        });
+        assert_eq!(slow.reason(), "unavailable");
+        let substituted = JoinError::from(IssueError::Substituted {
+            csr: "x".into(),
+            detail: "d".into(),
+        });
+        assert_eq!(substituted.reason(), "csr_substituted");
+        assert_eq!(
+            substituted.to_string(),
+            "CSR object x is not the one this join created and judged: d"
+        );
     }
 }
