@@ -101,7 +101,7 @@ pub enum BindingError {
         offered: String,
     },
     /// The NodeClaim was deleted during the join.
-    #[error("no NodeClaim has providerID {0}")]
+    #[error("NodeClaim {0} was deleted during this join")]
     Gone(String),
     /// Another join wrote the binding first; a retry is judged on it.
     #[error(

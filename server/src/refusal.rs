@@ -33,6 +33,9 @@ pub enum Refusal {
     /// selection's own words (see [`SelectError`]).
     #[error(transparent)]
     NodeClaim(SelectError),
+    /// The NodeClaim went away between its selection and the binding write.
+    #[error("NodeClaim {0} was deleted during this join")]
+    NodeClaimGone(String),
     #[error("EC2 refused the instance lookup: {0}")]
     Lookup(LookupError),
     #[error("instance {instance_id} is {state} in EC2, not pending or running")]
@@ -105,6 +108,7 @@ impl Refusal {
                 SelectError::Deleting(_) => "nodeclaim_deleting",
                 SelectError::PendingBeforeNodeClaim { .. } => "pending_before_nodeclaim",
             },
+            Self::NodeClaimGone(_) => "no_nodeclaim",
             Self::Lookup(_) => "ec2_lookup_refused",
             Self::InstanceNotLive { .. } => "instance_not_live",
             Self::ImageMismatch { .. } => "image_mismatch",
@@ -187,7 +191,7 @@ impl From<BindingError> for JoinError {
                 bound,
                 offered,
             },
-            BindingError::Gone(name) => Refusal::NodeClaim(SelectError::None(name)),
+            BindingError::Gone(name) => Refusal::NodeClaimGone(name),
             e @ (BindingError::Changed(_) | BindingError::Api(_)) => return Self::unavailable(e),
         };
         Self::Refused(refusal)
@@ -244,6 +248,10 @@ mod tests {
         );
         let gone = JoinError::from(BindingError::Gone("c1".into()));
         assert_eq!(gone.reason(), "no_nodeclaim");
+        assert_eq!(
+            gone.to_string(),
+            "NodeClaim c1 was deleted during this join"
+        );
     }
 
     #[test]
