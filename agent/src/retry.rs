@@ -1,10 +1,12 @@
-//! Retrying as data: a policy (base, cap, jitter) and one overall deadline.
+//! Retrying as data: a policy (the shared [`Backoff`]) and one overall
+//! deadline.
 //!
 //! Every network step of the agent retries transient failures with capped
 //! exponential backoff and jitter, and all of them share one deadline, so
 //! the agent gives up (and says why) before Karpenter's registration limit
 //! deletes the instance without a word.
 
+use autonode_shared::backoff::Backoff;
 use std::collections::hash_map::RandomState;
 use std::fmt::Display;
 use std::future::Future;
@@ -12,52 +14,43 @@ use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// Capped exponential backoff with jitter.
+/// How one kind of request is retried: the shared [`Backoff`] with the
+/// agent's values for it. The loop around it is [`retry`]'s: one deadline
+/// for the whole run, and a server's Retry-After honoured.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RetryPolicy {
-    /// Delay after the first failure.
-    pub base: Duration,
-    /// Largest delay between attempts.
-    pub cap: Duration,
-    /// Fraction (0..=1) of each delay that is random, so a fleet booting at
-    /// once does not retry in lockstep.
-    pub jitter: f64,
-    /// Attempts before giving up even with time left; `None`: until the
-    /// deadline.
-    pub max_attempts: Option<u32>,
-}
+pub struct RetryPolicy(pub Backoff);
 
 impl RetryPolicy {
     /// The join: the server may be scaling up or waiting on the
     /// kube-controller-manager; be patient but not hammering.
-    pub const JOIN: RetryPolicy = RetryPolicy {
-        base: Duration::from_secs(1),
+    pub const JOIN: RetryPolicy = RetryPolicy(Backoff {
+        initial: Duration::from_secs(1),
+        factor: 2,
         cap: Duration::from_secs(30),
         jitter: 0.5,
-        max_attempts: None,
-    };
+        attempts: None,
+    });
     /// IMDS is local and usually just late at boot: retry quickly.
-    pub const IMDS: RetryPolicy = RetryPolicy {
-        base: Duration::from_millis(200),
+    pub const IMDS: RetryPolicy = RetryPolicy(Backoff {
+        initial: Duration::from_millis(200),
+        factor: 2,
         cap: Duration::from_secs(5),
         jitter: 0.25,
-        max_attempts: None,
-    };
+        attempts: None,
+    });
     /// Reports are best effort: a few quick tries, never blocking the flow.
-    pub const REPORT: RetryPolicy = RetryPolicy {
-        base: Duration::from_millis(500),
+    pub const REPORT: RetryPolicy = RetryPolicy(Backoff {
+        initial: Duration::from_millis(500),
+        factor: 2,
         cap: Duration::from_secs(2),
         jitter: 0.5,
-        max_attempts: Some(3),
-    };
+        attempts: Some(3),
+    });
 
     /// The delay after `failures` (≥ 1) consecutive failures; `random` in
     /// [0, 1) picks the jittered part.
     pub fn delay(&self, failures: u32, random: f64) -> Duration {
-        let exponent = failures.saturating_sub(1).min(30);
-        let full = self.base.saturating_mul(1u32 << exponent).min(self.cap);
-        let jitter = self.jitter.clamp(0.0, 1.0) * random.clamp(0.0, 1.0);
-        full.mul_f64(1.0 - jitter)
+        self.0.delay(failures.saturating_sub(1), random)
     }
 }
 
@@ -163,8 +156,7 @@ where
         let delay = policy
             .delay(attempt, random_unit())
             .max(after.unwrap_or_default());
-        let out_of_attempts = policy.max_attempts.is_some_and(|max| attempt >= max);
-        if out_of_attempts || delay >= deadline.remaining() {
+        if !policy.0.may_retry_after(attempt) || delay >= deadline.remaining() {
             return Err(RetryError::GaveUp {
                 attempts: attempt,
                 last: error,
@@ -203,13 +195,13 @@ mod tests {
 
     #[test]
     fn backoff_doubles_up_to_the_cap() {
-        let policy = RetryPolicy {
+        let policy = RetryPolicy(Backoff {
             jitter: 0.0,
-            ..RetryPolicy::JOIN
-        };
+            ..RetryPolicy::JOIN.0
+        });
         let delays: Vec<u64> = (1..=7).map(|n| policy.delay(n, 0.9).as_secs()).collect();
         assert_eq!(delays, [1, 2, 4, 8, 16, 30, 30]);
-        assert_eq!(policy.delay(u32::MAX, 0.5), policy.cap);
+        assert_eq!(policy.delay(u32::MAX, 0.5), policy.0.cap);
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! replicas do not reconnect in lockstep): a handful of requests more per
 //! outage, against a control plane that is coming back anyway.
 
+use autonode_shared::backoff as shared;
 use kube::runtime::utils::Backoff;
 use std::time::Duration;
 
@@ -16,34 +17,36 @@ pub const FIRST: Duration = Duration::from_millis(500);
 /// Longest delay between attempts.
 pub const MAX: Duration = Duration::from_secs(4);
 
-/// Exponential backoff, [`FIRST`] doubling to [`MAX`], reset by any
-/// successful event.
-#[derive(Debug, Clone)]
-pub struct WatchBackoff {
-    next: Duration,
-}
+/// The watches' policy: [`FIRST`] doubling to [`MAX`], up to a quarter of
+/// each delay taken off so replicas spread out; no limit on tries.
+pub const POLICY: shared::Backoff = shared::Backoff {
+    initial: FIRST,
+    factor: 2,
+    cap: MAX,
+    jitter: 0.25,
+    attempts: None,
+};
 
-impl Default for WatchBackoff {
-    fn default() -> Self {
-        Self { next: FIRST }
-    }
+/// [`POLICY`]'s delays one after another, reset by any successful event.
+#[derive(Debug, Clone, Default)]
+pub struct WatchBackoff {
+    /// Retries since the last reset.
+    retries: u32,
 }
 
 impl Iterator for WatchBackoff {
     type Item = Duration;
 
     fn next(&mut self) -> Option<Duration> {
-        let delay = self.next;
-        self.next = (delay * 2).min(MAX);
-        // Up to a quarter less, so replicas spread out.
-        let jitter = delay.mul_f64(rand::random::<f64>() * 0.25);
-        Some(delay - jitter)
+        let delay = POLICY.delay(self.retries, rand::random::<f64>());
+        self.retries = self.retries.saturating_add(1);
+        Some(delay)
     }
 }
 
 impl Backoff for WatchBackoff {
     fn reset(&mut self) {
-        self.next = FIRST;
+        self.retries = 0;
     }
 }
 

@@ -82,9 +82,10 @@ pub fn recorded(claim: &NodeClaim) -> Result<Option<Record>, Unreadable> {
 #[error("the binding annotation cannot be read: {0}")]
 pub struct Unreadable(pub String);
 
-/// Why a join cannot bind, or could not write its binding.
+/// Why the binding refuses a join for good: the same request, retried,
+/// would meet the same record (or the same absence).
 #[derive(Debug, thiserror::Error)]
-pub enum BindingError {
+pub enum BindingRefusal {
     /// The recorded binding does not parse: refused, not ignored.
     #[error("NodeClaim {nodeclaim}: {}", .source.0)]
     Unreadable {
@@ -103,6 +104,14 @@ pub enum BindingError {
     /// The NodeClaim was deleted during the join.
     #[error("NodeClaim {0} was deleted during this join")]
     Gone(String),
+}
+
+/// Why a join cannot bind, or could not write its binding.
+#[derive(Debug, thiserror::Error)]
+pub enum BindingError {
+    /// The binding refuses the join (see [`BindingRefusal`]).
+    #[error(transparent)]
+    Refused(#[from] BindingRefusal),
     /// Another join wrote the binding first; a retry is judged on it.
     #[error(
         "the binding of NodeClaim {0} changed during this join; the retry is judged on the new one"
@@ -137,7 +146,7 @@ pub fn judge(
     keys: Keys<'_>,
 ) -> Result<Option<Record>, BindingError> {
     let name = claim.metadata.name.clone().unwrap_or_default();
-    let record = recorded(claim).map_err(|source| BindingError::Unreadable {
+    let record = recorded(claim).map_err(|source| BindingRefusal::Unreadable {
         nodeclaim: name.clone(),
         source,
     })?;
@@ -147,7 +156,7 @@ pub fn judge(
     if record.client_key == keys.client && record.serving_key == keys.serving {
         return Ok(Some(record));
     }
-    Err(BindingError::PossibleReplay {
+    Err(BindingError::Refused(BindingRefusal::PossibleReplay {
         instance_id: instance_id.to_string(),
         nodeclaim: name,
         bound: format!(
@@ -160,7 +169,7 @@ pub fn judge(
             short(keys.client),
             short(keys.serving)
         ),
-    })
+    }))
 }
 
 /// Writes `record` on `claim`, on the version the decision was made on
@@ -186,7 +195,7 @@ pub async fn write(
     let fresh = claims
         .get_fresh(&name)
         .await?
-        .ok_or_else(|| BindingError::Gone(name.clone()))?;
+        .ok_or_else(|| BindingRefusal::Gone(name.clone()))?;
     let keys = Keys {
         client: &record.client_key,
         serving: &record.serving_key,
@@ -259,7 +268,11 @@ mod tests {
         let (c, s, other) = ("c".repeat(64), "s".repeat(64), "o".repeat(64));
         for (client, serving) in [(&other, &s), (&c, &other)] {
             let err = judge(&claim(Some(&json)), "i-1", keys(client, serving)).unwrap_err();
-            assert!(matches!(err, BindingError::PossibleReplay { .. }), "{err}");
+            let replay = matches!(
+                err,
+                BindingError::Refused(BindingRefusal::PossibleReplay { .. })
+            );
+            assert!(replay, "{err}");
         }
     }
 
@@ -267,6 +280,10 @@ mod tests {
     fn an_unreadable_record_is_refused_not_ignored() {
         let (c, s) = ("c".repeat(64), "s".repeat(64));
         let err = judge(&claim(Some("ab12")), "i-1", keys(&c, &s)).unwrap_err();
-        assert!(matches!(err, BindingError::Unreadable { .. }), "{err}");
+        let unreadable = matches!(
+            err,
+            BindingError::Refused(BindingRefusal::Unreadable { .. })
+        );
+        assert!(unreadable, "{err}");
     }
 }

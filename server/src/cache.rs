@@ -384,8 +384,10 @@ pub fn identity_only(meta: &mut ObjectMeta) {
 /// the leader's one Node cache): its name, UID and creation time (the
 /// `registered` milestone), `spec.providerID` (when it is of a sane length)
 /// and whether it is Ready, with the Ready condition's last transition (the
-/// `ready` milestone). A node writes its own Node, status included: its
-/// images, annotations, labels and conditions are as large as it likes.
+/// `ready` milestone), and of `status.allocatable` the resources the
+/// capacity check compares (`crate::capacity`), each of a sane length. A
+/// node writes its own Node, status included: its images, annotations,
+/// labels, conditions and extended resources are as large as it likes.
 pub fn strip_node(node: &mut Node) {
     identity_only(&mut node.metadata);
     let provider_id = node
@@ -397,10 +399,18 @@ pub fn strip_node(node: &mut Node) {
         provider_id,
         ..NodeSpec::default()
     });
-    let ready = node
-        .status
-        .take()
-        .and_then(|status| status.conditions)
+    let status = node.status.take().unwrap_or_default();
+    let allocatable = status.allocatable.map(|mut all| {
+        all.retain(|resource, value| {
+            crate::capacity::Resource::ALL
+                .iter()
+                .any(|r| r.name() == resource.as_str())
+                && value.0.len() <= crate::capacity::QUANTITY_MAX_LEN
+        });
+        all
+    });
+    let ready = status
+        .conditions
         .and_then(|conditions| conditions.into_iter().find(|c| c.type_ == "Ready"))
         .map(|c| NodeCondition {
             type_: c.type_,
@@ -410,6 +420,7 @@ pub fn strip_node(node: &mut Node) {
         });
     node.status = Some(NodeStatus {
         conditions: ready.map(|c| vec![c]),
+        allocatable: allocatable.filter(|a| !a.is_empty()),
         ..NodeStatus::default()
     });
 }
@@ -421,7 +432,7 @@ mod tests {
     use std::time::Duration;
 
     #[test]
-    fn a_node_keeps_its_name_provider_id_and_readiness_only() {
+    fn a_node_keeps_its_name_provider_id_readiness_and_allocatable_only() {
         let big = "x".repeat(100_000);
         let mut node: Node = serde_json::from_value(json!({
             "metadata": {
@@ -436,6 +447,11 @@ mod tests {
                     {"type": "Ready", "status": "True", "message": big},
                 ],
                 "images": [{"names": [big], "sizeBytes": 1}],
+                "allocatable": {
+                    "cpu": "3920m", "memory": "15Gi", "pods": "110",
+                    "ephemeral-storage": big, "example.com/big": "1",
+                },
+                "capacity": {"cpu": "4"},
             },
         }))
         .unwrap();
@@ -447,7 +463,10 @@ mod tests {
                 "apiVersion": "v1", "kind": "Node",
                 "metadata": {"name": "n1", "uid": "u1"},
                 "spec": {"providerID": "aws:///us-west-2a/i-1"},
-                "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+                "status": {
+                    "conditions": [{"type": "Ready", "status": "True"}],
+                    "allocatable": {"cpu": "3920m", "memory": "15Gi", "pods": "110"},
+                },
             })
         );
     }

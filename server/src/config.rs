@@ -182,6 +182,23 @@ pub struct ServeArgs {
     )]
     pub leader_lease_secs: u64,
 
+    /// How much smaller than its NodeClaim's allocatable (what Karpenter
+    /// planned with) a Ready node's cpu, memory, pods or ephemeral-storage
+    /// may be, in percent of the NodeClaim's, before a CapacityShortfall
+    /// Warning names the resource and the EC2NodeClass's spec.kubelet field
+    /// to set. Not 0: Karpenter's memory figure is an estimate (the instance
+    /// type's memory less a fixed VM overhead share) that real instances
+    /// miss by a little; the mismatches this is for (maxPods, kubeReserved,
+    /// evictionHard not stated in the class) are larger. 100 turns it off.
+    #[arg(
+        long = "capacity-tolerance",
+        env = "AUTONODE_CAPACITY_TOLERANCE",
+        default_value_t = autonode_server::capacity::DEFAULT_TOLERANCE_PERCENT,
+        value_name = "PERCENT",
+        value_parser = clap::value_parser!(u32).range(0..=100)
+    )]
+    pub capacity_tolerance_percent: u32,
+
     /// Name of this replica in Events (the pod name in Kubernetes).
     #[arg(long, env = "POD_NAME", default_value = "autonode-server")]
     pub instance_name: String,
@@ -212,6 +229,9 @@ impl ServeArgs {
     }
     pub fn csr_timeout(&self) -> Duration {
         Duration::from_secs(self.csr_timeout_secs)
+    }
+    pub fn capacity_tolerance(&self) -> autonode_server::capacity::Tolerance {
+        autonode_server::capacity::Tolerance::percent(self.capacity_tolerance_percent)
     }
 }
 
@@ -333,6 +353,35 @@ pub struct NodeClassArgs {
     )]
     pub nodeclass_resync_secs: u64,
 
+    /// Rollout guard: when the upkeep changes a class's AMI or userData,
+    /// this many NodeClaims launched under the new values failing (a fatal
+    /// agent report, a refusal that dooms the instance, deleted or not
+    /// Ready within --rollout-ready-deadline) with none Ready puts the last
+    /// good values back; they are not applied again until the class's
+    /// autonode.dev/retry-rollout annotation gets a new value or the flags
+    /// render other values.
+    #[arg(
+        long = "rollout-failures",
+        env = "AUTONODE_ROLLOUT_FAILURES",
+        default_value = "3",
+        value_name = "COUNT",
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub rollout_failures: u32,
+
+    /// Rollout guard: seconds a NodeClaim launched under new AMI or
+    /// userData has to become Ready before it counts as failed. Karpenter
+    /// itself gives up on a NodeClaim that has not registered after 15
+    /// minutes.
+    #[arg(
+        long = "rollout-ready-deadline",
+        env = "AUTONODE_ROLLOUT_READY_DEADLINE",
+        default_value = "1200",
+        value_name = "SECONDS",
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub rollout_ready_deadline_secs: u64,
+
     /// Install or update the Karpenter CRDs in the guest cluster at start
     /// (needs packaging/guest/rbac-install-crds.yaml).
     #[arg(long, env = "AUTONODE_INSTALL_CRDS", default_value = "false", num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
@@ -381,6 +430,10 @@ impl NodeClassArgs {
             resync: Duration::from_secs(self.nodeclass_resync_secs.max(1)),
             metrics: metrics.clone(),
             events: events.clone(),
+            rollout: autonode_server::rollout::Settings {
+                failures: usize::try_from(self.rollout_failures).unwrap_or(usize::MAX),
+                ready_deadline: Duration::from_secs(self.rollout_ready_deadline_secs),
+            },
         }))
     }
 }

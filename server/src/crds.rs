@@ -29,6 +29,10 @@ pub use autonode_shared::karpenter_crds::CRDS;
 /// How long a CRD may take to become Established.
 pub const ESTABLISH_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How often [`wait_established`] looks: a CRD is usually Established
+/// within a second of its creation.
+const POLL: Duration = Duration::from_millis(200);
+
 /// Why the CRDs could not be installed.
 #[derive(Debug, Error)]
 pub enum CrdError {
@@ -40,8 +44,8 @@ pub enum CrdError {
         #[source]
         source: kube::Error,
     },
-    #[error("CRD {name} not Established after {ESTABLISH_TIMEOUT:?}")]
-    NotEstablished { name: String },
+    #[error("CRD {name} not Established after {timeout:?}")]
+    NotEstablished { name: String, timeout: Duration },
 }
 
 /// Installs or updates every CRD and waits until each is Established.
@@ -55,7 +59,7 @@ pub async fn install(client: &Client) -> Result<(), CrdError> {
                 name: name.clone(),
                 source,
             })?;
-        wait_established(&api, &name).await?;
+        wait_established(&api, &name, ESTABLISH_TIMEOUT).await?;
         tracing::info!(crd = %name, "Karpenter CRD installed");
     }
     Ok(())
@@ -111,8 +115,17 @@ async fn create_or_replace(
     }
 }
 
-async fn wait_established(api: &Api<CustomResourceDefinition>, name: &str) -> Result<(), CrdError> {
-    let deadline = Instant::now() + ESTABLISH_TIMEOUT;
+/// Polls the CRD until its `Established` condition is `True`, for at most
+/// `timeout`: only then are its objects served. A get per poll, not a watch,
+/// because the guest RBAC grants no list or watch on CRDs (see
+/// packaging/guest/rbac-install-crds.yaml); the test harness waits the same
+/// way for the CRDs it installs.
+pub async fn wait_established(
+    api: &Api<CustomResourceDefinition>,
+    name: &str,
+    timeout: Duration,
+) -> Result<(), CrdError> {
+    let deadline = Instant::now() + timeout;
     loop {
         let crd = api.get(name).await.map_err(|source| CrdError::Kube {
             name: name.to_string(),
@@ -130,9 +143,10 @@ async fn wait_established(api: &Api<CustomResourceDefinition>, name: &str) -> Re
         if Instant::now() > deadline {
             return Err(CrdError::NotEstablished {
                 name: name.to_string(),
+                timeout,
             });
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(POLL).await;
     }
 }
 

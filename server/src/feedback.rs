@@ -23,9 +23,14 @@
 //! Ready within a second of registering, inside the debounce, so the
 //! controller may see a Node that is already Ready: registered is then
 //! reported first, in the same reconcile ([`due`]).
+//!
+//! Once the Node is Ready, its allocatable is compared with what Karpenter
+//! planned with, once per NodeClaim ([`crate::capacity`]): recorded in the
+//! same mark, with the same write as the Ready milestone.
 
 use crate::binding;
 use crate::cache::Cache;
+use crate::capacity;
 use crate::events::Events;
 use crate::karpenter::{Condition, NodeClaim};
 use crate::marks;
@@ -54,6 +59,8 @@ pub struct Context {
     pub nodes: Store<Node>,
     pub events: Events,
     pub metrics: Metrics,
+    /// The capacity check made when a Node is Ready.
+    pub capacity: capacity::Check,
 }
 
 #[derive(Debug, Error)]
@@ -77,7 +84,13 @@ pub enum Stage {
 /// reads and the leader's Node cache (both [`cache::Cache`]s, with the
 /// relist after a failed watch), and is woken by their changes: a Node
 /// changing (registered, Ready) wakes the NodeClaim with its providerID.
-pub async fn run(claims: NodeClaims, nodes: Cache<Node>, events: Events, metrics: Metrics) {
+pub async fn run(
+    claims: NodeClaims,
+    nodes: Cache<Node>,
+    events: Events,
+    metrics: Metrics,
+    capacity: capacity::Check,
+) {
     let claim_changes = claims.changes().map(Ok::<_, Infallible>);
     let node_changes = nodes.changes().map(Ok::<_, Infallible>);
     let lookup = claims.clone();
@@ -100,6 +113,7 @@ pub async fn run(claims: NodeClaims, nodes: Cache<Node>, events: Events, metrics
         nodes: nodes.store,
         events,
         metrics,
+        capacity,
     });
     // Debounced: a NodeClaim's events come in bursts while its machine
     // joins (the binding, Karpenter's status writes), and writing the
@@ -356,8 +370,9 @@ pub fn due(
 }
 
 /// An Event and a latency observation for each milestone, once and in
-/// order (see [`due`]). Returns the NodeClaim as the mark's write left it,
-/// when there was one.
+/// order (see [`due`]), then, once the Node is Ready, the capacity check
+/// (once too). Returns the NodeClaim as the mark's write left it, when
+/// there was one.
 async fn report_milestones(
     claim: &NodeClaim,
     stage: Stage,
@@ -374,13 +389,17 @@ async fn report_milestones(
     let created = claim.metadata.creation_timestamp.as_ref().map(|t| t.0);
     let times = node.map(NodeTimes::of).unwrap_or_default();
     let due = due(stage, reported, created, times, Timestamp::now());
-    if due.is_empty() {
+    let compare = node.filter(|_| stage == Stage::Ready && !capacity::checked(reported));
+    if due.is_empty() && compare.is_none() {
         return Ok(None);
     }
     // Marked before reported: a failed write reports nothing, and the
     // retry reports it all; a report is never made twice.
     let mut all: Vec<&str> = reported.split(',').filter(|m| !m.is_empty()).collect();
     all.extend(due.iter().map(|(m, _)| m.name()));
+    if compare.is_some() {
+        all.push(capacity::CHECKED);
+    }
     let written = ctx
         .claims
         .mark_reported(&claim.name_any(), &all.join(","))
@@ -391,6 +410,11 @@ async fn report_milestones(
         }
         let (reason, note) = milestone.event();
         ctx.events.normal(claim, reason, note.to_string());
+    }
+    if let Some(node) = compare {
+        ctx.capacity
+            .run(claim, node, &ctx.events, &ctx.metrics)
+            .await;
     }
     Ok(Some(written))
 }

@@ -67,6 +67,10 @@ pub struct NodeClaimStatus {
     pub image_id: Option<String>,
     #[serde(default)]
     pub conditions: Vec<Condition>,
+    /// What Karpenter bin-packed the node with (quantities by resource),
+    /// for the capacity check (`crate::capacity`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub allocatable: BTreeMap<String, String>,
 }
 
 /// A status condition (metav1.Condition's shape).

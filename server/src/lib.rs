@@ -11,6 +11,8 @@
 //! - [`approver`]: approves kubelet's own renewal and serving CSRs.
 //! - [`ec2`]: looking booting instances up in EC2 (`DescribeInstances`).
 //! - [`feedback`]: autonode's condition, milestone Events and latencies on NodeClaims.
+//! - [`capacity`]: a Ready node's allocatable against what Karpenter planned with.
+//! - [`rollout`]: the EC2NodeClass upkeep's guard against AMI or userData that fail.
 //! - [`leader`]: Lease-based leader election; controllers run on the leader only.
 //! - [`karpenter`]: Karpenter's objects as far as autonode reads them.
 //! - [`tls`]: the serving certificate, reloaded when it changes.
@@ -32,6 +34,7 @@ pub mod approver;
 pub mod backoff;
 pub mod binding;
 pub mod cache;
+pub mod capacity;
 pub mod crds;
 pub mod ec2;
 pub mod events;
@@ -50,6 +53,7 @@ pub mod observe;
 pub mod refusal;
 pub mod render;
 pub mod report;
+pub mod rollout;
 
 pub mod tls;
 pub mod userdata;

@@ -62,6 +62,18 @@ pub const IGNITION_ANNOTATION: &str = "autonode.dev/ignition";
 /// operators, read by autonode: not a mark.
 pub const FORMAT_ANNOTATION: &str = "autonode.dev/userdata-format";
 
+/// EC2NodeClass annotation holding the rollout guard's state (see
+/// `crate::rollout`): a mark, written by the upkeep with every apply it
+/// changes, and read back only when [`is_own`] finds autonode its only writer.
+pub const ROLLOUT_ANNOTATION: &str = "autonode.dev/rollout";
+/// EC2NodeClass annotation asking the upkeep to hold the class's AMI and
+/// userData at the values autonode applied last (any value but `false`).
+/// Set by operators, read by autonode: not a mark.
+pub const HOLD_ANNOTATION: &str = "autonode.dev/hold";
+/// EC2NodeClass annotation asking the upkeep to try values it reverted once
+/// more: each new value is one retry. Set by operators, read by autonode.
+pub const RETRY_ANNOTATION: &str = "autonode.dev/retry-rollout";
+
 /// Patch parameters for every write of a mark: names [`FIELD_MANAGER`].
 pub fn patch_params() -> PatchParams {
     PatchParams {
@@ -87,6 +99,12 @@ pub fn keep_own(meta: &mut ObjectMeta) -> Vec<&'static str> {
         }
     }
     removed
+}
+
+/// Whether annotation `key` on `meta` was written by [`FIELD_MANAGER`]
+/// and nobody else, per managedFields (false without them).
+pub fn is_own(meta: &ObjectMeta, key: &str) -> bool {
+    written_only_by_us(meta.managed_fields.as_deref().unwrap_or_default(), key)
 }
 
 /// Whether `annotation` is owned by [`FIELD_MANAGER`] and nobody else.

@@ -62,13 +62,16 @@ pub struct Metrics {
     pub nodeclaims_deleted: Counter,
     pub nodeclass_checks: Counter,
     pub nodeclass_writes: Counter,
+    pub rollouts_reverted: Family<NodeClassLabels, Counter>,
     pub milestone_seconds: Family<MilestoneLabels, Histogram>,
     pub leader: Gauge,
+    pub caches_ready: Gauge,
     pub csr_left_pending: Family<LeftPendingLabels, Counter>,
     pub agent_reports_refused: Family<ReportRefusalLabels, Counter>,
     pub agent_reports_unverified_fatal: Counter,
     pub join_admission_refused: Family<AdmissionLabels, Counter>,
     pub events_dropped: Family<EventDropLabels, Counter>,
+    pub capacity_shortfalls: Family<CapacityLabels, Counter>,
 }
 
 /// A stopwatch over a join's steps: each [`Steps::done`] records the time
@@ -161,6 +164,13 @@ impl Metrics {
             "EC2NodeClasses written because a kept field differed",
             nodeclass_writes.clone(),
         );
+        let rollouts_reverted = Family::<NodeClassLabels, Counter>::default();
+        registry.register(
+            "rollouts_reverted",
+            "AMI or userData changes the rollout guard put back to the last good values \
+             because the NodeClaims launched under them failed, by EC2NodeClass",
+            rollouts_reverted.clone(),
+        );
         let milestone_seconds = Family::<MilestoneLabels, Histogram>::new_with_constructor(|| {
             Histogram::new(exponential_buckets(1.0, 2.0, 12))
         });
@@ -174,6 +184,12 @@ impl Metrics {
             "leader",
             "1 while this replica runs the controllers",
             leader.clone(),
+        );
+        let caches_ready = Gauge::default();
+        registry.register(
+            "caches_ready",
+            "1 while this replica can judge joins (what /readyz answers), set when scraped",
+            caches_ready.clone(),
         );
         let csr_left_pending = Family::<LeftPendingLabels, Counter>::default();
         registry.register(
@@ -208,6 +224,13 @@ impl Metrics {
              with the count so far; queue_full: lost)",
             events_dropped.clone(),
         );
+        let capacity_shortfalls = Family::<CapacityLabels, Counter>::default();
+        registry.register(
+            "capacity_shortfalls",
+            "Ready nodes with less allocatable than their NodeClaim's (what Karpenter planned \
+             with), beyond --capacity-tolerance, by EC2NodeClass and resource",
+            capacity_shortfalls.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             joins,
@@ -221,13 +244,16 @@ impl Metrics {
             nodeclaims_deleted,
             nodeclass_checks,
             nodeclass_writes,
+            rollouts_reverted,
             milestone_seconds,
             leader,
+            caches_ready,
             csr_left_pending,
             agent_reports_refused,
             agent_reports_unverified_fatal,
             join_admission_refused,
             events_dropped,
+            capacity_shortfalls,
         }
     }
 
@@ -288,4 +314,21 @@ pub struct EventDropLabels {
     /// `rate_limited` (the object's bucket was empty: the Event's count is
     /// written with its next token) or `queue_full` (lost).
     pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CapacityLabels {
+    /// The NodeClaim's EC2NodeClass: the one label not fixed in the code,
+    /// but an operator's object (a cluster has a handful), never request
+    /// data.
+    pub nodeclass: String,
+    /// `cpu`, `memory`, `pods` or `ephemeral-storage`.
+    pub resource: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeClassLabels {
+    /// The EC2NodeClass: an operator's object (a cluster has a handful),
+    /// never request data.
+    pub nodeclass: String,
 }

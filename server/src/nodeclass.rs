@@ -36,16 +36,27 @@
 //! is byte-identical, and it still costs an API write and a watch event for
 //! every replica and every Karpenter, every resync. So the controller
 //! compares first, and counts its writes in `autonode_nodeclass_writes_total`.
+//!
+//! What it keeps of userData and the AMI goes through the rollout guard
+//! ([`crate::rollout`]): new values are on trial until a node launched
+//! under them is Ready, and are put back to the last good ones when the
+//! first NodeClaims launched under them fail. The guard's state is written
+//! on the class, in the same apply as the fields it decides, with the
+//! class's resourceVersion as a precondition: a decision made on a stale
+//! read is refused by the API server and made again on the class as it is.
 
 use crate::cache::Cache;
 use crate::events::Events;
-use crate::karpenter::{Ec2NodeClass, Ec2NodeClassSpec};
+use crate::karpenter::{Ec2NodeClass, Ec2NodeClassSpec, NodeClaim};
 use crate::metrics::Metrics;
+use crate::nodeclaim::NodeClaims;
+use crate::rollout::{self, Plan, Values};
 use crate::userdata::{Format, Rendered, UnknownFormat, FORMAT_ANNOTATION};
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::controller::{self, applier, trigger_self, Action};
+use kube::runtime::controller::{self, applier, trigger_self, trigger_with, Action};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use serde_json::{json, Value};
@@ -112,6 +123,8 @@ pub struct Settings {
     pub resync: Duration,
     pub metrics: Metrics,
     pub events: Events,
+    /// How the rollout guard judges new AMI or userData values.
+    pub rollout: rollout::Settings,
 }
 
 /// Why a reconcile failed (it is retried).
@@ -122,6 +135,12 @@ pub enum Error {
         name: String,
         #[source]
         source: kube::Error,
+    },
+    #[error("encoding the rollout state of EC2NodeClass {name}: {source}")]
+    State {
+        name: String,
+        #[source]
+        source: serde_json::Error,
     },
 }
 
@@ -393,6 +412,13 @@ struct Context {
     /// Per class name, the unknown format last warned about (with the
     /// class's uid), so it is warned about once per value, not every resync.
     refused_format: Mutex<HashMap<String, String>>,
+    /// The NodeClaims the rollout guard judges (the join path's cache).
+    claims: NodeClaims,
+    /// NodeClaims seen deleted, for the rollout guard.
+    deleted: rollout::Deleted,
+    /// Per class name, the standing rollout note last told (held, refusing,
+    /// with the class's uid), so it is told once, not every resync.
+    standing: Mutex<HashMap<String, String>>,
 }
 
 impl Context {
@@ -521,9 +547,52 @@ impl Context {
     }
 }
 
+impl Context {
+    /// The rollout guard's plan for `class`, userData in `format`.
+    fn guard(&self, class: &Ec2NodeClass, name: &str, format: Format) -> Plan {
+        let desired = &self.settings.desired;
+        let ours = applied_paths(&class.metadata, FIELD_MANAGER);
+        let owns = |field: &str| ours.iter().any(|path| path.len() == 1 && path[0] == field);
+        let current_is_ours =
+            owns("userData") && (desired.ami_terms.is_none() || owns("amiSelectorTerms"));
+        let current = Values {
+            user_data: class.spec.user_data.clone().unwrap_or_default(),
+            ami_selector_terms: desired
+                .ami_terms
+                .as_ref()
+                .map(|_| class.spec.ami_selector_terms.clone()),
+        };
+        let cluster = rollout::cluster::Cluster {
+            claims: &self.claims,
+            deleted: &self.deleted,
+            settings: self.settings.rollout,
+        };
+        cluster.plan(
+            class,
+            name,
+            current,
+            current_is_ours,
+            desired.values(format),
+        )
+    }
+
+    /// Logs, Events and counts what `plan` says happened to `class`.
+    fn announce(&self, class: &Ec2NodeClass, name: &str, plan: &Plan) {
+        let teller = rollout::tell::Teller {
+            events: &self.settings.events,
+            metrics: &self.settings.metrics,
+            standing: &self.standing,
+            settings: self.settings.rollout,
+        };
+        teller.announce(class, name, plan);
+    }
+}
+
 /// Runs the controller until its stream ends. The caller decides where it
-/// runs (on the leader only, when there are replicas).
-pub async fn run(client: Client, settings: Settings) {
+/// runs (on the leader only, when there are replicas). `claims` is the
+/// NodeClaim cache the rollout guard judges trials by; a NodeClaim's change
+/// wakes its class.
+pub async fn run(client: Client, settings: Settings, claims: NodeClaims) {
     let api: Api<Ec2NodeClass> = Api::all(client);
     let config = match &settings.selector {
         Some(selector) => watcher::Config::default().labels(selector),
@@ -535,11 +604,17 @@ pub async fn run(client: Client, settings: Settings) {
         warned: Mutex::new(HashMap::new()),
         handed_over: Mutex::new(HashMap::new()),
         refused_format: Mutex::new(HashMap::new()),
+        claims: claims.clone(),
+        deleted: rollout::Deleted::default(),
+        standing: Mutex::new(HashMap::new()),
     });
     // A cache, not kube-runtime's Controller: it lists again after a
     // failed watch (see `crate::cache`), and runs only while polled here.
     let (classes, watching) = Cache::whole(api, config, "EC2NodeClass upkeep");
-    let queue = trigger_self(classes.changes().map(Ok::<_, Infallible>), ());
+    let queue = futures::stream::select(
+        trigger_self(classes.changes().map(Ok::<_, Infallible>), ()),
+        claim_wakes(&claims, ctx.deleted.clone()),
+    );
     let config = controller::Config::default();
     let reconciler = |class, ctx| Box::pin(reconcile(class, ctx));
     let controller =
@@ -550,6 +625,28 @@ pub async fn run(client: Client, settings: Settings) {
             futures::future::ready(())
         });
     futures::future::join(watching, controller).await;
+}
+
+/// The class of each NodeClaim that changes, to reconcile; a NodeClaim
+/// gone from the cache when its change arrives was deleted, and is
+/// remembered as it last was for the rollout guard.
+fn claim_wakes(
+    claims: &NodeClaims,
+    deleted: rollout::Deleted,
+) -> impl futures::Stream<Item = Result<controller::ReconcileRequest<Ec2NodeClass>, Infallible>> {
+    let store = claims.store();
+    let changes = claims.changes().map(Ok::<_, Infallible>);
+    trigger_with(changes, move |claim: Arc<NodeClaim>| {
+        let listed = store.get(&ObjectRef::new(&claim.name_any()));
+        if listed.is_none_or(|c| c.metadata.uid != claim.metadata.uid) {
+            deleted.remember(claim.clone());
+        }
+        claim
+            .spec
+            .node_class_ref
+            .as_ref()
+            .map(|r| ObjectRef::<Ec2NodeClass>::new(&r.name))
+    })
 }
 
 async fn reconcile(class: Arc<Ec2NodeClass>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -567,36 +664,125 @@ async fn reconcile(class: Arc<Ec2NodeClass>, ctx: Arc<Context>) -> Result<Action
     let Some(format) = ctx.format_of(&class, &name) else {
         return Ok(Action::requeue(settings.resync));
     };
-    let fields = drift(&class.spec, &settings.desired, format);
-    let released = released(&class.metadata, &settings.desired);
-    if fields.is_empty() && released.is_empty() {
+    let plan = ctx.guard(&class, &name, format);
+    let desired = pinned(&settings.desired, &plan.target);
+    let fields = drift(&class.spec, &desired, format);
+    let released = released(&class.metadata, &desired);
+    let state_changed = rollout::read_state(&class).ok().flatten().as_ref() != Some(&plan.state);
+    if fields.is_empty() && released.is_empty() && !state_changed {
         tracing::debug!(nodeclass = %name, "EC2NodeClass as rendered");
+        ctx.announce(&class, &name, &plan);
         return Ok(Action::requeue(settings.resync));
     }
+    let Some(restored) = write(&ctx, &class, &desired, format, &released, &plan).await? else {
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    };
+    // Told once: from this apply on, autonode owns none of them.
+    report_released(&restored, &name, &released, &settings.events);
+    if !fields.is_empty() {
+        let rendered = plan.target == settings.desired.values(format);
+        report_restored(
+            &restored,
+            &name,
+            &fields,
+            format,
+            rendered,
+            &settings.events,
+        );
+    }
+    ctx.announce(&restored, &name, &plan);
+    Ok(Action::requeue(settings.resync))
+}
+
+/// Writes `class` as `desired` (userData in `format`) with the rollout
+/// guard's state from `plan`, after handing over the `released` fields;
+/// with the class's resourceVersion as a precondition. `None` when the
+/// class changed since it was read (often by our own write, not yet in the
+/// store): it is decided again on the class as it is.
+async fn write(
+    ctx: &Context,
+    class: &Ec2NodeClass,
+    desired: &Desired,
+    format: Format,
+    released: &[SpecPath],
+    plan: &Plan,
+) -> Result<Option<Ec2NodeClass>, Error> {
+    let name = class.name_any();
+    let mut version = class.metadata.resource_version.clone();
     let handed_before = applied_paths(&class.metadata, HANDOVER_MANAGER);
-    if let Some(body) = handover(&name, &class.spec, &released, &handed_before) {
+    if let Some(body) = handover(&name, &class.spec, released, &handed_before) {
         let written = ctx
             .apply(&name, &PatchParams::apply(HANDOVER_MANAGER), body)
             .await?;
         ctx.handed_over(&name, &written);
+        version = written.metadata.resource_version.clone();
     }
+    let mut body = applied(&name, desired, format);
+    let state = serde_json::to_string(&plan.state).map_err(|source| Error::State {
+        name: name.clone(),
+        source,
+    })?;
+    body["metadata"]["annotations"] = json!({ rollout::ROLLOUT_ANNOTATION: state });
+    body["metadata"]["resourceVersion"] = json!(version);
     let params = PatchParams::apply(FIELD_MANAGER).force();
-    let restored = ctx
-        .apply(&name, &params, applied(&name, &settings.desired, format))
-        .await?;
-    // Told once: from this apply on, autonode owns none of them.
-    report_released(&restored, &name, &released, &settings.events);
-    if !fields.is_empty() {
-        let fields = fields.join(", ");
-        let format = format.as_str();
-        tracing::info!(nodeclass = %name, %fields, %format, "EC2NodeClass restored");
-        settings.events.normal(
-            &restored,
-            RESTORED,
-            format!("autonode-server restored {fields} to the rendered values"),
-        );
+    match ctx.apply(&name, &params, body).await {
+        Err(Error::Apply {
+            source: kube::Error::Api(status),
+            ..
+        }) if status.code == 409 => {
+            tracing::debug!(nodeclass = %name, "EC2NodeClass changed since it was read; deciding again");
+            Ok(None)
+        }
+        other => other.map(Some),
     }
-    Ok(Action::requeue(settings.resync))
+}
+
+/// Logs and records an Event that `fields` were restored: to the rendered
+/// values, or to those the rollout guard keeps instead.
+fn report_restored(
+    class: &Ec2NodeClass,
+    name: &str,
+    fields: &[&str],
+    format: Format,
+    rendered: bool,
+    events: &Events,
+) {
+    let fields = fields.join(", ");
+    let to = if rendered {
+        "the rendered values"
+    } else {
+        "the values the rollout guard keeps (see the RolloutReverted, RolloutRefused or RolloutHeld Events)"
+    };
+    let format = format.as_str();
+    tracing::info!(nodeclass = %name, %fields, %format, "EC2NodeClass restored");
+    events.normal(
+        class,
+        RESTORED,
+        format!("autonode-server restored {fields} to {to}"),
+    );
+}
+
+/// `desired` with userData and the AMI terms pinned to `values` (the
+/// rollout guard's), in every format: the class uses one.
+fn pinned(desired: &Desired, values: &Values) -> Desired {
+    Desired {
+        user_data: Rendered {
+            toml: values.user_data.clone(),
+            ignition: values.user_data.clone(),
+        },
+        ami_terms: values.ami_selector_terms.clone(),
+        metadata_options: desired.metadata_options,
+    }
+}
+
+impl Desired {
+    /// The values the rollout guard watches, as rendered in `format`.
+    pub fn values(&self, format: Format) -> Values {
+        Values {
+            user_data: self.user_data.get(format).to_string(),
+            ami_selector_terms: self.ami_terms.clone(),
+        }
+    }
 }
 
 /// Logs the fields let go of, by top-level field, and records an Event
@@ -743,6 +929,25 @@ mod tests {
         assert_eq!(body["spec"]["userData"], want.user_data.ignition.as_str());
         let body = applied("default", &want, Format::Toml);
         assert_eq!(body["spec"]["userData"], want.user_data.toml.as_str());
+    }
+
+    #[test]
+    fn the_rollout_guards_values_are_what_is_applied_in_every_format() {
+        let want = desired(Some(vec![json!({"id": "ami-new"})]));
+        let good = Values {
+            user_data: "old\n".into(),
+            ami_selector_terms: Some(vec![json!({"id": "ami-old"})]),
+        };
+        let kept = pinned(&want, &good);
+        for format in [Format::Toml, Format::Ignition] {
+            let body = applied("default", &kept, format);
+            assert_eq!(body["spec"]["userData"], "old\n");
+            assert_eq!(body["spec"]["amiSelectorTerms"], json!([{"id": "ami-old"}]));
+        }
+        assert_eq!(kept.metadata_options, want.metadata_options);
+        let rendered = want.values(Format::Ignition);
+        assert_eq!(rendered.user_data, want.user_data.ignition);
+        assert_eq!(rendered.ami_selector_terms, want.ami_terms);
     }
 
     /// A change to a class's spec.

@@ -25,6 +25,11 @@
 //! unavailable (503, retried until the agent's deadline), and a Warning Event says why on the
 //! EC2NodeClass (on the NodeClaim when there is no class).
 //!
+//! Rendering is kept ([`render::Memo`]) under the UID and resourceVersion of
+//! every ConfigMap and Secret it read, and the class's KubeletConfiguration:
+//! while none of them is written, a join's config is a lookup; a written one
+//! is checked anew, so what a broken config is refused with is the same.
+//!
 //! A NodeClaim whose EC2NodeClass is not found (in the cache, nor then by a
 //! GET) gets the server's defaults and the base config, with a warning in
 //! the log: Karpenter keeps a class that NodeClaims still use (a finalizer),
@@ -38,6 +43,7 @@ use crate::render::{self, ClusterSettings, IgnitionError, NodeFacts};
 use autonode_shared::ignition::Config;
 use autonode_shared::protocol::KubeletSettings;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, Resource};
 use std::collections::{BTreeMap, HashMap};
@@ -74,7 +80,7 @@ pub struct NodeConfigSettings {
 
 /// Where an Ignition config is kept: a ConfigMap or a Secret in the
 /// Ignition namespace, under [`IGNITION_KEY`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Source {
     ConfigMap(String),
     Secret(String),
@@ -190,6 +196,8 @@ pub struct NodeConfig {
     events: Events,
     /// When each (object, message) Event was last published.
     reported: Arc<Mutex<HashMap<(String, String), Instant>>>,
+    /// Layers checked and configs rendered, per version of their sources.
+    memo: Arc<render::Memo<Source>>,
 }
 
 impl NodeConfig {
@@ -218,6 +226,7 @@ impl NodeConfig {
             settings: Arc::new(settings),
             events,
             reported: Arc::default(),
+            memo: Arc::default(),
         }
     }
 
@@ -228,12 +237,11 @@ impl NodeConfig {
         facts: &NodeFacts<'_>,
     ) -> Result<(KubeletSettings, serde_json::Value), ConfigError> {
         let class = self.class_of(facts.claim).await?;
+        // Once per class generation: maxPods or kubeReserved left unset.
+        crate::capacity::warn_unset(&self.events, class.as_deref());
         let kubelet_spec = class.as_ref().and_then(|c| c.spec.kubelet.as_ref());
         let kubelet = render::kubelet(cluster, kubelet_spec, facts);
-        let ignition = self
-            .layers(class.as_deref())
-            .await
-            .and_then(|layers| Ok(render::ignition(&layers, &kubelet.config)?));
+        let ignition = self.ignition(class.as_deref(), &kubelet.config).await;
         match ignition {
             Ok(ignition) => Ok((kubelet, ignition)),
             Err(e) => {
@@ -289,8 +297,46 @@ impl NodeConfig {
         Ok(self.class_api.get_opt(name).await?.map(Arc::new))
     }
 
-    /// The operator's layers, lowest precedence first: base, then class.
-    async fn layers(&self, class: Option<&Ec2NodeClass>) -> Result<Vec<Config>, NodeConfigError> {
+    /// The node's Ignition config: as rendered before from the same
+    /// versions of its layers and the same KubeletConfiguration, else
+    /// rendered now. Each object is read from its cache once, so the result
+    /// is kept under the version it was made from.
+    async fn ignition(
+        &self,
+        class: Option<&Ec2NodeClass>,
+        kubelet_config: &serde_json::Value,
+    ) -> Result<serde_json::Value, NodeConfigError> {
+        let wanted = self.wanted(class).await?;
+        let objects: Vec<_> = wanted
+            .iter()
+            .map(|(source, _)| self.object(source))
+            .collect();
+        let versions: Vec<_> = wanted
+            .iter()
+            .zip(&objects)
+            .map(|((source, _), object)| {
+                (source.clone(), object.as_ref().and_then(Object::version))
+            })
+            .collect();
+        let rendered = self.memo.rendered(&versions, kubelet_config, || {
+            tracing::debug!(layers = wanted.len(), "rendering Ignition anew");
+            self.memo.retain(|source| self.object(source).is_some());
+            let layers = wanted
+                .iter()
+                .zip(&objects)
+                .map(|((source, purpose), object)| self.layer(source, purpose, object.as_ref()))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok::<_, NodeConfigError>(render::ignition(&layers, kubelet_config)?)
+        })?;
+        Ok(rendered.as_ref().clone())
+    }
+
+    /// The operator's layers, lowest precedence first (base, then class),
+    /// once their caches have listed.
+    async fn wanted(
+        &self,
+        class: Option<&Ec2NodeClass>,
+    ) -> Result<Vec<(Source, String)>, NodeConfigError> {
         let class_source = match class.and_then(class_reference) {
             Some((reference, purpose)) => Some((Source::parse(&reference)?, purpose)),
             None => None,
@@ -307,14 +353,57 @@ impl NodeConfig {
                 Source::Secret(name) => wait(self.secret_cache(name, purpose)?).await?,
             }
         }
-        wanted
-            .iter()
-            .map(|(source, purpose)| self.layer(source, purpose))
-            .collect()
+        Ok(wanted)
     }
 
-    /// One ConfigMap's or Secret's config, parsed and checked.
-    fn layer(&self, source: &Source, purpose: &str) -> Result<Config, NodeConfigError> {
+    /// The object `source` names, as its cache holds it now (`None` also
+    /// when Secrets are off: [`Self::wanted`] says so first).
+    fn object(&self, source: &Source) -> Option<Object> {
+        let namespace = &self.settings.namespace;
+        match source {
+            Source::ConfigMap(name) => {
+                let key = ObjectRef::new(name).within(namespace);
+                self.configmaps.store.get(&key).map(Object::ConfigMap)
+            }
+            Source::Secret(name) => {
+                let key = ObjectRef::new(name).within(namespace);
+                self.secrets.as_ref()?.store.get(&key).map(Object::Secret)
+            }
+        }
+    }
+
+    /// One ConfigMap's or Secret's config (`object`, read by
+    /// [`Self::object`]), parsed and checked, or as checked before at the
+    /// same version.
+    fn layer(
+        &self,
+        source: &Source,
+        purpose: &str,
+        object: Option<&Object>,
+    ) -> Result<Arc<Config>, NodeConfigError> {
+        let check = || {
+            let text = self.text(source, purpose, object)?;
+            let origin = format!(
+                "{} {}/{} ({purpose})",
+                source.kind(),
+                self.settings.namespace,
+                source.name()
+            );
+            Ok(render::parse_layer(&origin, &text)?)
+        };
+        match object.and_then(Object::version) {
+            Some(version) => self.memo.layer(source, &version, check),
+            None => check().map(Arc::new),
+        }
+    }
+
+    /// The text of `object`'s [`IGNITION_KEY`], or why there is none.
+    fn text(
+        &self,
+        source: &Source,
+        purpose: &str,
+        object: Option<&Object>,
+    ) -> Result<String, NodeConfigError> {
         let namespace = &self.settings.namespace;
         let (kind, name) = (source.kind(), source.name());
         let missing = || NodeConfigError::Missing {
@@ -329,28 +418,21 @@ impl NodeConfig {
             name: name.to_string(),
             purpose: purpose.to_string(),
         };
-        let text = match source {
-            Source::ConfigMap(_) => {
-                let key = ObjectRef::new(name).within(namespace);
-                let map = self.configmaps.store.get(&key).ok_or_else(missing)?;
+        match object.ok_or_else(missing)? {
+            Object::ConfigMap(map) => {
                 let data = map.data.as_ref().and_then(|d| d.get(IGNITION_KEY));
-                data.cloned().ok_or_else(no_key)?
+                data.cloned().ok_or_else(no_key)
             }
-            Source::Secret(_) => {
-                let key = ObjectRef::new(name).within(namespace);
-                let secrets = self.secret_cache(name, purpose)?;
-                let secret = secrets.store.get(&key).ok_or_else(missing)?;
+            Object::Secret(secret) => {
                 let data = secret.data.as_ref().and_then(|d| d.get(IGNITION_KEY));
                 let bytes = data.ok_or_else(no_key)?.0.clone();
                 String::from_utf8(bytes).map_err(|_| NodeConfigError::NotText {
                     namespace: namespace.clone(),
                     name: name.to_string(),
                     purpose: purpose.to_string(),
-                })?
+                })
             }
-        };
-        let origin = format!("{kind} {namespace}/{name} ({purpose})");
-        Ok(render::parse_layer(&origin, &text)?)
+        }
     }
 
     /// The Secret cache, or why a config in Secret `name` cannot be read.
@@ -400,6 +482,29 @@ impl NodeConfig {
                 true
             }
         }
+    }
+}
+
+/// A ConfigMap or Secret as its cache holds it, read once per join.
+enum Object {
+    ConfigMap(Arc<ConfigMap>),
+    Secret(Arc<Secret>),
+}
+
+impl Object {
+    /// The object's UID and resourceVersion: every write changes the one,
+    /// deleting and re-creating it the other. `None` if either is missing
+    /// (never from the API server), and then nothing is kept.
+    fn version(&self) -> Option<String> {
+        let meta: &ObjectMeta = match self {
+            Self::ConfigMap(map) => &map.metadata,
+            Self::Secret(secret) => &secret.metadata,
+        };
+        Some(format!(
+            "{}/{}",
+            meta.uid.as_deref()?,
+            meta.resource_version.as_deref()?
+        ))
     }
 }
 

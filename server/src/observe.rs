@@ -63,11 +63,17 @@ pub async fn serve(listener: TcpListener, metrics: Metrics, readiness: Readiness
 
 fn answer(path: &str, metrics: &Metrics, readiness: &Readiness) -> Response<Full<Bytes>> {
     let (status, body, content_type) = match path {
-        "/metrics" => (
-            StatusCode::OK,
-            metrics.render(),
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        ),
+        "/metrics" => {
+            // Readiness is judged when asked, so the gauge is set at each
+            // scrape: it says what `/readyz` would answer now.
+            let ready = readiness.check().is_ok();
+            metrics.caches_ready.set(i64::from(ready));
+            (
+                StatusCode::OK,
+                metrics.render(),
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )
+        }
         "/healthz" => (StatusCode::OK, "ok".to_string(), "text/plain"),
         "/readyz" => match readiness.check() {
             Ok(()) => (StatusCode::OK, "ok".to_string(), "text/plain"),

@@ -10,7 +10,7 @@
 //! decides which of their failures refuse a join and which only make it
 //! unavailable for now.
 
-use crate::binding::BindingError;
+use crate::binding::{BindingError, BindingRefusal};
 use crate::ec2::LookupError;
 use crate::issuer::IssueError;
 use crate::nodeclaim::{NotListed, SelectError};
@@ -33,9 +33,11 @@ pub enum Refusal {
     /// selection's own words (see [`SelectError`]).
     #[error(transparent)]
     NodeClaim(SelectError),
-    /// The NodeClaim went away between its selection and the binding write.
-    #[error("NodeClaim {0} was deleted during this join")]
-    NodeClaimGone(String),
+    /// The NodeClaim's binding refuses the join (unreadable, bound to other
+    /// keys, or the NodeClaim gone before the write); the binding's own
+    /// words (see [`BindingRefusal`]).
+    #[error(transparent)]
+    Binding(BindingRefusal),
     #[error("EC2 refused the instance lookup: {0}")]
     Lookup(LookupError),
     #[error("instance {instance_id} is {state} in EC2, not pending or running")]
@@ -48,21 +50,12 @@ pub enum Refusal {
     },
     #[error("instance {0} has no private DNS name in EC2")]
     NoPrivateDnsName(String),
-    #[error("possible replay: instance {instance_id} (NodeClaim {nodeclaim}) is bound to client key {bound}, this join used {offered}")]
-    PossibleReplay {
-        instance_id: String,
-        nodeclaim: String,
-        bound: String,
-        offered: String,
-    },
     #[error("client CSR refused: {0}")]
     ClientCsr(CsrError),
     #[error("serving CSR refused: {0}")]
     ServingCsr(CsrError),
     #[error("kube-controller-manager refused to sign {csr}: {message}")]
     SigningFailed { csr: String, message: String },
-    #[error("NodeClaim {nodeclaim}: {detail}")]
-    BindingUnreadable { nodeclaim: String, detail: String },
     #[error("CSR object {csr} is not the one this join created and judged: {detail}")]
     CsrSubstituted { csr: String, detail: String },
     #[error("CSR {csr}: {source}")]
@@ -108,16 +101,18 @@ impl Refusal {
                 SelectError::Deleting(_) => "nodeclaim_deleting",
                 SelectError::PendingBeforeNodeClaim { .. } => "pending_before_nodeclaim",
             },
-            Self::NodeClaimGone(_) => "no_nodeclaim",
+            Self::Binding(e) => match e {
+                BindingRefusal::Unreadable { .. } => "binding_unreadable",
+                BindingRefusal::PossibleReplay { .. } => "possible_replay",
+                BindingRefusal::Gone(_) => "no_nodeclaim",
+            },
             Self::Lookup(_) => "ec2_lookup_refused",
             Self::InstanceNotLive { .. } => "instance_not_live",
             Self::ImageMismatch { .. } => "image_mismatch",
             Self::NoPrivateDnsName(_) => "no_private_dns_name",
-            Self::PossibleReplay { .. } => "possible_replay",
             Self::ClientCsr(_) => "client_csr",
             Self::ServingCsr(_) => "serving_csr",
             Self::SigningFailed { .. } => "signing_failed",
-            Self::BindingUnreadable { .. } => "binding_unreadable",
             Self::CsrSubstituted { .. } => "csr_substituted",
             Self::CertificateMismatch { .. } => "certificate_mismatch",
         }
@@ -175,26 +170,10 @@ impl From<SelectError> for JoinError {
 
 impl From<BindingError> for JoinError {
     fn from(e: BindingError) -> Self {
-        let refusal = match e {
-            BindingError::Unreadable { nodeclaim, source } => Refusal::BindingUnreadable {
-                nodeclaim,
-                detail: source.0,
-            },
-            BindingError::PossibleReplay {
-                instance_id,
-                nodeclaim,
-                bound,
-                offered,
-            } => Refusal::PossibleReplay {
-                instance_id,
-                nodeclaim,
-                bound,
-                offered,
-            },
-            BindingError::Gone(name) => Refusal::NodeClaimGone(name),
-            e @ (BindingError::Changed(_) | BindingError::Api(_)) => return Self::unavailable(e),
-        };
-        Self::Refused(refusal)
+        match e {
+            BindingError::Refused(refusal) => Self::Refused(Refusal::Binding(refusal)),
+            e @ (BindingError::Changed(_) | BindingError::Api(_)) => Self::unavailable(e),
+        }
     }
 }
 
@@ -246,12 +225,41 @@ mod tests {
             changed.to_string(),
             "temporarily unavailable: the binding of NodeClaim c1 changed during this join; the retry is judged on the new one"
         );
-        let gone = JoinError::from(BindingError::Gone("c1".into()));
+        let gone = JoinError::from(BindingError::from(BindingRefusal::Gone("c1".into())));
         assert_eq!(gone.reason(), "no_nodeclaim");
         assert_eq!(
             gone.to_string(),
             "NodeClaim c1 was deleted during this join"
         );
+    }
+
+    #[test]
+    fn a_binding_refusal_is_the_bindings_own_error_under_its_old_label() {
+        let replay = BindingRefusal::PossibleReplay {
+            instance_id: "i-1".into(),
+            nodeclaim: "c1".into(),
+            bound: "client a serving b".into(),
+            offered: "client c serving d".into(),
+        };
+        let unreadable = BindingRefusal::Unreadable {
+            nodeclaim: "c1".into(),
+            source: crate::binding::Unreadable("expected value".into()),
+        };
+        let cases = [
+            (replay, "possible_replay", "possible replay: instance i-1 (NodeClaim c1) is bound to client key client a serving b, this join used client c serving d"),
+            (unreadable, "binding_unreadable", "NodeClaim c1: expected value"),
+        ];
+        for (refusal, label, text) in cases {
+            let verdict = JoinError::from(BindingError::from(refusal));
+            assert_eq!(
+                (verdict.reason(), verdict.to_string().as_str()),
+                (label, text)
+            );
+            let JoinError::Refused(Refusal::Binding(inner)) = &verdict else {
+                panic!("not a binding refusal: {verdict:?}");
+            };
+            assert_eq!(inner.to_string(), text, "the binding's words, not a copy");
+        }
     }
 
     #[test]

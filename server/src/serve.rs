@@ -60,6 +60,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         nodeclasses: args
             .nodeclasses
             .settings(&args.node_config, &metrics, &events)?,
+        capacity: args.capacity_tolerance(),
     };
     // The approver, the feedback and the EC2NodeClass upkeep, on the
     // watches they share (see `watches`).
@@ -193,23 +194,7 @@ async fn guest_cluster(args: &ServeArgs) -> Result<(kube::Client, ClusterInfo)> 
 }
 
 fn kubeconfig_ca(config: &kube::Config) -> Option<String> {
-    use base64::Engine as _;
-    let certs = config.root_cert.as_ref()?;
-    let pem: String = certs
-        .iter()
-        .map(|der| {
-            let b64 = base64::engine::general_purpose::STANDARD.encode(der);
-            let lines: Vec<&str> = b64
-                .as_bytes()
-                .chunks(64)
-                .filter_map(|c| std::str::from_utf8(c).ok())
-                .collect();
-            format!(
-                "-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n",
-                lines.join("\n")
-            )
-        })
-        .collect();
+    let pem = autonode_shared::pem::bundle(config.root_cert.as_ref()?);
     (!pem.is_empty()).then_some(pem)
 }
 

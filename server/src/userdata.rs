@@ -9,10 +9,13 @@
 //! **The output is byte-stable.** Karpenter hashes userData into the class's
 //! drift hash: any byte that changes (key order, quoting, whitespace, PEM
 //! line breaks) makes Karpenter replace *every* node of that class. So the
-//! document is written by hand here, not by a TOML serializer whose quoting
-//! choices may change between versions; the same settings always give the
-//! same bytes, and inputs are normalised first (the CA is re-encoded from
-//! its DER, the deadline is written in one canonical unit).
+//! settings become the agent's own document type
+//! ([`agentconfig::Document`], the one the agent parses), written by its
+//! own writer rather than a TOML serializer whose quoting choices may change
+//! between versions; the same settings always give the same bytes, and
+//! inputs are normalised first (the CA is re-encoded from its DER, the
+//! deadline is written in one canonical unit). The tests pin the bytes of
+//! `render-userdata`'s outputs (`server/testdata/userdata/`).
 //!
 //! **The CA is pinned by default** ([`CaForm::Pin`]): `server-ca-sha256` is
 //! the SHA-256 of the CA certificate's DER. It is short (userData is limited
@@ -29,9 +32,9 @@
 //! agent's local config file ([`agentconfig::LOCAL_FILE`]). A class chooses
 //! with the annotation [`FORMAT_ANNOTATION`]; TOML when it is absent.
 
-use autonode_shared::agentconfig;
+use autonode_shared::agentconfig::{self, Document, Options};
+use autonode_shared::pem;
 use serde_json::Value;
-use std::fmt::Write as _;
 use std::time::Duration;
 use thiserror::Error;
 
@@ -193,40 +196,34 @@ impl NodeConfig {
             _ => Ok(()),
         }
     }
+
+    /// The agent's config document these settings make: the value
+    /// [`render`] writes, and the agent parses back.
+    pub fn document(&self) -> Document {
+        let (server_ca, server_ca_sha256) = match self.ca_form {
+            // validate() allows exactly one CA in this form.
+            CaForm::Pin => {
+                let pin = self.ca_ders.first().map(|der| ca_pin(der));
+                (None, Some(pin.unwrap_or_default()))
+            }
+            CaForm::Pem => (Some(pem::bundle(&self.ca_ders)), None),
+        };
+        Document {
+            server_url: Some(self.server_url.clone()),
+            server_ca,
+            server_ca_sha256,
+            cluster_name: Some(self.cluster_name.clone()),
+            options: Options {
+                deadline: self.deadline.map(canonical_duration),
+                ..Options::default()
+            },
+        }
+    }
 }
 
 /// The userData: the agent's config TOML, byte-stable for equal settings.
 pub fn render(config: &NodeConfig) -> String {
-    let mut out = String::from(HEADER);
-    line(&mut out, "server-url", &basic_string(&config.server_url));
-    match config.ca_form {
-        CaForm::Pin => {
-            let pin = config.ca_ders.first().map(|der| ca_pin(der));
-            line(
-                &mut out,
-                "server-ca-sha256",
-                &basic_string(&pin.unwrap_or_default()),
-            );
-        }
-        CaForm::Pem => {
-            let pem: String = config.ca_ders.iter().map(|der| pem_encode(der)).collect();
-            line(&mut out, "server-ca", &format!("\"\"\"\n{pem}\"\"\""));
-        }
-    }
-    line(
-        &mut out,
-        "cluster-name",
-        &basic_string(&config.cluster_name),
-    );
-    if let Some(deadline) = config.deadline {
-        out.push_str("\n[options]\n");
-        line(
-            &mut out,
-            "deadline",
-            &basic_string(&canonical_duration(deadline)),
-        );
-    }
-    out
+    format!("{HEADER}{}", config.document().to_toml())
 }
 
 /// The userData in `format`.
@@ -273,30 +270,6 @@ pub fn ca_pin(der: &[u8]) -> String {
     autonode_shared::proof::fingerprint(der)
 }
 
-fn line(out: &mut String, key: &str, value: &str) {
-    // Writing into a String cannot fail.
-    let _ = writeln!(out, "{key} = {value}");
-}
-
-/// A TOML basic string, escaping what TOML requires (quote, backslash,
-/// control characters) and nothing else.
-fn basic_string(value: &str) -> String {
-    let mut out = String::with_capacity(value.len() + 2);
-    out.push('"');
-    for c in value.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if c.is_control() => {
-                let _ = write!(out, "\\u{:04X}", u32::from(c));
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
-
 /// Whole hours, else whole minutes, else seconds: one spelling per value.
 fn canonical_duration(d: Duration) -> String {
     let secs = d.as_secs();
@@ -305,20 +278,6 @@ fn canonical_duration(d: Duration) -> String {
         s if s % 60 == 0 => format!("{}m", s / 60),
         s => format!("{s}s"),
     }
-}
-
-/// PEM with 64-column lines, from the DER: the file's own line breaks and
-/// comments never reach userData.
-fn pem_encode(der: &[u8]) -> String {
-    use base64::Engine as _;
-    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
-    let mut out = String::from("-----BEGIN CERTIFICATE-----\n");
-    for chunk in b64.as_bytes().chunks(64) {
-        out.push_str(&String::from_utf8_lossy(chunk));
-        out.push('\n');
-    }
-    out.push_str("-----END CERTIFICATE-----\n");
-    out
 }
 
 fn parse_ca(pem: &str) -> Result<Vec<Vec<u8>>, RenderError> {
@@ -521,9 +480,148 @@ mod tests {
         assert_eq!(render_as(&config, Format::Toml), both.toml);
     }
 
+    /// One `render-userdata` run: (files' name, --public-url, --join-ca-file,
+    /// --join-ca-form, --cluster-name, --agent-deadline).
+    type Golden = (
+        &'static str,
+        &'static str,
+        &'static str,
+        CaForm,
+        &'static str,
+        Option<u64>,
+    );
+
+    /// The flag combinations whose outputs were captured from
+    /// `autonode-server render-userdata` (both formats) before the render
+    /// moved onto the shared document type, in `server/testdata/userdata/`.
+    const GOLDEN: [Golden; 8] = [
+        (
+            "pin-default",
+            "https://autonode.example.com:8443",
+            "ca-a",
+            CaForm::Pin,
+            "prod-1",
+            None,
+        ),
+        (
+            "pin-10m",
+            "https://autonode.example.com:8443/",
+            "ca-a",
+            CaForm::Pin,
+            "prod-1",
+            Some(600),
+        ),
+        (
+            "pin-90s",
+            "https://10.1.2.3",
+            "ca-b",
+            CaForm::Pin,
+            "a.b_c-9",
+            Some(90),
+        ),
+        (
+            "pin-14m-ipv6",
+            "https://[fd00::1]:443",
+            "ca-a",
+            CaForm::Pin,
+            "x",
+            Some(840),
+        ),
+        (
+            "pin-2m",
+            "https://join.example.com",
+            "ca-b",
+            CaForm::Pin,
+            "z",
+            Some(120),
+        ),
+        (
+            "pem-one",
+            "https://autonode.example.com:8443",
+            "ca-a",
+            CaForm::Pem,
+            "prod-1",
+            None,
+        ),
+        (
+            "pem-bundle-61s",
+            "https://join.internal/path",
+            "bundle",
+            CaForm::Pem,
+            "prod-eu-1",
+            Some(61),
+        ),
+        (
+            "pem-bundle-15m",
+            "https://join.internal:9443",
+            "bundle",
+            CaForm::Pem,
+            "c",
+            Some(900),
+        ),
+    ];
+
+    fn testdata(name: &str) -> String {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/userdata");
+        std::fs::read_to_string(format!("{dir}/{name}")).unwrap()
+    }
+
+    fn golden_config(golden: &Golden) -> NodeConfig {
+        let (_, url, ca, form, name, secs) = *golden;
+        let ca = testdata(&format!("{ca}.pem"));
+        NodeConfig::new(url, &ca, form, name, secs.map(Duration::from_secs)).unwrap()
+    }
+
+    #[test]
+    fn every_form_renders_the_bytes_it_always_did() {
+        for golden in &GOLDEN {
+            let config = golden_config(golden);
+            let name = golden.0;
+            assert_eq!(render(&config), testdata(&format!("{name}.toml")), "{name}");
+            let ignition = render_as(&config, Format::Ignition);
+            assert_eq!(ignition, testdata(&format!("{name}.ign")), "{name}");
+        }
+    }
+
+    #[test]
+    fn what_the_server_renders_the_agent_parses_to_the_same_values() {
+        for golden in &GOLDEN {
+            let config = golden_config(golden);
+            let document = config.document();
+            let parsed = Document::parse(&render(&config)).unwrap();
+            assert_eq!(parsed, document, "{}", golden.0);
+            let (_, contents, _, _) = ignition_file(&render_ignition(&config));
+            assert_eq!(Document::parse(&contents).unwrap(), document);
+            // The values are the settings, as the agent's rules read them.
+            let url = document.server_url.as_deref().unwrap();
+            assert!(agentconfig::check_server_url(url).is_ok());
+            assert_eq!(url, config.server_url);
+            assert_eq!(document.cluster_name.as_deref(), Some(golden.4));
+            match config.ca_form {
+                CaForm::Pin => {
+                    assert_eq!(document.server_ca_sha256, Some(ca_pin(&config.ca_ders[0])))
+                }
+                CaForm::Pem => assert_eq!(
+                    agentconfig::parse_ca_pem(document.server_ca.as_deref().unwrap()),
+                    Ok(config.ca_ders.clone())
+                ),
+            }
+            let deadline = golden
+                .5
+                .map(|secs| canonical_duration(Duration::from_secs(secs)));
+            assert_eq!(document.options.deadline, deadline);
+            assert_eq!(
+                document.options,
+                Options {
+                    deadline,
+                    ..Options::default()
+                }
+            );
+        }
+    }
+
     #[test]
     fn strings_and_durations_have_one_spelling() {
-        assert_eq!(basic_string("a\"b\\c\n"), "\"a\\\"b\\\\c\\u000A\"");
         assert_eq!(canonical_duration(Duration::from_secs(90)), "90s");
         assert_eq!(canonical_duration(Duration::from_secs(600)), "10m");
         assert_eq!(canonical_duration(Duration::from_secs(3600)), "1h");

@@ -14,7 +14,9 @@
 //!   label and keeps other fields, so neither can stand in for the other.
 //! - EC2NodeClasses: the upkeep controller's own watch ([`nodeclass::run`]):
 //!   it reads the whole spec and managedFields, which the join path's class
-//!   cache ([`crate::nodeconfig`]) strips, and only the selected classes.
+//!   cache ([`crate::nodeconfig`]) strips, and only the selected classes;
+//!   its rollout guard ([`crate::rollout`]) judges trials by the NodeClaim
+//!   cache, and a NodeClaim's change wakes its class.
 //!
 //! Everything here is polled inside one future, never spawned: a replica
 //! that stops leading drops it, and every leader-only watch with it.
@@ -23,7 +25,7 @@ use crate::cache::{self, Cache};
 use crate::events::Events;
 use crate::metrics::Metrics;
 use crate::nodeclaim::NodeClaims;
-use crate::{approver, feedback, nodeclass};
+use crate::{approver, capacity, feedback, nodeclass};
 use k8s_openapi::api::core::v1::Node;
 use kube::{Api, Client};
 
@@ -38,6 +40,9 @@ pub struct Leader {
     pub approver: Option<approver::Settings>,
     /// The EC2NodeClass upkeep's settings, when it is turned on.
     pub nodeclasses: Option<nodeclass::Settings>,
+    /// How much smaller than its NodeClaim's a Ready node may be before the
+    /// feedback controller reports it (see [`capacity`]).
+    pub capacity: capacity::Tolerance,
 }
 
 impl Leader {
@@ -54,12 +59,14 @@ impl Leader {
                 }
             }
         };
-        let feedback = feedback::run(self.claims, nodes, self.events, self.metrics);
+        let check = capacity::Check::new(self.client.clone(), self.capacity);
+        let claims = self.claims.clone();
+        let feedback = feedback::run(self.claims, nodes, self.events, self.metrics, check);
         let nodeclasses = {
             let client = self.client.clone();
             async move {
                 if let Some(settings) = self.nodeclasses {
-                    nodeclass::run(client, settings).await;
+                    nodeclass::run(client, settings, claims).await;
                 }
             }
         };

@@ -4,7 +4,10 @@
 //! I/O, no clocks (a clock is passed in where time matters), no global state.
 //! Both halves depend on it, so the contract between them lives here:
 //!
-//! - [`agentconfig`]: the rules agent config values follow (agent and server).
+//! - [`agentconfig`]: the agent's config document (the server writes it,
+//!   the agent parses it) and the rules its values follow.
+//! - [`backoff`]: the one backoff policy (initial, factor, cap, jitter,
+//!   attempts) every retrying site fills with its own values.
 //! - [`contract`]: the deadline's bounds, the providerID format and
 //!   kubelet's file paths, named once for both halves.
 //! - [`protocol`]: the JSON messages the agent and server exchange.
@@ -14,6 +17,7 @@
 //!   (`TrustStore::load_file`/`load_dir`); AWS's are parsed once, lazily.
 //! - [`karpenter_crds`]: Karpenter's CRDs, embedded.
 //! - [`labels`]: which node labels kubelet may set on itself.
+//! - [`pem`]: certificates written as PEM, one spelling per certificate.
 //! - [`proof`]: proof that a report comes from the node's bound client key.
 //! - [`csr`]: parsing kubelet CSRs and the rules for approving them.
 //! - [`issued`]: checking a signed certificate against the CSR that was
@@ -24,6 +28,7 @@
 #![forbid(unsafe_code)]
 
 pub mod agentconfig;
+pub mod backoff;
 pub mod contract;
 pub mod csr;
 pub mod identity;
@@ -31,5 +36,6 @@ pub mod ignition;
 pub mod issued;
 pub mod karpenter_crds;
 pub mod labels;
+pub mod pem;
 pub mod proof;
 pub mod protocol;

@@ -423,6 +423,21 @@ async fn wait_ready(client: &Client, apiserver: &Daemon) -> Result<()> {
     }
 }
 
+/// Whether the API server serves PodDisruptionBudgets as `policy/v1`
+/// (from Kubernetes 1.21; the 1.20 test API server has the same schema as
+/// `policy/v1beta1`), so a test applying shipped manifests can tell which
+/// version to send.
+pub async fn serves_policy_v1_pdbs(client: &Client) -> bool {
+    client
+        .list_api_group_resources("policy/v1")
+        .await
+        .is_ok_and(|list| {
+            list.resources
+                .iter()
+                .any(|r| r.kind == "PodDisruptionBudget")
+        })
+}
+
 /// Installs CRDs from YAML and waits until each is Established.
 ///
 /// The 1.20 apiserver predates `x-kubernetes-validations` (CEL); a plain
@@ -439,29 +454,10 @@ pub async fn install_crds(client: &Client, crds: &[(&str, &str)]) -> Result<()> 
             Err(kube::Error::Api(status)) if status.code == 409 => {}
             Err(e) => return Err(e).with_context(|| format!("creating CRD {name}")),
         }
-        wait_established(&api, &name).await?;
+        // The server's own wait, as --install-crds uses it.
+        autonode_server::crds::wait_established(&api, &name, START_TIMEOUT).await?;
     }
     Ok(())
-}
-
-async fn wait_established(api: &Api<CustomResourceDefinition>, name: &str) -> Result<()> {
-    let deadline = Instant::now() + START_TIMEOUT;
-    loop {
-        let crd = api.get(name).await?;
-        let established = crd
-            .status
-            .and_then(|s| s.conditions)
-            .unwrap_or_default()
-            .iter()
-            .any(|c| c.type_ == "Established" && c.status == "True");
-        if established {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("CRD {name} not Established after {START_TIMEOUT:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// Writes a kubeconfig with embedded certificates.

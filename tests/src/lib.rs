@@ -5,6 +5,7 @@
 //! - [`blip`]: a loopback relay whose connections a test can cut.
 //! - [`controlplane`]: a real etcd, kube-apiserver and kube-controller-manager
 //!   on loopback, with the real Karpenter CRDs installed.
+//! - [`helm`]: the Helm chart rendered by the real helm.
 //! - [`ignition`]: the operator's Ignition ConfigMaps and Secrets.
 //! - [`ignition_oracle`]: the real Ignition as the judge of autonode's
 //!   Ignition support, and the corpus of cases it judges.
@@ -19,6 +20,8 @@
 //! - [`kubeversion`]: the Kubernetes version of a binary, for flags that
 //!   differ between versions.
 //! - [`pki`]: throwaway CAs and certificates for a test run.
+//! - [`promql`]: metric and label names in PromQL expressions and in a
+//!   scrape, to check alerts and dashboards against what is exported.
 //! - [`proxy`]: an HTTP CONNECT proxy stand-in that records what it tunnels.
 //! - [`process`]: child processes that die with their test.
 //! - [`server`]: autonode-server as a real process, under the shipped RBAC.
@@ -31,6 +34,7 @@ pub mod barenode;
 pub mod blip;
 pub mod controlplane;
 pub mod fakecloud;
+pub mod helm;
 pub mod hostile;
 pub mod ignition;
 pub mod ignition_oracle;
@@ -41,6 +45,7 @@ pub mod netns;
 pub mod node;
 pub mod pki;
 pub mod process;
+pub mod promql;
 pub mod proxy;
 pub mod server;
 pub mod vm;

@@ -171,6 +171,10 @@ pub struct Setup<'a> {
     /// The guest RBAC files to run under; `None`: those `extra_args` call
     /// for ([`GuestRbac::for_flags`]).
     pub rbac: Option<GuestRbac>,
+    /// A guest RBAC manifest to run under instead of the shipped files
+    /// (the Helm chart's rendering); it must create the server's
+    /// ServiceAccount. `rbac` is then unused.
+    pub rbac_manifest: Option<&'a str>,
 }
 
 impl Default for Setup<'_> {
@@ -181,6 +185,7 @@ impl Default for Setup<'_> {
             api_url: None,
             wait_ready: true,
             rbac: None,
+            rbac_manifest: None,
         }
     }
 }
@@ -230,7 +235,12 @@ impl TestServer {
         let rbac = setup
             .rbac
             .unwrap_or_else(|| GuestRbac::for_flags(setup.extra_args));
-        rbac.apply(&admin).await?;
+        match setup.rbac_manifest {
+            Some(yaml) => apply_manifest(&admin, yaml)
+                .await
+                .context("applying the test's guest RBAC manifest")?,
+            None => rbac.apply(&admin).await?,
+        }
         let token = service_account_token(&admin, SERVER_SERVICE_ACCOUNT).await?;
         let dir = tempfile::Builder::new()
             .prefix("autonode-server-")

@@ -1,7 +1,9 @@
 //! A real machine for the agent: the test image (`tests/setup/build-vm-image`:
 //! Debian 12, systemd, containerd, kubelet, the agent's own `.deb`) booted
 //! under QEMU with software emulation (TCG: no KVM needed), its serial
-//! console captured to a file under `target/vm/console/`.
+//! console captured to a file under `target/vm/console/`. There is one
+//! image per [`Arch`]: an x86_64 PC and an arm64 `virt` machine, both
+//! emulated on whatever the host is.
 //!
 //! **Network.** QEMU's user-mode network (libslirp) with `restrict=on`: the
 //! guest reaches nothing but the forwards the test sets up, so its
@@ -18,10 +20,13 @@
 //! so its writes go to a temporary file QEMU has already unlinked.
 
 use crate::fakecloud::{private_dns_name, Imds, Instance};
+use crate::karpenter::ec2nodeclasses;
+use crate::pki::Ca;
 use crate::process::Daemon;
 use crate::server::binary;
 use crate::world::World;
 use anyhow::{bail, Context, Result};
+use kube::api::DynamicObject;
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::{Path, PathBuf};
@@ -40,31 +45,126 @@ pub const GUEST_SERVER_PORT: u16 = 8443;
 
 /// slirp's network: see the module's documentation for why so wide.
 const NETWORK: &str = "net=160.0.0.0/4,host=172.31.0.1,dns=172.31.0.3,dhcpstart=172.31.0.15";
-/// Kernel command line: Debian 12's defaults otherwise (cgroup v2, on
-/// which kubelet 1.20 registers and becomes Ready; no pods run here).
-/// `loglevel=4` keeps kernel chatter, slow over an emulated UART, off the
-/// console; systemd's unit status lines stay.
-const KERNEL_ARGS: &str = "root=/dev/vda rw console=ttyS0 loglevel=4 panic=-1";
+/// Kernel command line, less the console (see [`Arch::console`]):
+/// Debian 12's defaults otherwise (cgroup v2, on which kubelet 1.20
+/// registers and becomes Ready; no pods run here). `loglevel=4` keeps
+/// kernel chatter, slow over an emulated UART, off the console; systemd's
+/// unit status lines stay.
+const KERNEL_ARGS: &str = "root=/dev/vda rw loglevel=4 panic=-1";
+
+/// A machine architecture the VM tests boot: its image, its QEMU, and what
+/// EC2 says of an instance of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Arch {
+    Amd64,
+    Arm64,
+}
+
+impl Arch {
+    /// Debian's and Kubernetes' name (`kubernetes.io/arch`), and the key
+    /// of `--ami-ids` and of `tests/setup/build-vm-image --arch`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Amd64 => "amd64",
+            Arch::Arm64 => "arm64",
+        }
+    }
+
+    /// EC2's name, as the identity document's `architecture` spells it.
+    pub fn ec2_name(self) -> &'static str {
+        match self {
+            Arch::Amd64 => "x86_64",
+            Arch::Arm64 => "arm64",
+        }
+    }
+
+    /// An instance type of this architecture (Graviton's for arm64).
+    pub fn instance_type(self) -> &'static str {
+        match self {
+            Arch::Amd64 => "m5.large",
+            Arch::Arm64 => "m6g.large",
+        }
+    }
+
+    /// The AMI the VM tests' server names for this architecture
+    /// (`--ami-ids`), and so the instance's `ami-id`.
+    pub fn ami_id(self) -> &'static str {
+        match self {
+            Arch::Amd64 => "ami-0a1b2c3d4e5f60718",
+            Arch::Arm64 => "ami-0f1e2d3c4b5a69788",
+        }
+    }
+
+    /// `name` for amd64 (the names the VM tests had before arm64: console
+    /// logs and `vm.json` keys keep them), `name_arm64` for arm64.
+    pub fn scoped(self, name: &str) -> String {
+        match self {
+            Arch::Amd64 => name.to_string(),
+            Arch::Arm64 => format!("{name}_arm64"),
+        }
+    }
+
+    /// The QEMU that emulates this machine.
+    fn qemu(self) -> &'static str {
+        match self {
+            Arch::Amd64 => "qemu-system-x86_64",
+            Arch::Arm64 => "qemu-system-aarch64",
+        }
+    }
+
+    /// The serial console: a PC's first UART, the `virt` board's PL011.
+    fn console(self) -> &'static str {
+        match self {
+            Arch::Amd64 => "ttyS0",
+            Arch::Arm64 => "ttyAMA0",
+        }
+    }
+
+    /// QEMU's `-machine` and `-cpu`.
+    fn machine(self) -> [(&'static str, &'static str); 2] {
+        match self {
+            // Every feature TCG emulates. (Taking out SVM and VMX, which
+            // the guest has no use for, breaks mount(2) in the guest on
+            // QEMU 7.2.)
+            Arch::Amd64 => [("-machine", "q35,accel=tcg"), ("-cpu", "max")],
+            // `virt` is the board Debian's arm64 kernel knows without a
+            // device tree of our own (QEMU generates it). Pointer
+            // authentication with QEMU's own cheap algorithm instead of
+            // the architected QARMA: the guest cannot tell, and the boot
+            // to Ready takes 2.5 times as long without it.
+            Arch::Arm64 => [
+                ("-machine", "virt,accel=tcg"),
+                ("-cpu", "max,pauth-impdef=on"),
+            ],
+        }
+    }
+}
 
 /// The built image: kernel, initrd and root filesystem.
 #[derive(Debug, Clone)]
 pub struct Image {
     pub dir: PathBuf,
+    pub arch: Arch,
 }
 
 impl Image {
-    /// The image for the current agent package, built if needed (the
-    /// script is a no-op when nothing changed; `tests/run` builds it
-    /// before the suite, so no test pays the cold build).
-    pub fn get() -> Result<Self> {
-        // One build per test process; the script also holds a lock.
-        static BUILT: Mutex<Option<PathBuf>> = Mutex::new(None);
+    /// The `arch` image for the current agent package, built if needed
+    /// (the script is a no-op when nothing changed; `tests/run` builds
+    /// both before the suite, so no test pays the cold build).
+    pub fn get(arch: Arch) -> Result<Self> {
+        // One build per architecture per test process; the script also
+        // holds a lock.
+        static BUILT: Mutex<BTreeMap<Arch, PathBuf>> = Mutex::new(BTreeMap::new());
         let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(dir) = built.as_ref() {
-            return Ok(Self { dir: dir.clone() });
+        if let Some(dir) = built.get(&arch) {
+            return Ok(Self {
+                dir: dir.clone(),
+                arch,
+            });
         }
         let script = repo_root().join("tests/setup/build-vm-image");
         let output = std::process::Command::new(&script)
+            .args(["--arch", arch.name()])
             .output()
             .with_context(|| format!("running {}", script.display()))?;
         if !output.status.success() {
@@ -76,8 +176,8 @@ impl Image {
             );
         }
         let dir = PathBuf::from(String::from_utf8(output.stdout)?.trim());
-        *built = Some(dir.clone());
-        Ok(Self { dir })
+        built.insert(arch, dir.clone());
+        Ok(Self { dir, arch })
     }
 }
 
@@ -122,7 +222,7 @@ impl Vm {
         let started = Instant::now();
         let qemu = Daemon::spawn(
             &format!("{name}.qemu"),
-            Path::new("qemu-system-x86_64"),
+            Path::new(image.arch.qemu()),
             &args,
             &dir,
         )?;
@@ -279,12 +379,14 @@ fn journal_entry(entry: &str) -> Option<(Duration, String)> {
     Some((at, message.to_string()))
 }
 
-/// [`KERNEL_ARGS`]; with `AUTONODE_VM_JOURNAL=1`, the whole journal
-/// (kubelet's and containerd's logs too) is copied to the console log.
-fn kernel_args() -> String {
+/// [`KERNEL_ARGS`] with `arch`'s console; with `AUTONODE_VM_JOURNAL=1`,
+/// the whole journal (kubelet's and containerd's logs too) is copied to
+/// the console log.
+fn kernel_args(arch: Arch) -> String {
+    let args = format!("{KERNEL_ARGS} console={}", arch.console());
     match std::env::var_os("AUTONODE_VM_JOURNAL") {
-        Some(_) => format!("{KERNEL_ARGS} systemd.journald.forward_to_console=1"),
-        None => KERNEL_ARGS.to_string(),
+        Some(_) => format!("{args} systemd.journald.forward_to_console=1"),
+        None => args,
     }
 }
 
@@ -297,11 +399,11 @@ fn qemu_args(image: &Image, console: &Path, forwards: &[Forward]) -> Vec<String>
     }
     let console = format!("file:{}", console.display());
     let drive = format!("file={},format=raw,if=virtio,snapshot=on", file("root.img"));
-    let options: [(&str, String); 12] = [
-        ("-machine", "q35,accel=tcg".into()),
-        // Every feature TCG emulates. (Taking out SVM and VMX, which the
-        // guest has no use for, breaks mount(2) in the guest on QEMU 7.2.)
-        ("-cpu", "max".into()),
+    let machine = image
+        .arch
+        .machine()
+        .map(|(flag, value)| (flag, value.to_string()));
+    let options: [(&str, String); 10] = [
         // One CPU: with two emulated ones the guest kernel locked up (soft
         // lockups in iptables and kubelet), and one leaves the other host
         // core to the rest of the suite.
@@ -311,7 +413,7 @@ fn qemu_args(image: &Image, console: &Path, forwards: &[Forward]) -> Vec<String>
         ("-serial", console),
         ("-kernel", file("vmlinuz")),
         ("-initrd", file("initrd.img")),
-        ("-append", kernel_args()),
+        ("-append", kernel_args(image.arch)),
         ("-drive", drive),
         ("-netdev", netdev),
         // No option ROM: the kernel is booted directly, not from the network.
@@ -321,8 +423,9 @@ fn qemu_args(image: &Image, console: &Path, forwards: &[Forward]) -> Vec<String>
         .into_iter()
         .map(String::from)
         .chain(
-            options
+            machine
                 .into_iter()
+                .chain(options)
                 .flat_map(|(flag, value)| [flag.to_string(), value]),
         )
         .collect()
@@ -349,37 +452,73 @@ pub fn record_bench(key: &str, entries: serde_json::Value) -> Result<PathBuf> {
 /// The cluster side of a VM test: a [`World`] whose API server and
 /// autonode-server the guest reaches at [`CONTROL_PLANE_IP`], the operator's
 /// base Ignition config (the CNI config, cluster-level), and an
-/// `amiFamily: Custom` EC2NodeClass `default` whose userData is what
-/// `autonode-server render-userdata` prints.
+/// `amiFamily: Custom` EC2NodeClass `default` kept by the server's upkeep
+/// (`--ami-ids` for both architectures, userData as `autonode-server
+/// render-userdata` prints it).
 pub struct VmWorld {
     pub world: World,
     /// The EC2NodeClass's userData, which Karpenter hands the instance.
     pub user_data: String,
+    /// Holds the join CA's file, which the server reads at (re)start.
+    _dir: tempfile::TempDir,
 }
 
 /// The base Ignition ConfigMap (`--base-ignition`), in autonode-system.
 const BASE_IGNITION: &str = "vm-base";
 /// The CNI network kubelet needs to call the node Ready (no pods run).
 const CNI_CONFLIST: &str = include_str!("../vm/ignition/10-containerd-net.conflist");
+/// The EC2NodeClass the test's NodeClaims name.
+const NODECLASS: &str = "default";
+/// The cluster name the userData carries.
+const CLUSTER_NAME: &str = "autonode-vm-test";
+/// The field manager of the server's EC2NodeClass upkeep.
+const UPKEEP_MANAGER: &str = "autonode-server";
 
 impl VmWorld {
+    /// The control plane, the fake cloud and autonode-server (restarted
+    /// once, see below), the base Ignition config and the class as the
+    /// server's upkeep keeps it.
     pub async fn start() -> Result<Self> {
-        let api_url = format!("https://{CONTROL_PLANE_IP}:{GUEST_API_PORT}");
-        let args = [
-            format!("--api-server-url={api_url}"),
-            format!("--base-ignition={BASE_IGNITION}"),
-        ];
-        let world = World::start_reachable_at(&[CONTROL_PLANE_IP.into()], &args).await?;
+        let dir = tempfile::tempdir()?;
+        let ca_file = dir.path().join("join-ca.crt");
+        // The server's join CA is made when it starts, and upkeep reads
+        // --join-ca-file at start: start it with a stand-in CA, then
+        // restart it with its own (before any class exists to keep).
+        std::fs::write(&ca_file, Ca::new("stand-in")?.cert_pem())?;
+        let world =
+            World::start_reachable_at(&[CONTROL_PLANE_IP.into()], &server_args(&ca_file)).await?;
+        std::fs::write(&ca_file, world.server.ca_pem())?;
+        world.server.restart().await?;
         let admin = world.cp.admin().await?;
         put_base_ignition(&admin).await?;
-        let user_data = render_user_data(&world)?;
-        crate::karpenter::create_custom_nodeclass(&admin, "default", &user_data).await?;
-        Ok(Self { world, user_data })
+        let rendered = render_user_data(&world)?;
+        crate::karpenter::create_custom_nodeclass(&admin, NODECLASS, &rendered).await?;
+        let class = wait_for_upkeep(&admin).await?;
+        let user_data = class.data["spec"]["userData"]
+            .as_str()
+            .context("the EC2NodeClass has no userData")?
+            .to_string();
+        if user_data != rendered {
+            bail!("upkeep rewrote the class's userData:\n{user_data}\nrender-userdata printed:\n{rendered}");
+        }
+        Ok(Self {
+            world,
+            user_data,
+            _dir: dir,
+        })
     }
 
-    /// An instance as EC2 would start it for this cluster: the guest's
-    /// address (and so its private DNS name), the class's userData.
-    pub fn instance(&self) -> Instance {
+    /// The EC2NodeClass's `spec.amiSelectorTerms` as they are now.
+    pub async fn ami_selector_terms(&self) -> Result<serde_json::Value> {
+        let admin = self.world.cp.admin().await?;
+        let class = ec2nodeclasses(&admin).get(NODECLASS).await?;
+        Ok(class.data["spec"]["amiSelectorTerms"].clone())
+    }
+
+    /// An instance as EC2 would start it for this cluster from `arch`'s
+    /// AMI: that architecture and a type of it, the guest's address (and
+    /// so its private DNS name), the class's userData.
+    pub fn instance(&self, arch: Arch) -> Instance {
         let region = crate::world::REGION;
         Instance {
             private_ip: GUEST_IP,
@@ -389,6 +528,9 @@ impl VmWorld {
             ..Instance::builder()
                 .account_id(crate::world::ACCOUNT)
                 .region(region)
+                .architecture(arch.ec2_name())
+                .instance_type(arch.instance_type())
+                .image_id(arch.ami_id())
                 .build()
         }
     }
@@ -432,19 +574,68 @@ async fn put_base_ignition(admin: &kube::Client) -> Result<()> {
     crate::ignition::put_configmap(admin, BASE_IGNITION, &config.to_string()).await
 }
 
+/// The VM tests' `autonode-server serve` flags: where the guest reaches
+/// the API server, the base Ignition config, and EC2NodeClass upkeep with
+/// an AMI per architecture and the userData flags (the join CA in
+/// `ca_file`). A 3 s leader lease (the shortest the server takes):
+/// [`VmWorld::start`] restarts the server,
+/// and its leader controllers (upkeep, the NodeClaim Events) wait for the
+/// old process's lease to lapse.
+fn server_args(ca_file: &Path) -> Vec<String> {
+    let ami_ids: Vec<String> = [Arch::Amd64, Arch::Arm64]
+        .iter()
+        .map(|arch| format!("{}={}", arch.name(), arch.ami_id()))
+        .collect();
+    let mut args = vec![
+        format!("--api-server-url=https://{CONTROL_PLANE_IP}:{GUEST_API_PORT}"),
+        format!("--base-ignition={BASE_IGNITION}"),
+        format!("--ami-ids={}", ami_ids.join(",")),
+        "--leader-lease=3".to_string(),
+    ];
+    args.extend(user_data_args(ca_file));
+    args
+}
+
+/// The flags userData is rendered from, as the guest reaches the server
+/// (the CA pinned by its hash, the default).
+fn user_data_args(ca_file: &Path) -> [String; 3] {
+    [
+        format!("--public-url=https://{CONTROL_PLANE_IP}:{GUEST_SERVER_PORT}"),
+        format!("--join-ca-file={}", ca_file.display()),
+        format!("--cluster-name={CLUSTER_NAME}"),
+    ]
+}
+
+/// Polls the class until the server's upkeep has written it.
+async fn wait_for_upkeep(admin: &kube::Client) -> Result<DynamicObject> {
+    let api = ec2nodeclasses(admin);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let class = api.get(NODECLASS).await?;
+        let managers = class.metadata.managed_fields.iter().flatten();
+        if managers
+            .clone()
+            .any(|m| m.manager.as_deref() == Some(UPKEEP_MANAGER))
+        {
+            return Ok(class);
+        }
+        if Instant::now() > deadline {
+            let names: Vec<_> = managers.filter_map(|m| m.manager.clone()).collect();
+            bail!("the server's upkeep did not write EC2NodeClass {NODECLASS} within 60 s (managers: {names:?})");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 /// Runs the real `autonode-server render-userdata` for this cluster as
-/// the guest reaches it (the CA pinned by its hash, the default).
+/// the guest reaches it.
 fn render_user_data(world: &World) -> Result<String> {
     let dir = tempfile::tempdir()?;
     let ca = dir.path().join("join-ca.crt");
     std::fs::write(&ca, world.server.ca_pem())?;
     let output = std::process::Command::new(binary("autonode-server")?)
         .arg("render-userdata")
-        .arg(format!(
-            "--public-url=https://{CONTROL_PLANE_IP}:{GUEST_SERVER_PORT}"
-        ))
-        .arg(format!("--join-ca-file={}", ca.display()))
-        .arg("--cluster-name=autonode-vm-test")
+        .args(user_data_args(&ca))
         .output()
         .context("running autonode-server render-userdata")?;
     if !output.status.success() {

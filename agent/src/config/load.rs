@@ -2,7 +2,10 @@
 //! flags) read, layered and validated into one [`Settings`] value that
 //! holds everything later phases need, so no phase reads the command line.
 
-use super::{parse_deadline, Config, ConfigError, Document, Options, UserDataDocument};
+use super::{
+    parse_deadline, parse_document, refuse_in_user_data, Config, ConfigError, Document, Options,
+    UserDataDocument,
+};
 use crate::fsutil::{FsError, Root};
 use crate::imds::{EndpointChoice, EndpointError, EndpointMode, ImdsError, MODE_KEY};
 use crate::retry::Deadline;
@@ -124,7 +127,7 @@ async fn read_user_data(flags: &Flags, upper: &Document) -> Result<UserDataDocum
     let raw = imds.user_data().await.map_err(LoadError::UserData)?;
     let read = UserDataDocument::read(raw.as_deref().unwrap_or_default())?;
     if let Some(document) = read.document() {
-        document.refuse_in_user_data()?;
+        refuse_in_user_data(document)?;
     }
     Ok(read)
 }
@@ -132,7 +135,7 @@ async fn read_user_data(flags: &Flags, upper: &Document) -> Result<UserDataDocum
 fn read_local_file(root: &Root, path: &str) -> Result<Document, LoadError> {
     let path = root.join(path)?;
     match std::fs::read_to_string(&path) {
-        Ok(text) => Ok(Document::parse(&text, &path.display().to_string())?),
+        Ok(text) => Ok(parse_document(&text, &path.display().to_string())?),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Document::default()),
         Err(source) => Err(LoadError::LocalFile {
             path: path.display().to_string(),
@@ -158,7 +161,12 @@ fn flag_document(flags: &Flags) -> Result<Document, LoadError> {
         cluster_name: flags.cluster_name.clone(),
         options: Options {
             deadline: flags.deadline.clone(),
-            state_dir: flags.state_dir.clone(),
+            // A document holds text; the state dir is used as text too
+            // (see crate::phases::config), so nothing is lost here.
+            state_dir: flags
+                .state_dir
+                .as_ref()
+                .map(|dir| dir.to_string_lossy().into_owned()),
             ..Options::default()
         },
     })

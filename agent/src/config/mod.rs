@@ -1,21 +1,12 @@
 //! The agent's configuration: a TOML document from userData, overridden by
 //! a local file (for AMI builders) and then by flags.
 //!
-//! ```toml
-//! server-url = "https://join.example.com:8443"
-//! server-ca-sha256 = "3f1c…"          # or: server-ca = """-----BEGIN CERTIFICATE-----…"""
-//! cluster-name = "prod-eu-1"
-//! [options]
-//! deadline = "10m"                      # "90s", "10m", or seconds; at most 15m
-//! state-dir = "/var/lib/autonode"
-//! https-proxy = "http://proxy:3128"     # else $HTTPS_PROXY; see crate::proxy
-//! no-proxy = ".internal,10.0.0.0/8"     # else $NO_PROXY
-//! imds-endpoint-mode = "IPv6"           # local file only; see crate::imds
-//! ```
-//!
-//! Nothing here is secret: userData is readable by every process on the
-//! instance and hashed by Karpenter. Unknown keys are an error naming the
-//! key, so a typo never silently falls back to a default.
+//! The document's type, [`Document`], is shared with the server, which
+//! renders it into every EC2NodeClass (see
+//! [`autonode_shared::agentconfig`], which shows its keys). Nothing in it
+//! is secret: userData is readable by every process on the instance and
+//! hashed by Karpenter. Unknown keys are an error naming the key, so a typo
+//! never silently falls back to a default.
 //!
 //! This module parses and validates documents; [`load`] reads the three
 //! layers and yields the run's [`Settings`].
@@ -29,7 +20,6 @@ use crate::proxy::ProxySettings;
 use crate::trust::ServerTrust;
 use autonode_shared::agentconfig;
 use hyper::Uri;
-use serde::Deserialize;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -79,99 +69,43 @@ pub enum ConfigError {
     ImdsEndpoint(#[from] crate::imds::ImdsError),
 }
 
-/// One config document as written: every key optional, so documents can be
-/// layered (userData < local file < flags).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct Document {
-    pub server_url: Option<String>,
-    /// Inline PEM of the CA that signs the server's certificate.
-    pub server_ca: Option<String>,
-    /// Hex sha256 of the CA certificate's DER; the server presents the CA
-    /// in its chain.
-    pub server_ca_sha256: Option<String>,
-    pub cluster_name: Option<String>,
-    #[serde(default)]
-    pub options: Options,
+/// One config document as written, layered userData < local file < flags:
+/// the type the server renders userData from (see [`agentconfig`]).
+pub use agentconfig::{Document, Options};
+
+/// Parses a TOML document; `origin` names it in errors.
+pub fn parse_document(text: &str, origin: &str) -> Result<Document, ConfigError> {
+    Document::parse(text).map_err(|e| ConfigError::Parse {
+        origin: origin.to_string(),
+        message: e.to_string().trim_end().to_string(),
+    })
 }
 
-/// Options with defaults.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct Options {
-    pub deadline: Option<String>,
-    pub state_dir: Option<PathBuf>,
-    /// Wins over `HTTPS_PROXY`; `""` means no proxy.
-    pub https_proxy: Option<String>,
-    /// Wins over `NO_PROXY`.
-    pub no_proxy: Option<String>,
-    /// `IPv4` or `IPv6`; chooses how userData itself is read, so it is
-    /// refused in userData (see [`Document::refuse_in_user_data`]).
-    pub imds_endpoint_mode: Option<String>,
+/// Parses the config out of raw userData (any accepted form); an empty
+/// document when userData holds no agent config.
+pub fn document_from_user_data(raw: &[u8]) -> Result<Document, ConfigError> {
+    match UserDataDocument::read(raw)? {
+        UserDataDocument::Config(doc) => Ok(doc),
+        UserDataDocument::Elsewhere(_) => Ok(Document::default()),
+    }
 }
 
-impl Document {
-    /// Parses a TOML document; `origin` names it in errors.
-    pub fn parse(text: &str, origin: &str) -> Result<Self, ConfigError> {
-        toml::from_str(text).map_err(|e| ConfigError::Parse {
-            origin: origin.to_string(),
-            message: e.to_string().trim_end().to_string(),
-        })
+/// Refuses the keys userData cannot set: `imds-endpoint-mode` decides how
+/// userData itself is read, so only the local file, a flag or the
+/// environment can set it.
+pub fn refuse_in_user_data(doc: &Document) -> Result<(), ConfigError> {
+    if doc.options.imds_endpoint_mode.is_some() {
+        return Err(ConfigError::Parse {
+            origin: "userData".into(),
+            message: format!(
+                "[options] imds-endpoint-mode cannot be set here: userData is read from \
+                 IMDS, so the endpoint is chosen first; set it in {LOCAL_FILE} (baked into \
+                 the AMI), with --imds-endpoint-mode, or with {}",
+                imds::ENDPOINT_MODE_ENV
+            ),
+        });
     }
-
-    /// Parses the config out of raw userData (any accepted form); an empty
-    /// document when userData holds no agent config.
-    pub fn from_user_data(raw: &[u8]) -> Result<Self, ConfigError> {
-        match UserDataDocument::read(raw)? {
-            UserDataDocument::Config(doc) => Ok(doc),
-            UserDataDocument::Elsewhere(_) => Ok(Self::default()),
-        }
-    }
-
-    /// Refuses the keys userData cannot set: `imds-endpoint-mode` decides
-    /// how userData itself is read, so only the local file, a flag or the
-    /// environment can set it.
-    pub fn refuse_in_user_data(&self) -> Result<(), ConfigError> {
-        if self.options.imds_endpoint_mode.is_some() {
-            return Err(ConfigError::Parse {
-                origin: "userData".into(),
-                message: format!(
-                    "[options] imds-endpoint-mode cannot be set here: userData is read from \
-                     IMDS, so the endpoint is chosen first; set it in {LOCAL_FILE} (baked into \
-                     the AMI), with --imds-endpoint-mode, or with {}",
-                    imds::ENDPOINT_MODE_ENV
-                ),
-            });
-        }
-        Ok(())
-    }
-
-    /// `upper` wins key by key. The two trust keys are one setting: an
-    /// upper layer that sets either replaces both.
-    pub fn overlay(self, upper: Document) -> Document {
-        let upper_sets_trust = upper.server_ca.is_some() || upper.server_ca_sha256.is_some();
-        let (server_ca, server_ca_sha256) = if upper_sets_trust {
-            (upper.server_ca, upper.server_ca_sha256)
-        } else {
-            (self.server_ca, self.server_ca_sha256)
-        };
-        Document {
-            server_url: upper.server_url.or(self.server_url),
-            server_ca,
-            server_ca_sha256,
-            cluster_name: upper.cluster_name.or(self.cluster_name),
-            options: Options {
-                deadline: upper.options.deadline.or(self.options.deadline),
-                state_dir: upper.options.state_dir.or(self.options.state_dir),
-                https_proxy: upper.options.https_proxy.or(self.options.https_proxy),
-                no_proxy: upper.options.no_proxy.or(self.options.no_proxy),
-                imds_endpoint_mode: upper
-                    .options
-                    .imds_endpoint_mode
-                    .or(self.options.imds_endpoint_mode),
-            },
-        }
-    }
+    Ok(())
 }
 
 /// What userData holds for the config.
@@ -190,7 +124,7 @@ impl UserDataDocument {
     pub fn read(raw: &[u8]) -> Result<Self, ConfigError> {
         match crate::userdata::extract(raw)? {
             crate::userdata::Extracted::Config(text) => {
-                let doc = Document::parse(&text, "userData")?;
+                let doc = parse_document(&text, "userData")?;
                 Ok(Self::Config(doc))
             }
             crate::userdata::Extracted::Elsewhere(found) => Ok(Self::Elsewhere(found)),
@@ -253,10 +187,12 @@ impl Config {
             server_trust,
             cluster_name,
             deadline,
-            state_dir: doc
-                .options
-                .state_dir
-                .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR)),
+            state_dir: PathBuf::from(
+                doc.options
+                    .state_dir
+                    .as_deref()
+                    .unwrap_or(DEFAULT_STATE_DIR),
+            ),
             proxy,
             imds_endpoint_mode,
         })
@@ -359,7 +295,7 @@ mod tests {
     const PIN: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
 
     fn doc(text: &str) -> Document {
-        Document::parse(text, "test").unwrap()
+        parse_document(text, "test").unwrap()
     }
 
     #[test]
@@ -377,7 +313,7 @@ mod tests {
 
     #[test]
     fn unknown_key_is_named() {
-        let err = Document::parse(
+        let err = parse_document(
             "server-url = \"https://x\"\ntoken = \"s3cret\"\n",
             "userData",
         )
@@ -387,7 +323,7 @@ mod tests {
             text.contains("userData") && text.contains("token"),
             "{text}"
         );
-        let err = Document::parse("[options]\ndeadlin = \"5m\"\n", "userData").unwrap_err();
+        let err = parse_document("[options]\ndeadlin = \"5m\"\n", "userData").unwrap_err();
         assert!(err.to_string().contains("deadlin"), "{err}");
     }
 
@@ -534,14 +470,61 @@ mod tests {
     #[test]
     fn user_data_cannot_choose_the_imds_endpoint() {
         let user_data = doc("[options]\nimds-endpoint-mode = \"IPv6\"\n");
-        let text = user_data.refuse_in_user_data().unwrap_err().to_string();
+        let text = refuse_in_user_data(&user_data).unwrap_err().to_string();
         assert!(
             text.contains("userData") && text.contains(LOCAL_FILE),
             "{text}"
         );
-        assert!(doc("[options]\nhttps-proxy = \"http://p:1\"\n")
-            .refuse_in_user_data()
-            .is_ok());
+        assert!(refuse_in_user_data(&doc("[options]\nhttps-proxy = \"http://p:1\"\n")).is_ok());
+    }
+
+    /// The userData the server renders (its pinned outputs, every form)
+    /// parses here and resolves to the values it was rendered from.
+    #[test]
+    fn the_servers_rendered_documents_resolve() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../server/testdata/userdata");
+        let cas: Vec<Vec<u8>> = ["ca-a.pem", "ca-b.pem"]
+            .iter()
+            .flat_map(|name| {
+                let pem = std::fs::read_to_string(format!("{dir}/{name}")).unwrap();
+                agentconfig::parse_ca_pem(&pem).unwrap()
+            })
+            .collect();
+        let mut seen = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let raw = std::fs::read(&path).unwrap();
+            let document = match path.extension().and_then(|e| e.to_str()) {
+                Some("toml") => document_from_user_data(&raw).unwrap(),
+                // The Ignition form is not ours: it writes the TOML form
+                // to LOCAL_FILE, which the server's tests check.
+                _ => continue,
+            };
+            let text = String::from_utf8(raw).unwrap();
+            assert_eq!(parse_document(&text, "t").unwrap(), document);
+            let config = Config::resolve(document.clone()).unwrap();
+            assert_eq!(
+                Some(config.cluster_name.as_str()),
+                document.cluster_name.as_deref()
+            );
+            let deadline = document.options.deadline.as_deref().map(parse_deadline);
+            let deadline = deadline.transpose().unwrap().unwrap_or(DEFAULT_DEADLINE);
+            assert_eq!(config.deadline, deadline);
+            // Trusted: the test CAs the server was given, and nothing else.
+            match config.server_trust {
+                ServerTrust::Ca(ders) => assert!(ders.iter().all(|der| cas.contains(der))),
+                ServerTrust::Sha256Pin(pin) => {
+                    assert!(cas
+                        .iter()
+                        .any(
+                            |der| parse_pin(&autonode_shared::proof::fingerprint(der)).unwrap()
+                                == pin
+                        ))
+                }
+            }
+            seen += 1;
+        }
+        assert_eq!(seen, 8, "the server's pinned outputs");
     }
 
     #[test]

@@ -1,11 +1,12 @@
 //! How often and how patiently to retry a transient EC2 failure, as data.
 
+use autonode_shared::backoff::Backoff;
 use std::time::Duration;
 
-/// Exponential backoff with jitter: attempt `n` (0-based) that failed
-/// transiently is followed by a pause drawn from `[d/2, d]`, where
-/// `d = min(cap, base * 2^n)`. Jitter keeps many replicas that were
-/// throttled together from retrying together.
+/// Exponential backoff with jitter (the shared [`Backoff`]): attempt `n`
+/// (0-based) that failed transiently is followed by a pause drawn from
+/// `[d/2, d]`, where `d = min(cap, base * 2^n)`. Jitter keeps many replicas
+/// that were throttled together from retrying together.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RetryPolicy {
     /// Tries in all, the first included; 1 means no retry.
@@ -27,18 +28,26 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
+    /// These values as the shared policy: doubling, and up to half of each
+    /// delay taken off at random.
+    pub fn backoff(&self) -> Backoff {
+        Backoff {
+            initial: self.base,
+            factor: 2,
+            cap: self.cap,
+            jitter: 0.5,
+            attempts: Some(self.attempts),
+        }
+    }
+
     /// The longest pause after failed attempt `attempt` (0-based).
     pub fn max_delay(&self, attempt: u32) -> Duration {
-        let factor = 1u32.checked_shl(attempt).unwrap_or(u32::MAX);
-        self.base.saturating_mul(factor).min(self.cap)
+        self.backoff().full(attempt)
     }
 
     /// The pause after failed attempt `attempt`, jittered.
     pub fn delay(&self, attempt: u32) -> Duration {
-        let max = self.max_delay(attempt);
-        let half = max / 2;
-        let jitter_ms = u64::try_from((max - half).as_millis()).unwrap_or(u64::MAX);
-        half + Duration::from_millis(rand::random::<u64>() % jitter_ms.saturating_add(1))
+        self.backoff().delay(attempt, rand::random::<f64>())
     }
 }
 

@@ -5,7 +5,7 @@
 //! delete is a pure decision ([`dooms_nodeclaim`]).
 
 use super::{Granted, JoinContext};
-use crate::binding::{self, Binding};
+use crate::binding::{self, Binding, BindingRefusal};
 use crate::karpenter::NodeClaim;
 use crate::metrics::JoinLabels;
 use crate::refusal::{JoinError, Refusal};
@@ -101,16 +101,21 @@ fn refused(
     refusal: &Refusal,
 ) -> JoinLabels {
     tracing::warn!(request_id, nodeclaim = name(claim), reason = refusal.reason(), detail = %refusal, "join refused");
-    if matches!(refusal, Refusal::PossibleReplay { .. }) {
+    let replay = matches!(
+        refusal,
+        Refusal::Binding(BindingRefusal::PossibleReplay { .. })
+    );
+    if replay {
         ctx.metrics.possible_replays.inc();
     }
     if let Some(claim) = claim {
         if dooms_nodeclaim(ctx.delete_refused, refusal, claim) {
             delete_doomed(ctx, claim.clone(), request_id.to_string());
         }
-        let reason = match refusal {
-            Refusal::PossibleReplay { .. } => "PossibleReplay",
-            _ => "JoinRefused",
+        let reason = if replay {
+            "PossibleReplay"
+        } else {
+            "JoinRefused"
         };
         ctx.events
             .warning(claim, reason, format!("{refusal} (request {request_id})"));
@@ -180,12 +185,12 @@ mod tests {
 
     #[test]
     fn refusals_someone_else_could_cause_delete_nothing() {
-        let replay = Refusal::PossibleReplay {
+        let replay = Refusal::Binding(BindingRefusal::PossibleReplay {
             instance_id: "i-1".into(),
             nodeclaim: "c1".into(),
             bound: "a".into(),
             offered: "b".into(),
-        };
+        });
         assert!(!dooms_nodeclaim(true, &replay, &claim(json!({}))));
     }
 

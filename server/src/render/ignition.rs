@@ -6,6 +6,7 @@ use super::IgnitionError;
 use autonode_shared::ignition::{self as spec, Config};
 use base64::Engine as _;
 use serde_json::Value;
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 
 /// The spec version of the generated layer (and of a config without
@@ -37,9 +38,13 @@ pub fn parse_layer(origin: &str, text: &str) -> Result<Config, IgnitionError> {
 ///
 /// The result is checked again by [`spec::parse`], exactly as the agent will
 /// check it, so a config that would be refused on the node is never served.
-pub fn ignition(layers: &[Config], kubelet_config: &Value) -> Result<Value, IgnitionError> {
+pub fn ignition<L: Borrow<Config>>(
+    layers: &[L],
+    kubelet_config: &Value,
+) -> Result<Value, IgnitionError> {
     let generated = generated_layer(kubelet_config)?;
-    let merged = merge(layers.iter().chain(std::iter::once(&generated)));
+    let operators = layers.iter().map(Borrow::borrow);
+    let merged = merge(operators.chain(std::iter::once(&generated)));
     let value = serde_json::to_value(&merged)?;
     spec::parse(&value).map_err(IgnitionError::Merged)?;
     Ok(value)

@@ -27,11 +27,14 @@
 //!
 //! The parts: `kubelet` (the KubeletConfiguration, taints and labels),
 //! `ignition` (checking the operator's layers and merging them under the
-//! generated one) and `error` (why an operator's config cannot be used).
+//! generated one), `memo` (what was checked and rendered, kept per version
+//! of the objects it came from, so a join does not check it all again) and
+//! `error` (why an operator's config cannot be used).
 
 mod error;
 mod ignition;
 mod kubelet;
+mod memo;
 
 #[cfg(test)]
 mod tests;
@@ -39,6 +42,7 @@ mod tests;
 pub use error::IgnitionError;
 pub use ignition::{ignition, parse_layer};
 pub use kubelet::{kubelet, node_labels, registration_taints, KUBELET_CONFIG_PATH};
+pub use memo::Memo;
 
 use crate::karpenter::NodeClaim;
 

@@ -177,7 +177,7 @@ fn layers_merge_base_then_class_then_generated() {
 
 #[test]
 fn without_operator_layers_only_the_generated_one_is_left() {
-    let merged = ignition(&[], &json!({"kind": "KubeletConfiguration"})).unwrap();
+    let merged = ignition::<Config>(&[], &json!({"kind": "KubeletConfiguration"})).unwrap();
     assert_eq!(merged["ignition"]["version"], "3.4.0");
     assert_eq!(merged["storage"]["files"][0]["path"], KUBELET_CONFIG_PATH);
     assert_eq!(merged["storage"]["files"][0]["overwrite"], true);

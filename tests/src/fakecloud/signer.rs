@@ -92,11 +92,7 @@ impl TestCa {
 
     /// The CA certificate as PEM, for the server's trust store.
     pub fn ca_pem(&self) -> String {
-        let b64 = base64::engine::general_purpose::STANDARD.encode(&self.cert_der);
-        format!(
-            "-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n",
-            wrap(&b64, 64)
-        )
+        autonode_shared::pem::certificate(&self.cert_der)
     }
 
     /// The CA certificate as DER.

@@ -2,7 +2,7 @@
 //! failing, token expiry, and userData in its binary (gzip) form; and the
 //! agent binary finding IMDS over IPv6 and stopping when IMDS is turned off.
 
-use autonode_agent::config::{Config, Document};
+use autonode_agent::config::{document_from_user_data, Config};
 use autonode_agent::imds::{Imds, ImdsError};
 use autonode_agent::retry::Deadline;
 use autonode_tests::barenode::{BareNode, ImdsAt};
@@ -42,7 +42,7 @@ async fn reads_identity_and_gzip_user_data() {
     );
     // The binary (gzip) body is why the agent has its own IMDS client.
     let raw = client.get("/latest/user-data").await.unwrap().unwrap();
-    let config = Config::resolve(Document::from_user_data(&raw).unwrap()).unwrap();
+    let config = Config::resolve(document_from_user_data(&raw).unwrap()).unwrap();
     assert_eq!(config.cluster_name, "test");
 }
 

@@ -2,7 +2,7 @@
 //! real control plane with autonode-server running under the shipped RBAC.
 
 use anyhow::{bail, Context, Result};
-use autonode_agent::config::{Config, Document};
+use autonode_agent::config::{document_from_user_data, parse_document, Config};
 use autonode_agent::trust::ServerTrust;
 use autonode_tests::controlplane::ControlPlane;
 use autonode_tests::karpenter::{self, ec2nodeclasses};
@@ -327,7 +327,7 @@ async fn an_unchanged_class_is_never_written_and_unselected_ones_are_left_alone(
 #[tokio::test]
 async fn the_agent_reads_what_render_userdata_prints() -> Result<()> {
     let pinned = NodeFlags::new(&[])?;
-    let config = Config::resolve(Document::from_user_data(pinned.rendered()?.as_bytes())?)?;
+    let config = Config::resolve(document_from_user_data(pinned.rendered()?.as_bytes())?)?;
     assert_eq!(config.server_url.to_string(), format!("{PUBLIC_URL}/"));
     assert_eq!(config.cluster_name, CLUSTER);
     assert_eq!(config.deadline, Duration::from_secs(480));
@@ -337,7 +337,7 @@ async fn the_agent_reads_what_render_userdata_prints() -> Result<()> {
     let pem = NodeFlags::new(&["--join-ca-form=pem"])?;
     let rendered = pem.rendered()?;
     assert_eq!(rendered, pem.rendered()?, "byte-stable");
-    let config = Config::resolve(Document::from_user_data(rendered.as_bytes())?)?;
+    let config = Config::resolve(document_from_user_data(rendered.as_bytes())?)?;
     assert_eq!(
         config.server_trust,
         ServerTrust::Ca(vec![der(&pem.ca_pem)?])
@@ -734,7 +734,7 @@ async fn the_ignition_form_is_valid_ignition_writing_the_toml_form() -> Result<(
         assert_eq!(mode, 0o644);
         assert_eq!(contents, toml, "byte-identical to the TOML form");
         // The agent reads the written file as its local config.
-        let config = Config::resolve(Document::parse(&contents, &path)?)?;
+        let config = Config::resolve(parse_document(&contents, &path)?)?;
         assert_eq!(config.cluster_name, CLUSTER);
         assert_eq!(config.server_url.to_string(), format!("{PUBLIC_URL}/"));
     }

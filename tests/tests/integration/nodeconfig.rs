@@ -51,6 +51,18 @@ async fn create_class(world: &World, name: &str, kubelet: Value, ignition: &str)
     Ok(())
 }
 
+/// A server with the base config in ConfigMap `base` and a class `class`
+/// (every kubelet field set) whose own config, in `<class>-ignition`, is
+/// merged over it.
+async fn layered_world(class: &str) -> Result<World> {
+    let world = World::start_with(&["--base-ignition=base".into()]).await?;
+    put_configmap(&world, "base", BASE).await?;
+    let configmap = format!("{class}-ignition");
+    put_configmap(&world, &configmap, CLASS).await?;
+    create_class(&world, class, full_kubelet(), &configmap).await?;
+    Ok(world)
+}
+
 /// Creates or replaces an Ignition ConfigMap.
 async fn put_configmap(world: &World, name: &str, config: &str) -> Result<()> {
     guest_ignition::put_configmap(&world.cp.admin().await?, name, config).await
@@ -147,10 +159,7 @@ fn file(config: &Value, path: &str) -> Option<Vec<u8>> {
 
 #[tokio::test]
 async fn the_class_shapes_kubelet_and_ignition_is_merged_identically_for_each_node() -> Result<()> {
-    let world = World::start_with(&["--base-ignition=base".into()]).await?;
-    put_configmap(&world, "base", BASE).await?;
-    put_configmap(&world, "gpu-ignition", CLASS).await?;
-    create_class(&world, "gpu", full_kubelet(), "gpu-ignition").await?;
+    let world = layered_world("gpu").await?;
 
     let first = launch(&world, "gpu").await?;
     let keys = NodeKeys::generate()?;
@@ -234,14 +243,7 @@ async fn a_broken_ignition_config_is_retryable_and_reported_on_the_class() -> Re
         line.contains("ConfigMap autonode-system/broken-ignition"),
         "the log names the ConfigMap: {line}"
     );
-    for _ in 0..3 {
-        let again = world.joiner.join(&request).await?;
-        assert_eq!(again.status(), 503, "still broken");
-    }
-    // The CSRs were created beside the rendering and deleted unapproved
-    // when it failed: nothing is approved for a node whose config is broken.
-    let csrs = world.csrs_for(&instance).await?;
-    assert!(csrs.is_empty(), "CSRs left behind: {csrs:?}");
+    stays_refused(&world, &request, &instance).await?;
     world.event_reasons("broken", "NodeConfigInvalid").await?;
     let events: Api<Event> = Api::namespaced(world.cp.admin().await?, "default");
     let selector = "involvedObject.kind=EC2NodeClass,involvedObject.name=broken";
@@ -275,12 +277,79 @@ async fn a_broken_ignition_config_is_retryable_and_reported_on_the_class() -> Re
     Ok(())
 }
 
+/// The server keeps what it rendered while the layers are unchanged; a
+/// layer written into something invalid is judged anew, and every join
+/// from then on is refused for it, never served what was kept.
+#[tokio::test]
+async fn a_layer_broken_mid_run_refuses_the_next_joins() -> Result<()> {
+    let world = layered_world("gpu").await?;
+    for _ in 0..2 {
+        let instance = launch(&world, "gpu").await?;
+        let request = joiner::honest_request(&instance, world.cloud.ca(), &NodeKeys::generate()?)?;
+        let response = join(&world, &request).await?;
+        assert_eq!(
+            file(&response.ignition, "/etc/base-only").as_deref(),
+            Some(&b"b"[..])
+        );
+    }
+
+    put_configmap(&world, "base", BROKEN).await?;
+    let probe = launch(&world, "gpu").await?;
+    let request = joiner::honest_request(&probe, world.cloud.ca(), &NodeKeys::generate()?)?;
+    refused_once_seen(&world, &request, "storage.disks").await?;
+    // The server has seen the change: a new node is refused from its
+    // first join on.
+    let instance = launch(&world, "gpu").await?;
+    let request = joiner::honest_request(&instance, world.cloud.ca(), &NodeKeys::generate()?)?;
+    let line = unavailable_because(&world, &request, "storage.disks").await?;
+    assert!(
+        line.contains("ConfigMap autonode-system/base (base Ignition, --base-ignition)"),
+        "the log names the base ConfigMap: {line}"
+    );
+    stays_refused(&world, &request, &instance).await
+}
+
+/// A join refused for its config stays refused on retry, and nothing is
+/// approved for it: its CSRs were created beside the rendering and deleted
+/// unapproved when the rendering failed.
+async fn stays_refused(world: &World, request: &JoinRequest, instance: &Instance) -> Result<()> {
+    for _ in 0..3 {
+        let again = world.joiner.join(request).await?;
+        ensure!(again.status() == 503, "still refused: {again:?}");
+    }
+    let csrs = world.csrs_for(instance).await?;
+    ensure!(csrs.is_empty(), "CSRs left behind: {csrs:?}");
+    Ok(())
+}
+
+/// Joins while the server's cache may still hold the layer as it was (a
+/// join may be granted meanwhile) until a 503 whose log line says `why`.
+async fn refused_once_seen(world: &World, request: &JoinRequest, why: &str) -> Result<String> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match world.joiner.join(request).await? {
+            Answer::Granted(_) => {}
+            Answer::Refused(503, body) => {
+                let log = world.server.log();
+                let line = log
+                    .lines()
+                    .find(|l| l.contains(&body.request_id) && l.contains(why));
+                if let Some(line) = line {
+                    return Ok(line.to_string());
+                }
+            }
+            answer => bail!("expected a join or 503 ({why}), got {answer:?}"),
+        }
+        if Instant::now() > deadline {
+            bail!("never 503 for {why:?}:\n{}", world.server.log());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 #[tokio::test]
 async fn the_agent_applies_the_merged_config() -> Result<()> {
-    let world = World::start_with(&["--base-ignition=base".into()]).await?;
-    put_configmap(&world, "base", BASE).await?;
-    put_configmap(&world, "default-ignition", CLASS).await?;
-    create_class(&world, "default", full_kubelet(), "default-ignition").await?;
+    let world = layered_world("default").await?;
     let (_, node) = launch_machine(&world).await?;
     let run = node.run_agent(&[]).await?;
     let stderr = String::from_utf8_lossy(&run.stderr);

@@ -1,5 +1,7 @@
 //! The shipped artefacts, checked as built: the agent's .deb installed into
-//! a real Debian root and removed again, the .rpm's files and scripts, the
+//! a real Debian root and removed again, the .rpm's files and scripts, both
+//! for x86_64 and aarch64 (static binary of the right machine within its
+//! size budget, the arm64 packages the same as the amd64 ones but for it), the
 //! systemd unit under systemd-analyze, the server's Kustomize base, the
 //! guest RBAC's kustomization and the example EC2NodeClass/NodePool against
 //! a real kube-apiserver, and the server's OCI image unpacked and run.
@@ -331,6 +333,254 @@ fn rpm_contents_and_scripts() -> Result<()> {
     Ok(())
 }
 
+/// One architecture the agent is packaged for: its names in the .deb and
+/// .rpm world, its ELF machine number, and how this x86_64 machine runs it.
+struct Arch {
+    deb: &'static str,
+    rpm: &'static str,
+    /// e_machine: EM_X86_64 (62), EM_AARCH64 (183).
+    elf_machine: u16,
+    /// The program that runs the binary here, if it is foreign.
+    emulator: Option<&'static str>,
+}
+
+const ARCHES: [Arch; 2] = [
+    Arch {
+        deb: "amd64",
+        rpm: "x86_64",
+        elf_machine: 62,
+        emulator: None,
+    },
+    Arch {
+        deb: "arm64",
+        rpm: "aarch64",
+        elf_machine: 183,
+        emulator: Some("qemu-aarch64-static"),
+    },
+];
+
+/// The agent's size budget on every architecture: it ships on every AMI
+/// (README, *The agent*: 4 MiB).
+const AGENT_SIZE_LIMIT: u64 = 4 << 20;
+
+/// What a 64-bit little-endian ELF file says of itself: its machine, and
+/// whether it names a program interpreter (PT_INTERP), i.e. needs a dynamic
+/// loader. Read here rather than with `file` or `ldd`: ldd cannot judge a
+/// foreign binary, and `file` is not on a minimal machine.
+fn elf_machine_and_interp(bytes: &[u8]) -> Result<(u16, bool)> {
+    ensure!(bytes.len() >= 64 && bytes[..4] == *b"\x7fELF", "not ELF");
+    ensure!(
+        bytes[4] == 2 && bytes[5] == 1,
+        "not 64-bit little-endian ELF"
+    );
+    let u16_at = |at: usize| u16::from_le_bytes([bytes[at], bytes[at + 1]]);
+    let machine = u16_at(18);
+    let phoff = u64::from_le_bytes(bytes[32..40].try_into()?) as usize;
+    let (phentsize, phnum) = (u16_at(54) as usize, u16_at(56) as usize);
+    ensure!(
+        phentsize >= 4 && phoff + phentsize * phnum <= bytes.len(),
+        "program headers out of the file"
+    );
+    const PT_INTERP: u32 = 3;
+    let interp = (0..phnum).any(|i| {
+        let at = phoff + i * phentsize;
+        u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) == PT_INTERP
+    });
+    Ok((machine, interp))
+}
+
+/// Every file under `root` (relative path → mode, content; symlinks by
+/// their target), for comparing two unpacked packages.
+fn tree(root: &Path) -> Result<std::collections::BTreeMap<String, (u32, Vec<u8>)>> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in fs::read_dir(&dir)? {
+            let path = entry?.path();
+            let meta = fs::symlink_metadata(&path)?;
+            let rel = path.strip_prefix(root)?.to_string_lossy().into_owned();
+            let content = if meta.file_type().is_symlink() {
+                fs::read_link(&path)?.into_os_string().into_encoded_bytes()
+            } else if meta.is_dir() {
+                dirs.push(path.clone());
+                Vec::new()
+            } else {
+                fs::read(&path)?
+            };
+            out.insert(rel, (meta.permissions().mode(), content));
+        }
+    }
+    Ok(out)
+}
+
+/// Both architectures' packages, as built by packaging/build: the
+/// architecture fields, one static binary of the right machine in both
+/// packages of an architecture (the .rpm's digest is the .deb's file's),
+/// within the size budget, and it runs (the aarch64 one under QEMU's
+/// user-mode emulation) and says its version.
+#[test]
+fn agent_packages_for_both_architectures() -> Result<()> {
+    use sha2::Digest as _;
+    for arch in &ARCHES {
+        let deb = package("autonode-agent_", &format!("_{}.deb", arch.deb))?;
+        let rpm = package("autonode-agent-", &format!(".{}.rpm", arch.rpm))?;
+        let (deb, rpm) = (deb.to_string_lossy(), rpm.to_string_lossy());
+        let field = run("dpkg-deb", &["--field", &deb, "Architecture"])?;
+        assert_eq!(field.trim(), arch.deb, "{deb}");
+        let rpm_arch = run("rpm", &["-qp", "--queryformat", "%{ARCH}", &rpm])?;
+        assert_eq!(rpm_arch, arch.rpm, "{rpm}");
+
+        let unpacked = tempfile::Builder::new().prefix("autonode-deb-").tempdir()?;
+        run(
+            "dpkg-deb",
+            &["-x", &deb, &unpacked.path().to_string_lossy()],
+        )?;
+        let binary = unpacked.path().join("usr/bin/autonode-agent");
+        let bytes = fs::read(&binary)?;
+        let (machine, interp) = elf_machine_and_interp(&bytes)?;
+        assert_eq!(machine, arch.elf_machine, "{deb}: ELF machine");
+        assert!(
+            !interp,
+            "{deb}: the agent must be static (it has PT_INTERP)"
+        );
+        assert!(
+            bytes.len() as u64 <= AGENT_SIZE_LIMIT,
+            "{deb}: the agent is {} bytes, over its budget of {AGENT_SIZE_LIMIT}",
+            bytes.len()
+        );
+
+        // The same file in the .rpm: `--dump` gives its SHA-256.
+        let dump = run("rpm", &["-qp", "--dump", &rpm])?;
+        let line = dump
+            .lines()
+            .find(|l| l.starts_with("/usr/bin/autonode-agent "))
+            .with_context(|| format!("no /usr/bin/autonode-agent in {rpm}:\n{dump}"))?;
+        let digest = format!("{:x}", sha2::Sha256::digest(&bytes));
+        assert!(
+            line.split_whitespace().nth(3) == Some(digest.as_str()),
+            "{rpm}'s binary is not {deb}'s ({digest}): {line}"
+        );
+
+        let path = binary.to_string_lossy();
+        let printed = match arch.emulator {
+            None => run(&path, &["--version"])?,
+            Some(emulator) => run(emulator, &[&path, "--version"])?,
+        };
+        assert_eq!(printed.trim(), format!("autonode-agent {}", version()));
+    }
+    Ok(())
+}
+
+/// The arm64 packages differ from the amd64 ones in their binary and
+/// architecture only: the same files with the same modes and bytes (units,
+/// drop-in, docs), the same maintainer scripts, control fields, rpm
+/// requirements and scripts. So what the amd64 tests above prove of the
+/// installed packages (installed into a Debian root, enabled, removed)
+/// holds for arm64, whose binary this x86_64 machine cannot run natively.
+#[test]
+fn arm64_packages_match_amd64_but_for_the_binary() -> Result<()> {
+    let [amd64, arm64] = &ARCHES;
+    let unpack = |arch: &Arch| -> Result<(tempfile::TempDir, String)> {
+        let deb = package("autonode-agent_", &format!("_{}.deb", arch.deb))?;
+        let deb = deb.to_string_lossy().into_owned();
+        let dir = tempfile::Builder::new().prefix("autonode-deb-").tempdir()?;
+        let data = dir.path().join("data");
+        let control = dir.path().join("control");
+        run("dpkg-deb", &["-x", &deb, &data.to_string_lossy()])?;
+        run("dpkg-deb", &["-e", &deb, &control.to_string_lossy()])?;
+        Ok((dir, deb))
+    };
+    let ((a, a_deb), (b, b_deb)) = (unpack(amd64)?, unpack(arm64)?);
+    let files = |dir: &Path, skip: &[&str]| -> Result<_> {
+        let mut t = tree(dir)?;
+        for s in skip {
+            ensure!(t.remove(*s).is_some(), "{s} missing in {}", dir.display());
+        }
+        Ok(t)
+    };
+    let (fa, fb) = (
+        files(&a.path().join("data"), &["usr/bin/autonode-agent"])?,
+        files(&b.path().join("data"), &["usr/bin/autonode-agent"])?,
+    );
+    assert!(
+        fa.contains_key("usr/lib/systemd/system/autonode-agent.service"),
+        "{:?}",
+        fa.keys()
+    );
+    let names = |t: &std::collections::BTreeMap<String, _>| t.keys().cloned().collect::<Vec<_>>();
+    assert_eq!(
+        names(&fa),
+        names(&fb),
+        "{a_deb} and {b_deb} hold other files"
+    );
+    for (path, want) in &fa {
+        assert!(
+            fb[path] == *want,
+            "/{path} differs between {a_deb} and {b_deb}"
+        );
+    }
+    // Maintainer scripts and conffiles the same; control names the
+    // architecture and the installed size (its other fields compared below).
+    // (cargo-deb writes md5sums only on request; dropped if there.)
+    let scripts = |dir: &Path| -> Result<_> {
+        let mut t = files(dir, &["control"])?;
+        t.remove("md5sums");
+        Ok(t)
+    };
+    let (ca, cb) = (
+        scripts(&a.path().join("control"))?,
+        scripts(&b.path().join("control"))?,
+    );
+    assert!(ca.contains_key("postinst"), "{:?}", ca.keys());
+    assert!(ca == cb, "maintainer scripts differ: {a_deb}, {b_deb}");
+    let fields = |deb: &str| -> Result<String> {
+        Ok(run("dpkg-deb", &["--field", deb])?
+            .lines()
+            .filter(|l| !l.starts_with("Architecture:") && !l.starts_with("Installed-Size:"))
+            .collect::<Vec<_>>()
+            .join("\n"))
+    };
+    assert_eq!(fields(&a_deb)?, fields(&b_deb)?);
+
+    let rpm = |arch: &Arch| -> Result<String> {
+        Ok(package("autonode-agent-", &format!(".{}.rpm", arch.rpm))?
+            .to_string_lossy()
+            .into_owned())
+    };
+    let (ra, rb) = (rpm(amd64)?, rpm(arm64)?);
+    // `--dump`: path size mtime digest mode …; the mtime is the build's.
+    let dump = |rpm: &str| -> Result<Vec<String>> {
+        Ok(run("rpm", &["-qp", "--dump", rpm])?
+            .lines()
+            .filter(|l| !l.starts_with("/usr/bin/autonode-agent "))
+            .map(|l| {
+                let mut f: Vec<&str> = l.split_whitespace().collect();
+                if f.len() > 2 {
+                    f.remove(2);
+                }
+                f.join(" ")
+            })
+            .collect())
+    };
+    let (da, db) = (dump(&ra)?, dump(&rb)?);
+    assert!(da.len() >= 6, "{da:?}");
+    assert_eq!(da, db, "{ra} and {rb} hold other files");
+    for query in ["--scripts", "--requires", "--provides"] {
+        // rpm names the architecture in provides as "name(x86-64)" and
+        // "name(aarch-64)".
+        let strip = |text: String| {
+            text.replace("(x86-64)", "(ARCH)")
+                .replace("(aarch-64)", "(ARCH)")
+        };
+        assert_eq!(
+            strip(run("rpm", &["-qp", query, &ra])?),
+            strip(run("rpm", &["-qp", query, &rb])?),
+            "rpm {query}"
+        );
+    }
+    Ok(())
+}
+
 /// Reads the OCI layout's image for `tag`: (config JSON, layer blob paths).
 fn oci_image(layout: &Path, tag: &str) -> Result<(serde_json::Value, Vec<PathBuf>)> {
     let read = |path: &Path| -> Result<serde_json::Value> {
@@ -549,17 +799,7 @@ async fn server_kustomization_dry_runs_on_apiserver() -> Result<()> {
             &serde_json::from_value(serde_json::json!({"metadata": {"name": namespace}}))?,
         )
         .await?;
-    // policy/v1 PodDisruptionBudgets exist from Kubernetes 1.21; the test
-    // apiserver is 1.20, which serves the same schema as policy/v1beta1.
-    let policy_v1 = client
-        .list_api_group_resources("policy/v1")
-        .await
-        .map(|list| {
-            list.resources
-                .iter()
-                .any(|r| r.kind == "PodDisruptionBudget")
-        })
-        .unwrap_or(false);
+    let policy_v1 = autonode_tests::controlplane::serves_policy_v1_pdbs(&client).await;
     for mut doc in docs {
         if doc["apiVersion"] == "policy/v1" && !policy_v1 {
             doc["apiVersion"] = "policy/v1beta1".into();
@@ -664,7 +904,7 @@ async fn example_nodeclass_and_nodepool_are_accepted() -> Result<()> {
         ],
     )?;
     assert_eq!(user_data, rendered, "regenerate the example's userData");
-    let document = autonode_agent::config::Document::from_user_data(user_data.as_bytes())?;
+    let document = autonode_agent::config::document_from_user_data(user_data.as_bytes())?;
     autonode_agent::config::Config::resolve(document)?;
 
     let pool = get("karpenter.sh", "v1", "NodePool").await?;

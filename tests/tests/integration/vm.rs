@@ -2,12 +2,17 @@
 //! runs the agent from its package, and becomes a Ready node of the test
 //! control plane; or, refused, never starts kubelet.
 //!
+//! Each scenario runs once per architecture, in a module named by it
+//! (`vm::amd64::…`, `vm::arm64::…`), so one architecture can run alone:
+//! `tests/vm/run vm::arm64::`. Both machines are emulated
+//! whatever the host (an x86_64 PC, an arm64 `virt` board).
+//!
 //! Run alone with `tests/vm/run`. Slow by nature (software emulation): the
 //! test group in `.config/nextest.toml` runs these one at a time.
 
 use anyhow::{bail, ensure, Context, Result};
 use autonode_tests::fakecloud::{Imds, Instance};
-use autonode_tests::vm::{self, Image, Report, Vm, VmWorld};
+use autonode_tests::vm::{self, Arch, Image, Report, Vm, VmWorld};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
@@ -23,20 +28,62 @@ const BOOT_TIMEOUT: Duration = Duration::from_secs(360);
 /// binary under emulation), registration, containerd's status.
 const READY_TIMEOUT: Duration = Duration::from_secs(360);
 
-#[tokio::test]
-async fn a_machine_boots_runs_the_agent_and_becomes_a_ready_node() -> Result<()> {
-    let image = Image::get()?;
+/// The scenarios, once per architecture: `$arch` is the module's name.
+macro_rules! scenarios {
+    ($arch:ident, $value:expr) => {
+        mod $arch {
+            use super::*;
+
+            #[tokio::test]
+            async fn a_machine_boots_runs_the_agent_and_becomes_a_ready_node() -> Result<()> {
+                joins($value).await
+            }
+
+            #[tokio::test]
+            async fn a_machine_without_a_nodeclaim_is_refused_and_kubelet_never_starts(
+            ) -> Result<()> {
+                refused($value).await
+            }
+        }
+    };
+}
+
+scenarios!(amd64, Arch::Amd64);
+scenarios!(arm64, Arch::Arm64);
+
+async fn joins(arch: Arch) -> Result<()> {
+    let image = Image::get(arch)?;
     let env = VmWorld::start().await?;
-    let (claim, instance) = env.world.launch(|_| env.instance()).await?;
+    check_ami_terms(&env).await?;
+    let (claim, instance) = env.world.launch(|_| env.instance(arch)).await?;
     let imds = env.world.cloud.start_imds(&instance)?;
-    let vm = Vm::boot(&image, "join", &env.forwards(&imds)?)?;
-    let outcome = joins_and_becomes_ready(&env, &vm, &claim, &instance, &imds).await;
+    // What the agent proves itself with says what the machine is.
+    let architecture = format!("\"architecture\" : \"{}\"", arch.ec2_name());
+    ensure!(
+        imds.document().contains(&architecture),
+        "the identity document is not a {} machine's: {}",
+        arch.ec2_name(),
+        imds.document()
+    );
+    let vm = Vm::boot(&image, &arch.scoped("join"), &env.forwards(&imds)?)?;
+    let outcome = joins_and_becomes_ready(&env, &vm, arch, &claim, &instance, &imds).await;
     vm.explain(outcome)
+}
+
+/// The class names both architectures' AMIs, from the server's
+/// `--ami-ids` (the class was created with another AMI: upkeep replaced
+/// it), one `{id}` term each, ordered by architecture.
+async fn check_ami_terms(env: &VmWorld) -> Result<()> {
+    let terms = env.ami_selector_terms().await?;
+    let want = json!([{"id": Arch::Amd64.ami_id()}, {"id": Arch::Arm64.ami_id()}]);
+    ensure!(terms == want, "amiSelectorTerms {terms}, expected {want}");
+    Ok(())
 }
 
 async fn joins_and_becomes_ready(
     env: &VmWorld,
     vm: &Vm,
+    arch: Arch,
     claim: &str,
     instance: &Instance,
     imds: &Imds,
@@ -77,6 +124,15 @@ async fn joins_and_becomes_ready(
             .any(|t| t == "karpenter.sh/unregistered:NoExecute"),
         "taints at registration: {taints:?}"
     );
+    // kubelet labels its node with the architecture it was built for: the
+    // image's kubelet, on the emulated machine, is the right one.
+    let labels = registered.metadata.labels.unwrap_or_default();
+    let node_arch = labels.get("kubernetes.io/arch").map(String::as_str);
+    ensure!(
+        node_arch == Some(arch.name()),
+        "kubernetes.io/arch {node_arch:?} on a {} machine",
+        arch.name()
+    );
     wait_node(vm, &nodes, name, "Ready", is_ready).await?;
     let boot_to_ready = vm.started().elapsed();
 
@@ -88,8 +144,9 @@ async fn joins_and_becomes_ready(
         );
     }
     let path = vm::record_bench(
-        "join",
+        &arch.scoped("join"),
         json!({
+            "arch": arch.name(),
             "boot_to_registered_s": boot_to_registered.as_secs_f64(),
             "boot_to_ready_s": boot_to_ready.as_secs_f64(),
             "agent": agent_timings(&report)?,
@@ -97,27 +154,28 @@ async fn joins_and_becomes_ready(
         }),
     )?;
     eprintln!(
-        "vm join: Node registered {boot_to_registered:.1?} and Ready {boot_to_ready:.1?} after QEMU started ({})",
+        "vm join ({}): Node registered {boot_to_registered:.1?} and Ready {boot_to_ready:.1?} after QEMU started ({})",
+        arch.name(),
         path.display()
     );
     Ok(())
 }
 
-#[tokio::test]
-async fn a_machine_without_a_nodeclaim_is_refused_and_kubelet_never_starts() -> Result<()> {
-    let image = Image::get()?;
+async fn refused(arch: Arch) -> Result<()> {
+    let image = Image::get(arch)?;
     let env = VmWorld::start().await?;
     // EC2 knows the instance, Karpenter never asked for it: no NodeClaim.
-    let instance = env.world.cloud.launch(env.instance());
+    let instance = env.world.cloud.launch(env.instance(arch));
     let imds = env.world.cloud.start_imds(&instance)?;
-    let vm = Vm::boot(&image, "refused", &env.forwards(&imds)?)?;
-    let outcome = is_refused_and_never_starts_kubelet(&env, &vm, &instance).await;
+    let vm = Vm::boot(&image, &arch.scoped("refused"), &env.forwards(&imds)?)?;
+    let outcome = is_refused_and_never_starts_kubelet(&env, &vm, arch, &instance).await;
     vm.explain(outcome)
 }
 
 async fn is_refused_and_never_starts_kubelet(
     env: &VmWorld,
     vm: &Vm,
+    arch: Arch,
     instance: &Instance,
 ) -> Result<()> {
     let report = vm.agent_report(BOOT_TIMEOUT).await?;
@@ -160,8 +218,9 @@ async fn is_refused_and_never_starts_kubelet(
         instance.instance_id
     );
     vm::record_bench(
-        "refused",
+        &arch.scoped("refused"),
         json!({
+            "arch": arch.name(),
             "boot_to_agent_failed_s": boot_to_failed.as_secs_f64(),
             "agent_run_s": agent_run_time(&report)?.as_secs_f64(),
         }),

@@ -12,6 +12,8 @@
 //!    server (create a client CSR, approve it, wait for the certificate).
 //!    Each agent run is reaped with `wait4`, which gives its peak RSS and CPU
 //!    time.
+//!    With `--ignition-kib N`, the server has a base Ignition layer of that
+//!    size to check and merge into every join's config.
 //! 2. **burst**: a fresh control plane and server; N instances with their
 //!    NodeClaims and signed documents made first, then N joins at once
 //!    through the join protocol (no agent processes), each retrying 503 after
@@ -34,6 +36,7 @@
 //! `AUTONODE_BENCH_WRAP="strace -f -tt -o FILE"` runs the agent under a tool.
 
 mod burst;
+mod layer;
 mod measure;
 mod options;
 mod sequential;

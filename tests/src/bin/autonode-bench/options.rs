@@ -8,7 +8,7 @@ use std::time::Duration;
 
 pub(crate) const USAGE: &str =
     "usage: autonode-bench [--joins N] [--bare N] [--burst N] [--warmup N] \
-[--agent PATH] [--identity FILE] [--out FILE]";
+[--ignition-kib N] [--agent PATH] [--identity FILE] [--out FILE]";
 
 /// Agent runs and bare CSRs not counted, to warm connections and caches.
 pub(crate) const WARMUP: usize = 3;
@@ -22,6 +22,9 @@ pub(crate) struct Options {
     pub(crate) bare: usize,
     pub(crate) burst: usize,
     pub(crate) warmup: usize,
+    /// For the joins one at a time: a base Ignition layer of this many KiB
+    /// (`--base-ignition`), or none (0).
+    pub(crate) ignition_kib: usize,
     pub(crate) agent: PathBuf,
     pub(crate) identity: Option<PathBuf>,
     pub(crate) out: PathBuf,
@@ -34,6 +37,7 @@ impl Options {
             bare: 100,
             burst: 1000,
             warmup: WARMUP,
+            ignition_kib: 0,
             agent: node::agent_binary()?,
             identity: None,
             out: PathBuf::from("target/bench/results.json"),
@@ -46,6 +50,7 @@ impl Options {
                 "--bare" => options.bare = value()?.parse()?,
                 "--burst" => options.burst = value()?.parse()?,
                 "--warmup" => options.warmup = value()?.parse()?,
+                "--ignition-kib" => options.ignition_kib = value()?.parse()?,
                 "--agent" => options.agent = value()?.into(),
                 "--identity" => options.identity = Some(value()?.into()),
                 "--out" => options.out = value()?.into(),

@@ -157,7 +157,7 @@ pub(crate) fn thousands(number: &str) -> String {
     let digits: Vec<char> = int.chars().collect();
     let mut out = String::new();
     for (i, c) in digits.iter().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 && c.is_ascii_digit() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) && c.is_ascii_digit() {
             out.push(',');
         }
         out.push(*c);

@@ -1,7 +1,28 @@
-//! The rules an agent config's values must follow, shared by the agent
-//! (which reads the config from userData) and the server (which renders it
-//! into every EC2NodeClass): a value the server writes is one the agent
-//! accepts, checked by the same code.
+//! The agent's config document and the rules its values must follow,
+//! shared by the agent (which parses the document from userData) and the
+//! server (which renders it into every EC2NodeClass): one type is the
+//! contract, and a value the server writes is one the agent accepts,
+//! checked by the same code.
+//!
+//! ```toml
+//! server-url = "https://join.example.com:8443"
+//! server-ca-sha256 = "3f1c…"          # or: server-ca = """-----BEGIN CERTIFICATE-----…"""
+//! cluster-name = "prod-eu-1"
+//! [options]
+//! deadline = "10m"                      # "90s", "10m", or seconds; at most 15m
+//! state-dir = "/var/lib/autonode"
+//! https-proxy = "http://proxy:3128"
+//! no-proxy = ".internal,10.0.0.0/8"
+//! imds-endpoint-mode = "IPv6"           # the agent's local file only
+//! ```
+//!
+//! [`Document`] is the document as written; [`Document::to_toml`] writes it
+//! byte-stably (Karpenter hashes userData, so a byte that changes replaces
+//! every node of a class) and [`Document::parse`] reads it back.
+
+mod document;
+
+pub use document::{Document, DocumentError, Options};
 
 use http::Uri;
 use rustls_pki_types::pem::PemObject;
@@ -51,40 +72,4 @@ pub fn parse_ca_pem(pem: &str) -> Result<Vec<Vec<u8>>, String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn urls_must_be_plain_https() {
-        assert!(check_server_url("https://join.example.com:8443").is_ok());
-        assert_eq!(
-            check_server_url("http://join.example.com"),
-            Err("must start with https://")
-        );
-        assert_eq!(
-            check_server_url("https://u:p@join.example.com"),
-            Err("must not carry credentials")
-        );
-        assert_eq!(
-            check_server_url("https://join.example.com/?x=1"),
-            Err("must not have a query")
-        );
-        assert_eq!(check_server_url("not a url"), Err("not a URL"));
-    }
-
-    #[test]
-    fn cluster_names_are_dns_like() {
-        assert!(is_valid_cluster_name("prod-eu-1.a_b"));
-        assert!(!is_valid_cluster_name(""));
-        assert!(!is_valid_cluster_name("Prod"));
-        assert!(!is_valid_cluster_name(&"a".repeat(64)));
-    }
-
-    #[test]
-    fn a_ca_bundle_needs_a_certificate() {
-        assert_eq!(
-            parse_ca_pem("nothing here"),
-            Err("no CERTIFICATE block".into())
-        );
-    }
-}
+mod tests;

@@ -1,0 +1,151 @@
+//! The rollout guard's view of the cluster: a class's state and the
+//! NodeClaims launched under its trial, read from the caches, turned into
+//! the pure [`Input`] that [`super::plan`] decides on.
+
+use super::{
+    held, outcome, outcome_when_deleted, plan, read_state, retry, under_trial, Deleted, Input,
+    Observed, Outcome, Plan, Settings, Trial, Values,
+};
+use crate::karpenter::{Ec2NodeClass, NodeClaim};
+use crate::nodeclaim::NodeClaims;
+use kube::ResourceExt;
+use std::collections::HashSet;
+use std::sync::{Mutex, PoisonError};
+
+/// Where the guard reads NodeClaims from.
+pub struct Cluster<'a> {
+    pub claims: &'a NodeClaims,
+    pub deleted: &'a Deleted,
+    pub settings: Settings,
+}
+
+/// Per class, the reason its state was last ignored, so the warning is
+/// logged once per change, not every resync.
+static IGNORED: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+
+impl Cluster<'_> {
+    /// The plan for `class` (named `name`), whose kept values are
+    /// `current` (`current_is_ours` when autonode's manager applied them)
+    /// and for which the flags render `desired`.
+    pub fn plan(
+        &self,
+        class: &Ec2NodeClass,
+        name: &str,
+        current: Values,
+        current_is_ours: bool,
+        desired: Values,
+    ) -> Plan {
+        let state = match read_state(class) {
+            Ok(state) => state,
+            Err(error) => {
+                warn_ignored(class, name, &error);
+                None
+            }
+        };
+        let observed = state
+            .as_ref()
+            .and_then(|s| Some((s.trial.as_ref()?, &s.applied)))
+            .and_then(|(trial, values)| self.observed(name, trial, values));
+        plan(Input {
+            state,
+            current,
+            current_is_ours,
+            desired,
+            hold: held(class),
+            retry: retry(class),
+            observed,
+            failures: self.settings.failures,
+            now: now(),
+        })
+    }
+
+    /// The NodeClaims of class `class` under `trial` of `values`, live and
+    /// deleted, or `None` while the NodeClaim cache is not current (a
+    /// NodeClaim missing from it may just not have arrived yet).
+    fn observed(&self, class: &str, trial: &Trial, values: &Values) -> Option<Vec<Observed>> {
+        if !self.claims.is_fresh() {
+            return None;
+        }
+        let ids = values.ami_ids();
+        let pick = |claim: &NodeClaim| under_trial(claim, class, trial.since, &ids);
+        let (now, deadline) = (now(), self.settings.ready_deadline);
+        let mut seen = Vec::new();
+        for claim in self.claims.store().state() {
+            let outcome = if pick(&claim) {
+                rollout_outcome(&claim, now, deadline, false)
+            } else if remembered(trial, &claim) {
+                Outcome::Elsewhere
+            } else {
+                continue;
+            };
+            seen.push(observed(&claim, outcome));
+        }
+        for claim in self.deleted.matching(pick) {
+            let uid = claim.metadata.uid.clone().unwrap_or_default();
+            if !seen.iter().any(|o| o.uid == uid) {
+                seen.push(observed(
+                    &claim,
+                    rollout_outcome(&claim, now, deadline, true),
+                ));
+            }
+        }
+        tracing::debug!(nodeclass = %class, ?seen, "NodeClaims under the rollout trial");
+        Some(seen)
+    }
+}
+
+/// Whether `trial` saw `claim` (by name and uid).
+fn remembered(trial: &Trial, claim: &NodeClaim) -> bool {
+    trial
+        .claims
+        .get(&claim.name_any())
+        .is_some_and(|seen| Some(&seen.uid) == claim.metadata.uid.as_ref())
+}
+
+fn rollout_outcome(
+    claim: &NodeClaim,
+    now: i64,
+    deadline: std::time::Duration,
+    deleted: bool,
+) -> Outcome {
+    if deleted {
+        outcome_when_deleted(claim, now, deadline)
+    } else {
+        outcome(claim, now, deadline)
+    }
+}
+
+fn observed(claim: &NodeClaim, outcome: Outcome) -> Observed {
+    Observed {
+        name: claim.name_any(),
+        uid: claim.metadata.uid.clone().unwrap_or_default(),
+        outcome,
+    }
+}
+
+/// Now, in Unix seconds.
+fn now() -> i64 {
+    time::OffsetDateTime::now_utc().unix_timestamp()
+}
+
+/// Logs, once per class and reason, that its state is not used.
+fn warn_ignored(class: &Ec2NodeClass, name: &str, error: &super::StateError) {
+    let key = format!(
+        "{}/{error}",
+        class.metadata.uid.as_deref().unwrap_or_default()
+    );
+    let mut ignored = IGNORED.lock().unwrap_or_else(PoisonError::into_inner);
+    let ignored = ignored.get_or_insert_with(HashSet::new);
+    // Bounded: whoever may annotate the class chooses the error text.
+    if ignored.len() >= super::MAX_DELETED {
+        ignored.clear();
+    }
+    if ignored.insert(key) {
+        tracing::warn!(
+            nodeclass = %name,
+            annotation = super::ROLLOUT_ANNOTATION,
+            %error,
+            "EC2NodeClass rollout state ignored; the rollout guard starts afresh from the class's current values"
+        );
+    }
+}

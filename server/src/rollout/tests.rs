@@ -1,0 +1,399 @@
+//! The rollout guard's decisions, pure: state and NodeClaim outcomes in,
+//! what to keep and write out.
+
+use super::*;
+use serde_json::json;
+
+const NOW: i64 = 1_700_000_000;
+
+fn values(ami: &str) -> Values {
+    Values {
+        user_data: "server-url = \"https://a\"\n".into(),
+        ami_selector_terms: Some(vec![json!({ "id": ami })]),
+    }
+}
+
+/// A class whose `good` values are on it, and `desired` wanted.
+fn input(state: Option<State>, current: Values, desired: Values) -> Input {
+    Input {
+        state,
+        current,
+        current_is_ours: true,
+        desired,
+        hold: false,
+        retry: None,
+        observed: Some(Vec::new()),
+        failures: 3,
+        now: NOW,
+    }
+}
+
+fn settled(good: &Values) -> State {
+    State {
+        applied: good.clone(),
+        good: Some(good.clone()),
+        trial: None,
+        refused: None,
+        retried: None,
+    }
+}
+
+fn claim(name: &str, outcome: Outcome) -> Observed {
+    Observed {
+        name: name.into(),
+        uid: format!("uid-{name}"),
+        outcome,
+    }
+}
+
+fn failed(name: &str) -> Observed {
+    claim(name, Outcome::Failed(format!("{name} broke")))
+}
+
+/// The state after new values `to` were applied over good `from`.
+fn trying(from: &Values, to: &Values) -> State {
+    let plan = plan(input(Some(settled(from)), from.clone(), to.clone()));
+    assert_eq!(plan.notes, [Note::Started]);
+    assert_eq!(&plan.target, to);
+    plan.state
+}
+
+#[test]
+fn new_values_start_a_trial_over_the_good_ones() {
+    let (old, new) = (values("ami-1"), values("ami-2"));
+    let state = trying(&old, &new);
+    assert_eq!(state.applied, new);
+    assert_eq!(state.good, Some(old));
+    assert_eq!(state.trial, Some(Trial::new(NOW)));
+}
+
+#[test]
+fn unchanged_values_change_nothing() {
+    let good = values("ami-1");
+    let plan = plan(input(Some(settled(&good)), good.clone(), good.clone()));
+    assert_eq!(plan.state, settled(&good));
+    assert!(plan.notes.is_empty());
+}
+
+#[test]
+fn failures_short_of_the_threshold_wait() {
+    let (old, new) = (values("ami-1"), values("ami-2"));
+    let mut next = input(Some(trying(&old, &new)), new.clone(), new.clone());
+    next.observed = Some(vec![failed("a"), failed("b"), claim("c", Outcome::Pending)]);
+    let plan = plan(next);
+    assert!(plan.notes.is_empty(), "{:?}", plan.notes);
+    assert_eq!(plan.target, new);
+    let trial = plan.state.trial.expect("still on trial");
+    assert_eq!(trial.failures().len(), 2);
+    assert_eq!(trial.claims.len(), 3, "the pending one is remembered too");
+}
+
+#[test]
+fn the_threshold_of_failures_with_none_ready_reverts_and_refuses() {
+    let (old, new) = (values("ami-1"), values("ami-2"));
+    let mut next = input(Some(trying(&old, &new)), new.clone(), new.clone());
+    next.observed = Some(vec![failed("a"), failed("b"), failed("c")]);
+    let reverted = plan(next);
+    assert_eq!(reverted.target, old);
+    // Reverted now, and refusing the new values from now on.
+    let [Note::Reverted(failures), Note::Refusing(_)] = reverted.notes.as_slice() else {
+        panic!("{:?}", reverted.notes);
+    };
+    assert_eq!(failures.len(), 3);
+    assert_eq!(failures[0].reason, "a broke");
+    assert_eq!(reverted.state.applied, old);
+    assert_eq!(reverted.state.trial, None);
+    assert_eq!(
+        reverted.state.refused.as_ref().map(|r| &r.values),
+        Some(&new)
+    );
+
+    // The flags still render the new values: refused, the good ones kept.
+    let again = plan(input(
+        Some(reverted.state.clone()),
+        old.clone(),
+        new.clone(),
+    ));
+    assert_eq!(again.target, old);
+    assert!(matches!(again.notes.as_slice(), [Note::Refusing(f)] if f.len() == 3));
+    assert_eq!(again.state, reverted.state, "nothing to write");
+}
+
+#[test]
+fn one_ready_node_promotes_whatever_failed() {
+    let (old, new) = (values("ami-1"), values("ami-2"));
+    let mut next = input(Some(trying(&old, &new)), new.clone(), new.clone());
+    next.observed = Some(vec![
+        failed("a"),
+        failed("b"),
+        failed("c"),
+        claim("d", Outcome::Ready),
+    ]);
+    let plan = plan(next);
+    assert_eq!(plan.notes, [Note::Promoted]);
+    assert_eq!(plan.target, new);
+    assert_eq!(plan.state, settled(&new));
+}
+
+#[test]
+fn failures_are_remembered_across_reconciles_and_gone_claims_fail() {
+    let (old, new) = (values("ami-1"), values("ami-2"));
+    let mut first = input(Some(trying(&old, &new)), new.clone(), new.clone());
+    first.observed = Some(vec![failed("a"), claim("b", Outcome::Pending)]);
+    let state = plan(first).state;
+    // Later: `a` and `b` are gone from the cache (deleted, the deletion
+    // not seen), `c` fails: three failures.
+    let mut second = input(Some(state), new.clone(), new.clone());
+    second.observed = Some(vec![failed("c")]);
+    let plan = plan(second);
+    let [Note::Reverted(failures), Note::Refusing(_)] = plan.notes.as_slice() else {
+        panic!("{:?}", plan.notes);
+    };
+    let reasons: Vec<&str> = failures.iter().map(|f| f.reason.as_str()).collect();
+    assert_eq!(reasons, ["a broke", GONE, "c broke"]);
+}
+
+#[test]
+fn an_unreadable_cache_judges_nothing() {
+    let (old, new) = (values("ami-1"), values("ami-2"));
+    let state = trying(&old, &new);
+    let mut next = input(Some(state.clone()), new.clone(), new.clone());
+    next.observed = None;
+    let plan = plan(next);
+    assert_eq!(
+        plan.state, state,
+        "a missing NodeClaim may just not have arrived"
+    );
+}
+
+#[test]
+fn without_good_values_failures_revert_nothing() {
+    let new = values("ami-2");
+    let mut user = values("ami-0");
+    user.user_data = "#!/bin/bash\n".into();
+    let mut first = input(None, user.clone(), new.clone());
+    first.current_is_ours = false;
+    let started = plan(first);
+    assert_eq!(started.notes, [Note::Started]);
+    assert_eq!(started.state.good, None, "the user's values are not good");
+    let mut next = input(Some(started.state), new.clone(), new.clone());
+    next.observed = Some(vec![failed("a"), failed("b"), failed("c")]);
+    let waiting = plan(next);
+    assert!(waiting.notes.is_empty());
+    assert_eq!(waiting.target, new);
+}
+
+#[test]
+fn a_class_first_seen_running_autonodes_values_has_them_as_good() {
+    let (old, new) = (values("ami-1"), values("ami-2"));
+    let plan = plan(input(None, old.clone(), new.clone()));
+    assert_eq!(plan.notes, [Note::Started]);
+    assert_eq!(plan.state.good, Some(old));
+    assert_eq!(plan.target, new);
+    let same = super::plan(input(None, new.clone(), new.clone()));
+    assert_eq!(same.state, settled(&new));
+}
+
+#[test]
+fn a_held_class_keeps_what_autonode_applied() {
+    let (old, new) = (values("ami-1"), values("ami-2"));
+    let mut held = input(Some(settled(&old)), old.clone(), new.clone());
+    held.hold = true;
+    let plan = plan(held.clone());
+    assert_eq!(plan.notes, [Note::Held]);
+    assert_eq!(plan.target, old);
+    assert_eq!(plan.state, settled(&old));
+    // Someone else's values on the class are not held.
+    let mut edited = old.clone();
+    edited.user_data = "#!/bin/bash\n".into();
+    held.current = edited.clone();
+    assert_eq!(super::plan(held.clone()).target, old);
+    held.state = None;
+    held.current_is_ours = false;
+    let ignored = super::plan(held);
+    assert_eq!(ignored.notes, [Note::HoldIgnored, Note::Started]);
+    assert_eq!(ignored.target, new);
+}
+
+#[test]
+fn a_held_trial_is_not_judged() {
+    let (old, new) = (values("ami-1"), values("ami-2"));
+    let state = trying(&old, &new);
+    let mut held = input(Some(state.clone()), new.clone(), new.clone());
+    held.hold = true;
+    held.observed = Some(vec![failed("a"), failed("b"), failed("c")]);
+    let plan = plan(held);
+    assert_eq!(plan.target, new);
+    assert_eq!(plan.state, state);
+}
+
+#[test]
+fn a_new_retry_value_applies_the_refused_values_once_more() {
+    let (old, new) = (values("ami-1"), values("ami-2"));
+    let mut next = input(Some(trying(&old, &new)), new.clone(), new.clone());
+    next.observed = Some(vec![failed("a"), failed("b"), failed("c")]);
+    let refused = plan(next).state;
+    let mut retry = input(Some(refused), old.clone(), new.clone());
+    retry.retry = Some("1".into());
+    let retried = plan(retry.clone());
+    assert_eq!(retried.notes, [Note::Retried("1".into()), Note::Started]);
+    assert_eq!(retried.target, new);
+    assert_eq!(retried.state.retried.as_deref(), Some("1"));
+    // The same value again is no new retry.
+    retry.state = Some(retried.state.clone());
+    retry.current = new.clone();
+    assert!(plan(retry).notes.is_empty());
+}
+
+#[test]
+fn other_new_values_are_tried_even_after_a_refusal() {
+    let (old, new, newer) = (values("ami-1"), values("ami-2"), values("ami-3"));
+    let mut next = input(Some(trying(&old, &new)), new.clone(), new.clone());
+    next.observed = Some(vec![failed("a"), failed("b"), failed("c")]);
+    let refused = plan(next).state;
+    let plan = plan(input(Some(refused), old.clone(), newer.clone()));
+    assert_eq!(plan.notes, [Note::Started]);
+    assert_eq!(plan.target, newer);
+    assert_eq!(plan.state.refused, None);
+}
+
+#[test]
+fn the_verdict_needs_good_values_to_revert_and_one_ready_to_promote() {
+    let mut trial = Trial::new(NOW);
+    for name in ["a", "b"] {
+        trial.claims.insert(
+            name.into(),
+            Seen {
+                uid: name.into(),
+                failed: Some("x".into()),
+            },
+        );
+    }
+    assert_eq!(verdict(&trial, false, 3, true), Verdict::Wait);
+    assert!(matches!(verdict(&trial, false, 2, true), Verdict::Revert(f) if f.len() == 2));
+    assert_eq!(verdict(&trial, false, 2, false), Verdict::Wait);
+    assert_eq!(verdict(&trial, true, 2, true), Verdict::Promote);
+}
+
+#[test]
+fn a_claim_found_launched_under_other_values_is_forgotten_not_failed() {
+    let mut trial = Trial::new(NOW);
+    observe(&mut trial, &[claim("a", Outcome::Pending)]);
+    assert_eq!(trial.claims.len(), 1);
+    // Karpenter recorded the old AMI on it after the trial saw it.
+    observe(&mut trial, &[claim("a", Outcome::Elsewhere)]);
+    assert!(trial.claims.is_empty());
+    assert!(trial.failures().is_empty());
+}
+
+#[test]
+fn a_trial_remembers_a_bounded_number_of_claims() {
+    let mut trial = Trial::new(NOW);
+    let many: Vec<Observed> = (0..MAX_TRACKED + 10)
+        .map(|i| claim(&format!("c{i}"), Outcome::Pending))
+        .collect();
+    observe(&mut trial, &many);
+    assert_eq!(trial.claims.len(), MAX_TRACKED);
+}
+
+fn nodeclaim(extra: serde_json::Value) -> NodeClaim {
+    let mut base = json!({
+        "metadata": {"name": "c1", "uid": "u1", "creationTimestamp": "2023-11-14T22:13:20Z"},
+        "spec": {"nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"}},
+    });
+    if let (Some(b), serde_json::Value::Object(e)) = (base.as_object_mut(), extra) {
+        for (k, v) in e {
+            b.insert(k, v);
+        }
+    }
+    serde_json::from_value(base).unwrap()
+}
+
+#[test]
+fn claims_of_the_class_since_the_trial_with_its_ami_are_under_it() {
+    let plain = nodeclaim(json!({}));
+    assert!(under_trial(&plain, "default", NOW, &["ami-2"]));
+    assert!(!under_trial(&plain, "other", NOW, &["ami-2"]));
+    assert!(
+        !under_trial(&plain, "default", NOW + 1, &["ami-2"]),
+        "older"
+    );
+    let imaged = |id: &str| nodeclaim(json!({"status": {"imageID": id}}));
+    assert!(under_trial(&imaged("ami-2"), "default", NOW, &["ami-2"]));
+    assert!(!under_trial(&imaged("ami-1"), "default", NOW, &["ami-2"]));
+    assert!(
+        under_trial(&imaged("ami-1"), "default", NOW, &[]),
+        "AMI not kept"
+    );
+}
+
+#[test]
+fn a_claims_outcome_follows_its_conditions_marks_and_age() {
+    let deadline = Duration::from_secs(60);
+    let conditions = |kind: &str, status: &str| {
+        nodeclaim(
+            json!({"status": {"conditions": [{"type": kind, "status": status, "message": "why"}]}}),
+        )
+    };
+    assert_eq!(
+        outcome(&nodeclaim(json!({})), NOW, deadline),
+        Outcome::Pending
+    );
+    for kind in ["Ready", "Initialized", CONDITION] {
+        assert_eq!(
+            outcome(&conditions(kind, "True"), NOW, deadline),
+            Outcome::Ready
+        );
+    }
+    assert_eq!(
+        outcome(&conditions(CONDITION, "False"), NOW, deadline),
+        Outcome::Failed("why".into())
+    );
+    assert_eq!(
+        outcome(&conditions("Ready", "False"), NOW, deadline),
+        Outcome::Pending
+    );
+    let marked = nodeclaim(json!({"metadata": {"name": "c1", "uid": "u1",
+        "creationTimestamp": "2023-11-14T22:13:20Z",
+        "annotations": {marks::BOOTSTRAP_FAILED: "agent phase apply fatal"}}}));
+    assert_eq!(
+        outcome(&marked, NOW, deadline),
+        Outcome::Failed("agent phase apply fatal".into())
+    );
+    let late = outcome(&nodeclaim(json!({})), NOW + 61, deadline);
+    assert!(matches!(late, Outcome::Failed(r) if r.contains("not Ready 60s")));
+    let pending = nodeclaim(json!({}));
+    assert_eq!(
+        outcome_when_deleted(&pending, NOW, deadline),
+        Outcome::Failed(GONE.into())
+    );
+    assert_eq!(
+        outcome_when_deleted(&conditions("Ready", "True"), NOW, deadline),
+        Outcome::Ready
+    );
+}
+
+#[test]
+fn the_state_reads_back_only_when_autonode_alone_wrote_it() {
+    let state = settled(&values("ami-1"));
+    let text = serde_json::to_string(&state).unwrap();
+    let class = |manager: &str| -> Ec2NodeClass {
+        serde_json::from_value(json!({
+            "metadata": {"name": "default", "annotations": {ROLLOUT_ANNOTATION: text},
+                "managedFields": [{"manager": manager, "operation": "Apply",
+                    "fieldsType": "FieldsV1",
+                    "fieldsV1": {"f:metadata": {"f:annotations": {format!("f:{ROLLOUT_ANNOTATION}"): {}}}}}]},
+            "spec": {},
+        }))
+        .unwrap()
+    };
+    assert_eq!(
+        read_state(&class(marks::FIELD_MANAGER)).unwrap(),
+        Some(state)
+    );
+    assert!(matches!(
+        read_state(&class("kubectl-edit")),
+        Err(StateError::Foreign)
+    ));
+    assert!(read_state(&Ec2NodeClass::default()).unwrap().is_none());
+}

@@ -1,0 +1,395 @@
+//! The alerting rules and the Grafana dashboard: promtool checks the rules
+//! and runs their unit tests, every alert has a runbook section, and every
+//! metric and label name the rules, their tests' input series and the
+//! dashboard's queries use is in a scrape of the real server after a join,
+//! a refusal, a CSR left pending and agent reports.
+
+use crate::feedback::{metrics, post_report, report, send_report};
+use anyhow::{bail, ensure, Context, Result};
+use autonode_shared::protocol::{Outcome, JOIN_PATH};
+use autonode_tests::joiner::{honest_request, Answer, CsrShape, NodeKeys};
+use autonode_tests::promql::{self, names, Names, Scrape};
+use autonode_tests::server::{http_get, Setup, TestServer};
+use autonode_tests::world::{cloud_settings, World};
+use k8s_openapi::api::certificates::v1::{
+    CertificateSigningRequest, CertificateSigningRequestSpec,
+};
+use k8s_openapi::ByteString;
+use kube::api::{Api, ObjectMeta, PostParams};
+use serde_json::Value as Json;
+use serde_yaml::Value as Yaml;
+use std::collections::BTreeSet;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+const RULES: &str = promql::RULES_FILE;
+const DASHBOARD: &str = "packaging/helm/autonode-server/files/grafana-dashboard.json";
+const RUNBOOK: &str = "docs/operations.md";
+const RUNBOOK_URL: &str = "https://github.com/autonode/autonode/blob/main/docs/operations.md#";
+/// Labels Prometheus attaches when it scrapes: the unit tests' input
+/// series carry `instance`, as scraped series do.
+const TARGET_LABELS: &[&str] = &["instance", "job"];
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
+}
+
+fn read(path: &str) -> Result<String> {
+    std::fs::read_to_string(repo(path)).with_context(|| format!("reading {path}"))
+}
+
+/// The promtool unit-test files, `tests/prometheus/*.test.yaml`.
+fn rule_tests() -> Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(repo("tests/prometheus"))?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<Result<_, _>>()?;
+    files.retain(|p| p.to_string_lossy().ends_with(".test.yaml"));
+    files.sort();
+    ensure!(!files.is_empty(), "no tests/prometheus/*.test.yaml");
+    Ok(files)
+}
+
+/// Runs promtool (Debian's `prometheus` package, from install-deps).
+fn promtool(args: &[&std::ffi::OsStr]) -> Result<()> {
+    let out = Command::new("promtool")
+        .args(args)
+        .output()
+        .context("running promtool (tests/setup/install-deps installs it)")?;
+    ensure!(
+        out.status.success(),
+        "promtool {args:?}: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+#[test]
+fn promtool_checks_the_rules_and_runs_their_unit_tests() -> Result<()> {
+    let rules = repo(RULES);
+    promtool(&["check".as_ref(), "rules".as_ref(), rules.as_os_str()])?;
+    let tests = rule_tests()?;
+    let mut args: Vec<&std::ffi::OsStr> = vec!["test".as_ref(), "rules".as_ref()];
+    args.extend(tests.iter().map(|p| p.as_os_str()));
+    promtool(&args)
+}
+
+/// Each rule of the rule file, as YAML.
+fn rules() -> Result<Vec<Yaml>> {
+    let file: Yaml = serde_yaml::from_str(&read(RULES)?)?;
+    let groups = file["groups"].as_sequence().context("no groups")?;
+    Ok(groups
+        .iter()
+        .flat_map(|g| g["rules"].as_sequence().cloned().unwrap_or_default())
+        .collect())
+}
+
+fn text<'a>(value: &'a Yaml, what: &str) -> Result<&'a str> {
+    value.as_str().with_context(|| format!("no {what}"))
+}
+
+/// Every alert has a severity, a summary, a description and a runbook
+/// link to a section of docs/operations.md that exists.
+#[test]
+fn every_alert_is_labelled_annotated_and_has_a_runbook_section() -> Result<()> {
+    let runbook = read(RUNBOOK)?;
+    let sections: BTreeSet<String> = runbook
+        .lines()
+        .filter_map(|l| l.strip_prefix("### "))
+        .map(|h| h.trim().to_ascii_lowercase())
+        .collect();
+    let alerts = rules()?;
+    ensure!(alerts.len() >= 9, "only {} alerts", alerts.len());
+    for rule in &alerts {
+        let name = text(&rule["alert"], "alert name")?;
+        let severity = text(&rule["labels"]["severity"], "severity")?;
+        ensure!(
+            ["critical", "warning", "info"].contains(&severity),
+            "{name}: severity {severity}"
+        );
+        for key in ["summary", "description"] {
+            ensure!(
+                !text(&rule["annotations"][key], key)?.is_empty(),
+                "{name}: empty {key}"
+            );
+        }
+        let url = text(&rule["annotations"]["runbook_url"], "runbook_url")?;
+        let anchor = url
+            .strip_prefix(RUNBOOK_URL)
+            .with_context(|| format!("{name}: runbook_url {url} is not into {RUNBOOK}"))?;
+        ensure!(
+            anchor == name.to_ascii_lowercase() && sections.contains(anchor),
+            "{name}: no section `### {name}` in {RUNBOOK} for {url}"
+        );
+    }
+    Ok(())
+}
+
+/// Every alert is shown firing by some unit test and quiet by another.
+#[test]
+fn every_alert_has_a_firing_and_a_quiet_unit_test() -> Result<()> {
+    let (mut firing, mut quiet) = (BTreeSet::new(), BTreeSet::new());
+    for file in rule_tests()? {
+        let tests: Yaml = serde_yaml::from_str(&std::fs::read_to_string(&file)?)?;
+        let cases = tests["tests"].as_sequence().context("no tests")?;
+        for case in cases.iter().flat_map(|t| {
+            t["alert_rule_test"]
+                .as_sequence()
+                .cloned()
+                .unwrap_or_default()
+        }) {
+            let name = text(&case["alertname"], "alertname")?.to_string();
+            let fires = case["exp_alerts"]
+                .as_sequence()
+                .is_some_and(|a| !a.is_empty());
+            if fires { &mut firing } else { &mut quiet }.insert(name);
+        }
+    }
+    for rule in rules()? {
+        let name = text(&rule["alert"], "alert name")?;
+        ensure!(firing.contains(name), "no unit test shows {name} firing");
+        ensure!(quiet.contains(name), "no unit test shows {name} quiet");
+    }
+    Ok(())
+}
+
+/// The dashboard picks its data source from a variable: no panel or
+/// query names a data source's UID of its own.
+#[test]
+fn the_dashboard_takes_its_data_source_from_a_variable() -> Result<()> {
+    let dashboard: Json = serde_json::from_str(&read(DASHBOARD)?)?;
+    let variables = dashboard["templating"]["list"]
+        .as_array()
+        .context("no variables")?;
+    ensure!(
+        variables
+            .iter()
+            .any(|v| v["type"] == "datasource" && v["name"] == "datasource"),
+        "no `datasource` variable"
+    );
+    let mut uids = Vec::new();
+    collect(&dashboard, "uid", &mut uids);
+    let foreign: Vec<_> = uids
+        .iter()
+        .filter(|u| *u != "${datasource}" && *u != "autonode-server")
+        .collect();
+    ensure!(foreign.is_empty(), "hard-coded UIDs: {foreign:?}");
+    let mut exprs = Vec::new();
+    collect(&dashboard, "expr", &mut exprs);
+    ensure!(exprs.len() >= 10, "only {} queries", exprs.len());
+    Ok(())
+}
+
+/// Every string value under `key` anywhere in `value`.
+fn collect(value: &Json, key: &str, into: &mut Vec<String>) {
+    match value {
+        Json::Object(map) => {
+            for (k, v) in map {
+                match v.as_str() {
+                    Some(s) if k == key => into.push(s.to_string()),
+                    _ => collect(v, key, into),
+                }
+            }
+        }
+        Json::Array(items) => items.iter().for_each(|v| collect(v, key, into)),
+        _ => {}
+    }
+}
+
+/// What in `exprs` `scrape` does not have, each line naming its
+/// expression: each is checked on its own, so a grouping label must be on
+/// a metric of the same expression.
+fn missing_in(scrape: &Scrape, exprs: &[String], target_labels: &[&str]) -> Result<Vec<String>> {
+    let (mut missing, mut all) = (Vec::new(), Names::default());
+    for expr in exprs {
+        if after_fleet_events(expr)? {
+            continue;
+        }
+        let used = names(expr).with_context(|| format!("reading {expr:?}"))?;
+        let lines = scrape.missing(&used, target_labels);
+        missing.extend(lines.into_iter().map(|l| format!("{l}\n    in {expr}")));
+        all.merge(used);
+    }
+    ensure!(
+        all.metrics.len() >= 4,
+        "only {:?} in {exprs:?}",
+        all.metrics
+    );
+    Ok(missing)
+}
+
+/// The rules' expressions.
+fn rule_exprs() -> Result<Vec<String>> {
+    promql::rule_exprs(&read(RULES)?)
+}
+
+/// Whether `expr` asks for a series only a fleet event makes (checked in
+/// the tests that cause one, see [`promql::AFTER_FLEET_EVENTS`]).
+fn after_fleet_events(expr: &str) -> Result<bool> {
+    let used = names(expr)?;
+    Ok(promql::AFTER_FLEET_EVENTS
+        .iter()
+        .any(|m| used.metrics.contains_key(*m)))
+}
+
+/// The unit tests' input series and PromQL tests.
+fn rule_test_exprs() -> Result<Vec<String>> {
+    let mut exprs = Vec::new();
+    for file in rule_tests()? {
+        let tests: Yaml = serde_yaml::from_str(&std::fs::read_to_string(&file)?)?;
+        for case in tests["tests"].as_sequence().context("no tests")? {
+            let series = case["input_series"].as_sequence().into_iter().flatten();
+            exprs.extend(series.filter_map(|s| s["series"].as_str().map(String::from)));
+            let queries = case["promql_expr_test"].as_sequence().into_iter().flatten();
+            exprs.extend(queries.filter_map(|q| q["expr"].as_str().map(String::from)));
+        }
+    }
+    Ok(exprs)
+}
+
+/// The dashboard's queries.
+fn dashboard_exprs() -> Result<Vec<String>> {
+    let dashboard: Json = serde_json::from_str(&read(DASHBOARD)?)?;
+    let mut exprs = Vec::new();
+    collect(&dashboard, "expr", &mut exprs);
+    Ok(exprs)
+}
+
+/// Drives the server so every labelled series the rules and the dashboard
+/// ask for exists, scrapes it, and checks their names against the scrape.
+#[tokio::test]
+async fn alerts_and_dashboard_ask_only_for_series_the_server_exports() -> Result<()> {
+    let world = World::start().await?;
+    let node = world.join_new(|i| i).await?;
+    // The same instance again with other keys: refused, a possible replay.
+    let replay = honest_request(&node.instance, world.cloud.ca(), &NodeKeys::generate()?)?;
+    let Answer::Refused(status, _) = world.joiner.join(&replay).await? else {
+        bail!("a second join with other keys was granted");
+    };
+    ensure!(status == 403, "the replay was answered {status}");
+    leave_a_csr_pending(&node.client, &node.instance).await?;
+    // A signed report sent twice (the second refused), then a fatal one,
+    // which deletes the NodeClaim.
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let retrying = report(
+        &world,
+        &node.instance,
+        Outcome::Retrying,
+        now,
+        Some(&node.keys.client),
+    )?;
+    for expected in [202, 403] {
+        let (status, body) = post_report(&world, &retrying).await?;
+        ensure!(status == expected, "report answered {status}: {body}");
+    }
+    send_report(
+        &world,
+        &node.instance,
+        Outcome::Fatal,
+        Some(&node.keys.client),
+    )
+    .await?;
+    // A body past the limit is turned away before any join work; the
+    // server may cut the connection before its 413 arrives.
+    if let Ok((status, _)) = world.joiner.post(JOIN_PATH, vec![b'{'; 128 * 1024]).await {
+        ensure!(status == 413, "an oversized body was answered {status}");
+    }
+
+    let text = scrape_with(&world, "autonode_csr_left_pending_total{").await?;
+    // The server is ready (World waited for /readyz): the gauge says so.
+    ensure!(
+        text.lines().any(|l| l == "autonode_caches_ready 1"),
+        "{text}"
+    );
+    let scrape = Scrape::parse(&text)?;
+    let mut problems = Vec::new();
+    for (what, exprs, target_labels) in [
+        ("the rules", rule_exprs()?, &[][..]),
+        ("the rules' unit tests", rule_test_exprs()?, TARGET_LABELS),
+        ("the dashboard", dashboard_exprs()?, &[][..]),
+    ] {
+        let missing = missing_in(&scrape, &exprs, target_labels)?;
+        problems.extend(missing.into_iter().map(|m| format!("{what}: {m}")));
+    }
+    ensure!(
+        problems.is_empty(),
+        "asked for but not exported:\n{}",
+        problems.join("\n")
+    );
+    Ok(())
+}
+
+/// The scrape's text, once it contains `awaited` (the approver judges CSRs in
+/// the background).
+async fn scrape_with(world: &World, awaited: &str) -> Result<String> {
+    for _ in 0..100 {
+        let text = metrics(world).await?;
+        if text.contains(awaited) {
+            return Ok(text);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    bail!("no {awaited} in /metrics within 10 s")
+}
+
+/// As the node: a serving CSR for an address its instance does not have,
+/// which the approver must leave pending.
+async fn leave_a_csr_pending(
+    node: &kube::Client,
+    instance: &autonode_tests::fakecloud::Instance,
+) -> Result<()> {
+    let mut shape = CsrShape::serving(instance);
+    shape.ips.push(IpAddr::V4(Ipv4Addr::new(10, 250, 0, 9)));
+    let key = rcgen::KeyPair::generate()?;
+    let csr = CertificateSigningRequest {
+        metadata: ObjectMeta {
+            generate_name: Some("serving-foreign-".into()),
+            ..Default::default()
+        },
+        spec: CertificateSigningRequestSpec {
+            request: ByteString(shape.csr(&key)?.into_bytes()),
+            signer_name: "kubernetes.io/kubelet-serving".into(),
+            usages: Some(
+                ["digital signature", "key encipherment", "server auth"]
+                    .map(String::from)
+                    .to_vec(),
+            ),
+            ..Default::default()
+        },
+        status: None,
+    };
+    Api::<CertificateSigningRequest>::all(node.clone())
+        .create(&PostParams::default(), &csr)
+        .await?;
+    Ok(())
+}
+
+/// `autonode_caches_ready` is what `/readyz` answers: 0 on a replica whose
+/// RBAC does not cover its `--ignition-namespace` (a cache never synced),
+/// the state AutonodeReplicaNotReady is for.
+#[tokio::test]
+async fn the_readiness_gauge_is_zero_while_readyz_refuses() -> Result<()> {
+    let world = World::start().await?;
+    let settings = cloud_settings(&world.cloud, &world.ec2);
+    let args = ["--ignition-namespace=autonode-unreadable".to_string()];
+    let setup = Setup {
+        extra_args: &args,
+        wait_ready: false,
+        ..Setup::default()
+    };
+    let server = TestServer::launch(&world.cp, &settings, &setup).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (status, body) = http_get(&format!("{}/readyz", server.metrics_url())).await?;
+    ensure!(
+        status == 503,
+        "ready without its Ignition ConfigMaps: {body}"
+    );
+    let (_, text) = http_get(&format!("{}/metrics", server.metrics_url())).await?;
+    ensure!(
+        text.lines().any(|l| l == "autonode_caches_ready 0"),
+        "{text}"
+    );
+    Ok(())
+}

