@@ -90,6 +90,7 @@ async fn joins_and_becomes_ready(
 ) -> Result<()> {
     let report = vm.agent_report(BOOT_TIMEOUT).await?;
     check_agent(&report, "success", "0")?;
+    check_runtime_waited(&report)?;
     ensure!(
         imds.tokens_issued() > 0,
         "the agent joined without a token from the test's IMDS"
@@ -297,6 +298,20 @@ fn logged_pairs(report: &Report, prefix: &str) -> Result<BTreeMap<String, String
 /// A pair's value as seconds; `None` if absent or not a number ("cached").
 fn number(pairs: &BTreeMap<String, String>, key: &str) -> Option<f64> {
     pairs.get(key).and_then(|v| v.parse().ok())
+}
+
+/// The agent's unit is ordered before the container runtime (the Ignition
+/// config it applies may write containerd's configuration, which containerd
+/// reads only when it starts): containerd started after the agent exited,
+/// or had not started yet when the report ran (0).
+fn check_runtime_waited(report: &Report) -> Result<()> {
+    let agent_exit = report.monotonic("autonode-agent.ExecMainExitTimestampMonotonic")?;
+    let containerd = report.monotonic("containerd.ExecMainStartTimestampMonotonic")?;
+    ensure!(
+        containerd.is_zero() || containerd >= agent_exit,
+        "containerd started at {containerd:?}, before the agent exited at {agent_exit:?}"
+    );
+    Ok(())
 }
 
 /// How long the agent's process ran, by systemd's clock in the guest.
