@@ -89,18 +89,32 @@ impl ControlPlane {
         let files = Files::write(dir.path(), &ca, extra_ips)?;
 
         let etcd = start_etcd(dir.path())?;
-        let api_port = free_port()?;
-        let apiserver = start_apiserver(&bin, version, &files, &etcd, api_port)?;
-        let url = format!("https://127.0.0.1:{api_port}");
         let admin_kubeconfig = dir.path().join("admin.kubeconfig");
-        write_kubeconfig(&admin_kubeconfig, &url, ca.cert_pem(), &files.admin)?;
         let kcm_kubeconfig = dir.path().join("kcm.kubeconfig");
-        write_kubeconfig(&kcm_kubeconfig, &url, ca.cert_pem(), &files.kcm)?;
+        // A free port can be taken by another test's process before the
+        // API server binds it (each nextest test is its own process, and
+        // they choose ports independently): then it exits at once, and a
+        // new port is tried.
+        let mut attempts = 0;
+        let (apiserver, url) = loop {
+            attempts += 1;
+            let api_port = free_port()?;
+            let apiserver = start_apiserver(&bin, version, &files, &etcd, api_port)?;
+            let url = format!("https://127.0.0.1:{api_port}");
+            write_kubeconfig(&admin_kubeconfig, &url, ca.cert_pem(), &files.admin)?;
+            write_kubeconfig(&kcm_kubeconfig, &url, ca.cert_pem(), &files.kcm)?;
+            let client = kube_client(&admin_kubeconfig).await?;
+            match wait_ready(&client, &apiserver).await {
+                Ok(()) => break (apiserver, url),
+                Err(_) if attempts < 3 && apiserver.log_tail(5).contains(PORT_TAKEN) => {
+                    eprintln!("kube-apiserver: port {api_port} was taken meanwhile; another");
+                }
+                Err(e) => return Err(e),
+            }
+        };
 
         // On an early return, the locals drop in reverse order: processes
         // are killed before their directory is removed.
-        let client = kube_client(&admin_kubeconfig).await?;
-        wait_ready(&client, &apiserver).await?;
         let controller_manager =
             start_controller_manager(&bin, kcm_version, &files, &kcm_kubeconfig)?;
         Ok(Self {
@@ -405,6 +419,9 @@ fn start_controller_manager(
         &files.dir,
     )
 }
+
+/// What kube-apiserver logs when its port was taken.
+const PORT_TAKEN: &str = "address already in use";
 
 /// Polls `/readyz` until the apiserver says ready (or has died).
 async fn wait_ready(client: &Client, apiserver: &Daemon) -> Result<()> {
