@@ -204,8 +204,15 @@ pub struct ServeArgs {
     pub instance_name: String,
 
     /// Log format: `text` or `json` (one JSON object per line).
-    #[arg(long, env = "AUTONODE_LOG_FORMAT", default_value = "text")]
+    #[arg(long, env = "AUTONODE_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
+
+    /// Check the settings (flags, environment, --config file) as serve
+    /// does before it starts, then exit: 0 when serve would accept them.
+    /// Reads none of the files they name and connects nowhere, so it can
+    /// vet a Deployment's or a chart's args anywhere.
+    #[arg(long)]
+    pub check_config: bool,
 
     /// What userData tells nodes (shared with `render-userdata`).
     #[command(flatten)]
@@ -232,6 +239,21 @@ impl ServeArgs {
     }
     pub fn capacity_tolerance(&self) -> autonode_server::capacity::Tolerance {
         autonode_server::capacity::Tolerance::percent(self.capacity_tolerance_percent)
+    }
+
+    /// What serve refuses beyond each value's own form (which clap checks):
+    /// combinations, and values parsed only when a feature uses them.
+    /// Reads no file: `--check-config` runs only this.
+    pub fn check(&self) -> Result<()> {
+        use autonode_server::nodeconfig::Source;
+        if let (Some(Source::Secret(name)), false) = (&self.base_ignition, self.ignition_secrets) {
+            bail!(
+                "--base-ignition names Secret {name}, but --ignition-secrets=false: keep the base config in a ConfigMap, or turn Secrets on"
+            );
+        }
+        autonode_server::nodeclass::ami_selector_terms(&self.nodeclasses.ami_ids)
+            .context("--ami-ids")?;
+        Ok(())
     }
 }
 

@@ -41,6 +41,11 @@ fn main() -> anyhow::Result<()> {
         // Its own exit statuses: 1 refused, 2 unreadable (see its --help).
         Command::Ignition(args) => std::process::exit(ignition_cmd::run(&args)),
         Command::RenderUserdata(args) => render_userdata_cmd::run(args),
+        Command::Serve(args) if args.check_config => {
+            args.check()?;
+            println!("autonode-server serve: settings accepted");
+            Ok(())
+        }
         Command::Serve(args) => {
             init_logging(&args.log_format)?;
             tokio::runtime::Runtime::new()?.block_on(serve::run(*args))

@@ -40,7 +40,8 @@ pub struct NodeConfigArgs {
     #[arg(
         long = "agent-deadline",
         env = "AUTONODE_AGENT_DEADLINE",
-        value_name = "SECONDS"
+        value_name = "SECONDS",
+        value_parser = clap::value_parser!(u64).range(1..=900)
     )]
     pub agent_deadline_secs: Option<u64>,
 }

@@ -10,7 +10,7 @@ use autonode_server::issuer::Issuer;
 use autonode_server::join::{ClusterInfo, JoinContext};
 use autonode_server::metrics::Metrics;
 use autonode_server::nodeclaim::NodeClaims;
-use autonode_server::nodeconfig::{NodeConfig, NodeConfigSettings, Source};
+use autonode_server::nodeconfig::{NodeConfig, NodeConfigSettings};
 use autonode_server::observe;
 use autonode_server::render::ClusterSettings;
 use autonode_server::report::{Replays, ReportContext};
@@ -25,6 +25,7 @@ use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
 pub async fn run(args: ServeArgs) -> Result<()> {
+    args.check()?;
     let (client, cluster) = guest_cluster(&args).await?;
     if args.nodeclasses.install_crds {
         autonode_server::crds::install(&client)
@@ -69,11 +70,6 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         "leader-controllers",
         move || leader.clone().run(),
     ));
-    if let (Some(Source::Secret(name)), false) = (&args.base_ignition, args.ignition_secrets) {
-        anyhow::bail!(
-            "--base-ignition names Secret {name}, but --ignition-secrets=false: keep the base config in a ConfigMap, or turn Secrets on"
-        );
-    }
     let nodeconfig = NodeConfig::start(
         client.clone(),
         NodeConfigSettings {

@@ -53,7 +53,8 @@ fn serve_flags() -> Result<BTreeMap<String, Flag>> {
         };
         let env = between("[env: ").map(|e| e.trim_end_matches('=').to_string());
         let default = between("[default: ");
-        if name != "help" {
+        // --check-config is a mode of the command, not a setting.
+        if name != "help" && name != "check-config" {
             flags.insert(name, Flag { env, default });
         }
     };
@@ -163,9 +164,16 @@ fn every_serve_flag_is_a_value_at_its_default() -> Result<()> {
         if flags.contains_key(name) {
             continue;
         }
+        // A hidden flag is for tests: null, so the chart never passes it
+        // and the server's default applies.
+        if !value.is_null() {
+            problems.push(format!(
+                "serve.{name} is {value}: a hidden flag stays null (not passed)"
+            ));
+        }
         // Parsed before --help is acted on: an unknown flag or a bad value
         // fails.
-        let arg = format!("--{name}={}", flag_text(value).unwrap_or_default());
+        let arg = format!("--{name}={}", source_default(name)?);
         let accepted = std::process::Command::new(&binary)
             .args(["serve", &arg, "--help"])
             .env_clear()
@@ -174,11 +182,6 @@ fn every_serve_flag_is_a_value_at_its_default() -> Result<()> {
             .success();
         if !accepted {
             problems.push(format!("serve.{name}: the server has no such flag"));
-        } else if flag_text(value) != Some(source_default(name)?) {
-            problems.push(format!(
-                "serve.{name} is {value}, the source says {}",
-                source_default(name)?
-            ));
         }
     }
     // values.schema.json knows exactly these keys (it refuses others).
@@ -229,6 +232,7 @@ fn the_help_parser_reads_defaults_and_envs() -> Result<()> {
     assert_eq!(flags["install-crds"].default.as_deref(), Some("false"));
     assert_eq!(flags["instance-name"].env.as_deref(), Some("POD_NAME"));
     assert!(!flags.contains_key("nodeclass-resync"), "hidden");
+    assert!(!flags.contains_key("check-config"), "a mode, not a setting");
     assert_eq!(source_default("nodeclass-resync")?, "300");
     Ok(())
 }
@@ -478,19 +482,171 @@ fn values_become_flags() -> Result<()> {
     }
     let c = container(&docs)?;
     assert_eq!(c["ports"][1]["containerPort"], 9191);
-    // The real server parses them: every flag known, every value valid
-    // (clap parses what precedes --help before acting on it).
-    let mut with_help = args.clone();
-    with_help.push("--help".into());
+    // The real server accepts them: every flag known, every value valid.
+    if let Err(refusal) = server_accepts(&args)? {
+        panic!("{refusal}");
+    }
+    Ok(())
+}
+
+/// `autonode-server <args> --check-config` with an empty environment:
+/// Ok when serve would start with these settings, else what it said.
+fn server_accepts(args: &[String]) -> Result<Result<(), String>> {
     let out = std::process::Command::new(server_binary()?)
-        .args(&with_help)
+        .args(args)
+        .arg("--check-config")
         .env_clear()
         .output()?;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    Ok(if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "serve refused: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    })
+}
+
+/// `helm template` with `set` (`--set` or `--set-string`, and its
+/// `serve.<key>=<value>`): the rendered args, or helm's refusal.
+fn render_one(set: [&str; 2]) -> Result<Result<Vec<String>, String>> {
+    let chart = chart_dir();
+    let mut all = vec!["template", "x", chart.to_str().context("chart path")?];
+    all.extend(set);
+    let run = helm::run(&helm::helm_binary()?, &all)?;
+    if !run.ok {
+        return Ok(Err(run.stderr));
+    }
+    Ok(Ok(args(&documents(&run.stdout)?)?))
+}
+
+/// `--set` or `--set-string`, and its `serve.<key>=<value>`.
+type SetArg = [String; 2];
+
+/// Values of a `serve` key just inside and just outside what
+/// values.schema.json allows, as `--set`/`--set-string` pairs: an
+/// integer's minimum and maximum and one past each, an enum's values and
+/// one that is none of them, a listen address's extremes. Every integer
+/// has a minimum (a server's count or duration is never negative, and a
+/// missing one hides a refused 0).
+fn edges(key: &str, prop: &Value) -> Result<(Vec<SetArg>, Vec<SetArg>)> {
+    let set = |v: String| ["--set".to_string(), format!("serve.{key}={v}")];
+    let set_string = |v: &str| ["--set-string".to_string(), format!("serve.{key}={v}")];
+    let types = match &prop["type"] {
+        Value::String(t) => vec![t.as_str()],
+        Value::Array(ts) => ts.iter().filter_map(Value::as_str).collect(),
+        _ => vec![],
+    };
+    let (mut inside, mut outside) = (Vec::new(), Vec::new());
+    if types.contains(&"integer") {
+        let min = prop["minimum"]
+            .as_i64()
+            .with_context(|| format!("serve.{key}: an integer without a minimum"))?;
+        inside.push(set(min.to_string()));
+        outside.push(set((min - 1).to_string()));
+        if let Some(max) = prop["maximum"].as_i64() {
+            inside.push(set(max.to_string()));
+            outside.push(set((max + 1).to_string()));
+        }
+    } else if let Some(values) = prop["enum"].as_array() {
+        inside.extend(values.iter().filter_map(Value::as_str).map(set_string));
+        outside.push(set_string("not-one-of-them"));
+    } else if prop["pattern"].is_string() {
+        inside.extend(["0.0.0.0:1", "[::]:65535", "127.0.0.1:8080"].map(set_string));
+        outside
+            .extend(["localhost:8443", "0.0.0.0:0", "0.0.0.0:65536", "8443", ""].map(set_string));
+        // Null removes the key from the values: a required key is refused.
+        outside.push(set("null".into()));
+    }
+    Ok((inside, outside))
+}
+
+/// values.schema.json refuses every value the server would refuse for the
+/// keys it bounds (no crash-looping Deployment from a value helm took):
+/// for each integer, enum and listen address of `serve`, helm refuses a
+/// value just outside the schema's bounds, and the real server's argument
+/// parser (`serve --check-config`) accepts the args the chart renders for
+/// each value just inside. A bound the server tightens (a minimum of 1, a
+/// maximum) without the schema following fails here.
+#[test]
+fn the_schema_bounds_are_the_servers() -> Result<()> {
+    let schema: Value = serde_json::from_str(&std::fs::read_to_string(
+        chart_dir().join("values.schema.json"),
+    )?)?;
+    let props = schema["properties"]["serve"]["properties"]
+        .as_object()
+        .context("values.schema.json: serve")?;
+    let (mut problems, mut checked) = (Vec::new(), 0);
+    for (key, prop) in props {
+        let (inside, outside) = edges(key, prop)?;
+        for [how, set] in &outside {
+            checked += 1;
+            match render_one([how, set])? {
+                Ok(_) => problems.push(format!("helm took {how} {set}")),
+                Err(refusal) if !refusal.contains(key.as_str()) => problems.push(format!(
+                    "{how} {set}: refused for another reason: {refusal}"
+                )),
+                Err(_) => {}
+            }
+        }
+        for [how, set] in &inside {
+            checked += 1;
+            match render_one([how, set])? {
+                Err(refusal) => problems.push(format!("helm refused {how} {set}: {refusal}")),
+                Ok(args) => {
+                    if !args.iter().any(|a| a.starts_with(&format!("--{key}="))) {
+                        problems.push(format!("{set}: not in the args {args:?}"));
+                    }
+                    if let Err(refusal) = server_accepts(&args)? {
+                        problems.push(format!("{set}: {refusal}"));
+                    }
+                }
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    ensure!(checked > 60, "only {checked} values tried");
+    Ok(())
+}
+
+/// The check above leans on `--check-config`: it must refuse what serve
+/// refuses at start (a value's form, and what only serve's own checks
+/// see), naming the flag, and accept the chart's defaults.
+#[test]
+fn check_config_refuses_what_serve_refuses() -> Result<()> {
+    let defaults = args(&template(NAMESPACE, &[])?)?;
+    if let Err(refusal) = server_accepts(&defaults)? {
+        panic!("{refusal}");
+    }
+    // Each replaces the chart's value of its flag (a flag given twice is
+    // refused for that alone).
+    let with = |given: &[&str]| -> Vec<String> {
+        let flag = |a: &str| a.split_once('=').map(|(f, _)| f.to_string());
+        let replaced: BTreeSet<Option<String>> = given.iter().map(|g| flag(g)).collect();
+        let mut args: Vec<String> = defaults
+            .iter()
+            .filter(|a| !replaced.contains(&flag(a)))
+            .cloned()
+            .collect();
+        args.extend(given.iter().map(|g| g.to_string()));
+        args
+    };
+    for (bad, named) in [
+        (&["--max-connections=0"][..], "--max-connections"),
+        (&["--log-format=xml"], "--log-format"),
+        (&["--agent-deadline=901"], "--agent-deadline"),
+        (&["--ami-ids=amd64=ubuntu"], "--ami-ids"),
+        (&["--capacity-tolerance=101"], "--capacity-tolerance"),
+        (
+            &["--base-ignition=secret/base", "--ignition-secrets=false"],
+            "--ignition-secrets=false",
+        ),
+    ] {
+        let refusal = server_accepts(&with(bad))?
+            .err()
+            .with_context(|| format!("{bad:?} accepted"))?;
+        ensure!(refusal.contains(named), "{bad:?}: {refusal}");
+    }
     Ok(())
 }
 
@@ -849,8 +1005,6 @@ fn effective_settings(
             .with_context(|| format!("arg {arg} is not --flag=value"))?;
         settings.insert(name.to_string(), value.to_string());
     }
-    // The hidden flag the chart passes at its default.
-    settings.remove("nodeclass-resync");
     Ok(settings)
 }
 
@@ -903,6 +1057,12 @@ fn chart_and_kustomize_base_stay_in_step() -> Result<()> {
         Ok(only(docs, "Deployment")?["spec"]["template"]["spec"].clone())
     };
     let (cp, kp) = (pod(&chart)?, pod(&base)?);
+    // Scheduling differs on purpose and is not compared: the base keeps
+    // replicas on different nodes with a preferred podAntiAffinity, the
+    // chart spreads them over zones and hosts with
+    // topologySpreadConstraints (whenUnsatisfiable: ScheduleAnyway) whose
+    // selectors it fills in from the release. Both only prefer: neither
+    // leaves a replica unscheduled.
     for field in [
         "securityContext",
         "automountServiceAccountToken",
