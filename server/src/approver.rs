@@ -34,7 +34,7 @@ use crate::binding::{self, Unreadable};
 use crate::cache::{self, Cache};
 use crate::ec2::{InstanceLookup, LookupCache, LookupError};
 use crate::karpenter::{parse_aws_provider_id, NodeClaim};
-use crate::metrics::{KindLabels, LeftPendingLabels, Metrics};
+use crate::metrics::{KindLabels, LeftPendingLabels, Metrics, SignerLabels};
 use crate::nodeclaim::NodeClaims;
 use autonode_shared::csr::{self, Purpose};
 use futures::{Stream, StreamExt};
@@ -240,6 +240,13 @@ pub async fn run(client: Client, settings: Settings, nodes: Store<Node>) {
         limiter: Limiter::new(LOOKUP_BURST, LOOKUP_PERIOD, LIMITER_CAPACITY),
         settings,
     });
+    let counting = count_pending(
+        [
+            (csr::CLIENT_SIGNER, client_store.clone()),
+            (csr::SERVING_SIGNER, serving_store.clone()),
+        ],
+        ctx.settings.metrics.clone(),
+    );
     let client_side = judging(client_store, client_csrs, ctx.clone());
     let serving_side = judging(serving_store, serving_csrs, ctx);
     let judge = futures::stream::select(client_side, serving_side).for_each(|result| {
@@ -249,8 +256,47 @@ pub async fn run(client: Client, settings: Settings, nodes: Store<Node>) {
         futures::future::ready(())
     });
     // Polled here, not spawned: a replica that stops leading drops this
-    // future, and the watches with it.
-    futures::future::join3(client_watch, serving_watch, judge).await;
+    // future, and the watches with it. The count never ends by itself.
+    tokio::select! {
+        _ = futures::future::join3(client_watch, serving_watch, judge) => {}
+        () = counting => {}
+    }
+}
+
+/// How often `autonode_csrs_pending` is counted again.
+const PENDING_COUNT_PERIOD: Duration = Duration::from_secs(5);
+
+/// Keeps `autonode_csrs_pending` at the undecided CSRs in each signer's
+/// store: counted from the stores rather than from judgements, so a CSR
+/// judged once and never again (one too large to keep) counts for as long
+/// as it is pending, and a deleted one stops counting. Back to 0 when
+/// dropped (this replica stops leading), so only the leader's is not 0.
+async fn count_pending(
+    stores: [(&'static str, Store<CertificateSigningRequest>); 2],
+    metrics: Metrics,
+) {
+    struct Zero(Metrics, [&'static str; 2]);
+    impl Drop for Zero {
+        fn drop(&mut self) {
+            for signer in self.1 {
+                self.0
+                    .csrs_pending
+                    .get_or_create(&SignerLabels { signer })
+                    .set(0);
+            }
+        }
+    }
+    let _zero = Zero(metrics.clone(), stores.clone().map(|(signer, _)| signer));
+    loop {
+        for (signer, store) in &stores {
+            let pending = store.state().iter().filter(|c| !decided(c)).count();
+            metrics
+                .csrs_pending
+                .get_or_create(&SignerLabels { signer })
+                .set(i64::try_from(pending).unwrap_or(i64::MAX));
+        }
+        tokio::time::sleep(PENDING_COUNT_PERIOD).await;
+    }
 }
 
 /// The CSRs of `signer`, as a store, the queue of their changes and the

@@ -67,6 +67,7 @@ pub struct Metrics {
     pub leader: Gauge,
     pub caches_ready: Gauge,
     pub csr_left_pending: Family<LeftPendingLabels, Counter>,
+    pub csrs_pending: Family<SignerLabels, Gauge>,
     pub agent_reports_refused: Family<ReportRefusalLabels, Counter>,
     pub agent_reports_unverified_fatal: Counter,
     pub join_admission_refused: Family<AdmissionLabels, Counter>,
@@ -197,6 +198,14 @@ impl Metrics {
             "Kubelet CSRs the approver left pending, by kind and reason",
             csr_left_pending.clone(),
         );
+        let csrs_pending = Family::<SignerLabels, Gauge>::default();
+        registry.register(
+            "csrs_pending",
+            "Kubelet signers' CSRs nobody has decided yet (no Approved, Denied or Failed \
+             condition, no certificate), counted by the leader from the approver's watch \
+             (0 on other replicas)",
+            csrs_pending.clone(),
+        );
         let agent_reports_refused = Family::<ReportRefusalLabels, Counter>::default();
         registry.register(
             "agent_reports_refused",
@@ -249,6 +258,7 @@ impl Metrics {
             leader,
             caches_ready,
             csr_left_pending,
+            csrs_pending,
             agent_reports_refused,
             agent_reports_unverified_fatal,
             join_admission_refused,
@@ -295,6 +305,13 @@ pub struct LeftPendingLabels {
     /// Why the approver did not approve (a fixed label, see
     /// `approver::Decline::reason`).
     pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SignerLabels {
+    /// `kubernetes.io/kube-apiserver-client-kubelet` or
+    /// `kubernetes.io/kubelet-serving`.
+    pub signer: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -1,6 +1,7 @@
-//! The metric and label names a PromQL expression asks for, and the ones an
-//! OpenMetrics scrape has, so a test can check that alerting rules and
-//! dashboards ask only for series the server really exports.
+//! The metric and label names a PromQL expression asks for (and the label
+//! values its matchers compare with), and the ones an OpenMetrics scrape
+//! has, so a test can check that alerting rules and dashboards ask only for
+//! series the server really exports.
 //!
 //! The extractor is deliberately small and strict: it reads the subset of
 //! PromQL that rules and dashboards use (selectors, functions, aggregations
@@ -23,6 +24,31 @@ pub enum ParseError {
     Unexpected { found: String, expr: String },
     #[error("malformed scrape line {0:?}")]
     ScrapeLine(String),
+    #[error("unknown matcher operator {op:?} in {expr:?}")]
+    Operator { op: String, expr: String },
+}
+
+/// How a label matcher compares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum MatchOp {
+    /// `=`
+    Equal,
+    /// `!=`
+    NotEqual,
+    /// `=~`
+    Regex,
+    /// `!~`
+    NotRegex,
+}
+
+/// One label matcher of a selector, `metric{label<op>"value"}`, its value
+/// unquoted.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Matcher {
+    pub metric: String,
+    pub label: String,
+    pub op: MatchOp,
+    pub value: String,
 }
 
 /// The names one or more expressions use.
@@ -32,6 +58,8 @@ pub struct Names {
     pub metrics: BTreeMap<String, BTreeSet<String>>,
     /// Label names in `by`, `without`, `on`, `ignoring` and `group_*` lists.
     pub grouping: BTreeSet<String>,
+    /// Every label matcher, with the value it compares with.
+    pub matchers: BTreeSet<Matcher>,
 }
 
 impl Names {
@@ -41,6 +69,7 @@ impl Names {
             self.metrics.entry(metric).or_default().extend(labels);
         }
         self.grouping.extend(other.grouping);
+        self.matchers.extend(other.matchers);
     }
 }
 
@@ -144,9 +173,9 @@ pub fn names(expr: &str) -> Result<Names, ParseError> {
             Token::Ident(_) if matches!(next, Some(Token::Ident(w)) if one_of(w, &["by", "without"])) =>
                 {}
             Token::Ident(metric) => {
-                let labels = names.metrics.entry(metric.clone()).or_default();
+                names.metrics.entry(metric.clone()).or_default();
                 if next == Some(&Token::Open('{')) {
-                    i = matchers(&tokens, i + 2, labels, expr)?;
+                    i = matchers(&tokens, i + 2, metric, &mut names, expr)?;
                 }
             }
             Token::Open('{') => return Err(ParseError::NamelessSelector(expr.into())),
@@ -184,12 +213,13 @@ fn label_list(
     }
 }
 
-/// Reads `a="x", b!~"y"}` from `i`, adding the label names; returns the
-/// index of `}`.
+/// Reads `a="x", b!~"y"}` from `i`, adding the label names and matchers
+/// of `metric`; returns the index of `}`.
 fn matchers(
     tokens: &[Token],
     mut i: usize,
-    into: &mut BTreeSet<String>,
+    metric: &str,
+    names: &mut Names,
     expr: &str,
 ) -> Result<usize, ParseError> {
     loop {
@@ -197,21 +227,83 @@ fn matchers(
             Some(Token::Close('}')) => return Ok(i),
             Some(Token::Comma) => i += 1,
             Some(Token::Ident(label)) => {
-                into.insert(label.clone());
+                names
+                    .metrics
+                    .entry(metric.to_string())
+                    .or_default()
+                    .insert(label.clone());
                 i += 1;
                 // The operator (`=`, `!=`, `=~`, `!~`: one or two tokens),
                 // then the quoted value.
-                while let Some(Token::Other(op)) = tokens.get(i) {
-                    i += 1;
-                    if op.starts_with(['"', '\'', '`']) {
-                        break;
+                let mut op = String::new();
+                let value = loop {
+                    match tokens.get(i) {
+                        Some(Token::Other(word)) if word.starts_with(['"', '\'', '`']) => {
+                            i += 1;
+                            break unquote(word);
+                        }
+                        Some(Token::Other(part)) => op.push_str(part),
+                        Some(other) => return Err(unexpected(other, expr)),
+                        None => return Err(ParseError::Unbalanced(expr.into())),
                     }
-                }
+                    i += 1;
+                };
+                let op = match op.as_str() {
+                    "=" => MatchOp::Equal,
+                    "!=" => MatchOp::NotEqual,
+                    "=~" => MatchOp::Regex,
+                    "!~" => MatchOp::NotRegex,
+                    _ => {
+                        return Err(ParseError::Operator {
+                            op,
+                            expr: expr.into(),
+                        })
+                    }
+                };
+                names.matchers.insert(Matcher {
+                    metric: metric.to_string(),
+                    label: label.clone(),
+                    op,
+                    value,
+                });
             }
             Some(other) => return Err(unexpected(other, expr)),
             None => return Err(ParseError::Unbalanced(expr.into())),
         }
     }
+}
+
+/// A PromQL string literal's value: backquoted ones are raw, the others
+/// have their backslash escapes undone (enough for label values:
+/// `\\`, `\"`, `\'`, `\n`, `\t`).
+fn unquote(literal: &str) -> String {
+    // The tokenizer keeps both quotes.
+    let inner = literal
+        .get(1..literal.len().saturating_sub(1))
+        .unwrap_or_default();
+    if literal.starts_with('`') {
+        return inner.to_string();
+    }
+    unescape(inner)
+}
+
+/// `text` with its backslash escapes undone.
+fn unescape(text: &str) -> String {
+    let mut out = String::new();
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('n') => out.push('\n'),
+            Some('t') => out.push('\t'),
+            Some(other) => out.push(other),
+            None => out.push('\\'),
+        }
+    }
+    out
 }
 
 fn unexpected(token: &Token, expr: &str) -> ParseError {
@@ -228,6 +320,8 @@ pub struct Scrape {
     pub families: BTreeMap<String, String>,
     /// Each sample name, with the label names its samples carry.
     pub samples: BTreeMap<String, BTreeSet<String>>,
+    /// Each (sample name, label name), with the values its samples carry.
+    pub values: BTreeMap<(String, String), BTreeSet<String>>,
 }
 
 /// Series the server exports only once a fleet event happened (a rollout
@@ -270,8 +364,8 @@ pub fn rule_exprs(rules: &str) -> anyhow::Result<Vec<String>> {
         .collect()
 }
 
-/// What `scrape_text` lacks of the names in the rules (of [`RULES_FILE`]'s
-/// text `rules`) that use `metric`, one line each; an error when no rule
+/// What `scrape_text` lacks of the names and matcher values in the rules
+/// (of [`RULES_FILE`]'s text `rules`) that use `metric`, one line each; an error when no rule
 /// uses it, so a renamed metric cannot pass by being asked for by none.
 pub fn rules_missing_from(
     scrape_text: &str,
@@ -287,7 +381,8 @@ pub fn rules_missing_from(
             continue;
         }
         using += 1;
-        let lines = scrape.missing(&used, &[]);
+        let mut lines = scrape.missing(&used, &[]);
+        lines.extend(scrape.missing_values(&used, &[]));
         missing.extend(lines.into_iter().map(|l| format!("{l}\n    in {expr}")));
     }
     anyhow::ensure!(using > 0, "no rule uses {metric}");
@@ -319,7 +414,12 @@ impl Scrape {
                 scrape.families.insert(name.into(), kind.into());
             } else if !line.starts_with('#') {
                 let (name, labels) = sample(line)?;
-                scrape.samples.entry(name).or_default().extend(labels);
+                let names = scrape.samples.entry(name.clone()).or_default();
+                names.extend(labels.iter().map(|(label, _)| label.clone()));
+                for (label, value) in labels {
+                    let key = (name.clone(), label);
+                    scrape.values.entry(key).or_default().insert(value);
+                }
             }
         }
         Ok(scrape)
@@ -367,10 +467,48 @@ impl Scrape {
         }
         missing
     }
+
+    /// The matchers of `names` whose value this scrape never has, one line
+    /// each: an `=` or `!=` value no sample carries (a renamed value leaves
+    /// a rule that never matches, or excludes nothing), a regex (`=~`,
+    /// `!~`, anchored as PromQL anchors it) that matches no value. Matchers
+    /// on `target_labels`, on labels no sample has (which [`Scrape::missing`]
+    /// reports) and `=""` / `!=""` (absence) are not checked.
+    pub fn missing_values(&self, names: &Names, target_labels: &[&str]) -> Vec<String> {
+        let mut missing = Vec::new();
+        for m in &names.matchers {
+            let key = (m.metric.clone(), m.label.clone());
+            let Some(values) = self.values.get(&key) else {
+                continue;
+            };
+            if target_labels.contains(&m.label.as_str()) || m.value.is_empty() {
+                continue;
+            }
+            let found = match m.op {
+                MatchOp::Equal | MatchOp::NotEqual => values.contains(&m.value),
+                MatchOp::Regex | MatchOp::NotRegex => {
+                    match regex_lite::Regex::new(&format!("^(?:{})$", m.value)) {
+                        Ok(re) => values.iter().any(|v| re.is_match(v)),
+                        Err(e) => {
+                            missing.push(format!("{m:?}: not a regex: {e}"));
+                            continue;
+                        }
+                    }
+                }
+            };
+            if !found {
+                missing.push(format!(
+                    "value {:?} of {} on {} ({:?}): on no sample (scraped: {values:?})",
+                    m.value, m.label, m.metric, m.op
+                ));
+            }
+        }
+        missing
+    }
 }
 
-/// A sample line's name and label names.
-fn sample(line: &str) -> Result<(String, Vec<String>), ParseError> {
+/// A sample line's name and labels (name, unescaped value).
+fn sample(line: &str) -> Result<(String, Vec<(String, String)>), ParseError> {
     let bad = || ParseError::ScrapeLine(line.into());
     let end = line.find(['{', ' ']).ok_or_else(bad)?;
     let name = line[..end].to_string();
@@ -384,20 +522,21 @@ fn sample(line: &str) -> Result<(String, Vec<String>), ParseError> {
             return Ok((name, labels));
         }
         let eq = rest.find("=\"").ok_or_else(bad)?;
-        labels.push(rest[..eq].to_string());
-        rest = skip_quoted(&rest[eq + 1..]).ok_or_else(bad)?;
+        let (value, after) = split_quoted(&rest[eq + 1..]).ok_or_else(bad)?;
+        labels.push((rest[..eq].to_string(), unescape(value)));
+        rest = after;
     }
 }
 
-/// `rest` after the quoted string it starts with.
-fn skip_quoted(rest: &str) -> Option<&str> {
+/// The quoted string `rest` starts with (still escaped), and what follows.
+fn split_quoted(rest: &str) -> Option<(&str, &str)> {
     let mut chars = rest.char_indices().skip(1);
     while let Some((i, c)) = chars.next() {
         match c {
             '\\' => {
                 chars.next();
             }
-            '"' => return Some(&rest[i + 1..]),
+            '"' => return Some((&rest[1..i], &rest[i + 1..])),
             _ => {}
         }
     }
@@ -443,9 +582,29 @@ mod tests {
             got.metrics["j"],
             ["k", "l", "reason", "result"].map(String::from).into()
         );
+        let ops: Vec<(&str, MatchOp, &str)> = got
+            .matchers
+            .iter()
+            .map(|m| (m.label.as_str(), m.op, m.value.as_str()))
+            .collect();
+        assert_eq!(
+            ops,
+            [
+                ("k", MatchOp::Regex, "a|b"),
+                ("l", MatchOp::NotRegex, "c"),
+                ("reason", MatchOp::NotEqual, "possible_replay"),
+                ("result", MatchOp::Equal, "refused"),
+            ]
+        );
         // A value that looks like a metric, with an escaped quote in it.
         let got = names(r#"m{n="o_total \" p"}"#).unwrap();
         assert_eq!(got.metrics.keys().collect::<Vec<_>>(), ["m"]);
+        let value: Vec<&str> = got.matchers.iter().map(|m| m.value.as_str()).collect();
+        assert_eq!(value, ["o_total \" p"]);
+        assert!(matches!(
+            names(r#"m{n=="o"}"#),
+            Err(ParseError::Operator { .. })
+        ));
     }
 
     #[test]
@@ -506,6 +665,33 @@ t_leader 1
             let missing = scrape.missing(&names(wrong).unwrap(), &[]);
             assert_eq!(missing.len(), 1, "{wrong}: {missing:?}");
         }
+    }
+
+    #[test]
+    fn matcher_values_are_checked_against_the_scraped_values() {
+        let scrape = Scrape::parse(SCRAPE).unwrap();
+        let ok = names(
+            r#"t_joins_total{result="joined", reason!="none", instance="x"} + t_joins_total{result=~"join.*", reason!~"no.*|yes", reason=""}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            scrape.missing_values(&ok, &["instance"]),
+            Vec::<String>::new()
+        );
+        for wrong in [
+            r#"t_joins_total{result="refused"}"#, // a value never scraped
+            r#"t_joins_total{reason!="None"}"#,   // excludes nothing
+            r#"t_joins_total{result=~"join"}"#,   // anchored: matches nothing
+            r#"t_joins_total{result!~"refused.*"}"#,
+            r#"t_joins_total{result=~"("}"#, // not a regex
+        ] {
+            let missing = scrape.missing_values(&names(wrong).unwrap(), &[]);
+            assert_eq!(missing.len(), 1, "{wrong}: {missing:?}");
+        }
+        // An escaped value in the scrape is compared unescaped.
+        let escaped = Scrape::parse("# TYPE e counter\ne_total{a=\"x\\\"y\"} 1\n").unwrap();
+        let query = names(r#"e_total{a="x\"y"}"#).unwrap();
+        assert_eq!(escaped.missing_values(&query, &[]), Vec::<String>::new());
     }
 
     #[test]

@@ -1,8 +1,10 @@
 //! The alerting rules and the Grafana dashboard: promtool checks the rules
-//! and runs their unit tests, every alert has a runbook section, and every
-//! metric and label name the rules, their tests' input series and the
-//! dashboard's queries use is in a scrape of the real server after a join,
-//! a refusal, a CSR left pending and agent reports.
+//! and runs their unit tests, every alert has a runbook section, the
+//! dashboard shows every metric the rules use, and every metric and label
+//! name the rules, their tests' input series and the dashboard's queries
+//! use (and every label value the rules and the dashboard match on) is in a
+//! scrape of the real server after a join, a refusal, an unavailable join,
+//! a CSR left pending, Events dropped and agent reports.
 
 use crate::feedback::{metrics, post_report, report, send_report};
 use anyhow::{bail, ensure, Context, Result};
@@ -11,11 +13,13 @@ use autonode_tests::joiner::{honest_request, Answer, CsrShape, NodeKeys};
 use autonode_tests::promql::{self, names, Names, Scrape};
 use autonode_tests::server::{http_get, Setup, TestServer};
 use autonode_tests::world::{cloud_settings, World};
+use hyper::StatusCode;
 use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestSpec,
 };
 use k8s_openapi::ByteString;
 use kube::api::{Api, ObjectMeta, PostParams};
+use kube::ResourceExt as _;
 use serde_json::Value as Json;
 use serde_yaml::Value as Yaml;
 use std::collections::BTreeSet;
@@ -200,15 +204,25 @@ fn collect(value: &Json, key: &str, into: &mut Vec<String>) {
 
 /// What in `exprs` `scrape` does not have, each line naming its
 /// expression: each is checked on its own, so a grouping label must be on
-/// a metric of the same expression.
-fn missing_in(scrape: &Scrape, exprs: &[String], target_labels: &[&str]) -> Result<Vec<String>> {
+/// a metric of the same expression. With `values`, the values its matchers
+/// compare with too (not for the unit tests' input series, which stand for
+/// histories with other values).
+fn missing_in(
+    scrape: &Scrape,
+    exprs: &[String],
+    target_labels: &[&str],
+    values: bool,
+) -> Result<Vec<String>> {
     let (mut missing, mut all) = (Vec::new(), Names::default());
     for expr in exprs {
         if after_fleet_events(expr)? {
             continue;
         }
         let used = names(expr).with_context(|| format!("reading {expr:?}"))?;
-        let lines = scrape.missing(&used, target_labels);
+        let mut lines = scrape.missing(&used, target_labels);
+        if values {
+            lines.extend(scrape.missing_values(&used, target_labels));
+        }
         missing.extend(lines.into_iter().map(|l| format!("{l}\n    in {expr}")));
         all.merge(used);
     }
@@ -257,6 +271,27 @@ fn dashboard_exprs() -> Result<Vec<String>> {
     Ok(exprs)
 }
 
+/// The metrics `exprs` use, together.
+fn metrics_of(exprs: &[String]) -> Result<BTreeSet<String>> {
+    let mut all = Names::default();
+    for expr in exprs {
+        all.merge(names(expr).with_context(|| format!("reading {expr:?}"))?);
+    }
+    Ok(all.metrics.into_keys().collect())
+}
+
+/// Whoever an alert wakes finds its metric on the dashboard: every metric
+/// a rule uses is in some panel's query.
+#[test]
+fn the_dashboard_shows_every_metric_the_rules_use() -> Result<()> {
+    let rules = metrics_of(&rule_exprs()?)?;
+    let shown = metrics_of(&dashboard_exprs()?)?;
+    ensure!(rules.len() >= 10, "only {rules:?} in the rules");
+    let unshown: Vec<&String> = rules.difference(&shown).collect();
+    ensure!(unshown.is_empty(), "no dashboard panel shows {unshown:?}");
+    Ok(())
+}
+
 /// Drives the server so every labelled series the rules and the dashboard
 /// ask for exists, scrapes it, and checks their names against the scrape.
 #[tokio::test]
@@ -269,6 +304,12 @@ async fn alerts_and_dashboard_ask_only_for_series_the_server_exports() -> Result
         bail!("a second join with other keys was granted");
     };
     ensure!(status == 403, "the replay was answered {status}");
+    // More replays than the NodeClaim's Event bucket holds: the Events
+    // past it are counted as dropped (rate_limited).
+    for _ in 0..autonode_server::events::BURST {
+        world.joiner.join(&replay).await?;
+    }
+    join_while_ec2_fails(&world).await?;
     leave_a_csr_pending(&node.client, &node.instance).await?;
     // A signed report sent twice (the second refused), then a fatal one,
     // which deletes the NodeClaim.
@@ -297,7 +338,11 @@ async fn alerts_and_dashboard_ask_only_for_series_the_server_exports() -> Result
         ensure!(status == 413, "an oversized body was answered {status}");
     }
 
-    let text = scrape_with(&world, "autonode_csr_left_pending_total{").await?;
+    scrape_with(&world, "autonode_csr_left_pending_total{").await?;
+    scrape_with(&world, "autonode_events_dropped_total{").await?;
+    // The pending CSR, counted from the approver's store.
+    let pending = r#"autonode_csrs_pending{signer="kubernetes.io/kubelet-serving"}"#;
+    let text = scrape_with(&world, &format!("{pending} 1\n")).await?;
     // The server is ready (World waited for /readyz): the gauge says so.
     ensure!(
         text.lines().any(|l| l == "autonode_caches_ready 1"),
@@ -305,12 +350,17 @@ async fn alerts_and_dashboard_ask_only_for_series_the_server_exports() -> Result
     );
     let scrape = Scrape::parse(&text)?;
     let mut problems = Vec::new();
-    for (what, exprs, target_labels) in [
-        ("the rules", rule_exprs()?, &[][..]),
-        ("the rules' unit tests", rule_test_exprs()?, TARGET_LABELS),
-        ("the dashboard", dashboard_exprs()?, &[][..]),
+    for (what, exprs, target_labels, values) in [
+        ("the rules", rule_exprs()?, &[][..], true),
+        (
+            "the rules' unit tests",
+            rule_test_exprs()?,
+            TARGET_LABELS,
+            false,
+        ),
+        ("the dashboard", dashboard_exprs()?, &[][..], true),
     ] {
-        let missing = missing_in(&scrape, &exprs, target_labels)?;
+        let missing = missing_in(&scrape, &exprs, target_labels, values)?;
         problems.extend(missing.into_iter().map(|m| format!("{what}: {m}")));
     }
     ensure!(
@@ -318,20 +368,49 @@ async fn alerts_and_dashboard_ask_only_for_series_the_server_exports() -> Result
         "asked for but not exported:\n{}",
         problems.join("\n")
     );
+    // Decided or deleted, a CSR stops counting (the count is of the
+    // store, not of judgements).
+    let admin = world.cp.admin().await?;
+    let csrs = Api::<CertificateSigningRequest>::all(admin);
+    for csr in csrs.list(&Default::default()).await? {
+        if csr.metadata.generate_name.as_deref() == Some("serving-foreign-") {
+            csrs.delete(&csr.name_any(), &Default::default()).await?;
+        }
+    }
+    scrape_with(&world, &format!("{pending} 0\n")).await?;
+    Ok(())
+}
+
+/// A join while EC2 answers 503 to everything: answered 503 (the agent
+/// would retry), counted as `result="unavailable"`.
+async fn join_while_ec2_fails(world: &World) -> Result<()> {
+    let (_, instance) = world.launch(|i| i).await?;
+    let request = honest_request(&instance, world.cloud.ca(), &NodeKeys::generate()?)?;
+    world
+        .ec2
+        .faults()
+        .fail_next(u32::MAX, StatusCode::SERVICE_UNAVAILABLE);
+    let answer = world.joiner.join(&request).await;
+    world.ec2.faults().clear();
+    let status = answer?.status();
+    ensure!(
+        status == 503,
+        "a join while EC2 fails was answered {status}"
+    );
     Ok(())
 }
 
 /// The scrape's text, once it contains `awaited` (the approver judges CSRs in
 /// the background).
 async fn scrape_with(world: &World, awaited: &str) -> Result<String> {
-    for _ in 0..100 {
+    for _ in 0..150 {
         let text = metrics(world).await?;
         if text.contains(awaited) {
             return Ok(text);
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    bail!("no {awaited} in /metrics within 10 s")
+    bail!("no {awaited:?} in /metrics within 15 s")
 }
 
 /// As the node: a serving CSR for an address its instance does not have,
