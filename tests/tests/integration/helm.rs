@@ -1,9 +1,9 @@
 //! The Helm chart (`packaging/helm/autonode-server`), rendered by the real
 //! helm (`tests/setup/install-helm`): it lints strictly and packages; every
 //! `serve` flag is a value at the flag's default; each option renders what
-//! it says; the built-in kinds it renders pass a real kube-apiserver's
-//! server-side dry run (the prometheus-operator kinds, whose CRDs the test
-//! apiserver lacks, are checked by shape); it stays in step with the
+//! it says; what it renders passes a real kube-apiserver's server-side dry
+//! run (the prometheus-operator kinds against minimal CRDs in
+//! tests/crds/); it stays in step with the
 //! Kustomize base and `packaging/guest`; and a real autonode-server runs
 //! under the guest RBAC it renders.
 
@@ -1106,8 +1106,9 @@ fn chart_and_kustomize_base_stay_in_step() -> Result<()> {
 }
 
 /// A server-side dry run of `doc` in `namespace` (cluster-scoped objects
-/// without one), as `kubectl apply --server-side --dry-run=server` does.
-async fn dry_run(client: &kube::Client, mut doc: Value, policy_v1: bool) -> Result<()> {
+/// without one), as `kubectl apply --server-side --dry-run=server` does:
+/// the object as the API server would store it.
+async fn dry_run(client: &kube::Client, mut doc: Value, policy_v1: bool) -> Result<DynamicObject> {
     if doc["apiVersion"] == "policy/v1" && !policy_v1 {
         // The test apiserver (1.20) serves the same schema as v1beta1.
         doc["apiVersion"] = "policy/v1beta1".into();
@@ -1126,13 +1127,40 @@ async fn dry_run(client: &kube::Client, mut doc: Value, policy_v1: bool) -> Resu
     params.dry_run = true;
     api.patch(&name, &params, &Patch::Apply(&object))
         .await
-        .with_context(|| format!("server-side dry run of {} {name}", gvk.kind))?;
+        .with_context(|| format!("server-side dry run of {} {name}", gvk.kind))
+}
+
+/// Minimal CRDs of the two prometheus-operator kinds the chart renders
+/// (tests/crds/: the fields it uses, typed as the operator types them).
+const MONITORING_CRDS: [(&str, &str); 2] = [
+    (
+        "servicemonitors",
+        include_str!("../../crds/monitoring.coreos.com_servicemonitors.yaml"),
+    ),
+    (
+        "prometheusrules",
+        include_str!("../../crds/monitoring.coreos.com_prometheusrules.yaml"),
+    ),
+];
+
+/// A prometheus-operator object's server-side dry run against
+/// [`MONITORING_CRDS`]: accepted, and its spec kept whole (the API server
+/// prunes a field its CRD lacks instead of refusing it; the 1.20 test
+/// apiserver has no strict field validation).
+async fn dry_run_operator_kind(client: &kube::Client, doc: &Value) -> Result<()> {
+    let stored = dry_run(client, doc.clone(), true).await?;
+    ensure!(
+        stored.data["spec"] == doc["spec"],
+        "{} spec pruned or changed by its CRD:\nsent   {}\nstored {}",
+        doc["kind"],
+        doc["spec"],
+        stored.data["spec"]
+    );
     Ok(())
 }
 
-/// The prometheus-operator kinds, which the test apiserver has no CRDs
-/// for: checked by shape instead (group, version, the fields the operator
-/// requires).
+/// The prometheus-operator kinds by shape, beyond what their CRDs check:
+/// group, version, namespace, and every rule an alert or a recording rule.
 fn check_operator_kind(doc: &Value) -> Result<()> {
     ensure!(doc["apiVersion"] == "monitoring.coreos.com/v1", "{doc}");
     ensure!(doc["metadata"]["namespace"] == NAMESPACE, "{doc}");
@@ -1162,12 +1190,14 @@ fn check_operator_kind(doc: &Value) -> Result<()> {
 
 /// What the chart renders for the management cluster, defaults and with
 /// every option on, passes a real kube-apiserver's server-side dry run
-/// (built-in kinds); so does the guest RBAC, for the defaults and with
+/// (the ServiceMonitor and PrometheusRule against minimal CRDs of theirs,
+/// spec kept whole); so does the guest RBAC, for the defaults and with
 /// every feature on.
 #[tokio::test]
 async fn rendered_objects_pass_a_server_side_dry_run() -> Result<()> {
     let cp = ControlPlane::start().await?;
     let client = cp.admin().await?;
+    autonode_tests::controlplane::install_crds(&client, &MONITORING_CRDS).await?;
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
     namespaces
         .create(
@@ -1188,6 +1218,7 @@ async fn rendered_objects_pass_a_server_side_dry_run() -> Result<()> {
                 .is_some_and(|v| v.starts_with("monitoring.coreos.com/"))
             {
                 check_operator_kind(&doc)?;
+                dry_run_operator_kind(&client, &doc).await?;
             } else {
                 dry_run(&client, doc, policy_v1).await?;
             }
@@ -1201,9 +1232,30 @@ async fn rendered_objects_pass_a_server_side_dry_run() -> Result<()> {
         "PodDisruptionBudget",
         "Secret",
         "ServiceMonitor",
+        "PrometheusRule",
+        "ConfigMap",
     ] {
         assert!(checked.contains(kind), "{kind} never rendered: {checked:?}");
     }
+    // The CRDs check what they say: a malformed interval is refused, a
+    // field they lack is pruned, which the spec comparison reports.
+    let monitor = template(
+        NAMESPACE,
+        &["--set", "monitoring.serviceMonitor.enabled=true"],
+    )?;
+    let monitor = only(&monitor, "ServiceMonitor")?;
+    let mut bad_interval = monitor.clone();
+    bad_interval["spec"]["endpoints"][0]["interval"] = "30 seconds".into();
+    ensure!(
+        dry_run_operator_kind(&client, &bad_interval).await.is_err(),
+        "interval `30 seconds` accepted"
+    );
+    let mut unknown = monitor.clone();
+    unknown["spec"]["endpoints"][0]["honorLabelz"] = true.into();
+    ensure!(
+        dry_run_operator_kind(&client, &unknown).await.is_err(),
+        "an unknown field went unnoticed"
+    );
     // The guest RBAC: its Namespace first (helm orders it so), then the
     // rest; a dry-run Namespace is not created, so create it for real.
     for sets in [vec![], vec!["serve.install-crds=true".to_string()]] {
