@@ -310,7 +310,7 @@ async fn alerts_and_dashboard_ask_only_for_series_the_server_exports() -> Result
         world.joiner.join(&replay).await?;
     }
     join_while_ec2_fails(&world).await?;
-    leave_a_csr_pending(&node.client, &node.instance).await?;
+    leave_csrs_pending(&node.client, &node.instance).await?;
     // A signed report sent twice (the second refused), then a fatal one,
     // which deletes the NodeClaim.
     let now = time::OffsetDateTime::now_utc().unix_timestamp();
@@ -340,9 +340,10 @@ async fn alerts_and_dashboard_ask_only_for_series_the_server_exports() -> Result
 
     scrape_with(&world, "autonode_csr_left_pending_total{").await?;
     scrape_with(&world, "autonode_events_dropped_total{").await?;
-    // The pending CSR, counted from the approver's store.
+    // Both pending CSRs, counted from the approver's store (the oversized
+    // one too, though judged only once).
     let pending = r#"autonode_csrs_pending{signer="kubernetes.io/kubelet-serving"}"#;
-    let text = scrape_with(&world, &format!("{pending} 1\n")).await?;
+    let text = scrape_with(&world, &format!("{pending} 2\n")).await?;
     // The server is ready (World waited for /readyz): the gauge says so.
     ensure!(
         text.lines().any(|l| l == "autonode_caches_ready 1"),
@@ -373,7 +374,7 @@ async fn alerts_and_dashboard_ask_only_for_series_the_server_exports() -> Result
     let admin = world.cp.admin().await?;
     let csrs = Api::<CertificateSigningRequest>::all(admin);
     for csr in csrs.list(&Default::default()).await? {
-        if csr.metadata.generate_name.as_deref() == Some("serving-foreign-") {
+        if csr.metadata.generate_name.as_deref() == Some(FOREIGN_CSR) {
             csrs.delete(&csr.name_any(), &Default::default()).await?;
         }
     }
@@ -413,37 +414,47 @@ async fn scrape_with(world: &World, awaited: &str) -> Result<String> {
     bail!("no {awaited:?} in /metrics within 15 s")
 }
 
-/// As the node: a serving CSR for an address its instance does not have,
-/// which the approver must leave pending.
-async fn leave_a_csr_pending(
+/// As the node: two serving CSRs the approver must leave pending, one for
+/// an address its instance does not have (looked at again every 30 s),
+/// one over the size limit (judged once, never again).
+async fn leave_csrs_pending(
     node: &kube::Client,
     instance: &autonode_tests::fakecloud::Instance,
 ) -> Result<()> {
     let mut shape = CsrShape::serving(instance);
     shape.ips.push(IpAddr::V4(Ipv4Addr::new(10, 250, 0, 9)));
     let key = rcgen::KeyPair::generate()?;
-    let csr = CertificateSigningRequest {
-        metadata: ObjectMeta {
-            generate_name: Some("serving-foreign-".into()),
-            ..Default::default()
-        },
-        spec: CertificateSigningRequestSpec {
-            request: ByteString(shape.csr(&key)?.into_bytes()),
-            signer_name: "kubernetes.io/kubelet-serving".into(),
-            usages: Some(
-                ["digital signature", "key encipherment", "server auth"]
-                    .map(String::from)
-                    .to_vec(),
-            ),
-            ..Default::default()
-        },
-        status: None,
-    };
-    Api::<CertificateSigningRequest>::all(node.clone())
-        .create(&PostParams::default(), &csr)
-        .await?;
+    let requests = [
+        shape.csr(&key)?,
+        crate::memory::oversized_request(&instance.private_dns_name)?,
+    ];
+    for request in requests {
+        let csr = CertificateSigningRequest {
+            metadata: ObjectMeta {
+                generate_name: Some(FOREIGN_CSR.into()),
+                ..Default::default()
+            },
+            spec: CertificateSigningRequestSpec {
+                request: ByteString(request.into_bytes()),
+                signer_name: "kubernetes.io/kubelet-serving".into(),
+                usages: Some(
+                    ["digital signature", "key encipherment", "server auth"]
+                        .map(String::from)
+                        .to_vec(),
+                ),
+                ..Default::default()
+            },
+            status: None,
+        };
+        Api::<CertificateSigningRequest>::all(node.clone())
+            .create(&PostParams::default(), &csr)
+            .await?;
+    }
     Ok(())
 }
+
+/// The names of the CSRs [`leave_csrs_pending`] makes start so.
+const FOREIGN_CSR: &str = "serving-foreign-";
 
 /// `autonode_caches_ready` is what `/readyz` answers: 0 on a replica whose
 /// RBAC does not cover its `--ignition-namespace` (a cache never synced),

@@ -150,7 +150,7 @@ fn small(node: &str, signer: &'static str) -> Result<Shape> {
 
 /// A serving CSR for `node` with enough names to be several times the
 /// size limit (the API server takes it: it only parses it).
-fn oversized_request(node: &str) -> Result<String> {
+pub(crate) fn oversized_request(node: &str) -> Result<String> {
     let dns = (0..2500)
         .map(|i| format!("name-{i:05}-padding-padding-padding.{node}"))
         .collect();
