@@ -326,9 +326,10 @@ pub struct Scrape {
 
 /// Series the server exports only once a fleet event happened (a rollout
 /// put back, a node smaller than its NodeClaim): a scrape after a join has
-/// none of them. The rules that use them are checked against the scrapes of
-/// the tests that cause those events (`rollout::`, `capacity::`), through
-/// [`rules_missing_from`]; the alerts test checks every other rule.
+/// none of them. The rules and dashboard queries that use them are checked
+/// against the scrapes of the tests that cause those events (`rollout::`,
+/// `capacity::`), through [`rules_missing_from`]; the alerts test checks
+/// every other rule and query.
 pub const AFTER_FLEET_EVENTS: &[&str] = &[
     "autonode_rollouts_reverted_total",
     "autonode_capacity_shortfalls_total",
@@ -337,13 +338,46 @@ pub const AFTER_FLEET_EVENTS: &[&str] = &[
 /// The alerting rules' file, as the chart ships it, from the repository.
 pub const RULES_FILE: &str = "packaging/helm/autonode-server/files/prometheus-rules.yaml";
 
+/// The Grafana dashboard, as the chart ships it, from the repository.
+pub const DASHBOARD_FILE: &str = "packaging/helm/autonode-server/files/grafana-dashboard.json";
+
 /// [`RULES_FILE`]'s text.
 pub fn read_rules() -> anyhow::Result<String> {
+    read_repo_file(RULES_FILE)
+}
+
+/// A file of the repository, by its path there.
+fn read_repo_file(relative: &str) -> anyhow::Result<String> {
     use anyhow::Context as _;
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("..")
-        .join(RULES_FILE);
+        .join(relative);
     std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))
+}
+
+/// Every query (`expr`) of a Grafana dashboard's JSON text.
+pub fn dashboard_exprs(dashboard: &str) -> anyhow::Result<Vec<String>> {
+    let dashboard: serde_json::Value = serde_json::from_str(dashboard)?;
+    let mut exprs = Vec::new();
+    collect_strings(&dashboard, "expr", &mut exprs);
+    Ok(exprs)
+}
+
+/// Every string value under `key` anywhere in `value`.
+pub fn collect_strings(value: &serde_json::Value, key: &str, into: &mut Vec<String>) {
+    use serde_json::Value;
+    match value {
+        Value::Object(map) => {
+            for (k, v) in map {
+                match v.as_str() {
+                    Some(s) if k == key => into.push(s.to_string()),
+                    _ => collect_strings(v, key, into),
+                }
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|v| collect_strings(v, key, into)),
+        _ => {}
+    }
 }
 
 /// Every rule's `expr` in a Prometheus rule file's text.
@@ -365,27 +399,36 @@ pub fn rule_exprs(rules: &str) -> anyhow::Result<Vec<String>> {
 }
 
 /// What `scrape_text` lacks of the names and matcher values in the rules
-/// (of [`RULES_FILE`]'s text `rules`) that use `metric`, one line each; an error when no rule
-/// uses it, so a renamed metric cannot pass by being asked for by none.
+/// (of [`RULES_FILE`]'s text `rules`) and the dashboard's queries
+/// ([`DASHBOARD_FILE`]) that use `metric`, one line each; an error when no
+/// rule or no query uses it, so a renamed metric cannot pass by being asked
+/// for by none.
 pub fn rules_missing_from(
     scrape_text: &str,
     rules: &str,
     metric: &str,
 ) -> anyhow::Result<Vec<String>> {
     let scrape = Scrape::parse(scrape_text)?;
+    let dashboard = dashboard_exprs(&read_repo_file(DASHBOARD_FILE)?)?;
     let mut missing = Vec::new();
-    let mut using = 0;
-    for expr in rule_exprs(rules)? {
-        let used = names(&expr)?;
-        if !used.metrics.contains_key(metric) {
-            continue;
+    for (what, exprs) in [("rule", rule_exprs(rules)?), ("dashboard query", dashboard)] {
+        let mut using = 0;
+        for expr in exprs {
+            let used = names(&expr)?;
+            if !used.metrics.contains_key(metric) {
+                continue;
+            }
+            using += 1;
+            let mut lines = scrape.missing(&used, &[]);
+            lines.extend(scrape.missing_values(&used, &[]));
+            missing.extend(
+                lines
+                    .into_iter()
+                    .map(|l| format!("{l}\n    in {what} {expr}")),
+            );
         }
-        using += 1;
-        let mut lines = scrape.missing(&used, &[]);
-        lines.extend(scrape.missing_values(&used, &[]));
-        missing.extend(lines.into_iter().map(|l| format!("{l}\n    in {expr}")));
+        anyhow::ensure!(using > 0, "no {what} uses {metric}");
     }
-    anyhow::ensure!(using > 0, "no rule uses {metric}");
     Ok(missing)
 }
 

@@ -29,7 +29,7 @@ use std::process::Command;
 use std::time::Duration;
 
 const RULES: &str = promql::RULES_FILE;
-const DASHBOARD: &str = "packaging/helm/autonode-server/files/grafana-dashboard.json";
+const DASHBOARD: &str = promql::DASHBOARD_FILE;
 const RUNBOOK: &str = "docs/operations.md";
 const RUNBOOK_URL: &str = "https://github.com/autonode/autonode/blob/main/docs/operations.md#";
 /// Labels Prometheus attaches when it scrapes: the unit tests' input
@@ -174,32 +174,16 @@ fn the_dashboard_takes_its_data_source_from_a_variable() -> Result<()> {
         "no `datasource` variable"
     );
     let mut uids = Vec::new();
-    collect(&dashboard, "uid", &mut uids);
+    promql::collect_strings(&dashboard, "uid", &mut uids);
     let foreign: Vec<_> = uids
         .iter()
         .filter(|u| *u != "${datasource}" && *u != "autonode-server")
         .collect();
     ensure!(foreign.is_empty(), "hard-coded UIDs: {foreign:?}");
     let mut exprs = Vec::new();
-    collect(&dashboard, "expr", &mut exprs);
+    promql::collect_strings(&dashboard, "expr", &mut exprs);
     ensure!(exprs.len() >= 10, "only {} queries", exprs.len());
     Ok(())
-}
-
-/// Every string value under `key` anywhere in `value`.
-fn collect(value: &Json, key: &str, into: &mut Vec<String>) {
-    match value {
-        Json::Object(map) => {
-            for (k, v) in map {
-                match v.as_str() {
-                    Some(s) if k == key => into.push(s.to_string()),
-                    _ => collect(v, key, into),
-                }
-            }
-        }
-        Json::Array(items) => items.iter().for_each(|v| collect(v, key, into)),
-        _ => {}
-    }
 }
 
 /// What in `exprs` `scrape` does not have, each line naming its
@@ -265,10 +249,7 @@ fn rule_test_exprs() -> Result<Vec<String>> {
 
 /// The dashboard's queries.
 fn dashboard_exprs() -> Result<Vec<String>> {
-    let dashboard: Json = serde_json::from_str(&read(DASHBOARD)?)?;
-    let mut exprs = Vec::new();
-    collect(&dashboard, "expr", &mut exprs);
-    Ok(exprs)
+    promql::dashboard_exprs(&read(DASHBOARD)?)
 }
 
 /// The metrics `exprs` use, together.
