@@ -277,7 +277,11 @@ pub fn expand_config_file<C: CommandFactory>(args: Vec<OsString>) -> Result<Vec<
     for (key, value) in table {
         let arg = serve
             .get_arguments()
-            .find(|a| a.get_long() == Some(key.as_str()) && key != "config")
+            // Neither names a setting: the file itself, the check-only mode.
+            .find(|a| {
+                a.get_long() == Some(key.as_str())
+                    && !["config", "check-config"].contains(&key.as_str())
+            })
             .with_context(|| format!("{}: unknown setting `{key}`", path.display()))?;
         if arg
             .get_env()

@@ -647,6 +647,32 @@ fn check_config_refuses_what_serve_refuses() -> Result<()> {
             .with_context(|| format!("{bad:?} accepted"))?;
         ensure!(refusal.contains(named), "{bad:?}: {refusal}");
     }
+    // A --config file is checked too; the mode itself is no setting of it.
+    let dir = tempfile::tempdir()?;
+    for (toml, refused) in [
+        ("log-format = \"json\"\n", None),
+        ("log-format = \"xml\"\n", Some("--log-format")),
+        (
+            "check-config = true\n",
+            Some("unknown setting `check-config`"),
+        ),
+    ] {
+        let file = dir.path().join("serve.toml");
+        std::fs::write(&file, toml)?;
+        // The chart's --log-format left out: given both ways, clap refuses
+        // the flag as given twice.
+        let mut args: Vec<String> = defaults
+            .iter()
+            .filter(|a| !a.starts_with("--log-format="))
+            .cloned()
+            .collect();
+        args.push(format!("--config={}", file.display()));
+        match (server_accepts(&args)?, refused) {
+            (Ok(()), None) => {}
+            (Err(refusal), Some(named)) if refusal.contains(named) => {}
+            (got, _) => bail!("{toml:?}: {got:?}"),
+        }
+    }
     Ok(())
 }
 
