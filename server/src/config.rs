@@ -257,9 +257,11 @@ impl ServeArgs {
     }
 }
 
-/// Expands `--config FILE` into flags placed before the real arguments, so
-/// real flags win; keys whose environment variable is set are skipped, so
-/// the environment wins over the file.
+/// Expands `--config FILE` into flags placed before the real arguments.
+/// A key whose flag is also on the command line, or whose environment
+/// variable is set, is skipped: flags win over the environment, and both
+/// over the file. (Splicing both would not let the later win: clap refuses
+/// a single-valued flag given twice.)
 pub fn expand_config_file<C: CommandFactory>(args: Vec<OsString>) -> Result<Vec<OsString>> {
     let Some(path) = config_path(&args) else {
         return Ok(args);
@@ -283,9 +285,10 @@ pub fn expand_config_file<C: CommandFactory>(args: Vec<OsString>) -> Result<Vec<
                     && !["config", "check-config"].contains(&key.as_str())
             })
             .with_context(|| format!("{}: unknown setting `{key}`", path.display()))?;
-        if arg
-            .get_env()
-            .is_some_and(|env| std::env::var_os(env).is_some())
+        if given_as_flag(&args, &key)
+            || arg
+                .get_env()
+                .is_some_and(|env| std::env::var_os(env).is_some())
         {
             continue;
         }
@@ -302,6 +305,18 @@ pub fn expand_config_file<C: CommandFactory>(args: Vec<OsString>) -> Result<Vec<
     let mut out = args;
     out.splice(at..at, injected);
     Ok(out)
+}
+
+/// Whether `--key` (or `--key=…`) is among the arguments.
+fn given_as_flag(args: &[OsString], key: &str) -> bool {
+    let flag = format!("--{key}");
+    args.iter().any(|arg| {
+        let text = arg.to_string_lossy();
+        text == flag.as_str()
+            || text
+                .strip_prefix(flag.as_str())
+                .is_some_and(|rest| rest.starts_with('='))
+    })
 }
 
 fn config_path(args: &[OsString]) -> Option<PathBuf> {

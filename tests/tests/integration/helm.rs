@@ -659,8 +659,7 @@ fn check_config_refuses_what_serve_refuses() -> Result<()> {
     ] {
         let file = dir.path().join("serve.toml");
         std::fs::write(&file, toml)?;
-        // The chart's --log-format left out: given both ways, clap refuses
-        // the flag as given twice.
+        // The chart's --log-format left out, so the file's is the one read.
         let mut args: Vec<String> = defaults
             .iter()
             .filter(|a| !a.starts_with("--log-format="))
@@ -671,6 +670,23 @@ fn check_config_refuses_what_serve_refuses() -> Result<()> {
             (Ok(()), None) => {}
             (Err(refusal), Some(named)) if refusal.contains(named) => {}
             (got, _) => bail!("{toml:?}: {got:?}"),
+        }
+    }
+    // Given both ways, the flag wins and the file's value is never parsed:
+    // the chart's valid --log-format over a file's invalid one is accepted,
+    // an invalid flag over a file's valid one refused.
+    let file = dir.path().join("serve.toml");
+    for (toml, flag, refused) in [
+        ("log-format = \"xml\"\n", "--log-format=json", false),
+        ("log-format = \"json\"\n", "--log-format=xml", true),
+    ] {
+        std::fs::write(&file, toml)?;
+        let mut args = with(&[flag]);
+        args.push(format!("--config={}", file.display()));
+        match server_accepts(&args)? {
+            Ok(()) if !refused => {}
+            Err(refusal) if refused && refusal.contains("--log-format") => {}
+            got => bail!("{toml:?} with {flag}: {got:?}"),
         }
     }
     Ok(())
