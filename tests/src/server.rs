@@ -306,8 +306,15 @@ impl TestServer {
             format!("--ec2-endpoint={}", cloud.ec2_endpoint),
             format!("--allowed-accounts={}", cloud.accounts.join(",")),
             format!("--allowed-regions={}", cloud.regions.join(",")),
-            "--csr-timeout=30".to_string(),
         ];
+        // Unless the test sets its own (the flag may be given once).
+        if !setup
+            .extra_args
+            .iter()
+            .any(|a| a.starts_with("--csr-timeout"))
+        {
+            args.push("--csr-timeout=30".to_string());
+        }
         args.extend_from_slice(setup.extra_args);
         let daemon = Daemon::spawn_with_env(
             "autonode-server",
