@@ -575,3 +575,66 @@ async fn the_token_secret_of_the_docs_runs_the_server() -> Result<()> {
     );
     Ok(())
 }
+
+/// The README's commands that build the server's kubeconfig (Installing,
+/// step 3), run as written against a real API server (its admin kubeconfig
+/// for `--context guest`, its URL for the placeholder), with the project's
+/// kubectl: the kubeconfig they make authenticates as the server's
+/// ServiceAccount, granted what the guest RBAC grants and nothing else.
+#[tokio::test]
+async fn the_readmes_kubeconfig_commands_make_the_servers_kubeconfig() -> Result<()> {
+    let cp = ControlPlane::start().await?;
+    GuestRbac::default().apply(&cp.admin().await?).await?;
+    let repo = guest_dir().join("../..");
+    let readme = std::fs::read_to_string(repo.join("README.md"))?;
+    let first = "   kubectl --context guest apply -f packaging/guest/server-token.yaml";
+    let block = readme
+        .split_once(first)
+        .and_then(|(_, rest)| rest.split_once("   ```"))
+        .map(|(block, _)| format!("{first}{block}"))
+        .context("README.md: no kubeconfig commands in Installing, step 3")?;
+    let admin = format!("--kubeconfig={}", cp.admin_kubeconfig().display());
+    let script = block
+        .replace("--context guest", &admin)
+        .replace("https://API-SERVER:6443", cp.url());
+    let kube = autonode_tests::controlplane::kube_bin_dir()?;
+    let dir = tempfile::tempdir()?;
+    let path = format!("{}:{}", kube.display(), std::env::var("PATH")?);
+    let run = |args: &[&str]| -> Result<String> {
+        let out = std::process::Command::new(args[0])
+            .args(&args[1..])
+            .current_dir(&repo)
+            .env("PATH", &path)
+            .env("HOME", dir.path())
+            .output()?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        ensure!(
+            out.status.success(),
+            "{args:?}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(text)
+    };
+    let kubeconfig = dir.path().join("guest.kubeconfig");
+    let script = script.replace("guest.kubeconfig", &kubeconfig.to_string_lossy());
+    let script = script.replace("guest-ca.crt", &dir.path().join("ca.crt").to_string_lossy());
+    run(&["timeout", "60", "bash", "-euo", "pipefail", "-c", &script])?;
+    let can_i = |verb: &str, resource: &str| -> Result<bool> {
+        let kubeconfig = kubeconfig.to_string_lossy();
+        let args = ["auth", "can-i", verb, resource];
+        let out = std::process::Command::new(kube.join("kubectl"))
+            .arg(format!("--kubeconfig={kubeconfig}"))
+            .args(args)
+            .output()?;
+        Ok(String::from_utf8_lossy(&out.stdout).trim() == "yes")
+    };
+    ensure!(
+        can_i("patch", "nodeclaims.karpenter.sh")?,
+        "the kubeconfig is not the server's"
+    );
+    ensure!(
+        !can_i("delete", "nodes")?,
+        "the kubeconfig has more than the guest RBAC"
+    );
+    Ok(())
+}
