@@ -446,8 +446,11 @@ pub struct Selected {
 /// 1. `--imds-endpoint`, then `$AWS_EC2_METADATA_SERVICE_ENDPOINT`: an
 ///    explicit endpoint wins over any mode, as in the SDKs;
 /// 2. the mode from `--imds-endpoint-mode`, then `[options]
-///    imds-endpoint-mode` (the config wins over the environment), then
-///    `$AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE`;
+///    imds-endpoint-mode`, then `$AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE`:
+///    the config wins over the environment, unlike the SDKs' shared config
+///    file, because it is the agent's own file, baked into the AMI for it,
+///    while the environment may be meant for other programs; as for the
+///    agent's proxy settings;
 /// 3. IPv4.
 ///
 /// Empty environment variables count as unset. `env` looks a variable up.
@@ -622,7 +625,8 @@ mod tests {
             (chosen.endpoint.as_str(), chosen.reason.as_str()),
             ("http://127.0.0.1:9", ENDPOINT_ENV)
         );
-        // Modes: flag, then config, then environment; any case.
+        // Modes: flag, then config, then environment (the config first,
+        // unlike the SDKs: see select_endpoint); any case.
         let modes = [(ENDPOINT_MODE_ENV, "IPV6")];
         assert_eq!(
             select(None, Some("ipv4"), v6, &modes).endpoint,

@@ -179,16 +179,28 @@ pub fn judge(
 /// only when the judgement is unchanged. A binding that appeared meanwhile
 /// for the same keys is the same agent's concurrent attempt: this one is
 /// left to its retry, which resumes it.
+///
+/// `reported` are added to the [`marks::REPORTED`] mark in the same write
+/// (a new binding is the attested milestone). Returns the NodeClaim as
+/// written.
 pub async fn write(
     claims: &NodeClaims,
     claim: &NodeClaim,
     record: &Record,
     resuming: bool,
-) -> Result<(), BindingError> {
+    reported: &[&str],
+) -> Result<NodeClaim, BindingError> {
     let name = claim.metadata.name.clone().unwrap_or_default();
     let version = claim.metadata.resource_version.as_deref();
-    match claims.write_binding(&name, version, record).await {
-        Ok(()) => return Ok(()),
+    let mark = |over: &NodeClaim| {
+        (!reported.is_empty())
+            .then(|| marks::with_reported(marks::reported(&over.metadata), reported))
+    };
+    match claims
+        .write_binding(&name, version, record, mark(claim).as_deref())
+        .await
+    {
+        Ok(written) => return Ok(written),
         Err(kube::Error::Api(status)) if status.code == 409 => {}
         Err(e) => return Err(e.into()),
     }
@@ -205,8 +217,10 @@ pub async fn write(
         return Err(BindingError::Changed(name));
     }
     let version = fresh.metadata.resource_version.as_deref();
-    claims.write_binding(&name, version, record).await?;
-    Ok(())
+    let written = claims
+        .write_binding(&name, version, record, mark(&fresh).as_deref())
+        .await?;
+    Ok(written)
 }
 
 /// The first 16 hex digits of a fingerprint, for messages.

@@ -17,7 +17,9 @@
 //!
 //! Milestones (Node registered, Node Ready) become Events and latency
 //! observations once each; an annotation records which were reported so a
-//! restarted or new leader does not report them again. Each is timed when
+//! restarted or new leader does not report them again. The join records
+//! its own two (attested, certificates) in the same annotation, and
+//! [`pending`] decides for both which are still to report. Each is timed when
 //! it happened, not when it was seen: registered at the Node's creation,
 //! Ready at its Ready condition's last transition. A kubelet can report
 //! Ready within a second of registering, inside the debounce, so the
@@ -276,40 +278,74 @@ async fn assert_condition(
     claims.write_conditions(claim, &conditions).await
 }
 
-/// A milestone this controller reports, in the order they happen.
+/// A bootstrap milestone, in the order they happen. The join reports the
+/// first two (it alone sees them happen), this controller the others; all
+/// are recorded in the one [`marks::REPORTED`] mark, and [`pending`]
+/// decides for both which are still to report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Milestone {
+    /// The instance attested and bound to its NodeClaim.
+    Attested,
+    /// Its certificates issued.
+    Certificates,
     Registered,
     Ready,
 }
 
 impl Milestone {
     /// Every milestone, in order.
-    const ALL: [Milestone; 2] = [Milestone::Registered, Milestone::Ready];
+    const ALL: [Milestone; 4] = [
+        Milestone::Attested,
+        Milestone::Certificates,
+        Milestone::Registered,
+        Milestone::Ready,
+    ];
 
     /// Its name in the [`marks::REPORTED`] mark and the metric's label.
     pub fn name(self) -> &'static str {
         match self {
+            Milestone::Attested => "attested",
+            Milestone::Certificates => "certificates",
             Milestone::Registered => "registered",
             Milestone::Ready => "ready",
         }
     }
 
-    /// Its Event: reason and note.
-    fn event(self) -> (&'static str, &'static str) {
+    /// Its Event, reason and note, for those this controller reports (the
+    /// join's own Event covers the others).
+    fn event(self) -> Option<(&'static str, &'static str)> {
         match self {
-            Milestone::Registered => ("NodeRegistered", "kubelet registered the Node"),
-            Milestone::Ready => ("NodeReady", "the Node is Ready"),
+            Milestone::Attested | Milestone::Certificates => None,
+            Milestone::Registered => Some(("NodeRegistered", "kubelet registered the Node")),
+            Milestone::Ready => Some(("NodeReady", "the Node is Ready")),
         }
     }
 
-    /// Whether a machine at `stage` has passed it.
+    /// Whether this controller sees a machine at `stage` past it. Never
+    /// for the join's milestones: only the join knows when they happened.
     fn reached(self, stage: Stage) -> bool {
         match self {
+            Milestone::Attested | Milestone::Certificates => false,
             Milestone::Registered => matches!(stage, Stage::Registered | Stage::Ready),
             Milestone::Ready => stage == Stage::Ready,
         }
     }
+}
+
+/// Of `candidates`, those still to report given the [`marks::REPORTED`]
+/// mark `reported`: not in it, and not before one already in it, which
+/// would come out of order and late (a milestone a former leader, or an
+/// older server, did not report).
+pub fn pending(reported: &str, candidates: &[Milestone]) -> Vec<Milestone> {
+    let done: Vec<Milestone> = Milestone::ALL
+        .into_iter()
+        .filter(|m| reported.split(',').any(|r| r == m.name()))
+        .collect();
+    candidates
+        .iter()
+        .copied()
+        .filter(|m| done.iter().all(|d| d < m))
+        .collect()
 }
 
 /// When a Node's milestones happened, as it records them.
@@ -348,21 +384,21 @@ pub fn due(
     times: NodeTimes,
     now: Timestamp,
 ) -> Vec<(Milestone, Option<f64>)> {
-    let done: Vec<Milestone> = Milestone::ALL
-        .into_iter()
-        .filter(|m| reported.split(',').any(|r| r == m.name()))
-        .collect();
     let registered = times.registered.unwrap_or(now);
     let ready = times.ready.unwrap_or(now).max(registered);
     let since =
         |at: Timestamp| created.map(|created| at.duration_since(created).as_secs_f64().max(0.0));
-    Milestone::ALL
+    let reached: Vec<Milestone> = Milestone::ALL
         .into_iter()
-        .filter(|m| m.reached(stage) && done.iter().all(|d| d < m))
+        .filter(|m| m.reached(stage))
+        .collect();
+    pending(reported, &reached)
+        .into_iter()
         .map(|m| {
             let at = match m {
-                Milestone::Registered => registered,
                 Milestone::Ready => ready,
+                // Registered; the join's milestones are never reached here.
+                _ => registered,
             };
             (m, since(at))
         })
@@ -379,13 +415,7 @@ async fn report_milestones(
     node: Option<&Node>,
     ctx: &Context,
 ) -> Result<Option<NodeClaim>, kube::Error> {
-    let reported = claim
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(marks::REPORTED))
-        .map(String::as_str)
-        .unwrap_or_default();
+    let reported = marks::reported(&claim.metadata);
     let created = claim.metadata.creation_timestamp.as_ref().map(|t| t.0);
     let times = node.map(NodeTimes::of).unwrap_or_default();
     let due = due(stage, reported, created, times, Timestamp::now());
@@ -395,21 +425,21 @@ async fn report_milestones(
     }
     // Marked before reported: a failed write reports nothing, and the
     // retry reports it all; a report is never made twice.
-    let mut all: Vec<&str> = reported.split(',').filter(|m| !m.is_empty()).collect();
-    all.extend(due.iter().map(|(m, _)| m.name()));
+    let mut more: Vec<&str> = due.iter().map(|(m, _)| m.name()).collect();
     if compare.is_some() {
-        all.push(capacity::CHECKED);
+        more.push(capacity::CHECKED);
     }
     let written = ctx
         .claims
-        .mark_reported(&claim.name_any(), &all.join(","))
+        .mark_reported(&claim.name_any(), &marks::with_reported(reported, &more))
         .await?;
     for (milestone, seconds) in due {
         if let Some(seconds) = seconds {
             ctx.metrics.observe_phase(milestone.name(), seconds);
         }
-        let (reason, note) = milestone.event();
-        ctx.events.normal(claim, reason, note.to_string());
+        if let Some((reason, note)) = milestone.event() {
+            ctx.events.normal(claim, reason, note.to_string());
+        }
     }
     if let Some(node) = compare {
         ctx.capacity
@@ -502,6 +532,19 @@ mod tests {
         for stage in [Stage::Attested, Stage::Failed] {
             assert!(due(stage, "", Some(at(0)), times, now).is_empty());
         }
+    }
+
+    #[test]
+    fn the_joins_milestones_are_pending_once_and_never_after_a_later_one() {
+        let both = [Milestone::Attested, Milestone::Certificates];
+        assert_eq!(pending("", &both), both);
+        assert_eq!(pending("attested", &both), [Milestone::Certificates]);
+        assert!(pending("attested,certificates", &both).is_empty());
+        // An older server bound it and kubelet registered: too late now.
+        assert!(pending("registered", &both).is_empty());
+        // Never reported by this controller, whatever the stage.
+        let due = due(Stage::Ready, "", None, NodeTimes::default(), at(0));
+        assert_eq!(names(&due), ["registered", "ready"]);
     }
 
     #[test]

@@ -74,6 +74,28 @@ pub const HOLD_ANNOTATION: &str = "autonode.dev/hold";
 /// more: each new value is one retry. Set by operators, read by autonode.
 pub const RETRY_ANNOTATION: &str = "autonode.dev/retry-rollout";
 
+/// The [`REPORTED`] mark on `meta`: the milestones (and checks) already
+/// reported, comma-separated; empty when there is none.
+pub fn reported(meta: &ObjectMeta) -> &str {
+    meta.annotations
+        .as_ref()
+        .and_then(|a| a.get(REPORTED))
+        .map(String::as_str)
+        .unwrap_or_default()
+}
+
+/// The [`REPORTED`] mark `reported` with each of `more` added once, in the
+/// order given after those it had.
+pub fn with_reported(reported: &str, more: &[&str]) -> String {
+    let mut all: Vec<&str> = reported.split(',').filter(|m| !m.is_empty()).collect();
+    for name in more {
+        if !all.contains(name) {
+            all.push(name);
+        }
+    }
+    all.join(",")
+}
+
 /// Patch parameters for every write of a mark: names [`FIELD_MANAGER`].
 pub fn patch_params() -> PatchParams {
     PatchParams {
@@ -184,6 +206,18 @@ mod tests {
             ]),
         );
         assert_eq!(keep_own(&mut m), vec![REPORTED]);
+    }
+
+    #[test]
+    fn reported_names_are_added_once_in_order() {
+        assert_eq!(with_reported("", &["attested"]), "attested");
+        assert_eq!(
+            with_reported("attested", &["attested", "certificates"]),
+            "attested,certificates"
+        );
+        let m = meta(json!({REPORTED: "registered"}), json!(null));
+        assert_eq!(reported(&m), "registered");
+        assert_eq!(reported(&ObjectMeta::default()), "");
     }
 
     #[test]

@@ -100,26 +100,32 @@ impl NodeClaims {
         Ok(claim)
     }
 
-    /// Writes `record` as `name`'s binding, only if the NodeClaim is still
+    /// Writes `record` as `name`'s binding, and `reported` as its
+    /// [`marks::REPORTED`] mark when given, only if the NodeClaim is still
     /// at `resource_version` (the API server answers 409 otherwise).
+    /// Returns the NodeClaim as written, with only autonode's own marks.
     pub async fn write_binding(
         &self,
         name: &str,
         resource_version: Option<&str>,
         record: &Record,
-    ) -> Result<(), kube::Error> {
+        reported: Option<&str>,
+    ) -> Result<NodeClaim, kube::Error> {
         let value = serde_json::to_string(record).map_err(kube::Error::SerdeError)?;
+        let mut annotations = serde_json::json!({ marks::BINDING: value });
+        if let Some(reported) = reported {
+            annotations[marks::REPORTED] = reported.into();
+        }
         // A merge patch with metadata.resourceVersion is a precondition.
         let patch = serde_json::json!({
             "metadata": {
                 "resourceVersion": resource_version,
-                "annotations": { marks::BINDING: value },
+                "annotations": annotations,
             }
         });
-        self.api
-            .patch(name, &marks::patch_params(), &Patch::Merge(&patch))
-            .await
-            .map(|_| ())
+        let mut written = self.merge(name, &patch).await?;
+        strip(&mut written);
+        Ok(written)
     }
 
     /// Deletes a NodeClaim whose machine failed to bootstrap, so Karpenter
@@ -159,6 +165,25 @@ impl NodeClaims {
     ) -> Result<NodeClaim, kube::Error> {
         let patch = serde_json::json!({"metadata": {"annotations": {marks::REPORTED: reported}}});
         self.merge(name, &patch).await
+    }
+
+    /// [`NodeClaims::mark_reported`], only if `claim` is still at the
+    /// version it was read at (the API server answers 409 otherwise), for
+    /// a writer that read the mark from it. Returns the NodeClaim as
+    /// written, with only autonode's own marks.
+    pub async fn mark_reported_over(
+        &self,
+        claim: &NodeClaim,
+        reported: &str,
+    ) -> Result<NodeClaim, kube::Error> {
+        let patch = serde_json::json!({"metadata": {
+            "resourceVersion": claim.metadata.resource_version,
+            "annotations": {marks::REPORTED: reported},
+        }});
+        let name = claim.metadata.name.as_deref().unwrap_or_default();
+        let mut written = self.merge(name, &patch).await?;
+        strip(&mut written);
+        Ok(written)
     }
 
     /// Writes `claim`'s status conditions as `conditions`, through the

@@ -27,6 +27,15 @@ pub fn nodeclaims(client: &Client) -> Api<DynamicObject> {
     Api::all_with(client.clone(), &nodeclaim_resource())
 }
 
+/// The annotations of NodeClaim `name` as the API server has them now.
+pub async fn annotations(
+    client: &Client,
+    name: &str,
+) -> Result<std::collections::BTreeMap<String, String>> {
+    let claim = nodeclaims(client).get(name).await?;
+    Ok(claim.metadata.annotations.unwrap_or_default())
+}
+
 /// The field manager Karpenter's writes are recorded under here.
 pub const FIELD_MANAGER: &str = "karpenter";
 

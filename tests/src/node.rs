@@ -204,11 +204,15 @@ fn write_kubelet_unit(root: &Path) -> Result<()> {
         "[Unit]\nDescription=kubelet\n\n[Service]\nExecStart=/usr/bin/kubelet\n\n[Install]\nWantedBy=multi-user.target\n",
     )?;
     // The agent asks kubelet its version (`kubelet --version`) to know
-    // where its settings go: this one is the harness's.
+    // where its settings go: this one answers with the harness's kubelet's
+    // (AUTONODE_KUBE_BIN's, when set), so newer binaries take the agent's
+    // branch for them.
     use std::os::unix::fs::PermissionsExt;
+    let real = crate::controlplane::kube_bin_dir()?.join("kubelet");
+    let version = crate::controlplane::binary_version(&real)?;
     let kubelet = root.join("usr/bin/kubelet");
     std::fs::create_dir_all(root.join("usr/bin"))?;
-    std::fs::write(&kubelet, "#!/bin/sh\necho Kubernetes v1.20.2\n")?;
+    std::fs::write(&kubelet, format!("#!/bin/sh\necho Kubernetes {version}\n"))?;
     std::fs::set_permissions(&kubelet, std::fs::Permissions::from_mode(0o755))?;
     Ok(())
 }

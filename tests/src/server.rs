@@ -11,7 +11,7 @@ use crate::pki::Ca;
 use crate::process::Daemon;
 use anyhow::{bail, Context, Result};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
 use kube::discovery::{pinned_kind, Scope};
@@ -45,6 +45,13 @@ pub const GUEST_RBAC_FILES: [(&str, &str); 5] = [
 ];
 /// `packaging/guest/kustomization.yaml`: the files the default flags need.
 pub const GUEST_KUSTOMIZATION: &str = include_str!("../../packaging/guest/kustomization.yaml");
+/// `packaging/guest/server-token.yaml`: the optional Secret the token
+/// controller fills with a long-lived token for the server's
+/// ServiceAccount. Not RBAC, and not in the kustomization.
+pub const GUEST_TOKEN_SECRET: (&str, &str) = (
+    "server-token.yaml",
+    include_str!("../../packaging/guest/server-token.yaml"),
+);
 /// The namespace and name of the server's ServiceAccount in that manifest.
 pub const SERVER_SERVICE_ACCOUNT: (&str, &str) = ("autonode-system", "autonode-server");
 
@@ -175,6 +182,20 @@ pub struct Setup<'a> {
     /// (the Helm chart's rendering); it must create the server's
     /// ServiceAccount. `rbac` is then unused.
     pub rbac_manifest: Option<&'a str>,
+    /// Where the server's token comes from.
+    pub token: ServerToken,
+}
+
+/// How the harness gets the server's ServiceAccount token.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ServerToken {
+    /// The TokenRequest API (works on every version; what most tests use).
+    #[default]
+    Requested,
+    /// The documented long-lived path: `packaging/guest/server-token.yaml`
+    /// applied, its Secret filled in by kube-controller-manager's token
+    /// controller ([`GUEST_TOKEN_SECRET`]).
+    Secret,
 }
 
 impl Default for Setup<'_> {
@@ -186,6 +207,7 @@ impl Default for Setup<'_> {
             wait_ready: true,
             rbac: None,
             rbac_manifest: None,
+            token: ServerToken::Requested,
         }
     }
 }
@@ -241,7 +263,10 @@ impl TestServer {
                 .context("applying the test's guest RBAC manifest")?,
             None => rbac.apply(&admin).await?,
         }
-        let token = service_account_token(&admin, SERVER_SERVICE_ACCOUNT).await?;
+        let token = match setup.token {
+            ServerToken::Requested => service_account_token(&admin, SERVER_SERVICE_ACCOUNT).await?,
+            ServerToken::Secret => secret_token(&admin).await?,
+        };
         let dir = tempfile::Builder::new()
             .prefix("autonode-server-")
             .tempdir()?;
@@ -281,8 +306,15 @@ impl TestServer {
             format!("--ec2-endpoint={}", cloud.ec2_endpoint),
             format!("--allowed-accounts={}", cloud.accounts.join(",")),
             format!("--allowed-regions={}", cloud.regions.join(",")),
-            "--csr-timeout=30".to_string(),
         ];
+        // Unless the test sets its own (the flag may be given once).
+        if !setup
+            .extra_args
+            .iter()
+            .any(|a| a.starts_with("--csr-timeout"))
+        {
+            args.push("--csr-timeout=30".to_string());
+        }
         args.extend_from_slice(setup.extra_args);
         let daemon = Daemon::spawn_with_env(
             "autonode-server",
@@ -545,6 +577,31 @@ pub async fn service_account_token(
         .filter(|t| !t.is_empty())
         .with_context(|| format!("no token in the TokenRequest for {namespace}/{name}"))?;
     Ok(token)
+}
+
+/// The token of `packaging/guest/server-token.yaml`'s Secret: applies it
+/// and waits for the token controller to fill it in.
+pub async fn secret_token(client: &Client) -> Result<String> {
+    let (file, text) = GUEST_TOKEN_SECRET;
+    let manifest: Secret = serde_yaml::from_str(text).with_context(|| file.to_string())?;
+    let namespace = manifest.metadata.namespace.as_deref().context(file)?;
+    let name = manifest.metadata.name.as_deref().context(file)?;
+    apply_manifest(client, text)
+        .await
+        .with_context(|| format!("packaging/guest/{file}"))?;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let started = Instant::now();
+    loop {
+        let secret = secrets.get(name).await?;
+        let token = secret.data.as_ref().and_then(|d| d.get("token"));
+        if let Some(token) = token.filter(|t| !t.0.is_empty()) {
+            return String::from_utf8(token.0.clone()).context("the Secret's token is not UTF-8");
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            bail!("the token controller did not fill Secret {namespace}/{name} in 30 s");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 fn write_token_kubeconfig(path: &Path, url: &str, ca_pem: &str, token: &str) -> Result<()> {

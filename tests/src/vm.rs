@@ -674,8 +674,10 @@ mod tests {
                 "Kubernetes v1.20.2",
                 format!("--container-runtime=remote {ENDPOINT} --feature-gates=GracefulNodeShutdown=true"),
             ),
-            ("Kubernetes v1.24.17", format!("--container-runtime=remote {ENDPOINT}")),
-            ("Kubernetes v1.26.15", format!("--container-runtime=remote {ENDPOINT}")),
+            ("Kubernetes v1.23.17", format!("--container-runtime=remote {ENDPOINT}")),
+            // From 1.24 remote is the default, and the flag deprecated.
+            ("Kubernetes v1.24.17", ENDPOINT.to_string()),
+            ("Kubernetes v1.26.15", ENDPOINT.to_string()),
             // From 1.27 the agent puts the endpoint in the configuration.
             ("Kubernetes v1.27.0", String::new()),
             ("kubelet v1.34.1", String::new()),

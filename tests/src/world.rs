@@ -53,16 +53,21 @@ impl World {
     /// certificates also valid for `extra_ips`: where machines that are
     /// not this host (VMs) reach them through forwards.
     pub async fn start_reachable_at(extra_ips: &[IpAddr], server_args: &[String]) -> Result<Self> {
-        let cp = ControlPlane::start_reachable_at(extra_ips).await?;
-        let cloud = FakeCloud::new()?;
-        let ec2 = cloud.start_ec2(REGION)?;
-        let settings = cloud_settings(&cloud, &ec2);
         let setup = Setup {
             extra_args: server_args,
             extra_ips,
             ..Setup::default()
         };
-        let server = TestServer::launch(&cp, &settings, &setup).await?;
+        Self::start_setup(&setup).await
+    }
+
+    /// A world whose server is started as `setup` says.
+    pub async fn start_setup(setup: &Setup<'_>) -> Result<Self> {
+        let cp = ControlPlane::start_reachable_at(setup.extra_ips).await?;
+        let cloud = FakeCloud::new()?;
+        let ec2 = cloud.start_ec2(REGION)?;
+        let settings = cloud_settings(&cloud, &ec2);
+        let server = TestServer::launch(&cp, &settings, setup).await?;
         let joiner = Joiner::new(server.url(), server.ca_pem())?;
         Ok(Self {
             cp,

@@ -4,7 +4,9 @@
 
 use super::{kind, Attested, JoinContext};
 use crate::binding::{self, Binding, BindingError, CsrRef, Keys, Record};
+use crate::feedback::Milestone;
 use crate::issuer::{self, IssueError, IssueRequest};
+use crate::karpenter::NodeClaim;
 use crate::refusal::JoinError;
 use crate::render::NodeFacts;
 use autonode_shared::csr::Purpose;
@@ -14,6 +16,9 @@ use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 /// What a join has ready before anything is approved.
 pub(super) struct Prepared {
     pub(super) binding: Binding,
+    /// The NodeClaim as this join's binding write left it (none when a
+    /// resumed join wrote nothing).
+    pub(super) claim: Option<NodeClaim>,
     pub(super) rendered: (KubeletSettings, serde_json::Value),
     /// The CSR objects, in the order of the requests.
     pub(super) csrs: Vec<CsrObject>,
@@ -57,8 +62,9 @@ pub(super) async fn prepare(
         Err(e) => Err(e.into()),
     };
     match bound {
-        Ok((binding, rendered)) => Ok(Prepared {
+        Ok(((binding, claim), rendered)) => Ok(Prepared {
             binding,
+            claim,
             rendered,
             csrs,
         }),
@@ -111,14 +117,16 @@ async fn abandon_created(ctx: &JoinContext, csrs: &[CsrObject]) {
 }
 
 /// Writes the binding: a new record, or the resumed one naming the objects
-/// this join uses if they are not the recorded ones.
+/// this join uses if they are not the recorded ones. A new one is the
+/// attested milestone, marked reported in the same write (the join
+/// observes it). Returns the NodeClaim as written, if it was.
 async fn record_binding(
     ctx: &JoinContext,
     attested: &Attested,
     keys: Keys<'_>,
     csrs: &[CsrObject],
     existing: Option<Record>,
-) -> Result<Binding, BindingError> {
+) -> Result<(Binding, Option<NodeClaim>), BindingError> {
     let refs: Vec<CsrRef> = csrs
         .iter()
         .zip([Purpose::Client, Purpose::Serving])
@@ -126,11 +134,11 @@ async fn record_binding(
         .collect();
     let claim = &attested.claim;
     match existing {
-        Some(record) if record.csrs == refs => Ok(Binding::Resumed),
+        Some(record) if record.csrs == refs => Ok((Binding::Resumed, None)),
         Some(mut record) => {
             record.csrs = refs;
-            binding::write(&ctx.claims, claim, &record, true).await?;
-            Ok(Binding::Resumed)
+            let written = binding::write(&ctx.claims, claim, &record, true, &[]).await?;
+            Ok((Binding::Resumed, Some(written)))
         }
         None => {
             let record = Record {
@@ -141,8 +149,9 @@ async fn record_binding(
                 serving_key: keys.serving.to_string(),
                 csrs: refs,
             };
-            binding::write(&ctx.claims, claim, &record, false).await?;
-            Ok(Binding::New)
+            let attested = [Milestone::Attested.name()];
+            let written = binding::write(&ctx.claims, claim, &record, false, &attested).await?;
+            Ok((Binding::New, Some(written)))
         }
     }
 }

@@ -41,6 +41,7 @@ mod outcome;
 use crate::binding::{Binding, Keys};
 use crate::ec2::{Ec2Instance, InstanceLookup, LookupError};
 use crate::events::Events;
+use crate::feedback::Milestone;
 use crate::issuer::{IssueError, IssueRequest, Issuer};
 use crate::karpenter::{aws_provider_id, NodeClaim};
 use crate::marks;
@@ -208,6 +209,8 @@ async fn grant(
     } = admitted;
     let attested = attest(ctx, doc, provider_id, matches, steps).await?;
     check_csrs(&client_csr, &serving_csr, &attested)?;
+    // The attested milestone's time: the machine is what it says it is.
+    let attested_at = nodeclaim::age_seconds(&attested.claim);
     let requests = [
         issue_request(&attested, &request.client_csr, &client_csr, Purpose::Client),
         issue_request(
@@ -229,14 +232,21 @@ async fn grant(
     steps.done("prepare");
     let binding = prepared.binding;
     if binding == Binding::New {
-        outcome::milestone(ctx, &attested.claim, "attested");
+        // Marked reported by the binding's own write.
+        outcome::milestone(ctx, Milestone::Attested, attested_at);
     }
     let certificates = approve(ctx, &requests, prepared.csrs).await?;
     steps.done("certificates");
+    let certified_at = nodeclaim::age_seconds(&attested.claim);
+    // Once per NodeClaim, whichever join gets here first: a join resumed
+    // after one that failed at approval records them now.
+    let claim = prepared.claim.as_ref().unwrap_or(&attested.claim);
+    let timed = [
+        (Milestone::Attested, attested_at),
+        (Milestone::Certificates, certified_at),
+    ];
+    outcome::milestones(ctx, claim, &timed).await;
     let response = answer(ctx, &attested, certificates, prepared.rendered);
-    if binding == Binding::New {
-        outcome::milestone(ctx, &attested.claim, "certificates");
-    }
     Ok(Granted { response, binding })
 }
 

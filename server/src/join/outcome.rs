@@ -6,7 +6,9 @@
 
 use super::{Granted, JoinContext};
 use crate::binding::{self, Binding, BindingRefusal};
+use crate::feedback::{self, Milestone};
 use crate::karpenter::NodeClaim;
+use crate::marks;
 use crate::metrics::JoinLabels;
 use crate::refusal::{JoinError, Refusal};
 use std::sync::Arc;
@@ -55,10 +57,60 @@ pub(super) fn record(
     ctx.metrics.joins.get_or_create(&labels).inc();
 }
 
-/// Records a bootstrap milestone's latency from the NodeClaim's creation.
-pub(super) fn milestone(ctx: &JoinContext, claim: &NodeClaim, milestone: &'static str) {
-    if let Some(age) = crate::nodeclaim::age_seconds(claim) {
-        ctx.metrics.observe_phase(milestone, age);
+/// Records a bootstrap milestone's latency from the NodeClaim's creation
+/// (`seconds`, taken when it happened; `None` when the creation is not
+/// known).
+pub(super) fn milestone(ctx: &JoinContext, milestone: Milestone, seconds: Option<f64>) {
+    if let Some(seconds) = seconds {
+        ctx.metrics.observe_phase(milestone.name(), seconds);
+    }
+}
+
+/// Records those of the join's `timed` milestones that the NodeClaim's
+/// [`marks::REPORTED`] mark does not have yet ([`feedback::pending`]
+/// decides, as for the feedback controller's): first marked, only on the
+/// version of `claim` the mark was read from (on a conflict, judged and
+/// written once more on a fresh read), then observed, each at its own
+/// time. So a join resumed after one that failed before its end records
+/// what that one could not, and a join resumed after a granted one
+/// records nothing again. A failed write records nothing (logged).
+pub(super) async fn milestones(
+    ctx: &JoinContext,
+    claim: &NodeClaim,
+    timed: &[(Milestone, Option<f64>)],
+) {
+    let candidates: Vec<Milestone> = timed.iter().map(|(m, _)| *m).collect();
+    let mut fresh = None;
+    for attempt in 0..2 {
+        let current = fresh.as_ref().unwrap_or(claim);
+        let reported = marks::reported(&current.metadata);
+        let due = feedback::pending(reported, &candidates);
+        if due.is_empty() {
+            return;
+        }
+        let names: Vec<&str> = due.iter().map(|m| m.name()).collect();
+        let mark = marks::with_reported(reported, &names);
+        let error = match ctx.claims.mark_reported_over(current, &mark).await {
+            Ok(_) => {
+                for (m, seconds) in timed.iter().filter(|(m, _)| due.contains(m)) {
+                    milestone(ctx, *m, *seconds);
+                }
+                return;
+            }
+            Err(kube::Error::Api(status)) if status.code == 409 && attempt == 0 => {
+                match ctx.claims.get_fresh(name(Some(claim))).await {
+                    Ok(Some(claim)) => {
+                        fresh = Some(claim);
+                        continue;
+                    }
+                    Ok(None) => return,
+                    Err(e) => e,
+                }
+            }
+            Err(e) => e,
+        };
+        tracing::warn!(nodeclaim = name(Some(claim)), %error, milestones = ?names, "could not record the join's milestones");
+        return;
     }
 }
 

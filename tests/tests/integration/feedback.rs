@@ -148,6 +148,59 @@ async fn a_node_ready_at_once_is_reported_registered_then_ready() -> Result<()> 
     Ok(())
 }
 
+/// How many times the server observed `milestone` (0 when never).
+fn milestone_count(metrics: &str, milestone: &str) -> u64 {
+    let prefix = format!("autonode_milestone_seconds_count{{milestone=\"{milestone}\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str())?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The first join binds, and then its certificates are not signed in time
+/// (kube-controller-manager stopped): it answers "unavailable" with the
+/// attested milestone recorded. The agent's retry resumes the join and
+/// records the certificates milestone, once: a further resume records
+/// nothing again. The NodeClaim's mark says both.
+#[tokio::test]
+async fn a_join_resumed_after_its_approval_timed_out_records_certificates_once() -> Result<()> {
+    use nix::sys::signal::{kill, Signal};
+    let world = World::start_with(&["--csr-timeout=2".into()]).await?;
+    let (claim, instance) = world.launch(|i| i).await?;
+    let keys = NodeKeys::generate()?;
+    let request = || joiner::honest_request(&instance, world.cloud.ca(), &keys);
+    let signer = nix::unistd::Pid::from_raw(world.cp.pids()[2] as i32);
+    kill(signer, Signal::SIGSTOP)?;
+    let first = world.joiner.join(&request()?).await;
+    kill(signer, Signal::SIGCONT)?;
+    assert_eq!(
+        first?.status(),
+        503,
+        "a join whose CSRs are not signed in time"
+    );
+    let counts = |metrics: &str| {
+        [
+            milestone_count(metrics, "attested"),
+            milestone_count(metrics, "certificates"),
+        ]
+    };
+    assert_eq!(counts(&metrics(&world).await?), [1, 0]);
+
+    world.joiner.join(&request()?).await?.granted();
+    assert_eq!(counts(&metrics(&world).await?), [1, 1], "the resumed join");
+    world.joiner.join(&request()?).await?.granted();
+    assert_eq!(
+        counts(&metrics(&world).await?),
+        [1, 1],
+        "a resume after a grant"
+    );
+
+    let annotations = karpenter::annotations(&world.cp.admin().await?, &claim).await?;
+    let reported = annotations.get("autonode.dev/reported").map(String::as_str);
+    assert_eq!(reported, Some("attested,certificates"));
+    Ok(())
+}
+
 /// A world whose server leads within 3 s, and a machine that joined it,
 /// once its NodeClaim says Attested; with the NodeClaims API.
 async fn attested() -> Result<(World, JoinedNode, Api<DynamicObject>)> {

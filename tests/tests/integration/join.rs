@@ -46,13 +46,7 @@ async fn an_attested_node_registers_itself_with_its_certificate() -> Result<()> 
     );
 
     // The binding is recorded; the same key resumes with the same CSRs.
-    let claims = karpenter::nodeclaims(&world.cp.admin().await?);
-    let annotations = claims
-        .get(&claim)
-        .await?
-        .metadata
-        .annotations
-        .unwrap_or_default();
+    let annotations = karpenter::annotations(&world.cp.admin().await?, &claim).await?;
     assert!(annotations.contains_key("autonode.dev/binding"));
     let again = joiner::honest_request(&instance, world.cloud.ca(), &keys)?;
     world.joiner.join(&again).await?.granted();

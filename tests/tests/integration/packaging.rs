@@ -209,6 +209,7 @@ fn deb_installs_enabled_and_removes_cleanly() -> Result<()> {
     )?;
     assert!(kubelet_dropin.contains("Requires=autonode-agent.service"));
     assert!(kubelet_dropin.contains("After=autonode-agent.service"));
+    check_boot_order(r)?;
 
     // Simulate a node that ran: state the purge must remove.
     fs::write(r.join("var/lib/autonode/state.json"), "{}")?;
@@ -236,6 +237,81 @@ fn deb_installs_enabled_and_removes_cleanly() -> Result<()> {
         .args([r.to_str().unwrap(), "dpkg", "-s", "autonode-agent"])
         .output()?;
     assert!(!status.status.success(), "still known to dpkg after purge");
+    Ok(())
+}
+
+/// `systemd-analyze verify` in `root`: its messages (stderr), failing
+/// only if the command does. An ordering cycle is not a failure to it:
+/// it deletes a job to break the cycle and says so.
+fn verify_units(root: &Path, units: &[&str]) -> Result<String> {
+    let output = Command::new("chroot")
+        .arg(root)
+        .args(["systemd-analyze", "verify"])
+        .args(units)
+        .output()
+        .context("running systemd-analyze verify")?;
+    let messages = String::from_utf8_lossy(&output.stderr).into_owned();
+    ensure!(
+        output.status.success(),
+        "systemd-analyze verify {units:?}: {}\n{messages}",
+        output.status
+    );
+    Ok(messages)
+}
+
+/// The installed agent unit and kubelet drop-in with stand-ins for an
+/// AMI's kubelet (the upstream package's: no runtime ordering) and its
+/// runtimes (containerd's and CRI-O's own orderings), all started in one
+/// transaction: no ordering cycle. And systemd sees the drop-in order
+/// kubelet after each runtime: a runtime unit ordered after kubelet makes
+/// a cycle through kubelet's job.
+fn check_boot_order(root: &Path) -> Result<()> {
+    let units = root.join("etc/systemd/system");
+    let unit = |name: &str, unit_section: &str| -> Result<()> {
+        let mut text = format!("[Unit]\n{unit_section}\n");
+        if name.ends_with(".service") {
+            text.push_str("[Service]\nExecStart=/usr/bin/true\n");
+        }
+        fs::write(units.join(name), text).with_context(|| name.to_string())
+    };
+    unit(
+        "kubelet.service",
+        "Wants=network-online.target\nAfter=network-online.target",
+    )?;
+    unit("containerd.service", "After=network.target local-fs.target")?;
+    unit(
+        "crio.service",
+        "Wants=network-online.target\nAfter=network-online.target",
+    )?;
+    unit(
+        "autonode-boot.target",
+        "Wants=autonode-agent.service kubelet.service containerd.service crio.service",
+    )?;
+    let messages = verify_units(root, &["autonode-boot.target"])?;
+    ensure!(
+        !messages.contains("ordering cycle"),
+        "the boot units form an ordering cycle:\n{messages}"
+    );
+    for runtime in ["containerd.service", "crio.service"] {
+        unit(runtime, "After=kubelet.service")?;
+        let messages = verify_units(root, &["autonode-boot.target"])?;
+        // systemd names the cycle from either end.
+        let cycle = messages.lines().any(|l| {
+            l.contains("Found ordering cycle on")
+                && l.contains("kubelet.service")
+                && l.contains(runtime)
+        });
+        ensure!(cycle, "kubelet is not ordered after {runtime}:\n{messages}");
+        unit(runtime, "")?;
+    }
+    for name in [
+        "kubelet.service",
+        "containerd.service",
+        "crio.service",
+        "autonode-boot.target",
+    ] {
+        fs::remove_file(units.join(name))?;
+    }
     Ok(())
 }
 

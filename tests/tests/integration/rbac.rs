@@ -14,8 +14,8 @@ use autonode_tests::fakecloud::FakeCloud;
 use autonode_tests::joiner::CsrShape;
 use autonode_tests::karpenter;
 use autonode_tests::server::{
-    http_get, GuestRbac, Setup, TestServer, GUEST_KUSTOMIZATION, GUEST_RBAC_FILES,
-    SERVER_SERVICE_ACCOUNT,
+    http_get, GuestRbac, ServerToken, Setup, TestServer, GUEST_KUSTOMIZATION, GUEST_RBAC_FILES,
+    GUEST_TOKEN_SECRET, SERVER_SERVICE_ACCOUNT,
 };
 use autonode_tests::world::{cloud_settings, World, REGION};
 use k8s_openapi::api::certificates::v1::{
@@ -390,10 +390,25 @@ fn the_guest_rbac_tree_is_consistent() -> Result<()> {
     let mut on_disk = BTreeSet::new();
     for entry in std::fs::read_dir(&dir)? {
         let name = entry?.file_name().to_string_lossy().into_owned();
-        if name.ends_with(".yaml") && name != "kustomization.yaml" {
+        // The token Secret is not RBAC: checked on its own below.
+        if name.ends_with(".yaml") && name != "kustomization.yaml" && name != GUEST_TOKEN_SECRET.0 {
             on_disk.insert(name);
         }
     }
+    let token_secret: Value = serde_yaml::from_str(GUEST_TOKEN_SECRET.1)?;
+    assert_eq!(token_secret["type"], "kubernetes.io/service-account-token");
+    assert_eq!(
+        token_secret["metadata"]["namespace"],
+        SERVER_SERVICE_ACCOUNT.0
+    );
+    assert_eq!(
+        token_secret["metadata"]["annotations"]["kubernetes.io/service-account.name"],
+        SERVER_SERVICE_ACCOUNT.1
+    );
+    assert!(
+        !GUEST_KUSTOMIZATION.contains(&format!("- {}", GUEST_TOKEN_SECRET.0)),
+        "the token Secret is optional: not in kustomization.yaml"
+    );
     let known: BTreeSet<String> = GUEST_RBAC_FILES
         .iter()
         .map(|(n, _)| n.to_string())
@@ -529,4 +544,97 @@ fn the_flags_pick_the_files() {
         ]),
         [&base[..], &["rbac-manage-nodeclasses.yaml"]].concat()
     );
+}
+
+/// The documented token for clusters without auto-created ServiceAccount
+/// token Secrets (1.24 on): `packaging/guest/server-token.yaml` applied,
+/// filled in by kube-controller-manager's token controller, and a server
+/// whose kubeconfig carries that token serves a join under the shipped
+/// RBAC.
+#[tokio::test]
+async fn the_token_secret_of_the_docs_runs_the_server() -> Result<()> {
+    let setup = Setup {
+        token: ServerToken::Secret,
+        ..Setup::default()
+    };
+    let world = World::start_setup(&setup).await?;
+    let joined = world.join_new(|i| i).await?;
+    assert_eq!(joined.response.node_name, joined.instance.private_dns_name);
+    // The kubeconfig's token is the Secret's, not a requested one.
+    let kubeconfig = std::fs::read_to_string(world.server.dir().join("guest.kubeconfig"))?;
+    let secret: Api<Secret> = Api::namespaced(world.cp.admin().await?, SERVER_SERVICE_ACCOUNT.0);
+    let token = secret
+        .get("autonode-server-token")
+        .await?
+        .data
+        .unwrap_or_default();
+    let token = String::from_utf8(token.get("token").context("no token")?.0.clone())?;
+    assert!(
+        kubeconfig.contains(&token),
+        "the kubeconfig does not carry the Secret's token"
+    );
+    Ok(())
+}
+
+/// The README's commands that build the server's kubeconfig (Installing,
+/// step 3), run as written against a real API server (its admin kubeconfig
+/// for `--context guest`, its URL for the placeholder), with the project's
+/// kubectl: the kubeconfig they make authenticates as the server's
+/// ServiceAccount, granted what the guest RBAC grants and nothing else.
+#[tokio::test]
+async fn the_readmes_kubeconfig_commands_make_the_servers_kubeconfig() -> Result<()> {
+    let cp = ControlPlane::start().await?;
+    GuestRbac::default().apply(&cp.admin().await?).await?;
+    let repo = guest_dir().join("../..");
+    let readme = std::fs::read_to_string(repo.join("README.md"))?;
+    let first = "   kubectl --context guest apply -f packaging/guest/server-token.yaml";
+    let block = readme
+        .split_once(first)
+        .and_then(|(_, rest)| rest.split_once("   ```"))
+        .map(|(block, _)| format!("{first}{block}"))
+        .context("README.md: no kubeconfig commands in Installing, step 3")?;
+    let admin = format!("--kubeconfig={}", cp.admin_kubeconfig().display());
+    let script = block
+        .replace("--context guest", &admin)
+        .replace("https://API-SERVER:6443", cp.url());
+    let kube = autonode_tests::controlplane::kube_bin_dir()?;
+    let dir = tempfile::tempdir()?;
+    let path = format!("{}:{}", kube.display(), std::env::var("PATH")?);
+    let run = |args: &[&str]| -> Result<String> {
+        let out = std::process::Command::new(args[0])
+            .args(&args[1..])
+            .current_dir(&repo)
+            .env("PATH", &path)
+            .env("HOME", dir.path())
+            .output()?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        ensure!(
+            out.status.success(),
+            "{args:?}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(text)
+    };
+    let kubeconfig = dir.path().join("guest.kubeconfig");
+    let script = script.replace("guest.kubeconfig", &kubeconfig.to_string_lossy());
+    let script = script.replace("guest-ca.crt", &dir.path().join("ca.crt").to_string_lossy());
+    run(&["timeout", "60", "bash", "-euo", "pipefail", "-c", &script])?;
+    let can_i = |verb: &str, resource: &str| -> Result<bool> {
+        let kubeconfig = kubeconfig.to_string_lossy();
+        let args = ["auth", "can-i", verb, resource];
+        let out = std::process::Command::new(kube.join("kubectl"))
+            .arg(format!("--kubeconfig={kubeconfig}"))
+            .args(args)
+            .output()?;
+        Ok(String::from_utf8_lossy(&out.stdout).trim() == "yes")
+    };
+    ensure!(
+        can_i("patch", "nodeclaims.karpenter.sh")?,
+        "the kubeconfig is not the server's"
+    );
+    ensure!(
+        !can_i("delete", "nodes")?,
+        "the kubeconfig has more than the guest RBAC"
+    );
+    Ok(())
 }

@@ -302,16 +302,39 @@ fn number(pairs: &BTreeMap<String, String>, key: &str) -> Option<f64> {
 
 /// The agent's unit is ordered before the container runtime (the Ignition
 /// config it applies may write containerd's configuration, which containerd
-/// reads only when it starts): containerd started after the agent exited,
-/// or had not started yet when the report ran (0).
+/// reads only when it starts): containerd started, and after the agent
+/// exited. The image's report runs after containerd's start job, so a
+/// containerd that never started shows as 0 here, and fails.
 fn check_runtime_waited(report: &Report) -> Result<()> {
     let agent_exit = report.monotonic("autonode-agent.ExecMainExitTimestampMonotonic")?;
     let containerd = report.monotonic("containerd.ExecMainStartTimestampMonotonic")?;
     ensure!(
-        containerd.is_zero() || containerd >= agent_exit,
+        !containerd.is_zero(),
+        "containerd never started (state {:?}): {report:?}",
+        report.get("containerd.ActiveState")
+    );
+    ensure!(
+        !agent_exit.is_zero() && containerd >= agent_exit,
         "containerd started at {containerd:?}, before the agent exited at {agent_exit:?}"
     );
     Ok(())
+}
+
+/// The runtime check on reports as the image prints them (no VM needed):
+/// containerd started after the agent exited passes; before it, or never
+/// (the old check let 0 through), fails.
+#[test]
+fn the_runtime_check_needs_containerd_started_after_the_agent() {
+    let report = |containerd_start: u64| {
+        Report::parse(&format!(
+            "[   20.1] autonode-test-report: autonode-agent.ExecMainExitTimestampMonotonic=20000000\n\
+             [   20.2] autonode-test-report: containerd.ActiveState=active\n\
+             [   20.2] autonode-test-report: containerd.ExecMainStartTimestampMonotonic={containerd_start}\n"
+        ))
+    };
+    assert!(check_runtime_waited(&report(21_000_000)).is_ok());
+    assert!(check_runtime_waited(&report(19_000_000)).is_err());
+    assert!(check_runtime_waited(&report(0)).is_err());
 }
 
 /// How long the agent's process ran, by systemd's clock in the guest.

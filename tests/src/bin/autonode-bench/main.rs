@@ -97,10 +97,10 @@ async fn main() -> Result<()> {
         }
     }
     results.insert("machine".into(), machine());
-    results.insert(
-        "kubernetes".into(),
-        autonode_tests::controlplane::KUBE_VERSION.into(),
-    );
+    // The binaries that ran (AUTONODE_KUBE_BIN's when set), as they say.
+    let apiserver = autonode_tests::controlplane::kube_bin_dir()?.join("kube-apiserver");
+    let version = autonode_tests::controlplane::binary_version(&apiserver)?;
+    results.insert("kubernetes".into(), version.to_string().into());
 
     if let Some(dir) = options.out.parent() {
         std::fs::create_dir_all(dir)?;
