@@ -187,7 +187,8 @@ pub async fn write(
 ) -> Result<(), BindingError> {
     let name = claim.metadata.name.clone().unwrap_or_default();
     let version = claim.metadata.resource_version.as_deref();
-    match claims.write_binding(&name, version, record).await {
+    let value = serde_json::to_string(record).map_err(kube::Error::SerdeError)?;
+    match claims.write_binding(&name, version, &value).await {
         Ok(()) => return Ok(()),
         Err(kube::Error::Api(status)) if status.code == 409 => {}
         Err(e) => return Err(e.into()),
@@ -205,7 +206,7 @@ pub async fn write(
         return Err(BindingError::Changed(name));
     }
     let version = fresh.metadata.resource_version.as_deref();
-    claims.write_binding(&name, version, record).await?;
+    claims.write_binding(&name, version, &value).await?;
     Ok(())
 }
 

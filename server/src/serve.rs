@@ -11,7 +11,7 @@ use autonode_server::join::{ClusterInfo, JoinContext};
 use autonode_server::metrics::Metrics;
 use autonode_server::nodeclaim::NodeClaims;
 use autonode_server::nodeconfig::{NodeConfig, NodeConfigSettings, Source};
-use autonode_server::observe;
+use autonode_server::probes;
 use autonode_server::render::ClusterSettings;
 use autonode_server::report::{Replays, ReportContext};
 use autonode_server::tls::ReloadingCert;
@@ -59,7 +59,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         }),
         nodeclasses: args
             .nodeclasses
-            .settings(&args.node_config, &metrics, &events)?,
+            .settings(&args.user_data, &metrics, &events)?,
         capacity: args.capacity_tolerance(),
     };
     // The approver, the feedback and the EC2NodeClass upkeep, on the
@@ -120,8 +120,8 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         .with_context(|| format!("listening on {}", args.metrics_listen))?;
     tracing::info!(join_api = %listener.local_addr()?, metrics = %metrics_listener.local_addr()?, "autonode-server serving");
 
-    let readiness = observe::Readiness { claims, nodeconfig };
-    tokio::spawn(observe::serve(metrics_listener, metrics.clone(), readiness));
+    let readiness = probes::Readiness { claims, nodeconfig };
+    tokio::spawn(probes::serve(metrics_listener, metrics.clone(), readiness));
     tokio::select! {
         _ = api::serve(listener, acceptor, Api::new(join, report, limits, metrics)) => {}
         _ = shutdown_signal() => tracing::info!("shutting down"),

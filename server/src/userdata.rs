@@ -133,7 +133,7 @@ pub struct Rendered {
 
 impl Rendered {
     /// Both forms of `config`'s userData.
-    pub fn new(config: &NodeConfig) -> Self {
+    pub fn new(config: &UserDataSettings) -> Self {
         let toml = render(config);
         let ignition = ignition_writing(&toml);
         Self { toml, ignition }
@@ -150,7 +150,7 @@ impl Rendered {
 
 /// What goes into the agent's config.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeConfig {
+pub struct UserDataSettings {
     /// The join API's URL as nodes reach it (`https://host:port`).
     pub server_url: String,
     /// The CA certificates (DER) the join API's chain leads to.
@@ -161,7 +161,7 @@ pub struct NodeConfig {
     pub deadline: Option<Duration>,
 }
 
-impl NodeConfig {
+impl UserDataSettings {
     /// Validated settings from a PEM CA bundle.
     pub fn new(
         server_url: &str,
@@ -222,12 +222,12 @@ impl NodeConfig {
 }
 
 /// The userData: the agent's config TOML, byte-stable for equal settings.
-pub fn render(config: &NodeConfig) -> String {
+pub fn render(config: &UserDataSettings) -> String {
     format!("{HEADER}{}", config.document().to_toml())
 }
 
 /// The userData in `format`.
-pub fn render_as(config: &NodeConfig, format: Format) -> String {
+pub fn render_as(config: &UserDataSettings, format: Format) -> String {
     match format {
         Format::Toml => render(config),
         Format::Ignition => render_ignition(config),
@@ -237,7 +237,7 @@ pub fn render_as(config: &NodeConfig, format: Format) -> String {
 /// The userData as an Ignition config (spec [`IGNITION_VERSION`]) that
 /// writes exactly [`render`]'s bytes to [`agentconfig::LOCAL_FILE`], mode
 /// [`LOCAL_FILE_MODE`]; byte-stable like [`render`].
-pub fn render_ignition(config: &NodeConfig) -> String {
+pub fn render_ignition(config: &UserDataSettings) -> String {
     ignition_writing(&render(config))
 }
 
@@ -312,9 +312,9 @@ mod tests {
         params.self_signed(&key).unwrap().pem()
     }
 
-    fn config(ca: &str, form: CaForm) -> NodeConfig {
+    fn config(ca: &str, form: CaForm) -> UserDataSettings {
         let deadline = Some(Duration::from_secs(600));
-        NodeConfig::new(
+        UserDataSettings::new(
             "https://autonode.example.com:8443/",
             ca,
             form,
@@ -357,7 +357,7 @@ mod tests {
     fn bad_settings_are_refused() {
         let ca = ca_pem();
         let new = |url: &str, ca: &str, form, name: &str, secs: Option<u64>| {
-            NodeConfig::new(url, ca, form, name, secs.map(Duration::from_secs))
+            UserDataSettings::new(url, ca, form, name, secs.map(Duration::from_secs))
         };
         let ok = "https://a:1";
         assert!(matches!(
@@ -566,10 +566,10 @@ mod tests {
         std::fs::read_to_string(format!("{dir}/{name}")).unwrap()
     }
 
-    fn golden_config(golden: &Golden) -> NodeConfig {
+    fn golden_config(golden: &Golden) -> UserDataSettings {
         let (_, url, ca, form, name, secs) = *golden;
         let ca = testdata(&format!("{ca}.pem"));
-        NodeConfig::new(url, &ca, form, name, secs.map(Duration::from_secs)).unwrap()
+        UserDataSettings::new(url, &ca, form, name, secs.map(Duration::from_secs)).unwrap()
     }
 
     #[test]

@@ -179,23 +179,22 @@ pub async fn handle(
 async fn join(ctx: &JoinContext, admitted: Admitted) -> Outcome {
     // Timed from here: the wait for the NodeClaim cache is part of "attest".
     let mut steps = ctx.metrics.steps();
-    let matches = match candidates(ctx, &admitted.provider_id).await {
-        Ok(matches) => matches,
-        Err(e) => return Outcome::without_claim(e),
+    let claim = match ctx.claims.one_for(&admitted.provider_id).await {
+        Ok(claim) => claim,
+        Err(e) => return Outcome::without_claim(e.into()),
     };
-    let claim = match matches.as_slice() {
-        [only] => Some(only.clone()),
-        _ => None,
-    };
-    let result = grant(ctx, admitted, matches, &mut steps).await;
-    Outcome { claim, result }
+    let result = grant(ctx, admitted, claim.clone(), &mut steps).await;
+    Outcome {
+        claim: Some(claim),
+        result,
+    }
 }
 
-/// Steps 3 to 5 for the NodeClaims that match the instance.
+/// Steps 3 to 5 for the one NodeClaim that matches the instance.
 async fn grant(
     ctx: &JoinContext,
     admitted: Admitted,
-    matches: Vec<Arc<NodeClaim>>,
+    claim: Arc<NodeClaim>,
     steps: &mut Steps<'_>,
 ) -> Result<Granted, JoinError> {
     let Admitted {
@@ -206,7 +205,7 @@ async fn grant(
         provider_id,
         ..
     } = admitted;
-    let attested = attest(ctx, doc, provider_id, matches, steps).await?;
+    let attested = attest(ctx, doc, provider_id, claim, steps).await?;
     check_csrs(&client_csr, &serving_csr, &attested)?;
     let requests = [
         issue_request(&attested, &request.client_csr, &client_csr, Purpose::Client),
@@ -278,31 +277,16 @@ fn verify(ctx: &JoinContext, request: &JoinRequest) -> Result<IdentityDocument, 
     Ok(verified.into_document())
 }
 
-/// Step 3 starts: the NodeClaims whose providerID is the instance's.
-async fn candidates(
-    ctx: &JoinContext,
-    provider_id: &str,
-) -> Result<Vec<Arc<NodeClaim>>, JoinError> {
-    ctx.claims.ready().await?;
-    let matches = ctx.claims.find(provider_id).await;
-    if matches.is_empty() && !ctx.claims.is_fresh() {
-        // The watch is reconnecting: the NodeClaim may be one it missed.
-        return Err(JoinError::unavailable(
-            "NodeClaim cache out of date (watch reconnecting)",
-        ));
-    }
-    Ok(matches)
-}
-
-/// Step 3, bind: the one NodeClaim the instance may join as, then EC2.
+/// Step 3, bind: the NodeClaim's rules (the one found by
+/// [`NodeClaims::one_for`]), then EC2.
 async fn attest(
     ctx: &JoinContext,
     doc: IdentityDocument,
     provider_id: String,
-    matches: Vec<Arc<NodeClaim>>,
+    claim: Arc<NodeClaim>,
     steps: &mut Steps<'_>,
 ) -> Result<Attested, JoinError> {
-    let claim = nodeclaim::select(&provider_id, matches, doc.pending_time)?;
+    nodeclaim::check(&claim, doc.pending_time)?;
     steps.done("attest");
     let instance = lookup(ctx, &doc).await?;
     steps.done("ec2");
