@@ -12,16 +12,17 @@
 //!    Steps 1 and 2 are [`admit`]: no I/O and no waiting, before the
 //!    caller takes a join permit, so a request that can never pass costs
 //!    a little CPU and no permit.
-//! 3. **bind** (`attest`, `check_csrs`, then `bind`): the instance's
-//!    one NodeClaim ([`crate::nodeclaim`], waiting out the cache's grace
-//!    only for documents that passed), the instance as EC2 sees it
-//!    ([`crate::ec2`]), the CSRs against what EC2 says the machine is,
-//!    then the instance's keys and CSR objects recorded on the NodeClaim
-//!    ([`crate::binding`], the objects from [`crate::issuer`]).
-//! 4. **render** (in `bind`; [`crate::nodeconfig`], [`crate::render`]):
-//!    the kubelet settings and Ignition config, rendered alongside the
-//!    CSR objects of step 3 and before the binding is written, so nothing
-//!    is approved for a node whose config is broken.
+//! 3. **bind** (`attest`, `check_csrs`, then `bind::prepare`): the
+//!    instance's one NodeClaim ([`NodeClaims::one_for`], waiting out the
+//!    cache's grace only for documents that passed), the instance as EC2
+//!    sees it ([`crate::ec2`]), the CSRs against what EC2 says the machine
+//!    is; then the CSR objects created (or a resume's recorded ones found,
+//!    [`crate::issuer`]) and the instance's keys and those objects recorded
+//!    on the NodeClaim ([`crate::binding`]).
+//! 4. **render** (in `bind::prepare`; [`crate::nodeconfig`],
+//!    [`crate::render`]): the kubelet settings and Ignition config,
+//!    rendered alongside the CSR objects of step 3 and before the binding
+//!    is written, so nothing is approved for a node whose config is broken.
 //! 5. **approve** (`approve`, [`crate::issuer`]): both CSRs approved,
 //!    signed by kube-controller-manager, and the certificates checked
 //!    against the CSRs that were judged; the answer carries them with the
