@@ -14,7 +14,8 @@
 //! own writer rather than a TOML serializer whose quoting choices may change
 //! between versions; the same settings always give the same bytes, and
 //! inputs are normalised first (the CA is re-encoded from its DER, the
-//! deadline is written in one canonical unit). The tests pin the bytes of
+//! deadline is written in one canonical unit, [`agentconfig::deadline_text`],
+//! and checked by the agent's own rule). The tests pin the bytes of
 //! `render-userdata`'s outputs (`server/testdata/userdata/`).
 //!
 //! **The CA is pinned by default** ([`CaForm::Pin`]): `server-ca-sha256` is
@@ -37,9 +38,6 @@ use autonode_shared::pem;
 use serde_json::Value;
 use std::time::Duration;
 use thiserror::Error;
-
-/// Longest agent deadline: Karpenter's registration limit.
-pub use autonode_shared::contract::MAX_DEADLINE;
 
 /// First line of every rendered document: what an operator sees in the
 /// EC2 console or `kubectl get ec2nodeclass -o yaml`.
@@ -72,7 +70,7 @@ pub enum RenderError {
     #[error("cluster name {0:?}: expected 1-63 characters of a-z, 0-9, '-', '_' and '.'")]
     ClusterName(String),
     #[error("agent deadline must be between 1s and 15m (Karpenter's registration limit)")]
-    Deadline,
+    Deadline(#[source] agentconfig::DeadlineError),
 }
 
 /// How the agent is told to trust the join API's CA.
@@ -192,8 +190,10 @@ impl UserDataSettings {
             ));
         }
         match self.deadline {
-            Some(d) if d.as_secs() == 0 || d > MAX_DEADLINE => Err(RenderError::Deadline),
-            _ => Ok(()),
+            Some(d) => agentconfig::check_deadline(d)
+                .map(|_| ())
+                .map_err(RenderError::Deadline),
+            None => Ok(()),
         }
     }
 
@@ -214,7 +214,7 @@ impl UserDataSettings {
             server_ca_sha256,
             cluster_name: Some(self.cluster_name.clone()),
             options: Options {
-                deadline: self.deadline.map(canonical_duration),
+                deadline: self.deadline.map(agentconfig::deadline_text),
                 ..Options::default()
             },
         }
@@ -268,16 +268,6 @@ fn ignition_writing(toml: &str) -> String {
 pub fn ca_pin(der: &[u8]) -> String {
     // The same digest the report proofs use for key fingerprints.
     autonode_shared::proof::fingerprint(der)
-}
-
-/// Whole hours, else whole minutes, else seconds: one spelling per value.
-fn canonical_duration(d: Duration) -> String {
-    let secs = d.as_secs();
-    match secs {
-        s if s % 3600 == 0 => format!("{}h", s / 3600),
-        s if s % 60 == 0 => format!("{}m", s / 60),
-        s => format!("{s}s"),
-    }
 }
 
 fn parse_ca(pem: &str) -> Result<Vec<Vec<u8>>, RenderError> {
@@ -383,11 +373,11 @@ mod tests {
         ));
         assert_eq!(
             new(ok, &ca, CaForm::Pin, "c", Some(901)),
-            Err(RenderError::Deadline)
+            Err(RenderError::Deadline(agentconfig::DeadlineError::TooLong))
         );
         assert_eq!(
             new(ok, &ca, CaForm::Pin, "c", Some(0)),
-            Err(RenderError::Deadline)
+            Err(RenderError::Deadline(agentconfig::DeadlineError::Zero))
         );
     }
 
@@ -608,7 +598,7 @@ mod tests {
             }
             let deadline = golden
                 .5
-                .map(|secs| canonical_duration(Duration::from_secs(secs)));
+                .map(|secs| agentconfig::deadline_text(Duration::from_secs(secs)));
             assert_eq!(document.options.deadline, deadline);
             assert_eq!(
                 document.options,
@@ -618,12 +608,5 @@ mod tests {
                 }
             );
         }
-    }
-
-    #[test]
-    fn strings_and_durations_have_one_spelling() {
-        assert_eq!(canonical_duration(Duration::from_secs(90)), "90s");
-        assert_eq!(canonical_duration(Duration::from_secs(600)), "10m");
-        assert_eq!(canonical_duration(Duration::from_secs(3600)), "1h");
     }
 }
