@@ -3,7 +3,7 @@
 
 use std::net::IpAddr;
 
-use super::*;
+use super::{NODES_GROUP, RSA_MAX_BITS, RSA_MIN_BITS};
 
 /// Why a CSR (or its usages) was refused. Messages name what was found and
 /// what was expected; [`CsrError::reason`] gives the metric label.

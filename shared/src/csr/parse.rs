@@ -5,7 +5,8 @@ use std::collections::HashSet;
 use std::fmt;
 use std::net::IpAddr;
 
-use super::*;
+use super::{CsrError, MAX_CSR_PEM_BYTES, RSA_MAX_BITS, RSA_MIN_BITS};
+
 use sha2::{Digest, Sha256};
 use x509_parser::certification_request::X509CertificationRequest;
 use x509_parser::cri_attributes::ParsedCriAttribute;
