@@ -72,6 +72,48 @@ async fn a_fatal_report_before_the_binding_leaves_the_nodeclaim_alone() -> Resul
     Ok(())
 }
 
+/// A genuine, AWS-signed document of an instance outside the allowed
+/// accounts or regions speaks for nothing here, even where a NodeClaim has
+/// its providerID: its reports are refused by the join's own origin check
+/// (`Policy::check_origin`) before any Event is written, while an allowed
+/// instance's report beside them is accepted.
+#[tokio::test]
+async fn reports_from_an_account_or_region_not_allowed_are_refused() -> Result<()> {
+    let world = World::start().await?;
+    let (_, other_account) = world
+        .launch(|i| Instance {
+            account_id: "999999999999".into(),
+            ..i
+        })
+        .await?;
+    let (_, elsewhere) = world
+        .launch(|i| Instance {
+            region: "eu-west-1".into(),
+            availability_zone: "eu-west-1a".into(),
+            ..i
+        })
+        .await?;
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    for outsider in [&other_account, &elsewhere] {
+        let fatal = report(&world, outsider, Outcome::Fatal, now, None)?;
+        let (status, body) = post_report(&world, &fatal).await?;
+        ensure!(
+            status == 403,
+            "{}'s report was answered {status}: {body}",
+            outsider.instance_id
+        );
+    }
+    let (_, allowed) = world.launch(|i| i).await?;
+    send_report(&world, &allowed, Outcome::Retrying, None).await?;
+
+    let metrics = metrics(&world).await?;
+    ensure!(
+        metrics.contains(r#"autonode_agent_reports_refused_total{reason="not_allowed"} 2"#),
+        "{metrics}"
+    );
+    Ok(())
+}
+
 /// A signed report is accepted once; the same bytes again are refused,
 /// while a new report from the same key still gets through.
 #[tokio::test]
