@@ -9,7 +9,7 @@ use autonode_tests::fakecloud::Instance;
 use autonode_tests::joiner::NodeKeys;
 use autonode_tests::karpenter;
 use autonode_tests::server::TestServer;
-use autonode_tests::world::{cloud_settings, World};
+use autonode_tests::world::{cloud_settings, in_region, World};
 use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, ListParams};
 use rcgen::KeyPair;
@@ -86,13 +86,7 @@ async fn reports_from_an_account_or_region_not_allowed_are_refused() -> Result<(
             ..i
         })
         .await?;
-    let (_, elsewhere) = world
-        .launch(|i| Instance {
-            region: "eu-west-1".into(),
-            availability_zone: "eu-west-1a".into(),
-            ..i
-        })
-        .await?;
+    let (_, elsewhere) = world.launch(in_region("eu-west-1")).await?;
     let now = time::OffsetDateTime::now_utc().unix_timestamp();
     for outsider in [&other_account, &elsewhere] {
         let fatal = report(&world, outsider, Outcome::Fatal, now, None)?;
