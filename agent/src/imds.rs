@@ -287,7 +287,7 @@ impl Imds {
         // and go out together (each is a round trip to the hypervisor).
         let instance_id = self.instance_id().await?;
         let (document, rsa2048, availability_zone, local_hostname, ips) = tokio::try_join!(
-            self.identity_document(),
+            self.document_facts(),
             self.identity_signature(),
             self.availability_zone(),
             self.local_hostname(),
@@ -326,8 +326,8 @@ impl Imds {
         self.require_text("/latest/meta-data/local-hostname").await
     }
 
-    /// The identity document's fields the agent reads.
-    pub async fn identity_document(&self) -> Result<IdentityDocument, ImdsError> {
+    /// The identity document's fields the agent reads (unverified).
+    pub async fn document_facts(&self) -> Result<DocumentFacts, ImdsError> {
         let raw = self.require_text(DOCUMENT_PATH).await?;
         serde_json::from_str(&raw).map_err(|e| ImdsError::Invalid {
             path: DOCUMENT_PATH.into(),
@@ -532,11 +532,13 @@ impl EndpointChoice {
     }
 }
 
-/// The fields of the identity document the agent uses (the server reads
-/// the signed copy; these are for naming and cross-checks).
+/// The fields of the identity document the agent uses, as IMDS serves them
+/// (unverified: the server verifies the signed copy into
+/// `autonode_shared::identity::IdentityDocument`; these are for naming and
+/// cross-checks).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct IdentityDocument {
+pub struct DocumentFacts {
     pub instance_id: String,
     pub availability_zone: String,
     pub region: String,
@@ -546,7 +548,7 @@ pub struct IdentityDocument {
 /// What IMDS says about this instance.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identity {
-    pub document: IdentityDocument,
+    pub document: DocumentFacts,
     /// The base64 PKCS#7 signature over the document, sent to the server.
     pub rsa2048: String,
     /// The instance's private DNS name: the node name kubelet registers.

@@ -272,13 +272,13 @@ fn env_file(kubelet: Kubelet<'_>, flags: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::imds::IdentityDocument;
+    use crate::imds::DocumentFacts;
     use autonode_shared::protocol::KubeletSettings;
     use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer};
 
     fn identity() -> Identity {
         Identity {
-            document: IdentityDocument {
+            document: DocumentFacts {
                 instance_id: "i-0123456789abcdef0".into(),
                 availability_zone: "us-west-2a".into(),
                 region: "us-west-2".into(),

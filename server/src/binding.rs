@@ -192,12 +192,13 @@ pub async fn write(
 ) -> Result<NodeClaim, BindingError> {
     let name = claim.metadata.name.clone().unwrap_or_default();
     let version = claim.metadata.resource_version.as_deref();
+    let value = serde_json::to_string(record).map_err(kube::Error::SerdeError)?;
     let mark = |over: &NodeClaim| {
         (!reported.is_empty())
             .then(|| marks::with_reported(marks::reported(&over.metadata), reported))
     };
     match claims
-        .write_binding(&name, version, record, mark(claim).as_deref())
+        .write_binding(&name, version, &value, mark(claim).as_deref())
         .await
     {
         Ok(written) => return Ok(written),
@@ -218,7 +219,7 @@ pub async fn write(
     }
     let version = fresh.metadata.resource_version.as_deref();
     let written = claims
-        .write_binding(&name, version, record, mark(&fresh).as_deref())
+        .write_binding(&name, version, &value, mark(&fresh).as_deref())
         .await?;
     Ok(written)
 }

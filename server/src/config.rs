@@ -1,4 +1,5 @@
-//! `autonode-server serve` settings: flags, environment, and a file.
+//! `autonode-server serve` settings (and the userData flags `render-userdata`
+//! shares with it): flags, environment, and a file.
 //!
 //! Precedence, highest first: a flag on the command line, its environment
 //! variable (`AUTONODE_…`), the `--config` TOML file, the default. The file
@@ -6,7 +7,8 @@
 //! an unknown key is an error naming it.
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, CommandFactory};
+use autonode_server::userdata::{CaForm, UserDataSettings};
+use clap::{Args, CommandFactory, ValueEnum};
 use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -216,7 +218,7 @@ pub struct ServeArgs {
 
     /// What userData tells nodes (shared with `render-userdata`).
     #[command(flatten)]
-    pub node_config: crate::render_userdata_cmd::NodeConfigArgs,
+    pub user_data: UserDataArgs,
 
     /// EC2NodeClass upkeep and the Karpenter CRDs.
     #[command(flatten)]
@@ -307,6 +309,15 @@ pub fn expand_config_file<C: CommandFactory>(args: Vec<OsString>) -> Result<Vec<
     Ok(out)
 }
 
+/// `--agent-deadline`: whole seconds, within the agent's own range (the
+/// contract's check, so `--check-config` refuses what the agent would).
+fn agent_deadline(value: &str) -> std::result::Result<u64, String> {
+    let seconds: u64 = value.parse().map_err(|e| format!("{e}"))?;
+    autonode_shared::agentconfig::check_deadline(Duration::from_secs(seconds))
+        .map_err(|e| e.to_string())?;
+    Ok(seconds)
+}
+
 /// Whether `--key` (or `--key=…`) is among the arguments.
 fn given_as_flag(args: &[OsString], key: &str) -> bool {
     let flag = format!("--{key}");
@@ -350,6 +361,82 @@ fn flag_value(key: &str, value: &toml::Value) -> Result<String> {
 /// Reads a file that must exist, with the path in the error.
 pub fn read(path: &Path) -> Result<String> {
     std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+}
+
+/// What nodes are told in userData: shared by `serve` and `render-userdata`.
+#[derive(Debug, Clone, Args)]
+pub struct UserDataArgs {
+    /// The join API's URL as nodes reach it, e.g.
+    /// https://autonode.example.com:8443 (goes into userData).
+    #[arg(long, env = "AUTONODE_PUBLIC_URL")]
+    pub public_url: Option<String>,
+
+    /// PEM of the CA that signs --tls-cert (goes into userData as its
+    /// SHA-256 pin, or as PEM with --join-ca-form=pem).
+    #[arg(long, env = "AUTONODE_JOIN_CA_FILE")]
+    pub join_ca_file: Option<PathBuf>,
+
+    /// How userData names the join CA: `pin` (sha256 of its DER; short,
+    /// needs the CA in the served chain) or `pem` (the certificates).
+    #[arg(long, env = "AUTONODE_JOIN_CA_FORM", value_enum, default_value = "pin")]
+    pub join_ca_form: JoinCaForm,
+
+    /// The cluster's name, as the agent reports it (goes into userData).
+    #[arg(long, env = "AUTONODE_CLUSTER_NAME")]
+    pub cluster_name: Option<String>,
+
+    /// The agent's overall deadline in seconds (at most 900); the agent's
+    /// default (600) when unset.
+    #[arg(
+        long = "agent-deadline",
+        env = "AUTONODE_AGENT_DEADLINE",
+        value_name = "SECONDS",
+        value_parser = agent_deadline
+    )]
+    pub agent_deadline_secs: Option<u64>,
+}
+
+/// `--join-ca-form` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum JoinCaForm {
+    Pin,
+    Pem,
+}
+
+impl UserDataArgs {
+    /// Whether any setting that only userData needs was given.
+    pub fn is_set(&self) -> bool {
+        self.public_url.is_some() || self.join_ca_file.is_some() || self.cluster_name.is_some()
+    }
+
+    /// The validated settings; every one of the three must be given.
+    pub fn settings(&self) -> Result<UserDataSettings> {
+        let missing = |flag: &str| format!("{flag} is required to render userData");
+        let url = self
+            .public_url
+            .as_deref()
+            .with_context(|| missing("--public-url"))?;
+        let ca_file = self
+            .join_ca_file
+            .as_deref()
+            .with_context(|| missing("--join-ca-file"))?;
+        let name = self
+            .cluster_name
+            .as_deref()
+            .with_context(|| missing("--cluster-name"))?;
+        let form = match self.join_ca_form {
+            JoinCaForm::Pin => CaForm::Pin,
+            JoinCaForm::Pem => CaForm::Pem,
+        };
+        let deadline = self.agent_deadline_secs.map(Duration::from_secs);
+        Ok(UserDataSettings::new(
+            url,
+            &read(ca_file)?,
+            form,
+            name,
+            deadline,
+        )?)
+    }
 }
 
 /// `serve`'s settings for Karpenter's objects: EC2NodeClass upkeep
@@ -434,7 +521,7 @@ impl NodeClassArgs {
     /// or the userData settings are not given).
     pub fn settings(
         &self,
-        node: &crate::render_userdata_cmd::NodeConfigArgs,
+        node: &UserDataArgs,
         metrics: &autonode_server::metrics::Metrics,
         events: &autonode_server::events::Events,
     ) -> Result<Option<autonode_server::nodeclass::Settings>> {
@@ -448,7 +535,7 @@ impl NodeClassArgs {
             tracing::warn!("EC2NodeClass upkeep is off: --public-url, --join-ca-file and --cluster-name are not set");
             return Ok(None);
         }
-        let user_data = autonode_server::userdata::Rendered::new(&node.node_config()?);
+        let user_data = autonode_server::userdata::Rendered::new(&node.settings()?);
         let ami_terms = ami_selector_terms(&self.ami_ids).context("--ami-ids")?;
         let metadata_options = if self.enforce_metadata_options {
             MetadataOptionsPolicy::Enforce

@@ -13,9 +13,8 @@
 //! the CSR that was judged before it goes back to the node.
 
 use crate::approval::{self, ApprovalError};
-use crate::backoff::WatchBackoff;
 use crate::binding::CsrRef;
-use crate::cache;
+use crate::cache::{self, Cache};
 use crate::marks;
 use autonode_shared::csr::{self, usages_for, ParsedCsr, Purpose};
 use autonode_shared::issued::{self, IssuedError};
@@ -25,8 +24,8 @@ use k8s_openapi::api::certificates::v1::{
 };
 use k8s_openapi::ByteString;
 use kube::api::{DeleteParams, ObjectMeta, PostParams, Preconditions};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{watcher, WatchStreamExt};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 use kube::{Api, Client};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -115,31 +114,29 @@ pub struct Issuer {
 }
 
 impl Issuer {
-    /// Starts the watch over autonode's CSRs.
+    /// Starts the watch over autonode's CSRs: a [`Cache`], so a failed
+    /// watch lists again (a certificate signed while it was away still
+    /// wakes its join), with each change waking whoever waits for it.
     pub fn start(client: Client, timeout: Duration) -> Self {
         let api: Api<CertificateSigningRequest> = Api::all(client);
-        let (store, writer) = reflector::store();
         let config = watcher::Config::default()
             .labels(&format!("{MANAGED_LABEL}=true"))
             .page_size(cache::SMALL_PAGE);
+        let (csrs, watching) =
+            Cache::with_config(api.clone(), config, "autonode CSR", keep_outcome);
+        tokio::spawn(watching);
         let waiters: Arc<Mutex<HashMap<String, watch::Sender<Outcome>>>> = Arc::default();
-        let events = watcher(api.clone(), config).modify(keep_outcome);
-        let stream = reflector::reflector(writer, events)
-            .backoff(WatchBackoff::default())
-            .touched_objects();
         let notify = waiters.clone();
+        let changes = csrs.changes();
         tokio::spawn(async move {
-            let mut stream = std::pin::pin!(stream);
-            while let Some(event) = stream.next().await {
-                match event {
-                    Ok(csr) => wake(&notify, &csr),
-                    Err(e) => tracing::warn!(error = %e, "CSR watch interrupted; retrying"),
-                }
+            let mut changes = std::pin::pin!(changes);
+            while let Some(csr) = changes.next().await {
+                wake(&notify, &csr);
             }
         });
         Self {
             api,
-            store,
+            store: csrs.store,
             waiters,
             timeout,
         }

@@ -16,7 +16,7 @@
 //! - [`leader`]: Lease-based leader election; controllers run on the leader only.
 //! - [`karpenter`]: Karpenter's objects as far as autonode reads them.
 //! - [`tls`]: the serving certificate, reloaded when it changes.
-//! - [`observe`]: `/metrics`, `/healthz`, `/readyz`.
+//! - [`probes`]: `/metrics`, `/healthz`, `/readyz`.
 //! - [`nodeconfig`]: the inputs of a node's config (EC2NodeClass, Ignition
 //!   ConfigMaps and Secrets) from watch-backed caches; [`render`] turns them
 //!   into JSON.
@@ -49,7 +49,7 @@ pub mod metrics;
 pub mod nodeclaim;
 pub mod nodeclass;
 pub mod nodeconfig;
-pub mod observe;
+pub mod probes;
 pub mod refusal;
 pub mod render;
 pub mod report;

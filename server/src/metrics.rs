@@ -316,7 +316,7 @@ pub struct SignerLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReportRefusalLabels {
-    /// Why a report was refused (see `report::Refusal::reason`).
+    /// Why a report was refused (see `report::ReportRefusal::reason`).
     pub reason: &'static str,
 }
 

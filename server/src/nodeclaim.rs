@@ -11,7 +11,6 @@
 //! a LIST per join: a scale-out of a thousand machines must not become a
 //! thousand LISTs of every NodeClaim.
 
-use crate::binding::Record;
 use crate::cache::{self, Cache};
 use crate::karpenter::{Condition, NodeClaim};
 use crate::marks;
@@ -69,6 +68,20 @@ impl NodeClaims {
         }
     }
 
+    /// The one NodeClaim whose `status.providerID` is `provider_id`: the
+    /// lookup the join and an agent's report share. After the first list,
+    /// through [`NodeClaims::find`]'s grace; none found while the watch is
+    /// reconnecting is [`FindError::Stale`] (the NodeClaim may be one it
+    /// missed), not a verdict on the machine.
+    pub async fn one_for(&self, provider_id: &str) -> Result<Arc<NodeClaim>, FindError> {
+        self.ready().await?;
+        let matches = self.find(provider_id).await;
+        if matches.is_empty() && !self.is_fresh() {
+            return Err(FindError::Stale);
+        }
+        Ok(only(provider_id, matches)?)
+    }
+
     /// The NodeClaims whose `status.providerID` is exactly `provider_id`.
     /// (A scan under the cache's read lock that clones only the matches: a
     /// snapshot of every NodeClaim per lookup cost an allocation and an
@@ -100,7 +113,8 @@ impl NodeClaims {
         Ok(claim)
     }
 
-    /// Writes `record` as `name`'s binding, and `reported` as its
+    /// Writes `value` (a serialized [`crate::binding::Record`]; the binding
+    /// owns its format) as `name`'s binding, and `reported` as its
     /// [`marks::REPORTED`] mark when given, only if the NodeClaim is still
     /// at `resource_version` (the API server answers 409 otherwise).
     /// Returns the NodeClaim as written, with only autonode's own marks.
@@ -108,10 +122,9 @@ impl NodeClaims {
         &self,
         name: &str,
         resource_version: Option<&str>,
-        record: &Record,
+        value: &str,
         reported: Option<&str>,
     ) -> Result<NodeClaim, kube::Error> {
-        let value = serde_json::to_string(record).map_err(kube::Error::SerdeError)?;
         let mut annotations = serde_json::json!({ marks::BINDING: value });
         if let Some(reported) = reported {
             annotations[marks::REPORTED] = reported.into();
@@ -253,6 +266,20 @@ fn keep_own_marks(claim: &mut NodeClaim) {
 #[error("NodeClaim cache: {0}")]
 pub struct NotListed(#[source] cache::WatchEnded);
 
+/// Why [`NodeClaims::one_for`] found no one NodeClaim.
+#[derive(Debug, thiserror::Error)]
+pub enum FindError {
+    #[error(transparent)]
+    NotListed(#[from] NotListed),
+    /// Nothing matched while the watch was reconnecting.
+    #[error("NodeClaim cache out of date (watch reconnecting)")]
+    Stale,
+    /// None or several NodeClaims have the providerID
+    /// ([`SelectError::None`] or [`SelectError::Many`]).
+    #[error(transparent)]
+    Select(#[from] SelectError),
+}
+
 /// Why an attested instance has no NodeClaim it may join as.
 #[derive(Debug, thiserror::Error)]
 pub enum SelectError {
@@ -274,34 +301,26 @@ pub enum SelectError {
     },
 }
 
-/// Picks the one NodeClaim an attested instance may join as, or says why
-/// there is none: exactly one match, not Registered, not deleting, and the
-/// instance's `pendingTime` no earlier than the NodeClaim's creation (an
-/// instance older than its claim is not the machine Karpenter launched for
-/// it).
-pub fn select(
+/// The one NodeClaim of `matches` (those with `provider_id`), or none
+/// or many.
+pub fn only(
     provider_id: &str,
     matches: Vec<Arc<NodeClaim>>,
-    pending_time: OffsetDateTime,
 ) -> Result<Arc<NodeClaim>, SelectError> {
-    let claim = match matches.len() {
-        0 => return Err(SelectError::None(provider_id.to_string())),
-        1 => matches
-            .into_iter()
-            .next()
-            .ok_or_else(|| SelectError::None(provider_id.to_string()))?,
-        count => {
-            return Err(SelectError::Many {
-                provider_id: provider_id.to_string(),
-                count,
-            })
-        }
-    };
-    check(&claim, pending_time)?;
-    Ok(claim)
+    match <[Arc<NodeClaim>; 1]>::try_from(matches) {
+        Ok([claim]) => Ok(claim),
+        Err(matches) if matches.is_empty() => Err(SelectError::None(provider_id.to_string())),
+        Err(matches) => Err(SelectError::Many {
+            provider_id: provider_id.to_string(),
+            count: matches.len(),
+        }),
+    }
 }
 
-/// The rules one NodeClaim must pass.
+/// The rules the one NodeClaim an attested instance joins as must pass:
+/// not Registered, not deleting, and the instance's `pendingTime` no
+/// earlier than the NodeClaim's creation (an instance older than its claim
+/// is not the machine Karpenter launched for it).
 pub fn check(claim: &NodeClaim, pending_time: OffsetDateTime) -> Result<(), SelectError> {
     let name = claim.metadata.name.clone().unwrap_or_default();
     if claim.is_deleting() {
@@ -395,18 +414,16 @@ mod tests {
 
     #[test]
     fn one_fresh_claim_is_selected() {
-        assert!(select(PID, vec![claim(json!({}))], AFTER).is_ok());
+        let one = only(PID, vec![claim(json!({}))]).unwrap();
+        assert!(check(&one, AFTER).is_ok());
     }
 
     #[test]
     fn none_or_many_are_refused() {
-        assert!(matches!(
-            select(PID, vec![], AFTER),
-            Err(SelectError::None(_))
-        ));
+        assert!(matches!(only(PID, vec![]), Err(SelectError::None(_))));
         let two = vec![claim(json!({})), claim(json!({}))];
         assert!(matches!(
-            select(PID, two, AFTER),
+            only(PID, two),
             Err(SelectError::Many { count: 2, .. })
         ));
     }
@@ -416,17 +433,17 @@ mod tests {
         let registered =
             claim(json!({"status": {"conditions": [{"type": "Registered", "status": "True"}]}}));
         assert!(matches!(
-            select(PID, vec![registered], AFTER),
+            check(&registered, AFTER),
             Err(SelectError::Registered(_))
         ));
         let deleting = claim(json!({"metadata": {"deletionTimestamp": "2026-01-01T10:01:00Z"}}));
         assert!(matches!(
-            select(PID, vec![deleting], AFTER),
+            check(&deleting, AFTER),
             Err(SelectError::Deleting(_))
         ));
         let before = datetime!(2026-01-01 09:59:59 UTC);
         assert!(matches!(
-            select(PID, vec![claim(json!({}))], before),
+            check(&claim(json!({})), before),
             Err(SelectError::PendingBeforeNodeClaim { .. })
         ));
     }

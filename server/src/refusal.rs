@@ -13,7 +13,7 @@
 use crate::binding::{BindingError, BindingRefusal};
 use crate::ec2::LookupError;
 use crate::issuer::IssueError;
-use crate::nodeclaim::{NotListed, SelectError};
+use crate::nodeclaim::{FindError, SelectError};
 use crate::nodeconfig::ConfigError;
 use autonode_shared::csr::CsrError;
 use autonode_shared::identity::{IdentityError, PolicyError};
@@ -150,9 +150,12 @@ impl JoinError {
 // service's failure becomes a verdict. A service says what went wrong; the
 // join decides whether that is a refusal (final) or unavailable (retry).
 
-impl From<NotListed> for JoinError {
-    fn from(e: NotListed) -> Self {
-        Self::unavailable(e)
+impl From<FindError> for JoinError {
+    fn from(e: FindError) -> Self {
+        match e {
+            FindError::Select(e) => e.into(),
+            e @ (FindError::NotListed(_) | FindError::Stale) => Self::unavailable(e),
+        }
     }
 }
 

@@ -19,8 +19,8 @@ use crate::binding::{self, Unreadable};
 use crate::events::Events;
 use crate::karpenter::{aws_provider_id, NodeClaim};
 use crate::metrics::{Metrics, PhaseLabels, ReportRefusalLabels};
-use crate::nodeclaim::NodeClaims;
-use autonode_shared::identity::{self, IdentityError, Policy, TrustStore};
+use crate::nodeclaim::{FindError, NodeClaims, SelectError};
+use autonode_shared::identity::{self, IdentityError, Policy, PolicyError, TrustStore};
 use autonode_shared::proof::{self, ProofError};
 use autonode_shared::protocol::{Outcome, ReportRequest};
 use std::collections::{BTreeSet, HashMap};
@@ -64,20 +64,55 @@ pub struct ReportContext {
 #[derive(Debug, Error)]
 pub enum ReportError {
     #[error("report refused: {0}")]
-    Refused(#[from] Refusal),
+    Refused(#[from] ReportRefusal),
+    /// Something on our side is unavailable; the agent retries (503).
     #[error("temporarily unavailable: {0}")]
-    Unavailable(String),
+    Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
+
+impl ReportError {
+    /// A report that cannot be handled now, for `why`.
+    fn unavailable(why: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Self::Unavailable(why.into())
+    }
+}
+
+impl From<FindError> for ReportError {
+    fn from(e: FindError) -> Self {
+        match e {
+            FindError::Select(e) => ReportRefusal::NodeClaim(e).into(),
+            e @ (FindError::NotListed(_) | FindError::Stale) => Self::unavailable(e),
+        }
+    }
+}
+
+/// A NodeClaim read or write the report needed failed.
+#[derive(Debug, Error)]
+#[error("{action} NodeClaim {name}: {source}")]
+struct ClaimCall {
+    action: &'static str,
+    name: String,
+    #[source]
+    source: kube::Error,
+}
+
+/// [`Replays`] is full: a signed report is turned away until entries expire.
+#[derive(Debug, Error)]
+#[error("replay set full")]
+struct ReplaysFull;
 
 /// Why a report is refused (final: the agent does not retry a 4xx).
 #[derive(Debug, Error)]
-pub enum Refusal {
+pub enum ReportRefusal {
     #[error("identity document: {0}")]
     Identity(#[from] IdentityError),
-    #[error("account {account} / region {region} not allowed")]
-    NotAllowed { account: String, region: String },
-    #[error("{count} NodeClaims have providerID {provider_id}")]
-    NodeClaims { count: usize, provider_id: String },
+    /// The instance's account or region is not allowed (the join's own
+    /// origin check, [`Policy::check_origin`]).
+    #[error(transparent)]
+    NotAllowed(#[from] PolicyError),
+    /// None or several NodeClaims have the instance's providerID.
+    #[error(transparent)]
+    NodeClaim(SelectError),
     #[error(transparent)]
     UnreadableBinding(#[from] Unreadable),
     #[error("instance is bound to a key but the report carries no proof")]
@@ -95,19 +130,19 @@ pub enum Refusal {
     Replayed,
 }
 
-impl Refusal {
+impl ReportRefusal {
     /// The metric label.
     pub fn reason(&self) -> &'static str {
         match self {
-            Refusal::Identity(_) => "identity",
-            Refusal::NotAllowed { .. } => "not_allowed",
-            Refusal::NodeClaims { .. } => "nodeclaims",
-            Refusal::UnreadableBinding(_) => "unreadable_binding",
-            Refusal::NoProof => "no_proof",
-            Refusal::BadProof(_) => "bad_proof",
-            Refusal::WrongKey { .. } => "wrong_key",
-            Refusal::OutsideWindow { .. } => "outside_window",
-            Refusal::Replayed => "replayed",
+            ReportRefusal::Identity(_) => "identity",
+            ReportRefusal::NotAllowed(_) => "not_allowed",
+            ReportRefusal::NodeClaim(_) => "nodeclaims",
+            ReportRefusal::UnreadableBinding(_) => "unreadable_binding",
+            ReportRefusal::NoProof => "no_proof",
+            ReportRefusal::BadProof(_) => "bad_proof",
+            ReportRefusal::WrongKey { .. } => "wrong_key",
+            ReportRefusal::OutsideWindow { .. } => "outside_window",
+            ReportRefusal::Replayed => "replayed",
         }
     }
 }
@@ -218,36 +253,18 @@ async fn act(
 
 /// The NodeClaim this report may speak for, and how far to believe it.
 async fn authenticate(ctx: &ReportContext, report: &ReportRequest) -> Result<Sender, ReportError> {
-    let verified =
-        identity::verify(report.identity.rsa2048.as_bytes(), &ctx.trust).map_err(Refusal::from)?;
+    let verified = identity::verify(report.identity.rsa2048.as_bytes(), &ctx.trust)
+        .map_err(ReportRefusal::from)?;
     let doc = verified.document();
     // The time window is for joining; a failure may be reported later.
-    if !ctx.policy.accounts.contains(&doc.account_id) || !ctx.policy.regions.contains(&doc.region) {
-        return Err(Refusal::NotAllowed {
-            account: doc.account_id.clone(),
-            region: doc.region.clone(),
-        }
-        .into());
-    }
-    ctx.claims
-        .ready()
-        .await
-        .map_err(|e| ReportError::Unavailable(e.to_string()))?;
+    ctx.policy.check_origin(doc).map_err(ReportRefusal::from)?;
     let provider_id = aws_provider_id(&doc.availability_zone, &doc.instance_id);
-    // The same grace as a join: an agent that fails before its join (or a
-    // report that races Karpenter's status write) must not lose the report
-    // to our cache's lag. A refused agent's final report waits it out
-    // again; that costs the machine seconds it has no use for anyway.
-    let claim = match ctx.claims.find(&provider_id).await.as_slice() {
-        [only] => only.clone(),
-        other => {
-            return Err(Refusal::NodeClaims {
-                count: other.len(),
-                provider_id,
-            }
-            .into())
-        }
-    };
+    // The join's own lookup, with its grace: an agent that fails before
+    // its join (or a report that races Karpenter's status write) must not
+    // lose the report to our cache's lag. A refused agent's final report
+    // waits it out again; that costs the machine seconds it has no use for
+    // anyway.
+    let claim = ctx.claims.one_for(&provider_id).await?;
     let (claim, record) = bound(ctx, claim, report).await?;
     let trust = match record {
         None => Trust::Unverified,
@@ -266,22 +283,24 @@ async fn bound(
     claim: Arc<NodeClaim>,
     report: &ReportRequest,
 ) -> Result<(Arc<NodeClaim>, Option<binding::Record>), ReportError> {
-    if let Some(record) = binding::recorded(&claim).map_err(Refusal::from)? {
+    if let Some(record) = binding::recorded(&claim).map_err(ReportRefusal::from)? {
         return Ok((claim, Some(record)));
     }
     if report.proof.is_none() {
         return Ok((claim, None));
     }
     let name = claim.metadata.name.clone().unwrap_or_default();
-    let fresh = ctx
-        .claims
-        .get_fresh(&name)
-        .await
-        .map_err(|e| ReportError::Unavailable(format!("reading NodeClaim {name}: {e}")))?;
+    let fresh = ctx.claims.get_fresh(&name).await.map_err(|source| {
+        ReportError::unavailable(ClaimCall {
+            action: "reading",
+            name: name.clone(),
+            source,
+        })
+    })?;
     match fresh {
         // The same object (a NodeClaim re-created under the name is not).
         Some(fresh) if fresh.metadata.uid == claim.metadata.uid => {
-            let record = binding::recorded(&fresh).map_err(Refusal::from)?;
+            let record = binding::recorded(&fresh).map_err(ReportRefusal::from)?;
             Ok((Arc::new(fresh), record))
         }
         _ => Ok((claim, None)),
@@ -295,11 +314,11 @@ fn check_signed(
     report: &ReportRequest,
     bound: &str,
 ) -> Result<[u8; 32], ReportError> {
-    let proof = report.proof.as_ref().ok_or(Refusal::NoProof)?;
+    let proof = report.proof.as_ref().ok_or(ReportRefusal::NoProof)?;
     let signed = report.signed_bytes();
-    let offered = proof::verify(proof, &signed).map_err(Refusal::from)?;
+    let offered = proof::verify(proof, &signed).map_err(ReportRefusal::from)?;
     if offered != bound {
-        return Err(Refusal::WrongKey {
+        return Err(ReportRefusal::WrongKey {
             offered,
             bound: bound.to_string(),
         }
@@ -313,10 +332,10 @@ fn check_signed(
 }
 
 /// Whether a report written at `timestamp` may be accepted at `now`.
-fn within_window(timestamp: i64, now: i64) -> Result<(), Refusal> {
+fn within_window(timestamp: i64, now: i64) -> Result<(), ReportRefusal> {
     let skew = now.abs_diff(timestamp);
     if skew > REPORT_WINDOW.unsigned_abs() {
-        return Err(Refusal::OutsideWindow { timestamp, skew });
+        return Err(ReportRefusal::OutsideWindow { timestamp, skew });
     }
     Ok(())
 }
@@ -363,7 +382,7 @@ impl Replays {
         let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
         seen.prune(now);
         if seen.expiry.contains_key(&digest) {
-            return Err(Refusal::Replayed.into());
+            return Err(ReportRefusal::Replayed.into());
         }
         if seen.expiry.len() >= seen.capacity {
             // Accepting it unremembered would let it be replayed; refusing
@@ -372,7 +391,7 @@ impl Replays {
                 capacity = seen.capacity,
                 "replay set full: signed reports are turned away until entries expire"
             );
-            return Err(ReportError::Unavailable("replay set full".into()));
+            return Err(ReportError::unavailable(ReplaysFull));
         }
         // Past this, the window refuses the report on its own.
         let expires = timestamp.saturating_add(REPORT_WINDOW);
@@ -427,10 +446,13 @@ async fn mark_failed(
     note: &str,
 ) -> Result<(), ReportError> {
     let name = claim.metadata.name.clone().unwrap_or_default();
-    ctx.claims
-        .mark_failed(&name, note)
-        .await
-        .map_err(|e| ReportError::Unavailable(format!("marking NodeClaim {name} failed: {e}")))
+    ctx.claims.mark_failed(&name, note).await.map_err(|source| {
+        ReportError::unavailable(ClaimCall {
+            action: "marking failed",
+            name,
+            source,
+        })
+    })
 }
 
 /// Deletes the NodeClaim so Karpenter replaces the machine now.
@@ -448,9 +470,11 @@ async fn delete(
             }
             Ok(())
         }
-        Err(e) => Err(ReportError::Unavailable(format!(
-            "deleting NodeClaim {name}: {e}"
-        ))),
+        Err(source) => Err(ReportError::unavailable(ClaimCall {
+            action: "deleting",
+            name,
+            source,
+        })),
     }
 }
 
@@ -482,7 +506,10 @@ mod tests {
         let replays = Replays::default();
         replays.admit(digest(1), NOW, NOW).unwrap();
         let again = replays.admit(digest(1), NOW, NOW + 10).unwrap_err();
-        assert!(matches!(again, ReportError::Refused(Refusal::Replayed)));
+        assert!(matches!(
+            again,
+            ReportError::Refused(ReportRefusal::Replayed)
+        ));
         replays.admit(digest(2), NOW, NOW + 10).unwrap();
     }
 

@@ -4,14 +4,14 @@
 use crate::config::{self, ServeArgs};
 use anyhow::{Context, Result};
 use autonode_server::api::{self, Api};
-use autonode_server::ec2::{Ec2Client, Ec2Settings};
+use autonode_server::ec2::{Ec2Client, Ec2Settings, InstanceLookup};
 use autonode_server::events::Events;
 use autonode_server::issuer::Issuer;
 use autonode_server::join::{ClusterInfo, JoinContext};
 use autonode_server::metrics::Metrics;
 use autonode_server::nodeclaim::NodeClaims;
 use autonode_server::nodeconfig::{NodeConfig, NodeConfigSettings};
-use autonode_server::observe;
+use autonode_server::probes;
 use autonode_server::render::ClusterSettings;
 use autonode_server::report::{Replays, ReportContext};
 use autonode_server::tls::ReloadingCert;
@@ -24,54 +24,36 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
+/// Checks what needs no cluster, then starts the caches, the leader's
+/// controllers and the endpoints, and serves until SIGTERM.
 pub async fn run(args: ServeArgs) -> Result<()> {
+    // Settings that are wrong on their own fail before the cluster is
+    // touched: no CRDs installed, no watches or election started.
     args.check()?;
+    let trust = trust_store(&args)?;
+    let policy = policy(&args)?;
     let (client, cluster) = guest_cluster(&args).await?;
     if args.nodeclasses.install_crds {
         autonode_server::crds::install(&client)
             .await
             .context("installing the Karpenter CRDs")?;
     }
-    let trust = trust_store(&args)?;
-    let policy = policy(&args)?;
     let metrics = Metrics::new();
     let events = Events::new(client.clone(), args.instance_name.clone(), &metrics);
     let claims = NodeClaims::start(client.clone());
     let issuer = Issuer::start(client.clone(), args.csr_timeout());
-    let ec2 = Ec2Client::new(Ec2Settings {
-        endpoint: args.ec2_endpoint.clone(),
-        ..Ec2Settings::default()
-    })
-    .await
-    .context("setting up the EC2 client")?;
-
-    let ec2: Arc<dyn autonode_server::ec2::InstanceLookup> = Arc::new(ec2);
-    let leading = start_election(&args, &client, &metrics);
-    let leader = Leader {
-        client: client.clone(),
-        claims: claims.clone(),
-        events: events.clone(),
-        metrics: metrics.clone(),
-        approver: args.approve_kubelet_csrs.then(|| approver::Settings {
-            claims: claims.clone(),
-            ec2: ec2.clone(),
-            metrics: metrics.clone(),
-            pending_cap: args.pending_csr_cap,
-        }),
-        nodeclasses: args
-            .nodeclasses
-            .settings(&args.node_config, &metrics, &events)?,
-        capacity: args.capacity_tolerance(),
-    };
+    let ec2 = ec2_lookup(&args).await?;
+    let leader = leader(&args, &client, &claims, &ec2, &metrics, &events)?;
     // The approver, the feedback and the EC2NodeClass upkeep, on the
     // watches they share (see `watches`).
+    let leading = start_election(&args, &client, &metrics);
     tokio::spawn(leader::while_leading(
-        leading.clone(),
+        leading,
         "leader-controllers",
         move || leader.clone().run(),
     ));
     let nodeconfig = NodeConfig::start(
-        client.clone(),
+        client,
         NodeConfigSettings {
             namespace: args.ignition_namespace.clone(),
             base_ignition: args.base_ignition.clone(),
@@ -102,8 +84,57 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         clock: time::OffsetDateTime::now_utc,
         replays: Replays::default(),
     });
-    let limits = args.join_api.limits();
+    let readiness = probes::Readiness { claims, nodeconfig };
+    serve(&args, join, report, readiness, metrics).await
+}
 
+/// EC2, as the join and the approver look instances up.
+async fn ec2_lookup(args: &ServeArgs) -> Result<Arc<dyn InstanceLookup>> {
+    let ec2 = Ec2Client::new(Ec2Settings {
+        endpoint: args.ec2_endpoint.clone(),
+        ..Ec2Settings::default()
+    })
+    .await
+    .context("setting up the EC2 client")?;
+    Ok(Arc::new(ec2))
+}
+
+/// What the leader runs, from the settings.
+fn leader(
+    args: &ServeArgs,
+    client: &kube::Client,
+    claims: &NodeClaims,
+    ec2: &Arc<dyn InstanceLookup>,
+    metrics: &Metrics,
+    events: &Events,
+) -> Result<Leader> {
+    Ok(Leader {
+        client: client.clone(),
+        claims: claims.clone(),
+        events: events.clone(),
+        metrics: metrics.clone(),
+        approver: args.approve_kubelet_csrs.then(|| approver::Settings {
+            claims: claims.clone(),
+            ec2: ec2.clone(),
+            metrics: metrics.clone(),
+            pending_cap: args.pending_csr_cap,
+        }),
+        nodeclasses: args
+            .nodeclasses
+            .settings(&args.user_data, metrics, events)?,
+        capacity: args.capacity_tolerance(),
+    })
+}
+
+/// Binds the join API and the probes, and serves until SIGTERM.
+async fn serve(
+    args: &ServeArgs,
+    join: Arc<JoinContext>,
+    report: Arc<ReportContext>,
+    readiness: probes::Readiness,
+    metrics: Metrics,
+) -> Result<()> {
+    let limits = args.join_api.limits();
     let cert = ReloadingCert::load(&args.tls_cert, &args.tls_key)
         .context("loading the serving certificate")?;
     cert.spawn_reloader();
@@ -115,9 +146,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         .await
         .with_context(|| format!("listening on {}", args.metrics_listen))?;
     tracing::info!(join_api = %listener.local_addr()?, metrics = %metrics_listener.local_addr()?, "autonode-server serving");
-
-    let readiness = observe::Readiness { claims, nodeconfig };
-    tokio::spawn(observe::serve(metrics_listener, metrics.clone(), readiness));
+    tokio::spawn(probes::serve(metrics_listener, metrics.clone(), readiness));
     tokio::select! {
         _ = api::serve(listener, acceptor, Api::new(join, report, limits, metrics)) => {}
         _ = shutdown_signal() => tracing::info!("shutting down"),

@@ -14,7 +14,8 @@
 //! own writer rather than a TOML serializer whose quoting choices may change
 //! between versions; the same settings always give the same bytes, and
 //! inputs are normalised first (the CA is re-encoded from its DER, the
-//! deadline is written in one canonical unit). The tests pin the bytes of
+//! deadline is written in one canonical unit, [`agentconfig::deadline_text`],
+//! and checked by the agent's own rule). The tests pin the bytes of
 //! `render-userdata`'s outputs (`server/testdata/userdata/`).
 //!
 //! **The CA is pinned by default** ([`CaForm::Pin`]): `server-ca-sha256` is
@@ -37,9 +38,6 @@ use autonode_shared::pem;
 use serde_json::Value;
 use std::time::Duration;
 use thiserror::Error;
-
-/// Longest agent deadline: Karpenter's registration limit.
-pub use autonode_shared::contract::MAX_DEADLINE;
 
 /// First line of every rendered document: what an operator sees in the
 /// EC2 console or `kubectl get ec2nodeclass -o yaml`.
@@ -72,7 +70,7 @@ pub enum RenderError {
     #[error("cluster name {0:?}: expected 1-63 characters of a-z, 0-9, '-', '_' and '.'")]
     ClusterName(String),
     #[error("agent deadline must be between 1s and 15m (Karpenter's registration limit)")]
-    Deadline,
+    Deadline(#[source] agentconfig::DeadlineError),
 }
 
 /// How the agent is told to trust the join API's CA.
@@ -133,7 +131,7 @@ pub struct Rendered {
 
 impl Rendered {
     /// Both forms of `config`'s userData.
-    pub fn new(config: &NodeConfig) -> Self {
+    pub fn new(config: &UserDataSettings) -> Self {
         let toml = render(config);
         let ignition = ignition_writing(&toml);
         Self { toml, ignition }
@@ -150,7 +148,7 @@ impl Rendered {
 
 /// What goes into the agent's config.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeConfig {
+pub struct UserDataSettings {
     /// The join API's URL as nodes reach it (`https://host:port`).
     pub server_url: String,
     /// The CA certificates (DER) the join API's chain leads to.
@@ -161,7 +159,7 @@ pub struct NodeConfig {
     pub deadline: Option<Duration>,
 }
 
-impl NodeConfig {
+impl UserDataSettings {
     /// Validated settings from a PEM CA bundle.
     pub fn new(
         server_url: &str,
@@ -192,8 +190,10 @@ impl NodeConfig {
             ));
         }
         match self.deadline {
-            Some(d) if d.as_secs() == 0 || d > MAX_DEADLINE => Err(RenderError::Deadline),
-            _ => Ok(()),
+            Some(d) => agentconfig::check_deadline(d)
+                .map(|_| ())
+                .map_err(RenderError::Deadline),
+            None => Ok(()),
         }
     }
 
@@ -214,7 +214,7 @@ impl NodeConfig {
             server_ca_sha256,
             cluster_name: Some(self.cluster_name.clone()),
             options: Options {
-                deadline: self.deadline.map(canonical_duration),
+                deadline: self.deadline.map(agentconfig::deadline_text),
                 ..Options::default()
             },
         }
@@ -222,12 +222,12 @@ impl NodeConfig {
 }
 
 /// The userData: the agent's config TOML, byte-stable for equal settings.
-pub fn render(config: &NodeConfig) -> String {
+pub fn render(config: &UserDataSettings) -> String {
     format!("{HEADER}{}", config.document().to_toml())
 }
 
 /// The userData in `format`.
-pub fn render_as(config: &NodeConfig, format: Format) -> String {
+pub fn render_as(config: &UserDataSettings, format: Format) -> String {
     match format {
         Format::Toml => render(config),
         Format::Ignition => render_ignition(config),
@@ -237,7 +237,7 @@ pub fn render_as(config: &NodeConfig, format: Format) -> String {
 /// The userData as an Ignition config (spec [`IGNITION_VERSION`]) that
 /// writes exactly [`render`]'s bytes to [`agentconfig::LOCAL_FILE`], mode
 /// [`LOCAL_FILE_MODE`]; byte-stable like [`render`].
-pub fn render_ignition(config: &NodeConfig) -> String {
+pub fn render_ignition(config: &UserDataSettings) -> String {
     ignition_writing(&render(config))
 }
 
@@ -268,16 +268,6 @@ fn ignition_writing(toml: &str) -> String {
 pub fn ca_pin(der: &[u8]) -> String {
     // The same digest the report proofs use for key fingerprints.
     autonode_shared::proof::fingerprint(der)
-}
-
-/// Whole hours, else whole minutes, else seconds: one spelling per value.
-fn canonical_duration(d: Duration) -> String {
-    let secs = d.as_secs();
-    match secs {
-        s if s % 3600 == 0 => format!("{}h", s / 3600),
-        s if s % 60 == 0 => format!("{}m", s / 60),
-        s => format!("{s}s"),
-    }
 }
 
 fn parse_ca(pem: &str) -> Result<Vec<Vec<u8>>, RenderError> {
@@ -312,9 +302,9 @@ mod tests {
         params.self_signed(&key).unwrap().pem()
     }
 
-    fn config(ca: &str, form: CaForm) -> NodeConfig {
+    fn config(ca: &str, form: CaForm) -> UserDataSettings {
         let deadline = Some(Duration::from_secs(600));
-        NodeConfig::new(
+        UserDataSettings::new(
             "https://autonode.example.com:8443/",
             ca,
             form,
@@ -357,7 +347,7 @@ mod tests {
     fn bad_settings_are_refused() {
         let ca = ca_pem();
         let new = |url: &str, ca: &str, form, name: &str, secs: Option<u64>| {
-            NodeConfig::new(url, ca, form, name, secs.map(Duration::from_secs))
+            UserDataSettings::new(url, ca, form, name, secs.map(Duration::from_secs))
         };
         let ok = "https://a:1";
         assert!(matches!(
@@ -383,11 +373,11 @@ mod tests {
         ));
         assert_eq!(
             new(ok, &ca, CaForm::Pin, "c", Some(901)),
-            Err(RenderError::Deadline)
+            Err(RenderError::Deadline(agentconfig::DeadlineError::TooLong))
         );
         assert_eq!(
             new(ok, &ca, CaForm::Pin, "c", Some(0)),
-            Err(RenderError::Deadline)
+            Err(RenderError::Deadline(agentconfig::DeadlineError::Zero))
         );
     }
 
@@ -566,10 +556,10 @@ mod tests {
         std::fs::read_to_string(format!("{dir}/{name}")).unwrap()
     }
 
-    fn golden_config(golden: &Golden) -> NodeConfig {
+    fn golden_config(golden: &Golden) -> UserDataSettings {
         let (_, url, ca, form, name, secs) = *golden;
         let ca = testdata(&format!("{ca}.pem"));
-        NodeConfig::new(url, &ca, form, name, secs.map(Duration::from_secs)).unwrap()
+        UserDataSettings::new(url, &ca, form, name, secs.map(Duration::from_secs)).unwrap()
     }
 
     #[test]
@@ -608,7 +598,7 @@ mod tests {
             }
             let deadline = golden
                 .5
-                .map(|secs| canonical_duration(Duration::from_secs(secs)));
+                .map(|secs| agentconfig::deadline_text(Duration::from_secs(secs)));
             assert_eq!(document.options.deadline, deadline);
             assert_eq!(
                 document.options,
@@ -618,12 +608,5 @@ mod tests {
                 }
             );
         }
-    }
-
-    #[test]
-    fn strings_and_durations_have_one_spelling() {
-        assert_eq!(canonical_duration(Duration::from_secs(90)), "90s");
-        assert_eq!(canonical_duration(Duration::from_secs(600)), "10m");
-        assert_eq!(canonical_duration(Duration::from_secs(3600)), "1h");
     }
 }

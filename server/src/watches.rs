@@ -1,25 +1,35 @@
 //! The leader's controllers and the watches they share, built in one place.
 //!
 //! As in kube-rs's `shared_stream_controllers` example, each kind is
-//! watched once and handed to every controller that reads it, each watch a
-//! [`Cache`] (so each relists after a failed watch, see [`crate::cache`]):
+//! watched once per selection and handed to every controller that reads
+//! it. Every watch in the server is a [`Cache`], so every one lists again
+//! after a failed watch (see [`crate::cache`]). Which caches exist, where
+//! each is built, and why there:
 //!
-//! - NodeClaims: the join path's cache ([`NodeClaims`], on every replica);
-//!   the feedback controller reconciles from its store and its changes.
-//! - Nodes: one cache, on the leader only, read by the approver and the
-//!   feedback controller ([`cache::strip_node`] keeps what both read).
-//! - CSRs: the approver's two watches, one per kubelet signer, selected by
-//!   the API server on `spec.signerName` (see [`approver::run`]); the join
-//!   path's watch of autonode's own CSRs ([`crate::issuer`]) selects by
-//!   label and keeps other fields, so neither can stand in for the other.
-//! - EC2NodeClasses: the upkeep controller's own watch ([`nodeclass::run`]):
-//!   it reads the whole spec and managedFields, which the join path's class
-//!   cache ([`crate::nodeconfig`]) strips, and only the selected classes;
-//!   its rollout guard ([`crate::rollout`]) judges trials by the NodeClaim
-//!   cache, and a NodeClaim's change wakes its class.
+//! | cache | built in | runs | read by |
+//! |---|---|---|---|
+//! | NodeClaims | [`NodeClaims::start`] (from `serve`) | every replica | the join and reports; here, the feedback controller (store and changes) and the upkeep's rollout guard |
+//! | Nodes | here, [`Leader::run`] | the leader | the approver and the feedback controller ([`cache::strip_node`] keeps what both read) |
+//! | autonode's CSRs, by label | [`crate::issuer::Issuer::start`] | every replica | the join, waiting for its certificates |
+//! | kubelet's CSRs, one per signer | [`approver::run`] | the leader | the approver only |
+//! | EC2NodeClasses, stripped; Ignition ConfigMaps and Secrets | [`crate::nodeconfig::NodeConfig::start`] | every replica | the join's render |
+//! | EC2NodeClasses, whole, selected | [`nodeclass::run`] | the leader | the upkeep only |
+//!
+//! Why not all here: a cache read by one controller only is built by that
+//! controller, beside the selectors and the strip function it alone
+//! decides (the approver's two are selected by the API server on
+//! `spec.signerName`, the upkeep's keeps managedFields and only the
+//! selected classes); a cache the join path reads is built on every
+//! replica when `serve` starts, not on the leader. Two caches of one kind
+//! never stand in for each other: autonode's CSRs (selected by label,
+//! keeping their outcome) and kubelet's (selected by signer, keeping what
+//! judging reads) are disjoint sets, and the join's EC2NodeClass cache
+//! strips what the upkeep reads. What is shared across controllers is
+//! built here (Nodes) or handed in (NodeClaims).
 //!
 //! Everything here is polled inside one future, never spawned: a replica
-//! that stops leading drops it, and every leader-only watch with it.
+//! that stops leading drops it, and every leader-only watch with it (the
+//! approver and the upkeep poll their own caches' watches inside theirs).
 
 use crate::cache::{self, Cache};
 use crate::events::Events;

@@ -18,6 +18,17 @@ use std::net::IpAddr;
 pub const ACCOUNT: &str = "123456789012";
 pub const REGION: &str = "us-west-2";
 
+/// A customiser for [`World::launch`]: the instance in `region`, zone
+/// `<region>a` (a region the World's server does not allow, unless it is
+/// [`REGION`]).
+pub fn in_region(region: &'static str) -> impl FnOnce(Instance) -> Instance {
+    move |i| Instance {
+        region: region.into(),
+        availability_zone: format!("{region}a"),
+        ..i
+    }
+}
+
 /// What a server is told about `cloud` and its `ec2`: the test account and
 /// region allowed.
 pub fn cloud_settings(cloud: &FakeCloud, ec2: &Ec2) -> CloudSettings {

@@ -57,8 +57,12 @@ pub enum ConfigError {
     ServerCaPin,
     #[error("set either server-ca or server-ca-sha256, not both")]
     BothTrusts,
-    #[error("deadline {value:?}: {reason}")]
-    Deadline { value: String, reason: &'static str },
+    #[error("deadline {value:?}: {source}")]
+    Deadline {
+        value: String,
+        #[source]
+        source: agentconfig::DeadlineError,
+    },
     #[error("cluster-name {0:?}: expected 1-63 characters of a-z, 0-9, '-', '_' and '.'")]
     ClusterName(String),
     #[error(transparent)]
@@ -258,34 +262,14 @@ fn validate_cluster_name(name: &str) -> Result<(), ConfigError> {
     }
 }
 
-/// `"90s"`, `"10m"`, `"1h"` or a number of seconds.
+/// `"90s"`, `"10m"`, `"1h"` or a number of seconds, at most
+/// [`MAX_DEADLINE`]: the rule the server renders by
+/// ([`agentconfig::parse_deadline`]).
 pub fn parse_deadline(value: &str) -> Result<Duration, ConfigError> {
-    let err = |reason| ConfigError::Deadline {
+    agentconfig::parse_deadline(value).map_err(|source| ConfigError::Deadline {
         value: value.to_string(),
-        reason,
-    };
-    let trimmed = value.trim();
-    let (number, unit) = match trimmed.find(|c: char| !c.is_ascii_digit()) {
-        Some(i) => trimmed.split_at(i),
-        None => (trimmed, "s"),
-    };
-    let number: u64 = number
-        .parse()
-        .map_err(|_| err("expected e.g. \"90s\", \"10m\" or \"1h\""))?;
-    let seconds = match unit {
-        "s" => number,
-        "m" => number.saturating_mul(60),
-        "h" => number.saturating_mul(3600),
-        _ => return Err(err("unit must be s, m or h")),
-    };
-    let deadline = Duration::from_secs(seconds);
-    if deadline.is_zero() {
-        return Err(err("must be positive"));
-    }
-    if deadline > MAX_DEADLINE {
-        return Err(err("must be at most 15m, Karpenter's registration limit"));
-    }
-    Ok(deadline)
+        source,
+    })
 }
 
 #[cfg(test)]

@@ -12,16 +12,17 @@
 //!    Steps 1 and 2 are [`admit`]: no I/O and no waiting, before the
 //!    caller takes a join permit, so a request that can never pass costs
 //!    a little CPU and no permit.
-//! 3. **bind** (`attest`, `check_csrs`, then `bind`): the instance's
-//!    one NodeClaim ([`crate::nodeclaim`], waiting out the cache's grace
-//!    only for documents that passed), the instance as EC2 sees it
-//!    ([`crate::ec2`]), the CSRs against what EC2 says the machine is,
-//!    then the instance's keys and CSR objects recorded on the NodeClaim
-//!    ([`crate::binding`], the objects from [`crate::issuer`]).
-//! 4. **render** (in `bind`; [`crate::nodeconfig`], [`crate::render`]):
-//!    the kubelet settings and Ignition config, rendered alongside the
-//!    CSR objects of step 3 and before the binding is written, so nothing
-//!    is approved for a node whose config is broken.
+//! 3. **bind** (`attest`, `check_csrs`, then `bind::prepare`): the
+//!    instance's one NodeClaim ([`NodeClaims::one_for`], waiting out the
+//!    cache's grace only for documents that passed), the instance as EC2
+//!    sees it ([`crate::ec2`]), the CSRs against what EC2 says the machine
+//!    is; then the CSR objects created (or a resume's recorded ones found,
+//!    [`crate::issuer`]) and the instance's keys and those objects recorded
+//!    on the NodeClaim ([`crate::binding`]).
+//! 4. **render** (in `bind::prepare`; [`crate::nodeconfig`],
+//!    [`crate::render`]): the kubelet settings and Ignition config,
+//!    rendered alongside the CSR objects of step 3 and before the binding
+//!    is written, so nothing is approved for a node whose config is broken.
 //! 5. **approve** (`approve`, [`crate::issuer`]): both CSRs approved,
 //!    signed by kube-controller-manager, and the certificates checked
 //!    against the CSRs that were judged; the answer carries them with the
@@ -180,23 +181,22 @@ pub async fn handle(
 async fn join(ctx: &JoinContext, admitted: Admitted) -> Outcome {
     // Timed from here: the wait for the NodeClaim cache is part of "attest".
     let mut steps = ctx.metrics.steps();
-    let matches = match candidates(ctx, &admitted.provider_id).await {
-        Ok(matches) => matches,
-        Err(e) => return Outcome::without_claim(e),
+    let claim = match ctx.claims.one_for(&admitted.provider_id).await {
+        Ok(claim) => claim,
+        Err(e) => return Outcome::without_claim(e.into()),
     };
-    let claim = match matches.as_slice() {
-        [only] => Some(only.clone()),
-        _ => None,
-    };
-    let result = grant(ctx, admitted, matches, &mut steps).await;
-    Outcome { claim, result }
+    let result = grant(ctx, admitted, claim.clone(), &mut steps).await;
+    Outcome {
+        claim: Some(claim),
+        result,
+    }
 }
 
-/// Steps 3 to 5 for the NodeClaims that match the instance.
+/// Steps 3 to 5 for the one NodeClaim that matches the instance.
 async fn grant(
     ctx: &JoinContext,
     admitted: Admitted,
-    matches: Vec<Arc<NodeClaim>>,
+    claim: Arc<NodeClaim>,
     steps: &mut Steps<'_>,
 ) -> Result<Granted, JoinError> {
     let Admitted {
@@ -207,7 +207,7 @@ async fn grant(
         provider_id,
         ..
     } = admitted;
-    let attested = attest(ctx, doc, provider_id, matches, steps).await?;
+    let attested = attest(ctx, doc, provider_id, claim, steps).await?;
     check_csrs(&client_csr, &serving_csr, &attested)?;
     // The attested milestone's time: the machine is what it says it is.
     let attested_at = nodeclaim::age_seconds(&attested.claim);
@@ -288,31 +288,16 @@ fn verify(ctx: &JoinContext, request: &JoinRequest) -> Result<IdentityDocument, 
     Ok(verified.into_document())
 }
 
-/// Step 3 starts: the NodeClaims whose providerID is the instance's.
-async fn candidates(
-    ctx: &JoinContext,
-    provider_id: &str,
-) -> Result<Vec<Arc<NodeClaim>>, JoinError> {
-    ctx.claims.ready().await?;
-    let matches = ctx.claims.find(provider_id).await;
-    if matches.is_empty() && !ctx.claims.is_fresh() {
-        // The watch is reconnecting: the NodeClaim may be one it missed.
-        return Err(JoinError::unavailable(
-            "NodeClaim cache out of date (watch reconnecting)",
-        ));
-    }
-    Ok(matches)
-}
-
-/// Step 3, bind: the one NodeClaim the instance may join as, then EC2.
+/// Step 3, bind: the NodeClaim's rules (the one found by
+/// [`NodeClaims::one_for`]), then EC2.
 async fn attest(
     ctx: &JoinContext,
     doc: IdentityDocument,
     provider_id: String,
-    matches: Vec<Arc<NodeClaim>>,
+    claim: Arc<NodeClaim>,
     steps: &mut Steps<'_>,
 ) -> Result<Attested, JoinError> {
-    let claim = nodeclaim::select(&provider_id, matches, doc.pending_time)?;
+    nodeclaim::check(&claim, doc.pending_time)?;
     steps.done("attest");
     let instance = lookup(ctx, &doc).await?;
     steps.done("ec2");

@@ -24,9 +24,11 @@ mod document;
 
 pub use document::{Document, DocumentError, Options};
 
+use crate::contract::MAX_DEADLINE;
 use http::Uri;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::CertificateDer;
+use std::time::Duration;
 
 /// Where the agent reads its local config: what AMI builders may put there
 /// to override userData, and where an Ignition-form userData (written by the
@@ -57,6 +59,62 @@ pub fn is_valid_cluster_name(name: &str) -> bool {
         && name
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b))
+}
+
+/// Why an agent deadline is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum DeadlineError {
+    #[error("expected e.g. \"90s\", \"10m\" or \"1h\"")]
+    Syntax,
+    #[error("unit must be s, m or h")]
+    Unit,
+    #[error("must be positive")]
+    Zero,
+    #[error("must be at most 15m, Karpenter's registration limit")]
+    TooLong,
+}
+
+/// A deadline as the document writes it: `"90s"`, `"10m"`, `"1h"` or a
+/// number of seconds, within [`check_deadline`]'s range. What the agent
+/// reads; the server's [`deadline_text`] always parses back to its value.
+pub fn parse_deadline(value: &str) -> Result<Duration, DeadlineError> {
+    let trimmed = value.trim();
+    let (number, unit) = match trimmed.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => trimmed.split_at(i),
+        None => (trimmed, "s"),
+    };
+    let number: u64 = number.parse().map_err(|_| DeadlineError::Syntax)?;
+    let seconds = match unit {
+        "s" => number,
+        "m" => number.saturating_mul(60),
+        "h" => number.saturating_mul(3600),
+        _ => return Err(DeadlineError::Unit),
+    };
+    check_deadline(Duration::from_secs(seconds))
+}
+
+/// A deadline's range: positive and at most [`MAX_DEADLINE`] (Karpenter
+/// deletes an instance that has not registered by then). The server checks
+/// a deadline with this before it renders one, the agent when it parses.
+pub fn check_deadline(deadline: Duration) -> Result<Duration, DeadlineError> {
+    if deadline.is_zero() {
+        return Err(DeadlineError::Zero);
+    }
+    if deadline > MAX_DEADLINE {
+        return Err(DeadlineError::TooLong);
+    }
+    Ok(deadline)
+}
+
+/// A deadline's one spelling in the document (Karpenter hashes userData, so
+/// one value must always give the same bytes): whole hours, else whole
+/// minutes, else seconds.
+pub fn deadline_text(deadline: Duration) -> String {
+    match deadline.as_secs() {
+        s if s % 3600 == 0 => format!("{}h", s / 3600),
+        s if s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
+    }
 }
 
 /// The DER certificates of a PEM bundle; at least one.

@@ -138,3 +138,22 @@ fn an_upper_layer_wins_key_by_key_and_trust_as_one() {
     assert_eq!(merged.options.no_proxy, lower.options.no_proxy);
     assert_eq!(lower.clone().overlay(Document::default()), lower);
 }
+
+#[test]
+fn deadlines_parse_within_the_range_and_print_one_way() {
+    assert_eq!(parse_deadline("90"), Ok(Duration::from_secs(90)));
+    assert_eq!(parse_deadline(" 10m "), Ok(Duration::from_secs(600)));
+    assert_eq!(parse_deadline("0s"), Err(DeadlineError::Zero));
+    assert_eq!(parse_deadline("16m"), Err(DeadlineError::TooLong));
+    assert_eq!(parse_deadline("1h"), Err(DeadlineError::TooLong));
+    assert_eq!(parse_deadline("5d"), Err(DeadlineError::Unit));
+    assert_eq!(parse_deadline("m"), Err(DeadlineError::Syntax));
+    assert_eq!(deadline_text(Duration::from_secs(90)), "90s");
+    assert_eq!(deadline_text(Duration::from_secs(600)), "10m");
+    assert_eq!(deadline_text(Duration::from_secs(3600)), "1h");
+    // Every deadline in the range prints as text that parses back to it.
+    for secs in 1..=MAX_DEADLINE.as_secs() {
+        let deadline = Duration::from_secs(secs);
+        assert_eq!(parse_deadline(&deadline_text(deadline)), Ok(deadline));
+    }
+}

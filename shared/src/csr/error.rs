@@ -3,13 +3,13 @@
 
 use std::net::IpAddr;
 
-use super::*;
+use super::{NODES_GROUP, RSA_MAX_BITS, RSA_MIN_BITS};
 
 /// Why a CSR (or its usages) was refused. Messages name what was found and
 /// what was expected; [`CsrError::reason`] gives the metric label.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CsrError {
-    /// The input is larger than [`MAX_CSR_PEM_BYTES`].
+    /// The input is larger than [`MAX_CSR_PEM_BYTES`](super::MAX_CSR_PEM_BYTES).
     #[error("CSR PEM is {len} bytes, more than the {max} allowed")]
     TooLarge {
         /// Input length.

@@ -5,7 +5,8 @@ use std::collections::HashSet;
 use std::fmt;
 use std::net::IpAddr;
 
-use super::*;
+use super::{CsrError, MAX_CSR_PEM_BYTES, RSA_MAX_BITS, RSA_MIN_BITS};
+
 use sha2::{Digest, Sha256};
 use x509_parser::certification_request::X509CertificationRequest;
 use x509_parser::cri_attributes::ParsedCriAttribute;
@@ -45,8 +46,8 @@ impl fmt::Display for KeyKind {
 }
 
 /// A CSR whose structure, key policy and self-signature have been checked;
-/// the naming rules are still to be applied with [`check_client_csr`] or
-/// [`check_serving_csr`].
+/// the naming rules are still to be applied with [`check_client_csr`](super::check_client_csr) or
+/// [`check_serving_csr`](super::check_serving_csr).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParsedCsr {
     /// The subject CN, if there is exactly one (two CNs are refused by
@@ -107,7 +108,7 @@ impl ParsedCsr {
 /// signature algorithms outside the allow-list, ambiguous subjects and SAN
 /// types kubelet never uses, then verifies the self-signature with the
 /// CSR's own key. Names are extracted but not judged against the node:
-/// that is [`check_client_csr`] / [`check_serving_csr`].
+/// that is [`check_client_csr`](super::check_client_csr) / [`check_serving_csr`](super::check_serving_csr).
 pub fn parse_csr(pem: &[u8]) -> Result<ParsedCsr, CsrError> {
     let der = single_pem_block(pem)?;
     let (rest, req) = X509CertificationRequest::from_der(&der).map_err(unparsable)?;

@@ -3,7 +3,7 @@
 
 use std::net::IpAddr;
 
-use super::*;
+use super::{check_key, CsrError, ParsedCsr, NODES_GROUP, NODE_USER_PREFIX};
 
 // ---------------------------------------------------------------------------
 // Rules

@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 
-use super::*;
+use super::{CsrError, KeyKind, CLIENT_SIGNER, SERVING_SIGNER};
 
 const USAGE_DIGITAL_SIGNATURE: &str = "digital signature";
 const USAGE_KEY_ENCIPHERMENT: &str = "key encipherment";

@@ -55,15 +55,25 @@ impl Policy {
         }
     }
 
-    /// Check `doc` at time `now` (passed in so tests and replays set it).
+    /// Check `doc` at time `now` (passed in so tests and replays set it):
+    /// its origin ([`Policy::check_origin`]), then the pendingTime window.
     pub fn check(&self, doc: &IdentityDocument, now: OffsetDateTime) -> Result<(), PolicyError> {
+        self.check_origin(doc)?;
+        self.check_time(doc.pending_time, now)
+    }
+
+    /// Whether `doc`'s instance is in an allowed account and region: the
+    /// part of the policy that holds for the instance's whole life. A join
+    /// also needs the time window ([`Policy::check`]); an agent's report
+    /// needs only this, since a failure may be reported after the window.
+    pub fn check_origin(&self, doc: &IdentityDocument) -> Result<(), PolicyError> {
         if !self.accounts.contains(&doc.account_id) {
             return Err(PolicyError::AccountNotAllowed(doc.account_id.clone()));
         }
         if !self.regions.contains(&doc.region) {
             return Err(PolicyError::RegionNotAllowed(doc.region.clone()));
         }
-        self.check_time(doc.pending_time, now)
+        Ok(())
     }
 
     fn check_time(&self, pending: OffsetDateTime, now: OffsetDateTime) -> Result<(), PolicyError> {

@@ -558,6 +558,30 @@ fn policy_refuses_a_region_not_allowed() {
     );
 }
 
+/// The origin check is the allow-lists alone: a document long past the
+/// join window still has its origin judged (an agent's report), and one
+/// from elsewhere is refused with the join's own errors.
+#[test]
+fn the_origin_check_ignores_the_window_but_not_the_allow_lists() {
+    let policy = sample_policy();
+    let mut old = sample_doc();
+    old.pending_time -= time::Duration::days(30);
+    assert_eq!(policy.check_origin(&old), Ok(()));
+    assert!(policy.check(&old, sample_pending_time()).is_err());
+    let mut elsewhere = sample_doc();
+    elsewhere.region = "eu-west-1".into();
+    assert_eq!(
+        policy.check_origin(&elsewhere),
+        Err(PolicyError::RegionNotAllowed("eu-west-1".into()))
+    );
+    let mut foreign = sample_doc();
+    foreign.account_id = "111111111111".into();
+    assert_eq!(
+        policy.check_origin(&foreign),
+        Err(PolicyError::AccountNotAllowed("111111111111".into()))
+    );
+}
+
 #[test]
 fn empty_policy_allows_nothing() {
     let none: [&str; 0] = [];

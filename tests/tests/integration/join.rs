@@ -7,7 +7,7 @@ use autonode_tests::joiner::{self, Answer, CsrShape, NodeKeys};
 use autonode_tests::karpenter;
 use autonode_tests::node::registration;
 use autonode_tests::pki::CertPair;
-use autonode_tests::world::{World, ACCOUNT, REGION};
+use autonode_tests::world::{in_region, World, ACCOUNT, REGION};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, PostParams};
 use std::net::{IpAddr, Ipv4Addr};
@@ -110,13 +110,7 @@ async fn refusals_approve_nothing_and_log_the_reason() -> Result<()> {
         .await?;
 
     // A region not on the allow-list; a launch older than the window.
-    let (_, elsewhere) = world
-        .launch(|i| Instance {
-            region: "eu-west-1".into(),
-            availability_zone: "eu-west-1a".into(),
-            ..i
-        })
-        .await?;
+    let (_, elsewhere) = world.launch(in_region("eu-west-1")).await?;
     let answer = world.joiner.join(&honest(&elsewhere)?).await?;
     world
         .assert_refused(answer, &elsewhere, "region_not_allowed")

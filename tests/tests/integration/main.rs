@@ -21,6 +21,7 @@ mod helm;
 mod hostile;
 mod ignition_check;
 mod ignition_oracle;
+mod imports;
 mod join;
 mod layout;
 mod limits;

@@ -9,7 +9,7 @@ use autonode_tests::fakecloud::Instance;
 use autonode_tests::joiner::NodeKeys;
 use autonode_tests::karpenter;
 use autonode_tests::server::TestServer;
-use autonode_tests::world::{cloud_settings, World};
+use autonode_tests::world::{cloud_settings, in_region, World};
 use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, ListParams};
 use rcgen::KeyPair;
@@ -69,6 +69,42 @@ async fn a_fatal_report_before_the_binding_leaves_the_nodeclaim_alone() -> Resul
     );
     // The machine is not harmed: its agent joins.
     join(&world, &instance).await?;
+    Ok(())
+}
+
+/// A genuine, AWS-signed document of an instance outside the allowed
+/// accounts or regions speaks for nothing here, even where a NodeClaim has
+/// its providerID: its reports are refused by the join's own origin check
+/// (`Policy::check_origin`) before any Event is written, while an allowed
+/// instance's report beside them is accepted.
+#[tokio::test]
+async fn reports_from_an_account_or_region_not_allowed_are_refused() -> Result<()> {
+    let world = World::start().await?;
+    let (_, other_account) = world
+        .launch(|i| Instance {
+            account_id: "999999999999".into(),
+            ..i
+        })
+        .await?;
+    let (_, elsewhere) = world.launch(in_region("eu-west-1")).await?;
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    for outsider in [&other_account, &elsewhere] {
+        let fatal = report(&world, outsider, Outcome::Fatal, now, None)?;
+        let (status, body) = post_report(&world, &fatal).await?;
+        ensure!(
+            status == 403,
+            "{}'s report was answered {status}: {body}",
+            outsider.instance_id
+        );
+    }
+    let (_, allowed) = world.launch(|i| i).await?;
+    send_report(&world, &allowed, Outcome::Retrying, None).await?;
+
+    let metrics = metrics(&world).await?;
+    ensure!(
+        metrics.contains(r#"autonode_agent_reports_refused_total{reason="not_allowed"} 2"#),
+        "{metrics}"
+    );
     Ok(())
 }
 

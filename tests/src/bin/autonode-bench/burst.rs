@@ -2,7 +2,8 @@
 //! addresses, optionally beside hostile clients: throughput and the
 //! server's memory under load.
 
-use crate::*;
+use crate::measure::{cpu_seconds, keep_logs, ms, percentile, round, vm_hwm_bytes};
+use crate::options::{BURST_DEADLINE, LAUNCH_CONCURRENCY};
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use autonode_shared::protocol::{JoinRequest, JoinResponse, JOIN_PATH};
 use autonode_tests::controlplane::unique;

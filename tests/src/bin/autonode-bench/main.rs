@@ -43,9 +43,13 @@ mod sequential;
 mod table;
 
 use anyhow::{bail, ensure, Context, Result};
+use burst::burst;
+use measure::{machine, round};
+use options::Options;
+use sequential::sequential;
 use serde_json::{Map, Value};
 use std::time::Instant;
-use {burst::*, measure::*, options::*, sequential::*, table::*};
+use table::table;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {

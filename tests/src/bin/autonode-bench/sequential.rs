@@ -2,7 +2,11 @@
 //! bare kubelet CSR path and the join's API writes alone, on one control
 //! plane: what a join costs over the floor it stands on.
 
-use crate::*;
+use crate::layer;
+use crate::measure::{
+    cpu_seconds, keep_logs, metric, ms, percentile, round, server_metrics, JOIN_STEPS,
+};
+use crate::options::Options;
 use anyhow::{ensure, Context, Result};
 use autonode_server::approval;
 use autonode_shared::csr::{self, Purpose};

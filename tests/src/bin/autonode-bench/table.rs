@@ -1,6 +1,6 @@
 //! The results as the Markdown table docs/benchmarks.md quotes.
 
-use crate::*;
+use crate::measure::JOIN_STEPS;
 use serde_json::Value;
 
 /// The results as a Markdown table (what docs/benchmarks.md quotes).

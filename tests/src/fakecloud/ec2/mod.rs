@@ -19,7 +19,9 @@ mod xml;
 #[cfg(test)]
 mod tests;
 
-use {query::*, sigv4::*, xml::*};
+use query::{check_action, Query};
+use sigv4::{check_clock, check_scope, parse_authorization, signature};
+use xml::{describe_instances_xml, error_response, XML_CONTENT_TYPE};
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

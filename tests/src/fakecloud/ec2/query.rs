@@ -1,7 +1,7 @@
 //! Reading a `DescribeInstances` request: the action and version, the
 //! instance IDs and filters, each checked as EC2 checks them.
 
-use super::*;
+use super::Ec2Error;
 use std::collections::BTreeMap;
 
 use crate::fakecloud::Instance;

@@ -1,7 +1,7 @@
 //! SigV4, verified for real: the `Authorization` header, its scope and
 //! clock, and the signature recomputed over the canonical request.
 
-use super::*;
+use super::{Ec2Error, MAX_CLOCK_SKEW, TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY};
 use std::collections::BTreeMap;
 
 use bytes::Bytes;

@@ -1,3 +1,4 @@
+use super::sigv4::{canonical_request, sign_v4};
 use super::*;
 use crate::fakecloud::http::testing::{send, Answer};
 use crate::fakecloud::iso_seconds;

@@ -1,8 +1,8 @@
 //! EC2's answers as AWS writes them: `DescribeInstancesResponse` and the
 //! `<Response><Errors>` envelope.
 
-use super::*;
-
+use super::sigv4::hex;
+use super::XMLNS;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{Response, StatusCode};

@@ -1,4 +1,4 @@
-//! `/metrics`, `/healthz` and `/readyz` on a plain HTTP port.
+//! The probes server: `/metrics`, `/healthz` and `/readyz` on a plain HTTP port.
 //!
 //! `/healthz` says the process serves; `/readyz` says it can judge joins
 //! (its NodeClaim cache has synced and its watch is connected, and the
