@@ -64,10 +64,12 @@ pub const FORMAT_ANNOTATION: &str = "autonode.dev/userdata-format";
 
 /// EC2NodeClass annotation holding the rollout guard's state (see
 /// `crate::rollout`): a mark, written by the upkeep with every apply it
-/// changes, and read back only when [`is_own`] finds autonode its only writer.
+/// changes, and read back only when its seal (an HMAC under a key only the
+/// replicas hold, see `crate::rollout::seal`) opens and [`is_own`] finds
+/// autonode its only writer: the manager name alone anyone may send.
 pub const ROLLOUT_ANNOTATION: &str = "autonode.dev/rollout";
 /// EC2NodeClass annotation asking the upkeep to hold the class's AMI and
-/// userData at the values autonode applied last (any value but `false`).
+/// userData at the values autonode applied last (value `true`).
 /// Set by operators, read by autonode: not a mark.
 pub const HOLD_ANNOTATION: &str = "autonode.dev/hold";
 /// EC2NodeClass annotation asking the upkeep to try values it reverted once

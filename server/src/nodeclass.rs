@@ -551,10 +551,6 @@ impl Context {
     /// The rollout guard's plan for `class`, userData in `format`.
     fn guard(&self, class: &Ec2NodeClass, name: &str, format: Format) -> Plan {
         let desired = &self.settings.desired;
-        let ours = applied_paths(&class.metadata, FIELD_MANAGER);
-        let owns = |field: &str| ours.iter().any(|path| path.len() == 1 && path[0] == field);
-        let current_is_ours =
-            owns("userData") && (desired.ami_terms.is_none() || owns("amiSelectorTerms"));
         let current = Values {
             user_data: class.spec.user_data.clone().unwrap_or_default(),
             ami_selector_terms: desired
@@ -566,14 +562,9 @@ impl Context {
             claims: &self.claims,
             deleted: &self.deleted,
             settings: self.settings.rollout,
+            events: &self.settings.events,
         };
-        cluster.plan(
-            class,
-            name,
-            current,
-            current_is_ours,
-            desired.values(format),
-        )
+        cluster.plan(class, name, current, desired.values(format))
     }
 
     /// Logs, Events and counts what `plan` says happened to `class`.
@@ -668,7 +659,9 @@ async fn reconcile(class: Arc<Ec2NodeClass>, ctx: Arc<Context>) -> Result<Action
     let desired = pinned(&settings.desired, &plan.target);
     let fields = drift(&class.spec, &desired, format);
     let released = released(&class.metadata, &desired);
-    let state_changed = rollout::read_state(&class).ok().flatten().as_ref() != Some(&plan.state);
+    let key = &settings.rollout.key;
+    let state_changed =
+        rollout::read_state(&class, key).ok().flatten().as_ref() != Some(&plan.state);
     if fields.is_empty() && released.is_empty() && !state_changed {
         tracing::debug!(nodeclass = %name, "EC2NodeClass as rendered");
         ctx.announce(&class, &name, &plan);
@@ -718,10 +711,16 @@ async fn write(
         version = written.metadata.resource_version.clone();
     }
     let mut body = applied(&name, desired, format);
-    let state = serde_json::to_string(&plan.state).map_err(|source| Error::State {
-        name: name.clone(),
-        source,
-    })?;
+    let uid = class.metadata.uid.as_deref().unwrap_or_default();
+    let state = ctx
+        .settings
+        .rollout
+        .key
+        .seal(uid, &plan.state)
+        .map_err(|source| Error::State {
+            name: name.clone(),
+            source,
+        })?;
     body["metadata"]["annotations"] = json!({ rollout::ROLLOUT_ANNOTATION: state });
     body["metadata"]["resourceVersion"] = json!(version);
     let params = PatchParams::apply(FIELD_MANAGER).force();

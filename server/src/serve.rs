@@ -57,9 +57,12 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             metrics: metrics.clone(),
             pending_cap: args.pending_csr_cap,
         }),
-        nodeclasses: args
-            .nodeclasses
-            .settings(&args.node_config, &metrics, &events)?,
+        nodeclasses: args.nodeclasses.settings(
+            &args.node_config,
+            &metrics,
+            &events,
+            &args.tls_key,
+        )?,
         capacity: args.capacity_tolerance(),
     };
     // The approver, the feedback and the EC2NodeClass upkeep, on the

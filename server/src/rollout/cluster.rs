@@ -6,6 +6,7 @@ use super::{
     held, outcome, outcome_when_deleted, plan, read_state, retry, under_trial, Deleted, Input,
     Observed, Outcome, Plan, Settings, Trial, Values,
 };
+use crate::events::Events;
 use crate::karpenter::{Ec2NodeClass, NodeClaim};
 use crate::nodeclaim::NodeClaims;
 use kube::ResourceExt;
@@ -17,28 +18,21 @@ pub struct Cluster<'a> {
     pub claims: &'a NodeClaims,
     pub deleted: &'a Deleted,
     pub settings: Settings,
+    pub events: &'a Events,
 }
 
-/// Per class, the reason its state was last ignored, so the warning is
-/// logged once per change, not every resync.
+/// Per class uid and resourceVersion, that its state was ignored, so the
+/// warning is told once per version of the class, not every resync.
 static IGNORED: Mutex<Option<HashSet<String>>> = Mutex::new(None);
 
 impl Cluster<'_> {
     /// The plan for `class` (named `name`), whose kept values are
-    /// `current` (`current_is_ours` when autonode's manager applied them)
-    /// and for which the flags render `desired`.
-    pub fn plan(
-        &self,
-        class: &Ec2NodeClass,
-        name: &str,
-        current: Values,
-        current_is_ours: bool,
-        desired: Values,
-    ) -> Plan {
-        let state = match read_state(class) {
+    /// `current` and for which the flags render `desired`.
+    pub fn plan(&self, class: &Ec2NodeClass, name: &str, current: Values, desired: Values) -> Plan {
+        let state = match read_state(class, &self.settings.key) {
             Ok(state) => state,
             Err(error) => {
-                warn_ignored(class, name, &error);
+                self.warn_ignored(class, name, &error);
                 None
             }
         };
@@ -49,7 +43,6 @@ impl Cluster<'_> {
         plan(Input {
             state,
             current,
-            current_is_ours,
             desired,
             hold: held(class),
             retry: retry(class),
@@ -128,24 +121,43 @@ fn now() -> i64 {
     time::OffsetDateTime::now_utc().unix_timestamp()
 }
 
-/// Logs, once per class and reason, that its state is not used.
-fn warn_ignored(class: &Ec2NodeClass, name: &str, error: &super::StateError) {
-    let key = format!(
-        "{}/{error}",
-        class.metadata.uid.as_deref().unwrap_or_default()
-    );
-    let mut ignored = IGNORED.lock().unwrap_or_else(PoisonError::into_inner);
-    let ignored = ignored.get_or_insert_with(HashSet::new);
-    // Bounded: whoever may annotate the class chooses the error text.
-    if ignored.len() >= super::MAX_DELETED {
-        ignored.clear();
-    }
-    if ignored.insert(key) {
+impl Cluster<'_> {
+    /// Logs and records a Warning Event, once per class version, that its
+    /// state is not used.
+    fn warn_ignored(&self, class: &Ec2NodeClass, name: &str, error: &super::StateError) {
+        let key = format!(
+            "{}/{}",
+            class.metadata.uid.as_deref().unwrap_or_default(),
+            class
+                .metadata
+                .resource_version
+                .as_deref()
+                .unwrap_or_default()
+        );
+        let mut ignored = IGNORED.lock().unwrap_or_else(PoisonError::into_inner);
+        let ignored = ignored.get_or_insert_with(HashSet::new);
+        // Bounded: whoever may annotate the class makes new versions.
+        if ignored.len() >= super::MAX_DELETED {
+            ignored.clear();
+        }
+        if !ignored.insert(key) {
+            return;
+        }
         tracing::warn!(
             nodeclass = %name,
             annotation = super::ROLLOUT_ANNOTATION,
             %error,
-            "EC2NodeClass rollout state ignored; the rollout guard starts afresh from the class's current values"
+            "EC2NodeClass rollout state rejected; the rollout guard starts afresh from the class's current values"
+        );
+        self.events.warning(
+            class,
+            super::STATE_REJECTED,
+            format!(
+                "annotation {}: {error}. autonode-server does not use it: the rollout guard starts \
+                 afresh from this class's current values (taken as good only when they are what \
+                 the flags render) and writes a state of its own",
+                super::ROLLOUT_ANNOTATION
+            ),
         );
     }
 }

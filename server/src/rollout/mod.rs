@@ -23,10 +23,14 @@
 //! values). [`HOLD_ANNOTATION`] freezes a class at the values autonode
 //! applied last, e.g. during a control-plane upgrade.
 //!
-//! The state counts only when autonode's field manager is its only writer
-//! (see [`crate::marks::is_own`]); a state someone else wrote is ignored and
-//! the guard starts afresh, which can cost a revert's protection but never
-//! makes autonode write values it did not render. Everything that decides
+//! The state counts only when it opens under the replicas' key
+//! ([`seal`]: an HMAC over the class's UID and the state's bytes) and
+//! autonode's field manager is its only writer (see
+//! [`crate::marks::is_own`]); a state that does not is ignored (a
+//! `RolloutStateRejected` Warning Event) and the guard starts afresh from
+//! the class as it is, taking as good only values the flags render: this
+//! can cost a revert's protection but never makes autonode keep or write
+//! values it did not render. Everything that decides
 //! is pure ([`plan`], [`observe`], [`verdict`], [`outcome`]) and tested in
 //! `tests.rs`; [`crate::nodeclass`] reads the class and the NodeClaims and
 //! writes the result together with the kept fields, in one apply.
@@ -41,11 +45,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 pub mod cluster;
+pub mod seal;
 pub mod tell;
 #[cfg(test)]
 mod tests;
 
 pub use crate::marks::{HOLD_ANNOTATION, RETRY_ANNOTATION, ROLLOUT_ANNOTATION};
+pub use seal::StateKey;
 
 /// Warning Event reason: new values failed and the last good ones are back.
 pub const REVERTED: &str = "RolloutReverted";
@@ -55,6 +61,9 @@ pub const PROMOTED: &str = "RolloutPromoted";
 pub const STARTED: &str = "RolloutStarted";
 /// Normal Event reason: the class is held; its AMI and userData stay.
 pub const HELD: &str = "RolloutHeld";
+/// Warning Event reason: the class's rollout state does not open under the
+/// key (forged, copied, or sealed under another key) and is not used.
+pub const STATE_REJECTED: &str = "RolloutStateRejected";
 /// Warning Event reason: the wanted values were reverted before and are
 /// not applied again until the operator asks.
 pub const REFUSED: &str = "RolloutRefused";
@@ -70,6 +79,8 @@ pub struct Settings {
     pub failures: usize,
     /// How long a NodeClaim has to become Ready before it counts as failed.
     pub ready_deadline: Duration,
+    /// The key that seals the class's state (see [`seal`]).
+    pub key: StateKey,
 }
 
 /// The values the guard watches over: userData and, when autonode keeps
@@ -197,14 +208,10 @@ pub enum Verdict {
 /// What a reconcile asks the guard about one class.
 #[derive(Debug, Clone)]
 pub struct Input {
-    /// The class's state, when autonode wrote it.
+    /// The class's state, when autonode wrote it (its seal opens).
     pub state: Option<State>,
     /// The class's values now.
     pub current: Values,
-    /// Whether autonode's field manager applied the class's userData (and
-    /// AMI terms, when kept): the values a fleet runs on, taken as good
-    /// when there is no state.
-    pub current_is_ours: bool,
     /// What the flags render for the class.
     pub desired: Values,
     pub hold: bool,
@@ -241,11 +248,11 @@ pub struct Plan {
 }
 
 /// The state of a class the guard has no (trusted) state for: what it runs
-/// on now is what autonode stands by, and is taken as good when autonode
-/// applied it (or it is what the flags render): it is what the fleet runs.
+/// on now is what autonode stands by, and is taken as good only when it is
+/// what the flags render. Not when managedFields say autonode applied it:
+/// anyone who may patch the class can apply under autonode's manager name.
 fn seed(input: &Input) -> State {
-    let good =
-        (input.current_is_ours || input.current == input.desired).then(|| input.current.clone());
+    let good = (input.current == input.desired).then(|| input.current.clone());
     State {
         applied: input.current.clone(),
         good,
@@ -270,8 +277,8 @@ pub fn plan(input: Input) -> Plan {
         }
     }
     // Held at what autonode applied, never at someone else's values: with
-    // no state of autonode's, only values its field manager applied hold.
-    if input.hold && (input.state.is_some() || input.current_is_ours) {
+    // no state of autonode's, only the rendered values hold.
+    if input.hold && (input.state.is_some() || input.current == input.desired) {
         notes.push(Note::Held);
         return Plan {
             target: state.applied.clone(),
@@ -470,9 +477,10 @@ pub fn outcome_when_deleted(claim: &NodeClaim, now: i64, deadline: Duration) -> 
     }
 }
 
-/// The class's state, when it has one that autonode's field manager alone
-/// wrote (`Ok(None)` when absent); an error names what is wrong with it.
-pub fn read_state(class: &Ec2NodeClass) -> Result<Option<State>, StateError> {
+/// The class's state, when it has one that opens under `key` and that
+/// autonode's field manager alone wrote (`Ok(None)` when absent); an error
+/// names what is wrong with it.
+pub fn read_state(class: &Ec2NodeClass, key: &StateKey) -> Result<Option<State>, StateError> {
     let Some(text) = class
         .metadata
         .annotations
@@ -484,9 +492,7 @@ pub fn read_state(class: &Ec2NodeClass) -> Result<Option<State>, StateError> {
     if !marks::is_own(&class.metadata, ROLLOUT_ANNOTATION) {
         return Err(StateError::Foreign);
     }
-    serde_json::from_str(text)
-        .map(Some)
-        .map_err(StateError::Parse)
+    Ok(Some(key.open(class.metadata.uid.as_deref(), text)?))
 }
 
 /// Why a class's state is not used.
@@ -494,14 +500,14 @@ pub fn read_state(class: &Ec2NodeClass) -> Result<Option<State>, StateError> {
 pub enum StateError {
     #[error("written by someone other than autonode-server (per managedFields)")]
     Foreign,
-    #[error("not valid rollout state: {0}")]
-    Parse(#[source] serde_json::Error),
+    #[error(transparent)]
+    Sealed(#[from] seal::OpenError),
 }
 
-/// Whether `class` asks to be held (its [`HOLD_ANNOTATION`] is set, to
-/// anything but `false`).
+/// Whether `class` asks to be held: its [`HOLD_ANNOTATION`] is `true`
+/// (nothing else, so a typo or `"no"` does not freeze a class unseen).
 pub fn held(class: &Ec2NodeClass) -> bool {
-    annotation(class, HOLD_ANNOTATION).is_some_and(|v| v != "false")
+    annotation(class, HOLD_ANNOTATION) == Some("true")
 }
 
 /// The class's [`RETRY_ANNOTATION`], if set.

@@ -18,7 +18,6 @@ fn input(state: Option<State>, current: Values, desired: Values) -> Input {
     Input {
         state,
         current,
-        current_is_ours: true,
         desired,
         hold: false,
         retry: None,
@@ -171,9 +170,7 @@ fn without_good_values_failures_revert_nothing() {
     let new = values("ami-2");
     let mut user = values("ami-0");
     user.user_data = "#!/bin/bash\n".into();
-    let mut first = input(None, user.clone(), new.clone());
-    first.current_is_ours = false;
-    let started = plan(first);
+    let started = plan(input(None, user.clone(), new.clone()));
     assert_eq!(started.notes, [Note::Started]);
     assert_eq!(started.state.good, None, "the user's values are not good");
     let mut next = input(Some(started.state), new.clone(), new.clone());
@@ -184,11 +181,13 @@ fn without_good_values_failures_revert_nothing() {
 }
 
 #[test]
-fn a_class_first_seen_running_autonodes_values_has_them_as_good() {
+fn a_class_without_a_state_has_as_good_only_what_the_flags_render() {
+    // Whatever managedFields say of the class's values: anyone may apply
+    // under autonode's manager name.
     let (old, new) = (values("ami-1"), values("ami-2"));
     let plan = plan(input(None, old.clone(), new.clone()));
     assert_eq!(plan.notes, [Note::Started]);
-    assert_eq!(plan.state.good, Some(old));
+    assert_eq!(plan.state.good, None);
     assert_eq!(plan.target, new);
     let same = super::plan(input(None, new.clone(), new.clone()));
     assert_eq!(same.state, settled(&new));
@@ -209,7 +208,6 @@ fn a_held_class_keeps_what_autonode_applied() {
     held.current = edited.clone();
     assert_eq!(super::plan(held.clone()).target, old);
     held.state = None;
-    held.current_is_ours = false;
     let ignored = super::plan(held);
     assert_eq!(ignored.notes, [Note::HoldIgnored, Note::Started]);
     assert_eq!(ignored.target, new);
@@ -373,27 +371,135 @@ fn a_claims_outcome_follows_its_conditions_marks_and_age() {
     );
 }
 
+const KEY: [u8; 32] = [7; 32];
+
+fn key() -> StateKey {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("key");
+    std::fs::write(&path, KEY).unwrap();
+    StateKey::from_key_file(&path).unwrap()
+}
+
+/// A class with uid `uid` whose rollout annotation is `text`, written by
+/// `manager`.
+fn class_with(uid: &str, text: &str, manager: &str) -> Ec2NodeClass {
+    serde_json::from_value(json!({
+        "metadata": {"name": "default", "uid": uid, "annotations": {ROLLOUT_ANNOTATION: text},
+            "managedFields": [{"manager": manager, "operation": "Apply",
+                "fieldsType": "FieldsV1",
+                "fieldsV1": {"f:metadata": {"f:annotations": {format!("f:{ROLLOUT_ANNOTATION}"): {}}}}}]},
+        "spec": {},
+    }))
+    .unwrap()
+}
+
 #[test]
-fn the_state_reads_back_only_when_autonode_alone_wrote_it() {
-    let state = settled(&values("ami-1"));
-    let text = serde_json::to_string(&state).unwrap();
-    let class = |manager: &str| -> Ec2NodeClass {
+fn the_state_reads_back_only_when_sealed_for_the_class_and_autonode_alone_wrote_it() {
+    let (key, state) = (key(), settled(&values("ami-1")));
+    let sealed = key.seal("uid-1", &state).unwrap();
+    let ours = marks::FIELD_MANAGER;
+    assert_eq!(
+        read_state(&class_with("uid-1", &sealed, ours), &key).unwrap(),
+        Some(state.clone())
+    );
+    assert!(matches!(
+        read_state(&class_with("uid-1", &sealed, "kubectl-edit"), &key),
+        Err(StateError::Foreign)
+    ));
+    let sealed_as = |class: &Ec2NodeClass| read_state(class, &key).map_err(|e| e.to_string());
+    // Sealed for another class (or a deleted class of the same name).
+    assert!(sealed_as(&class_with("uid-2", &sealed, ours)).is_err());
+    // Unsealed, as an older autonode wrote it, or as anyone can.
+    let plain = serde_json::to_string(&state).unwrap();
+    assert!(sealed_as(&class_with("uid-1", &plain, ours)).is_err());
+    assert!(read_state(&Ec2NodeClass::default(), &key)
+        .unwrap()
+        .is_none());
+}
+
+#[test]
+fn a_forged_or_tampered_seal_does_not_open() {
+    let (key, state) = (key(), settled(&values("ami-1")));
+    let sealed = key.seal("uid-1", &state).unwrap();
+    let mut wrapper: serde_json::Value = serde_json::from_str(&sealed).unwrap();
+    let evil = settled(&values("ami-0eeeeeeeeeeeeeee6"));
+    wrapper["state"] = json!(serde_json::to_string(&evil).unwrap());
+    let tampered = wrapper.to_string();
+    assert_eq!(
+        key.open(Some("uid-1"), &tampered),
+        Err(seal::OpenError::Forged)
+    );
+    // Under another key: a forger's own MAC.
+    let other = StateKey::from_tls_key(&write_temp(b"-----BEGIN PRIVATE KEY-----")).unwrap();
+    let forged = other.seal("uid-1", &evil).unwrap();
+    assert_eq!(
+        key.open(Some("uid-1"), &forged),
+        Err(seal::OpenError::Forged)
+    );
+    assert_eq!(key.open(None, &sealed), Err(seal::OpenError::NoUid));
+    assert_eq!(
+        key.open(Some("uid-1"), "{}"),
+        Err(seal::OpenError::Unsealed)
+    );
+}
+
+#[test]
+fn a_sealed_state_with_other_ami_terms_is_refused() {
+    let key = key();
+    let mut odd = values("ami-1");
+    odd.ami_selector_terms = Some(vec![json!({"tags": {"team": "x"}})]);
+    for terms in [
+        json!([{"tags": {"team": "x"}}]),
+        json!([{"id": "ami-1", "name": "x"}]),
+        json!([{"id": "ami-"}]),
+        json!([{"id": "ami-xyz"}]),
+        json!([{"id": 5}]),
+    ] {
+        odd.ami_selector_terms = serde_json::from_value(terms).unwrap();
+        let sealed = key.seal("u", &settled(&odd)).unwrap();
+        assert!(
+            matches!(
+                key.open(Some("u"), &sealed),
+                Err(seal::OpenError::AmiTerms(_))
+            ),
+            "{odd:?}"
+        );
+    }
+}
+
+fn write_temp(bytes: &[u8]) -> std::path::PathBuf {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), bytes).unwrap();
+    file.into_temp_path().keep().unwrap()
+}
+
+#[test]
+fn a_key_file_shorter_than_32_bytes_is_refused_and_labels_part_the_keys() {
+    let short = write_temp(&[1; 31]);
+    let error = StateKey::from_key_file(&short).unwrap_err().to_string();
+    assert!(
+        error.contains("31 bytes") && error.contains("32"),
+        "{error}"
+    );
+    let same = write_temp(&[1; 32]);
+    // One secret, two uses: the keys differ.
+    assert_ne!(
+        StateKey::from_key_file(&same).unwrap(),
+        StateKey::from_tls_key(&same).unwrap()
+    );
+    assert!(StateKey::from_key_file(std::path::Path::new("/nonexistent/key")).is_err());
+}
+
+#[test]
+fn only_true_holds() {
+    let class = |value: &str| -> Ec2NodeClass {
         serde_json::from_value(json!({
-            "metadata": {"name": "default", "annotations": {ROLLOUT_ANNOTATION: text},
-                "managedFields": [{"manager": manager, "operation": "Apply",
-                    "fieldsType": "FieldsV1",
-                    "fieldsV1": {"f:metadata": {"f:annotations": {format!("f:{ROLLOUT_ANNOTATION}"): {}}}}}]},
-            "spec": {},
+            "metadata": {"name": "c", "annotations": {HOLD_ANNOTATION: value}}, "spec": {},
         }))
         .unwrap()
     };
-    assert_eq!(
-        read_state(&class(marks::FIELD_MANAGER)).unwrap(),
-        Some(state)
-    );
-    assert!(matches!(
-        read_state(&class("kubectl-edit")),
-        Err(StateError::Foreign)
-    ));
-    assert!(read_state(&Ec2NodeClass::default()).unwrap().is_none());
+    assert!(held(&class("true")));
+    for value in ["false", "no", "yes", "True", ""] {
+        assert!(!held(&class(value)), "{value}");
+    }
 }

