@@ -3,8 +3,8 @@
 //! the pure [`Input`] that [`super::plan`] decides on.
 
 use super::{
-    held, outcome, outcome_when_deleted, plan, read_state, retry, under_trial, Deleted, Input,
-    Observed, Outcome, Plan, Settings, Trial, Values,
+    held, launched, outcome, outcome_when_deleted, plan, read_state, retry, under_trial, Deleted,
+    Input, Observed, Outcome, Plan, Settings, State, Trial, Values,
 };
 use crate::events::Events;
 use crate::karpenter::{Ec2NodeClass, NodeClaim};
@@ -38,8 +38,8 @@ impl Cluster<'_> {
         };
         let observed = state
             .as_ref()
-            .and_then(|s| Some((s.trial.as_ref()?, &s.applied)))
-            .and_then(|(trial, values)| self.observed(name, trial, values));
+            .and_then(|s| Some((s.trial.as_ref()?, s)))
+            .and_then(|(trial, state)| self.observed(name, trial, state));
         plan(Input {
             state,
             current,
@@ -52,14 +52,16 @@ impl Cluster<'_> {
         })
     }
 
-    /// The NodeClaims of class `class` under `trial` of `values`, live and
-    /// deleted, or `None` while the NodeClaim cache is not current (a
-    /// NodeClaim missing from it may just not have arrived yet).
-    fn observed(&self, class: &str, trial: &Trial, values: &Values) -> Option<Vec<Observed>> {
+    /// The NodeClaims of class `class` under `trial` of `state`'s applied
+    /// values (those launched from an AMI the change put on trial, or any
+    /// when userData changed), live and deleted, or `None` while the
+    /// NodeClaim cache is not current (a NodeClaim missing from it may
+    /// just not have arrived yet).
+    fn observed(&self, class: &str, trial: &Trial, state: &State) -> Option<Vec<Observed>> {
         if !self.claims.is_fresh() {
             return None;
         }
-        let ids = values.ami_ids();
+        let ids = Values::watched_ami_ids(&state.applied, state.good.as_ref());
         let pick = |claim: &NodeClaim| under_trial(claim, class, trial.since, &ids);
         let (now, deadline) = (now(), self.settings.ready_deadline);
         let mut seen = Vec::new();
@@ -113,6 +115,8 @@ fn observed(claim: &NodeClaim, outcome: Outcome) -> Observed {
         name: claim.name_any(),
         uid: claim.metadata.uid.clone().unwrap_or_default(),
         outcome,
+        image: claim.status.as_ref().and_then(|s| s.image_id.clone()),
+        launched: launched(claim),
     }
 }
 

@@ -13,11 +13,14 @@
 //!
 //! New values (a new `--ami-ids`, a new rendering of userData) start a
 //! trial. The NodeClaims of the class created since the trial began (and,
-//! once Karpenter records it, whose `status.imageID` is one of the trial's
-//! AMIs) are watched: the first to become Ready promotes the values to
-//! `good`; when [`Settings::failures`] of them failed (a fatal agent report,
-//! a refusal that dooms the instance, deleted before Ready, or not Ready
-//! within [`Settings::ready_deadline`]) and none became Ready, the last good
+//! once Karpenter records it, whose `status.imageID` is one of the AMIs the
+//! change replaced, or any when userData changed: see
+//! [`Values::watched_ami_ids`]) are watched: once one is Ready and each
+//! changed AMI has a Ready one, the values are promoted to `good`; when
+//! [`Settings::failures`] of them failed (a fatal agent report, a refusal
+//! that dooms the instance, deleted before Ready after it was launched, or
+//! launched and not Ready within [`Settings::ready_deadline`]) and none
+//! became Ready, the last good
 //! values are put back and the tried ones are refused until the operator
 //! sets a new value of [`RETRY_ANNOTATION`] (or the flags change to other
 //! values). [`HOLD_ANNOTATION`] freezes a class at the values autonode
@@ -102,6 +105,27 @@ impl Values {
             .filter_map(|term| term.get("id")?.as_str())
             .collect()
     }
+
+    /// The AMI ids among these values' that `from` (when known) does not
+    /// have: what a change of `from` to these values puts on trial. An
+    /// unchanged architecture's AMI is not on trial.
+    pub fn changed_ami_ids(&self, from: Option<&Values>) -> Vec<&str> {
+        let before = from.map(Values::ami_ids).unwrap_or_default();
+        self.ami_ids()
+            .into_iter()
+            .filter(|id| !before.contains(id))
+            .collect()
+    }
+
+    /// The AMI ids whose NodeClaims judge a change of `good` to these
+    /// values: every one when userData changes (every node runs it), else
+    /// the changed ones. Empty: any AMI.
+    pub fn watched_ami_ids(&self, good: Option<&Values>) -> Vec<&str> {
+        match good {
+            Some(good) if good.user_data == self.user_data => self.changed_ami_ids(Some(good)),
+            _ => self.ami_ids(),
+        }
+    }
 }
 
 /// A NodeClaim that failed under a trial, and why.
@@ -117,6 +141,11 @@ pub struct Seen {
     pub uid: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed: Option<String>,
+    /// Seen launched (an instance was made for it): gone without a node,
+    /// it failed; gone before, it is forgotten (Karpenter gave up on the
+    /// launch: no capacity, its NodePool deleted).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub launched: bool,
 }
 
 /// New values on trial: since when (Unix seconds), and the NodeClaims seen
@@ -185,7 +214,8 @@ pub enum Outcome {
     Failed(String),
     /// Launched under other values after all: Karpenter recorded an AMI
     /// that is not the trial's (it may record it after the trial saw the
-    /// NodeClaim). Forgotten by the trial.
+    /// NodeClaim); or deleted without ever being launched, which says
+    /// nothing of the values. Forgotten by the trial.
     Elsewhere,
 }
 
@@ -195,6 +225,10 @@ pub struct Observed {
     pub name: String,
     pub uid: String,
     pub outcome: Outcome,
+    /// The AMI Karpenter recorded for it, if yet.
+    pub image: Option<String>,
+    /// Whether an instance was launched for it.
+    pub launched: bool,
 }
 
 /// What to do with a trial.
@@ -321,8 +355,12 @@ fn judge(state: &mut State, input: &Input, notes: &mut Vec<Note>) {
     let (Some(trial), Some(observed)) = (state.trial.as_mut(), input.observed.as_ref()) else {
         return;
     };
-    let any_ready = observe(trial, observed);
-    match verdict(trial, any_ready, input.failures, state.good.is_some()) {
+    let ready = observe(trial, observed);
+    let needed = match &state.good {
+        Some(good) => state.applied.changed_ami_ids(Some(good)),
+        None => Vec::new(),
+    };
+    match verdict(trial, &ready, &needed, input.failures, state.good.is_some()) {
         Verdict::Wait => {}
         Verdict::Promote => {
             state.good = Some(state.applied.clone());
@@ -345,14 +383,16 @@ fn judge(state: &mut State, input: &Input, notes: &mut Vec<Note>) {
 }
 
 /// Records what is `observed` of a trial's NodeClaims in `trial`, and
-/// whether any of them is Ready. A NodeClaim the trial saw that is no
-/// longer observed (deleted, its deletion missed) failed, unless it had.
-pub fn observe(trial: &mut Trial, observed: &[Observed]) -> bool {
-    let mut any_ready = false;
+/// returns the AMIs of those that are Ready (`None`: not recorded). A
+/// NodeClaim the trial saw launched that is no longer observed (deleted,
+/// its deletion missed) failed, unless it had; one never seen launched is
+/// forgotten.
+pub fn observe(trial: &mut Trial, observed: &[Observed]) -> Vec<Option<String>> {
+    let mut ready = Vec::new();
     for claim in observed {
         let reason = match &claim.outcome {
             Outcome::Ready => {
-                any_ready = true;
+                ready.push(claim.image.clone());
                 continue;
             }
             Outcome::Failed(reason) => Some(reason.clone()),
@@ -369,23 +409,33 @@ pub fn observe(trial: &mut Trial, observed: &[Observed]) -> bool {
         let seen = trial.claims.entry(claim.name.clone()).or_insert(Seen {
             uid: claim.uid.clone(),
             failed: None,
+            launched: false,
         });
         if known == Some(false) {
-            seen.uid = claim.uid.clone();
+            *seen = Seen {
+                uid: claim.uid.clone(),
+                failed: None,
+                launched: false,
+            };
         }
+        seen.launched |= claim.launched;
         if seen.failed.is_none() {
             seen.failed = reason;
         }
     }
-    for (name, seen) in trial.claims.iter_mut() {
+    trial.claims.retain(|name, seen| {
         let present = observed
             .iter()
             .any(|o| &o.name == name && o.uid == seen.uid);
         if !present && seen.failed.is_none() {
+            if !seen.launched {
+                return false;
+            }
             seen.failed = Some(GONE.to_string());
         }
-    }
-    any_ready
+        true
+    });
+    ready
 }
 
 /// Why a NodeClaim that went away before its node was Ready failed.
@@ -393,11 +443,23 @@ pub const GONE: &str = "NodeClaim deleted before its node was Ready (autonode de
     the NodeClaim of an agent that reported a fatal failure or of an instance refused \
     for good; Karpenter one that did not register)";
 
-/// Promote on any Ready NodeClaim; revert once `failures` failed (and
-/// there are good values to go back to); else wait.
-pub fn verdict(trial: &Trial, any_ready: bool, failures: usize, has_good: bool) -> Verdict {
-    if any_ready {
+/// Promote once a NodeClaim is Ready and each of the `needed` AMIs (those
+/// the change put on trial) has a Ready NodeClaim of its own; revert once
+/// `failures` failed (and there are good values to go back to) with none
+/// Ready; else wait. `ready` holds the AMIs of the Ready NodeClaims.
+pub fn verdict(
+    trial: &Trial,
+    ready: &[Option<String>],
+    needed: &[&str],
+    failures: usize,
+    has_good: bool,
+) -> Verdict {
+    let each = |id: &&str| ready.iter().any(|r| r.as_deref() == Some(*id));
+    if !ready.is_empty() && needed.iter().all(each) {
         return Verdict::Promote;
+    }
+    if !ready.is_empty() {
+        return Verdict::Wait;
     }
     let failed = trial.failures();
     if has_good && failed.len() >= failures.max(1) {
@@ -429,8 +491,9 @@ pub fn under_trial(claim: &NodeClaim, class: &str, since: i64, ami_ids: &[&str])
 
 /// Where `claim`'s bootstrap stands, at `now` (Unix seconds). Ready is
 /// Karpenter's word (`Ready` or `Initialized`) or autonode's own
-/// condition; failed is autonode's mark or condition, being deleted, or
-/// not Ready `deadline` after creation.
+/// condition; failed is autonode's mark or condition, or, once launched,
+/// being deleted or not Ready `deadline` after creation. A NodeClaim never
+/// launched is pending, and forgotten when deleted.
 pub fn outcome(claim: &NodeClaim, now: i64, deadline: Duration) -> Outcome {
     let is_true = |kind: &str| claim.condition(kind).is_some_and(|c| c.status == "True");
     if is_true("Ready") || is_true("Initialized") || is_true(CONDITION) {
@@ -451,6 +514,15 @@ pub fn outcome(claim: &NodeClaim, now: i64, deadline: Duration) -> Outcome {
                 .unwrap_or_else(|| "bootstrap failed".into()),
         );
     }
+    if !launched(claim) {
+        // No instance, so nothing of the values tried: Karpenter's launch
+        // failed (no capacity) or it deleted the claim (its NodePool gone).
+        return if claim.is_deleting() {
+            Outcome::Elsewhere
+        } else {
+            Outcome::Pending
+        };
+    }
     if claim.is_deleting() {
         return Outcome::Failed(GONE.to_string());
     }
@@ -469,12 +541,22 @@ pub fn outcome(claim: &NodeClaim, now: i64, deadline: Duration) -> Outcome {
 }
 
 /// The outcome of a NodeClaim deleted while it was last as `claim`: Ready
-/// if it was, else failed.
+/// if it was, forgotten if it never launched, else failed.
 pub fn outcome_when_deleted(claim: &NodeClaim, now: i64, deadline: Duration) -> Outcome {
     match outcome(claim, now, deadline) {
+        Outcome::Pending if !launched(claim) => Outcome::Elsewhere,
         Outcome::Pending => Outcome::Failed(GONE.to_string()),
         other => other,
     }
+}
+
+/// Whether an instance was launched for `claim`: it has a providerID, or
+/// Karpenter's `Launched` condition is True.
+pub fn launched(claim: &NodeClaim) -> bool {
+    claim.provider_id().is_some()
+        || claim
+            .condition("Launched")
+            .is_some_and(|c| c.status == "True")
 }
 
 /// The class's state, when it has one that opens under `key` and that

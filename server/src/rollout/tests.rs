@@ -37,11 +37,18 @@ fn settled(good: &Values) -> State {
     }
 }
 
+/// A launched NodeClaim of AMI `ami-2` (the new values' in most tests).
 fn claim(name: &str, outcome: Outcome) -> Observed {
+    claim_on(name, "ami-2", outcome)
+}
+
+fn claim_on(name: &str, image: &str, outcome: Outcome) -> Observed {
     Observed {
         name: name.into(),
         uid: format!("uid-{name}"),
         outcome,
+        image: Some(image.into()),
+        launched: true,
     }
 }
 
@@ -264,13 +271,72 @@ fn the_verdict_needs_good_values_to_revert_and_one_ready_to_promote() {
             Seen {
                 uid: name.into(),
                 failed: Some("x".into()),
+                launched: true,
             },
         );
     }
-    assert_eq!(verdict(&trial, false, 3, true), Verdict::Wait);
-    assert!(matches!(verdict(&trial, false, 2, true), Verdict::Revert(f) if f.len() == 2));
-    assert_eq!(verdict(&trial, false, 2, false), Verdict::Wait);
-    assert_eq!(verdict(&trial, true, 2, true), Verdict::Promote);
+    let none: &[Option<String>] = &[];
+    let ready = [Some("ami-2".to_string())];
+    assert_eq!(verdict(&trial, none, &["ami-2"], 3, true), Verdict::Wait);
+    assert!(
+        matches!(verdict(&trial, none, &["ami-2"], 2, true), Verdict::Revert(f) if f.len() == 2)
+    );
+    assert_eq!(verdict(&trial, none, &["ami-2"], 2, false), Verdict::Wait);
+    assert_eq!(
+        verdict(&trial, &ready, &["ami-2"], 2, true),
+        Verdict::Promote
+    );
+    assert_eq!(verdict(&trial, &ready, &[], 2, true), Verdict::Promote);
+    // Each AMI on trial needs a Ready node of its own; a Ready node holds
+    // off a revert meanwhile.
+    assert_eq!(
+        verdict(&trial, &ready, &["ami-2", "ami-4"], 2, true),
+        Verdict::Wait
+    );
+}
+
+/// amd64 and arm64 AMIs, the way `--ami-ids` renders them.
+fn two_arch(amd64: &str, arm64: &str) -> Values {
+    let mut v = values(amd64);
+    v.ami_selector_terms = Some(vec![json!({ "id": amd64 }), json!({ "id": arm64 })]);
+    v
+}
+
+#[test]
+fn only_the_changed_architectures_ami_is_on_trial() {
+    let (old, new) = (two_arch("ami-1", "ami-3"), two_arch("ami-1", "ami-4"));
+    assert_eq!(new.changed_ami_ids(Some(&old)), ["ami-4"]);
+    assert_eq!(new.watched_ami_ids(Some(&old)), ["ami-4"]);
+    let mut new_user_data = new.clone();
+    new_user_data.user_data = "other".into();
+    assert_eq!(
+        new_user_data.watched_ami_ids(Some(&old)),
+        ["ami-1", "ami-4"]
+    );
+    // A Ready node of the unchanged AMI does not promote the new arm64 one.
+    let mut next = input(Some(trying(&old, &new)), new.clone(), new.clone());
+    next.observed = Some(vec![claim_on("amd", "ami-1", Outcome::Ready)]);
+    let waiting = plan(next);
+    assert!(waiting.notes.is_empty(), "{:?}", waiting.notes);
+    assert!(waiting.state.trial.is_some());
+    let mut next = input(Some(waiting.state), new.clone(), new.clone());
+    next.observed = Some(vec![claim_on("arm", "ami-4", Outcome::Ready)]);
+    assert_eq!(plan(next).notes, [Note::Promoted]);
+}
+
+#[test]
+fn a_claim_that_never_launched_is_forgotten_when_gone() {
+    let mut trial = Trial::new(NOW);
+    let mut unlaunched = claim("a", Outcome::Pending);
+    unlaunched.launched = false;
+    unlaunched.image = None;
+    observe(&mut trial, &[unlaunched, claim("b", Outcome::Pending)]);
+    assert_eq!(trial.claims.len(), 2);
+    // Both gone: `a` never had an instance, `b` did.
+    observe(&mut trial, &[]);
+    let failed: Vec<String> = trial.failures().into_iter().map(|f| f.nodeclaim).collect();
+    assert_eq!(failed, ["b"]);
+    assert_eq!(trial.claims.len(), 1);
 }
 
 #[test]
@@ -294,10 +360,13 @@ fn a_trial_remembers_a_bounded_number_of_claims() {
     assert_eq!(trial.claims.len(), MAX_TRACKED);
 }
 
+/// A launched NodeClaim of class `default` (`extra` replaces top-level
+/// fields).
 fn nodeclaim(extra: serde_json::Value) -> NodeClaim {
     let mut base = json!({
         "metadata": {"name": "c1", "uid": "u1", "creationTimestamp": "2023-11-14T22:13:20Z"},
         "spec": {"nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"}},
+        "status": {"providerID": "aws:///us-west-2a/i-1"},
     });
     if let (Some(b), serde_json::Value::Object(e)) = (base.as_object_mut(), extra) {
         for (k, v) in e {
@@ -329,9 +398,8 @@ fn claims_of_the_class_since_the_trial_with_its_ami_are_under_it() {
 fn a_claims_outcome_follows_its_conditions_marks_and_age() {
     let deadline = Duration::from_secs(60);
     let conditions = |kind: &str, status: &str| {
-        nodeclaim(
-            json!({"status": {"conditions": [{"type": kind, "status": status, "message": "why"}]}}),
-        )
+        nodeclaim(json!({"status": {"providerID": "aws:///us-west-2a/i-1",
+            "conditions": [{"type": kind, "status": status, "message": "why"}]}}))
     };
     assert_eq!(
         outcome(&nodeclaim(json!({})), NOW, deadline),
@@ -369,6 +437,18 @@ fn a_claims_outcome_follows_its_conditions_marks_and_age() {
         outcome_when_deleted(&conditions("Ready", "True"), NOW, deadline),
         Outcome::Ready
     );
+    // Never launched (no providerID, no Launched=True): Karpenter gave up
+    // on it; that says nothing of the values.
+    let unlaunched = nodeclaim(json!({"status": {}}));
+    assert_eq!(outcome(&unlaunched, NOW + 61, deadline), Outcome::Pending);
+    assert_eq!(
+        outcome_when_deleted(&unlaunched, NOW, deadline),
+        Outcome::Elsewhere
+    );
+    let launched =
+        nodeclaim(json!({"status": {"conditions": [{"type": "Launched", "status": "True"}]}}));
+    assert!(super::launched(&launched));
+    assert!(!super::launched(&unlaunched));
 }
 
 const KEY: [u8; 32] = [7; 32];

@@ -61,6 +61,13 @@ impl Flags {
         flags.push(format!("--ami-ids=amd64={ami}"));
         flags
     }
+
+    /// The flags with `--ami-ids` set to `amd64` and `arm64`.
+    fn with_amis(&self, amd64: &str, arm64: &str) -> Vec<String> {
+        let mut flags = self.base.clone();
+        flags.push(format!("--ami-ids=amd64={amd64},arm64={arm64}"));
+        flags
+    }
 }
 
 /// Polls `what` for up to 30 s until it yields a value.
@@ -505,3 +512,74 @@ roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: nodeclas
 subjects:
 - {apiGroup: rbac.authorization.k8s.io, kind: User, name: mallory}
 "#;
+
+const OLD_ARM: &str = "ami-0ccccccccccccccc3";
+const NEW_ARM: &str = "ami-0ddddddddddddddd4";
+
+/// A change of the arm64 AMI alone is judged by arm64 machines alone: a
+/// Ready amd64 node does not promote it, failing amd64 machines do not
+/// revert it; failing arm64 machines do, naming only themselves.
+#[tokio::test]
+async fn a_change_of_one_architectures_ami_is_judged_by_that_architecture() -> Result<()> {
+    let flags = Flags::new()?;
+    let world = World::start_with(&flags.with_amis(OLD_AMI, OLD_ARM)).await?;
+    let admin = world.cp.admin().await?;
+    karpenter::create_custom_nodeclass(&admin, CLASS, "mine").await?;
+    class_when(&world, "kept by autonode", |c| {
+        state(c)["trial"].is_object()
+    })
+    .await?;
+    let (claim, _) = launch(&world, OLD_AMI).await?;
+    mark_ready(&world, &claim).await?;
+    let proven = class_when(&world, "promoted", |c| state(c)["trial"].is_null()).await?;
+    ensure!(state(&proven)["good"]["amiSelectorTerms"][1]["id"] == OLD_ARM);
+
+    world.server.kill();
+    let cloud = cloud_settings(&world.cloud, &world.ec2);
+    let second = TestServer::start(&world.cp, &cloud, &flags.with_amis(OLD_AMI, NEW_ARM)).await?;
+    let joiner = Joiner::new(second.url(), second.ca_pem())?;
+    let arm = |c: &DynamicObject| c.data["spec"]["amiSelectorTerms"][1]["id"] == NEW_ARM;
+    class_when(&world, "on the new arm64 AMI", |c| {
+        arm(c) && state(c)["trial"].is_object()
+    })
+    .await?;
+
+    let (amd_ready, _) = launch(&world, OLD_AMI).await?;
+    mark_ready(&world, &amd_ready).await?;
+    for _ in 0..2 {
+        let (_, instance) = launch(&world, OLD_AMI).await?;
+        fail_bootstrap(&world, &joiner, &instance).await?;
+    }
+    resyncs(&second, 3.0).await?;
+    let api = ec2nodeclasses(&admin);
+    let still = api.get(CLASS).await?;
+    ensure!(arm(&still), "amd64 failures reverted the arm64 change");
+    ensure!(
+        state(&still)["trial"].is_object(),
+        "a Ready amd64 node promoted the arm64 AMI: {}",
+        state(&still)
+    );
+
+    let mut failed = Vec::new();
+    for _ in 0..2 {
+        let (claim, instance) = launch(&world, NEW_ARM).await?;
+        fail_bootstrap(&world, &joiner, &instance).await?;
+        failed.push(claim);
+    }
+    let after = class_when(&world, "put back", |c| {
+        c.data["spec"]["amiSelectorTerms"][1]["id"] == OLD_ARM
+    })
+    .await?;
+    ensure!(after.data["spec"]["amiSelectorTerms"] == proven.data["spec"]["amiSelectorTerms"]);
+    let named: Vec<String> = state(&after)["refused"]["failed"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|f| f["nodeclaim"].as_str().map(str::to_string))
+        .collect();
+    ensure!(
+        named.len() == 2 && failed.iter().all(|c| named.contains(c)),
+        "{named:?} vs {failed:?}"
+    );
+    Ok(())
+}
