@@ -76,6 +76,28 @@ pub const HOLD_ANNOTATION: &str = "autonode.dev/hold";
 /// more: each new value is one retry. Set by operators, read by autonode.
 pub const RETRY_ANNOTATION: &str = "autonode.dev/retry-rollout";
 
+/// The most bytes of a reason autonode stores: in a mark, and per failure
+/// in the rollout state (whose failures are bounded too, so the annotation
+/// stays far below the API server's 256 KiB for all annotations).
+pub const MAX_NOTE: usize = 256;
+
+/// The most bytes of an agent's report message the server keeps (in the
+/// Events and marks it makes of it; the protocol promises the cut).
+pub const MAX_MESSAGE: usize = 1024;
+
+/// `text` cut to at most `max` bytes on a char boundary, `…` marking a cut.
+pub fn capped(text: &str, max: usize) -> String {
+    const MORE: &str = "…";
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut end = max.saturating_sub(MORE.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{MORE}", &text[..end])
+}
+
 /// Patch parameters for every write of a mark: names [`FIELD_MANAGER`].
 pub fn patch_params() -> PatchParams {
     PatchParams {
@@ -186,6 +208,15 @@ mod tests {
             ]),
         );
         assert_eq!(keep_own(&mut m), vec![REPORTED]);
+    }
+
+    #[test]
+    fn a_capped_note_fits_and_cuts_on_a_char_boundary() {
+        assert_eq!(capped("short", 256), "short");
+        let long = "é".repeat(300);
+        let cut = capped(&long, MAX_NOTE);
+        assert!(cut.len() <= MAX_NOTE && cut.ends_with('…'), "{}", cut.len());
+        assert!(cut.len() > MAX_NOTE - 5);
     }
 
     #[test]

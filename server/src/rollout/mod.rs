@@ -395,7 +395,7 @@ pub fn observe(trial: &mut Trial, observed: &[Observed]) -> Vec<Option<String>> 
                 ready.push(claim.image.clone());
                 continue;
             }
-            Outcome::Failed(reason) => Some(reason.clone()),
+            Outcome::Failed(reason) => Some(marks::capped(reason, marks::MAX_NOTE)),
             Outcome::Pending => None,
             Outcome::Elsewhere => {
                 trial.claims.remove(&claim.name);
@@ -438,10 +438,11 @@ pub fn observe(trial: &mut Trial, observed: &[Observed]) -> Vec<Option<String>> 
     ready
 }
 
-/// Why a NodeClaim that went away before its node was Ready failed.
-pub const GONE: &str = "NodeClaim deleted before its node was Ready (autonode deletes \
-    the NodeClaim of an agent that reported a fatal failure or of an instance refused \
-    for good; Karpenter one that did not register)";
+/// Why a launched NodeClaim that went away before its node was Ready
+/// failed, when nothing says more (autonode marks why before it deletes).
+pub const GONE: &str = "NodeClaim deleted after its instance was launched and before \
+    its node was Ready, with no failure recorded (Karpenter deletes one that does not \
+    register in time; or someone else deleted it)";
 
 /// Promote once a NodeClaim is Ready and each of the `needed` AMIs (those
 /// the change put on trial) has a Ready NodeClaim of its own; revert once

@@ -101,6 +101,16 @@ fn state(class: &DynamicObject) -> Value {
     serde_json::from_str(sealed["state"].as_str().unwrap_or_default()).unwrap_or(Value::Null)
 }
 
+/// Field `field` of each failure a refusal in the state records.
+fn failed_field<'a>(refused: &'a Value, field: &str) -> Vec<&'a str> {
+    refused["failed"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|f| f[field].as_str())
+        .collect()
+}
+
 /// The AMI id the class selects.
 fn ami(class: &DynamicObject) -> &str {
     class.data["spec"]["amiSelectorTerms"][0]["id"]
@@ -277,17 +287,19 @@ async fn a_new_ami_whose_agents_fail_is_put_back_and_not_tried_again() -> Result
         refused["values"]["amiSelectorTerms"][0]["id"] == NEW_AMI,
         "{refused}"
     );
-    let named: Vec<&str> = refused["failed"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|f| f["nodeclaim"].as_str())
-        .collect();
+    let named = failed_field(refused, "nodeclaim");
     ensure!(
         named.len() == 2 && failed.iter().all(|c| named.contains(&c.as_str())),
         "failed {failed:?}, old {old_claim}: {refused}"
     );
     ensure!(!named.contains(&old_claim.as_str()));
+    // autonode deleted them (--delete-failed-nodeclaims) after marking
+    // why: the agents' own reports, not a bare "deleted".
+    let reasons = failed_field(refused, "reason");
+    ensure!(
+        reasons.len() == 2 && reasons.iter().all(|r| r.starts_with("agent phase")),
+        "{reasons:?}"
+    );
 
     let warnings = class_events(&world, "RolloutReverted").await?;
     ensure!(
@@ -571,14 +583,10 @@ async fn a_change_of_one_architectures_ami_is_judged_by_that_architecture() -> R
     })
     .await?;
     ensure!(after.data["spec"]["amiSelectorTerms"] == proven.data["spec"]["amiSelectorTerms"]);
-    let named: Vec<String> = state(&after)["refused"]["failed"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|f| f["nodeclaim"].as_str().map(str::to_string))
-        .collect();
+    let refused = &state(&after)["refused"];
+    let named = failed_field(refused, "nodeclaim");
     ensure!(
-        named.len() == 2 && failed.iter().all(|c| named.contains(c)),
+        named.len() == 2 && failed.iter().all(|c| named.contains(&c.as_str())),
         "{named:?} vs {failed:?}"
     );
     Ok(())
