@@ -39,7 +39,12 @@ impl Cluster<'_> {
         let observed = state
             .as_ref()
             .and_then(|s| Some((s.trial.as_ref()?, s)))
-            .and_then(|(trial, state)| self.observed(name, trial, state));
+            .and_then(|(trial, state)| {
+                // The plan fills a new trial's start in from the apply
+                // that began it, by the API server's clock.
+                let since = trial.since.or_else(|| applied_at(class))?;
+                self.observed(name, trial, since, state)
+            });
         plan(Input {
             state,
             current,
@@ -47,6 +52,7 @@ impl Cluster<'_> {
             hold: held(class),
             retry: retry(class),
             observed,
+            applied_at: applied_at(class),
             failures: self.settings.failures,
             now: now(),
         })
@@ -57,12 +63,18 @@ impl Cluster<'_> {
     /// when userData changed), live and deleted, or `None` while the
     /// NodeClaim cache is not current (a NodeClaim missing from it may
     /// just not have arrived yet).
-    fn observed(&self, class: &str, trial: &Trial, state: &State) -> Option<Vec<Observed>> {
+    fn observed(
+        &self,
+        class: &str,
+        trial: &Trial,
+        since: i64,
+        state: &State,
+    ) -> Option<Vec<Observed>> {
         if !self.claims.is_fresh() {
             return None;
         }
         let ids = Values::watched_ami_ids(&state.applied, state.good.as_ref());
-        let pick = |claim: &NodeClaim| under_trial(claim, class, trial.since, &ids);
+        let pick = |claim: &NodeClaim| under_trial(claim, class, since, &ids);
         let (now, deadline) = (now(), self.settings.ready_deadline);
         let mut seen = Vec::new();
         for claim in self.claims.store().state() {
@@ -118,6 +130,23 @@ fn observed(claim: &NodeClaim, outcome: Outcome) -> Observed {
         image: claim.status.as_ref().and_then(|s| s.image_id.clone()),
         launched: launched(claim),
     }
+}
+
+/// When autonode-server last applied `class`, by the API server's clock:
+/// its managedFields entry's time (Unix seconds).
+fn applied_at(class: &Ec2NodeClass) -> Option<i64> {
+    class
+        .metadata
+        .managed_fields
+        .as_deref()?
+        .iter()
+        .find(|e| {
+            e.manager.as_deref() == Some(crate::marks::FIELD_MANAGER)
+                && e.operation.as_deref() == Some("Apply")
+        })?
+        .time
+        .as_ref()
+        .map(|t| t.0.as_second())
 }
 
 /// Now, in Unix seconds.

@@ -148,19 +148,24 @@ pub struct Seen {
     pub launched: bool,
 }
 
-/// New values on trial: since when (Unix seconds), and the NodeClaims seen
-/// under them by name.
+/// New values on trial: since when, and the NodeClaims seen under them by
+/// name.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Trial {
-    pub since: i64,
+    /// Unix seconds, by the API server's clock (the clock of the
+    /// NodeClaims' creationTimestamp, not the leader's): the managedFields
+    /// time of the apply that started the trial, filled in when the class
+    /// is next read. Until then the trial judges nothing.
+    #[serde(default)]
+    pub since: Option<i64>,
     #[serde(default)]
     pub claims: BTreeMap<String, Seen>,
 }
 
 impl Trial {
-    fn new(since: i64) -> Self {
+    fn new() -> Self {
         Self {
-            since,
+            since: None,
             claims: BTreeMap::new(),
         }
     }
@@ -253,6 +258,9 @@ pub struct Input {
     /// The NodeClaims under the trial, or `None` when they cannot be
     /// judged now (the NodeClaim cache is not fresh).
     pub observed: Option<Vec<Observed>>,
+    /// When autonode last applied the class (Unix seconds), per its
+    /// managedFields: the API server's clock.
+    pub applied_at: Option<i64>,
     pub failures: usize,
     /// Unix seconds.
     pub now: i64,
@@ -299,6 +307,10 @@ fn seed(input: &Input) -> State {
 /// Decides, for one class, which values to keep and the state to record.
 pub fn plan(input: Input) -> Plan {
     let mut state = input.state.clone().unwrap_or_else(|| seed(&input));
+    // A trial in a state read back began with the apply that wrote it.
+    if let Some(trial) = state.trial.as_mut().filter(|t| t.since.is_none()) {
+        trial.since = input.applied_at;
+    }
     let mut notes = Vec::new();
     if let Some(value) = input
         .retry
@@ -341,7 +353,7 @@ pub fn plan(input: Input) -> Plan {
     if state.good.as_ref() == Some(&state.applied) {
         state.trial = None;
     } else if state.trial.is_none() {
-        state.trial = Some(Trial::new(input.now));
+        state.trial = Some(Trial::new());
     }
     Plan {
         target: state.applied.clone(),
@@ -355,6 +367,9 @@ fn judge(state: &mut State, input: &Input, notes: &mut Vec<Note>) {
     let (Some(trial), Some(observed)) = (state.trial.as_mut(), input.observed.as_ref()) else {
         return;
     };
+    if trial.since.is_none() {
+        return;
+    }
     let ready = observe(trial, observed);
     let needed = match &state.good {
         Some(good) => state.applied.changed_ami_ids(Some(good)),

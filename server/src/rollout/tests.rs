@@ -22,6 +22,7 @@ fn input(state: Option<State>, current: Values, desired: Values) -> Input {
         hold: false,
         retry: None,
         observed: Some(Vec::new()),
+        applied_at: Some(NOW),
         failures: 3,
         now: NOW,
     }
@@ -64,13 +65,21 @@ fn trying(from: &Values, to: &Values) -> State {
     plan.state
 }
 
+/// `state` with its trial's start read back from the apply.
+fn begun(mut state: State) -> State {
+    if let Some(trial) = state.trial.as_mut() {
+        trial.since = Some(NOW);
+    }
+    state
+}
+
 #[test]
 fn new_values_start_a_trial_over_the_good_ones() {
     let (old, new) = (values("ami-1"), values("ami-2"));
     let state = trying(&old, &new);
     assert_eq!(state.applied, new);
     assert_eq!(state.good, Some(old));
-    assert_eq!(state.trial, Some(Trial::new(NOW)));
+    assert_eq!(state.trial, Some(Trial::new()));
 }
 
 #[test]
@@ -162,7 +171,7 @@ fn failures_are_remembered_across_reconciles_and_gone_claims_fail() {
 #[test]
 fn an_unreadable_cache_judges_nothing() {
     let (old, new) = (values("ami-1"), values("ami-2"));
-    let state = trying(&old, &new);
+    let state = begun(trying(&old, &new));
     let mut next = input(Some(state.clone()), new.clone(), new.clone());
     next.observed = None;
     let plan = plan(next);
@@ -223,7 +232,7 @@ fn a_held_class_keeps_what_autonode_applied() {
 #[test]
 fn a_held_trial_is_not_judged() {
     let (old, new) = (values("ami-1"), values("ami-2"));
-    let state = trying(&old, &new);
+    let state = begun(trying(&old, &new));
     let mut held = input(Some(state.clone()), new.clone(), new.clone());
     held.hold = true;
     held.observed = Some(vec![failed("a"), failed("b"), failed("c")]);
@@ -264,7 +273,7 @@ fn other_new_values_are_tried_even_after_a_refusal() {
 
 #[test]
 fn the_verdict_needs_good_values_to_revert_and_one_ready_to_promote() {
-    let mut trial = Trial::new(NOW);
+    let mut trial = Trial::new();
     for name in ["a", "b"] {
         trial.claims.insert(
             name.into(),
@@ -326,7 +335,7 @@ fn only_the_changed_architectures_ami_is_on_trial() {
 
 #[test]
 fn a_claim_that_never_launched_is_forgotten_when_gone() {
-    let mut trial = Trial::new(NOW);
+    let mut trial = Trial::new();
     let mut unlaunched = claim("a", Outcome::Pending);
     unlaunched.launched = false;
     unlaunched.image = None;
@@ -341,7 +350,7 @@ fn a_claim_that_never_launched_is_forgotten_when_gone() {
 
 #[test]
 fn a_claim_found_launched_under_other_values_is_forgotten_not_failed() {
-    let mut trial = Trial::new(NOW);
+    let mut trial = Trial::new();
     observe(&mut trial, &[claim("a", Outcome::Pending)]);
     assert_eq!(trial.claims.len(), 1);
     // Karpenter recorded the old AMI on it after the trial saw it.
@@ -352,7 +361,7 @@ fn a_claim_found_launched_under_other_values_is_forgotten_not_failed() {
 
 #[test]
 fn a_trial_remembers_a_bounded_number_of_claims() {
-    let mut trial = Trial::new(NOW);
+    let mut trial = Trial::new();
     let many: Vec<Observed> = (0..MAX_TRACKED + 10)
         .map(|i| claim(&format!("c{i}"), Outcome::Pending))
         .collect();
@@ -582,4 +591,25 @@ fn only_true_holds() {
     for value in ["false", "no", "yes", "True", ""] {
         assert!(!held(&class(value)), "{value}");
     }
+}
+
+#[test]
+fn a_trial_starts_at_the_api_servers_time_of_the_apply_that_began_it() {
+    let (old, new) = (values("ami-1"), values("ami-2"));
+    let state = trying(&old, &new);
+    assert_eq!(state.trial.as_ref().unwrap().since, None, "not applied yet");
+    // Read back: the apply's managedFields time, whatever the leader's
+    // clock says.
+    let mut next = input(Some(state), new.clone(), new.clone());
+    next.applied_at = Some(NOW - 30);
+    next.now = NOW + 3600;
+    next.observed = Some(vec![failed("a"), failed("b"), failed("c")]);
+    let plan = plan(next);
+    assert!(matches!(plan.notes.as_slice(), [Note::Reverted(_), ..]));
+    // Until it is read back, nothing is judged.
+    let pending = trying(&old, &new);
+    let mut unread = input(Some(pending.clone()), new.clone(), new.clone());
+    unread.applied_at = None;
+    unread.observed = Some(vec![failed("a"), failed("b"), failed("c")]);
+    assert_eq!(super::plan(unread).state, pending);
 }
