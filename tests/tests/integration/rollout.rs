@@ -62,6 +62,15 @@ impl Flags {
         flags
     }
 
+    /// The next generation's flags: `--ami-ids` set to `ami` for amd64,
+    /// and another `--agent-deadline`, so its userData differs too (as a
+    /// release that changes both).
+    fn next(&self, ami: &str) -> Vec<String> {
+        let mut flags = self.with_ami(ami);
+        flags.push("--agent-deadline=700".into());
+        flags
+    }
+
     /// The flags with `--ami-ids` set to `amd64` and `arm64`.
     fn with_amis(&self, amd64: &str, arm64: &str) -> Vec<String> {
         let mut flags = self.base.clone();
@@ -214,11 +223,12 @@ async fn proven_world(flags: &Flags) -> Result<(World, DynamicObject)> {
     Ok((world, class))
 }
 
-/// The world's first server gone, a second with `NEW_AMI` leading.
+/// The world's first server gone, a second of the next generation
+/// (`NEW_AMI`, other userData) leading.
 async fn new_ami_server(world: &World, flags: &Flags) -> Result<(TestServer, Joiner)> {
     world.server.kill();
     let cloud = cloud_settings(&world.cloud, &world.ec2);
-    let second = TestServer::start(&world.cp, &cloud, &flags.with_ami(NEW_AMI)).await?;
+    let second = TestServer::start(&world.cp, &cloud, &flags.next(NEW_AMI)).await?;
     let joiner = Joiner::new(second.url(), second.ca_pem())?;
     Ok((second, joiner))
 }
@@ -269,9 +279,14 @@ async fn a_new_ami_whose_agents_fail_is_put_back_and_not_tried_again() -> Result
     let (second, joiner) = new_ami_server(&world, &flags).await?;
     let trying = class_when(&world, "on the new AMI", |c| ami(c) == NEW_AMI).await?;
     ensure!(state(&trying)["good"]["amiSelectorTerms"][0]["id"] == OLD_AMI);
+    ensure!(
+        trying.data["spec"]["userData"] != before.data["spec"]["userData"],
+        "the new generation's userData is the old one: the byte check below would prove nothing"
+    );
 
     // A machine of the old AMI failing is not the new AMI's failure.
-    let (old_claim, _) = launch(&world, OLD_AMI).await?;
+    let (old_claim, old_instance) = launch(&world, OLD_AMI).await?;
+    fail_bootstrap(&world, &joiner, &old_instance).await?;
     let mut failed = Vec::new();
     for _ in 0..2 {
         let (claim, instance) = launch(&world, NEW_AMI).await?;
@@ -438,7 +453,7 @@ async fn a_restart_mid_rollout_keeps_the_failures_seen() -> Result<()> {
 
     second.kill();
     let cloud = cloud_settings(&world.cloud, &world.ec2);
-    let third = TestServer::start(&world.cp, &cloud, &flags.with_ami(NEW_AMI)).await?;
+    let third = TestServer::start(&world.cp, &cloud, &flags.next(NEW_AMI)).await?;
     let joiner = Joiner::new(third.url(), third.ca_pem())?;
     // Leading, so watching: a NodeClaim made and deleted while no replica
     // leads is not seen (README: the residual).
@@ -589,5 +604,34 @@ async fn a_change_of_one_architectures_ami_is_judged_by_that_architecture() -> R
         named.len() == 2 && failed.iter().all(|c| named.contains(&c.as_str())),
         "{named:?} vs {failed:?}"
     );
+    Ok(())
+}
+
+/// A hold during a trial freezes it: the values on trial stay, and
+/// failures under them revert nothing until the hold is released; then
+/// the trial is judged on what happened meanwhile.
+#[tokio::test]
+async fn a_hold_during_a_trial_pauses_it() -> Result<()> {
+    let flags = Flags::new()?;
+    let (world, _) = proven_world(&flags).await?;
+    let (second, joiner) = new_ami_server(&world, &flags).await?;
+    class_when(&world, "on the new AMI", |c| {
+        ami(c) == NEW_AMI && state(c)["trial"]["since"].is_number()
+    })
+    .await?;
+    let api = ec2nodeclasses(&world.cp.admin().await?);
+    annotate(&api, "autonode.dev/hold", json!("true")).await?;
+    class_events(&world, "RolloutHeld").await?;
+    for _ in 0..2 {
+        let (_, instance) = launch(&world, NEW_AMI).await?;
+        fail_bootstrap(&world, &joiner, &instance).await?;
+    }
+    resyncs(&second, 3.0).await?;
+    let held = api.get(CLASS).await?;
+    ensure!(ami(&held) == NEW_AMI, "a held class was reverted");
+    ensure!(state(&held)["refused"].is_null(), "{}", state(&held));
+
+    annotate(&api, "autonode.dev/hold", Value::Null).await?;
+    class_when(&world, "put back once released", |c| ami(c) == OLD_AMI).await?;
     Ok(())
 }
