@@ -635,3 +635,34 @@ async fn a_hold_during_a_trial_pauses_it() -> Result<()> {
     class_when(&world, "put back once released", |c| ami(c) == OLD_AMI).await?;
     Ok(())
 }
+
+/// A NodeClaim Karpenter deletes without ever launching it (no capacity,
+/// its NodePool gone) says nothing of the values: it is no failure.
+#[tokio::test]
+async fn a_nodeclaim_deleted_before_launch_is_no_failure() -> Result<()> {
+    let flags = Flags::new()?;
+    let (world, _) = proven_world(&flags).await?;
+    let (second, joiner) = new_ami_server(&world, &flags).await?;
+    class_when(&world, "on the new AMI", |c| {
+        ami(c) == NEW_AMI && state(c)["trial"]["since"].is_number()
+    })
+    .await?;
+    let admin = world.cp.admin().await?;
+    let claims = nodeclaims(&admin);
+    for name in ["unlaunched-1", "unlaunched-2"] {
+        karpenter::create_nodeclaim(&admin, name, CLASS).await?;
+        resyncs(&second, 1.0).await?;
+        claims.delete(name, &Default::default()).await?;
+    }
+    let (failed, instance) = launch(&world, NEW_AMI).await?;
+    fail_bootstrap(&world, &joiner, &instance).await?;
+    resyncs(&second, 3.0).await?;
+    let class = ec2nodeclasses(&admin).get(CLASS).await?;
+    ensure!(
+        ami(&class) == NEW_AMI,
+        "two unlaunched NodeClaims and one failure reverted: {}",
+        state(&class)
+    );
+    ensure!(state(&class)["trial"]["claims"][&failed]["failed"].is_string());
+    Ok(())
+}
