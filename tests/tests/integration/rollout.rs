@@ -233,6 +233,18 @@ async fn new_ami_server(world: &World, flags: &Flags) -> Result<(TestServer, Joi
     Ok((second, joiner))
 }
 
+/// A proven world whose next generation's trial has begun (its start
+/// read back from the apply).
+async fn trial_begun(flags: &Flags) -> Result<(World, TestServer, Joiner)> {
+    let (world, _) = proven_world(flags).await?;
+    let (second, joiner) = new_ami_server(&world, flags).await?;
+    class_when(&world, "on the new AMI", |c| {
+        ami(c) == NEW_AMI && state(c)["trial"]["since"].is_number()
+    })
+    .await?;
+    Ok((world, second, joiner))
+}
+
 /// An honest agent's join, then its signed fatal report, through `joiner`.
 async fn fail_bootstrap(world: &World, joiner: &Joiner, instance: &Instance) -> Result<()> {
     let keys = NodeKeys::generate()?;
@@ -613,12 +625,7 @@ async fn a_change_of_one_architectures_ami_is_judged_by_that_architecture() -> R
 #[tokio::test]
 async fn a_hold_during_a_trial_pauses_it() -> Result<()> {
     let flags = Flags::new()?;
-    let (world, _) = proven_world(&flags).await?;
-    let (second, joiner) = new_ami_server(&world, &flags).await?;
-    class_when(&world, "on the new AMI", |c| {
-        ami(c) == NEW_AMI && state(c)["trial"]["since"].is_number()
-    })
-    .await?;
+    let (world, second, joiner) = trial_begun(&flags).await?;
     let api = ec2nodeclasses(&world.cp.admin().await?);
     annotate(&api, "autonode.dev/hold", json!("true")).await?;
     class_events(&world, "RolloutHeld").await?;
@@ -641,12 +648,7 @@ async fn a_hold_during_a_trial_pauses_it() -> Result<()> {
 #[tokio::test]
 async fn a_nodeclaim_deleted_before_launch_is_no_failure() -> Result<()> {
     let flags = Flags::new()?;
-    let (world, _) = proven_world(&flags).await?;
-    let (second, joiner) = new_ami_server(&world, &flags).await?;
-    class_when(&world, "on the new AMI", |c| {
-        ami(c) == NEW_AMI && state(c)["trial"]["since"].is_number()
-    })
-    .await?;
+    let (world, second, joiner) = trial_begun(&flags).await?;
     let admin = world.cp.admin().await?;
     let claims = nodeclaims(&admin);
     for name in ["unlaunched-1", "unlaunched-2"] {
