@@ -47,7 +47,8 @@
 
 use crate::cache::Cache;
 use crate::events::Events;
-use crate::karpenter::{Ec2NodeClass, Ec2NodeClassSpec, NodeClaim};
+use crate::karpenter::{Condition, Ec2NodeClass, Ec2NodeClassSpec, NodeClaim};
+use crate::marks;
 use crate::metrics::Metrics;
 use crate::nodeclaim::NodeClaims;
 use crate::rollout::{self, Plan, Values};
@@ -567,6 +568,75 @@ impl Context {
         cluster.plan(class, name, current, desired.values(format))
     }
 
+    /// Writes the [`rollout::STATUS_CONDITION`] `plan` calls for on
+    /// `class`, when it differs from the one there: through the status
+    /// subresource, every condition as read with ours replaced, with the
+    /// resourceVersion read as a precondition (409 when the class changed
+    /// since: its watch event decides again). Karpenter's own status writes
+    /// are merge patches computed from the object it read, so a condition
+    /// of ours survives them. Best effort: a failure is logged.
+    async fn mark_status(&self, class: &Ec2NodeClass, name: &str, plan: &Plan) {
+        let (status, reason, message) = rollout::status_condition(plan);
+        let conditions = class
+            .status
+            .as_ref()
+            .map(|s| s.conditions.as_slice())
+            .unwrap_or_default();
+        let ours = conditions
+            .iter()
+            .find(|c| c.type_ == rollout::STATUS_CONDITION);
+        let same = ours.is_some_and(|c| {
+            c.status == status
+                && c.reason.as_deref() == Some(reason)
+                && c.message.as_deref() == Some(message.as_str())
+        });
+        if same {
+            return;
+        }
+        let since = match ours.filter(|c| c.status == status) {
+            Some(c) => c.last_transition_time.clone(),
+            None => time::OffsetDateTime::now_utc()
+                .replace_nanosecond(0)
+                .ok()
+                .and_then(|t| {
+                    t.format(&time::format_description::well_known::Rfc3339)
+                        .ok()
+                }),
+        };
+        let mut next: Vec<Condition> = conditions
+            .iter()
+            .filter(|c| c.type_ != rollout::STATUS_CONDITION)
+            .cloned()
+            .collect();
+        next.push(Condition {
+            type_: rollout::STATUS_CONDITION.into(),
+            status: status.into(),
+            reason: Some(reason.into()),
+            message: Some(message),
+            last_transition_time: since,
+            observed_generation: class.metadata.generation,
+        });
+        let patch = json!({
+            "metadata": {"resourceVersion": class.metadata.resource_version},
+            "status": {"conditions": next},
+        });
+        match self
+            .api
+            .patch_status(name, &marks::patch_params(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {
+                self.settings.metrics.nodeclass_writes.inc();
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                tracing::debug!(nodeclass = %name, "EC2NodeClass changed before its rollout condition was written; deciding again")
+            }
+            Err(error) => {
+                tracing::warn!(nodeclass = %name, %error, "could not write the EC2NodeClass's AutonodeRollout condition")
+            }
+        }
+    }
+
     /// Logs, Events and counts what `plan` says happened to `class`.
     fn announce(&self, class: &Ec2NodeClass, name: &str, plan: &Plan) {
         let teller = rollout::tell::Teller {
@@ -665,6 +735,7 @@ async fn reconcile(class: Arc<Ec2NodeClass>, ctx: Arc<Context>) -> Result<Action
     if fields.is_empty() && released.is_empty() && !state_changed {
         tracing::debug!(nodeclass = %name, "EC2NodeClass as rendered");
         ctx.announce(&class, &name, &plan);
+        ctx.mark_status(&class, &name, &plan).await;
         return Ok(Action::requeue(settings.resync));
     }
     let Some(restored) = write(&ctx, &class, &desired, format, &released, &plan).await? else {
@@ -684,6 +755,7 @@ async fn reconcile(class: Arc<Ec2NodeClass>, ctx: Arc<Context>) -> Result<Action
         );
     }
     ctx.announce(&restored, &name, &plan);
+    ctx.mark_status(&restored, &name, &plan).await;
     Ok(Action::requeue(settings.resync))
 }
 

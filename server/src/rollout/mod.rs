@@ -70,6 +70,8 @@ pub const STATE_REJECTED: &str = "RolloutStateRejected";
 /// Warning Event reason: the wanted values were reverted before and are
 /// not applied again until the operator asks.
 pub const REFUSED: &str = "RolloutRefused";
+/// The status condition autonode keeps on each class it guards.
+pub const STATUS_CONDITION: &str = "AutonodeRollout";
 /// The most NodeClaims a trial remembers (the annotation stays small).
 pub const MAX_TRACKED: usize = 64;
 /// The most deleted NodeClaims kept in memory for the upkeep to judge.
@@ -482,6 +484,49 @@ pub fn verdict(
         return Verdict::Revert(failed);
     }
     Verdict::Wait
+}
+
+/// The [`STATUS_CONDITION`] for `plan`: `False` (`Reverted`) while
+/// values are refused, `Unknown` (`OnTrial`) while new ones are on trial,
+/// else `True` (`Settled`); `Held` as the reason while a hold stands.
+/// Status, reason, message.
+pub fn status_condition(plan: &Plan) -> (&'static str, &'static str, String) {
+    let held = plan.notes.contains(&Note::Held);
+    let (status, reason, message) = if let Some(refused) = &plan.state.refused {
+        let names: Vec<&str> = refused
+            .failed
+            .iter()
+            .take(10)
+            .map(|f| f.nodeclaim.as_str())
+            .collect();
+        (
+            "False",
+            "Reverted",
+            format!(
+                "new AMI/userData failed on {} NodeClaims ({}) and were reverted; they are not \
+                 applied again until annotation {RETRY_ANNOTATION} gets a new value",
+                refused.failed.len(),
+                names.join(", ")
+            ),
+        )
+    } else if plan.state.trial.is_some() {
+        (
+            "Unknown",
+            "OnTrial",
+            "new AMI/userData are on trial: no NodeClaim launched under them is Ready yet".into(),
+        )
+    } else {
+        (
+            "True",
+            "Settled",
+            "the class runs AMI/userData that produced Ready nodes".into(),
+        )
+    };
+    if held {
+        let message = format!("held by annotation {HOLD_ANNOTATION}; {message}");
+        return (status, "Held", message);
+    }
+    (status, reason, message)
 }
 
 /// Whether `claim` was launched from class `class` under the trial begun

@@ -613,3 +613,20 @@ fn a_trial_starts_at_the_api_servers_time_of_the_apply_that_began_it() {
     unread.observed = Some(vec![failed("a"), failed("b"), failed("c")]);
     assert_eq!(super::plan(unread).state, pending);
 }
+
+#[test]
+fn the_status_condition_follows_the_state() {
+    let (old, new) = (values("ami-1"), values("ami-2"));
+    let settled_plan = plan(input(Some(settled(&old)), old.clone(), old.clone()));
+    assert_eq!(status_condition(&settled_plan).0, "True");
+    let mut next = input(Some(begun(trying(&old, &new))), new.clone(), new.clone());
+    let on_trial = plan(next.clone());
+    assert_eq!(status_condition(&on_trial).1, "OnTrial");
+    next.observed = Some(vec![failed("a"), failed("b"), failed("c")]);
+    let (status, reason, message) = status_condition(&plan(next));
+    assert_eq!((status, reason), ("False", "Reverted"));
+    assert!(message.contains("a, b, c"), "{message}");
+    let mut held = input(Some(settled(&old)), old.clone(), new.clone());
+    held.hold = true;
+    assert_eq!(status_condition(&plan(held)).1, "Held");
+}

@@ -328,6 +328,24 @@ async fn a_new_ami_whose_agents_fail_is_put_back_and_not_tried_again() -> Result
         "{reasons:?}"
     );
 
+    // The class is marked: autonode's condition beside Karpenter's.
+    let marked = class_when(&world, "marked reverted", |c| {
+        c.data["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| {
+                c["type"] == "AutonodeRollout"
+                    && c["status"] == "False"
+                    && c["reason"] == "Reverted"
+            })
+    })
+    .await?;
+    let message = marked.data["status"]["conditions"].to_string();
+    ensure!(
+        failed.iter().all(|c| message.contains(c.as_str())),
+        "{message}"
+    );
     let warnings = class_events(&world, "RolloutReverted").await?;
     ensure!(
         failed.iter().all(|c| warnings[0].contains(c.as_str())),
@@ -349,7 +367,14 @@ async fn a_new_ami_whose_agents_fail_is_put_back_and_not_tried_again() -> Result
     let api = ec2nodeclasses(&world.cp.admin().await?);
     let still = api.get(CLASS).await?;
     ensure!(ami(&still) == OLD_AMI);
-    ensure!(still.metadata.resource_version == after.metadata.resource_version);
+    // Not written again: neither the spec nor the condition (written once,
+    // after the revert).
+    ensure!(
+        still.metadata.resource_version == marked.metadata.resource_version,
+        "{:?} vs {:?}",
+        still.metadata.resource_version,
+        marked.metadata.resource_version
+    );
     ensure!(state(&still)["refused"] == *refused);
 
     // Until the operator asks for another try.
