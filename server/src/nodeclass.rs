@@ -625,9 +625,9 @@ impl Context {
             .patch_status(name, &marks::patch_params(), &Patch::Merge(&patch))
             .await
         {
-            Ok(_) => {
-                self.settings.metrics.nodeclass_writes.inc();
-            }
+            // A status write: not one of autonode_nodeclass_writes_total,
+            // which counts what changes a class's nodes.
+            Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 409 => {
                 tracing::debug!(nodeclass = %name, "EC2NodeClass changed before its rollout condition was written; deciding again")
             }
@@ -730,8 +730,10 @@ async fn reconcile(class: Arc<Ec2NodeClass>, ctx: Arc<Context>) -> Result<Action
     let fields = drift(&class.spec, &desired, format);
     let released = released(&class.metadata, &desired);
     let key = &settings.rollout.key;
-    let state_changed =
-        rollout::read_state(&class, key).ok().flatten().as_ref() != Some(&plan.state);
+    let state_changed = !rollout::read_state(&class, key)
+        .ok()
+        .flatten()
+        .is_some_and(|read| rollout::unchanged_but_start(&read, &plan.state));
     if fields.is_empty() && released.is_empty() && !state_changed {
         tracing::debug!(nodeclass = %name, "EC2NodeClass as rendered");
         ctx.announce(&class, &name, &plan);

@@ -156,8 +156,9 @@ pub struct Seen {
 pub struct Trial {
     /// Unix seconds, by the API server's clock (the clock of the
     /// NodeClaims' creationTimestamp, not the leader's): the managedFields
-    /// time of the apply that started the trial, filled in when the class
-    /// is next read. Until then the trial judges nothing.
+    /// time of the apply that started the trial, read back from the class
+    /// and recorded with the next write made for another reason (never a
+    /// write of its own). Until read back the trial judges nothing.
     #[serde(default)]
     pub since: Option<i64>,
     #[serde(default)]
@@ -362,6 +363,19 @@ pub fn plan(input: Input) -> Plan {
         state,
         notes,
     }
+}
+
+/// Whether `planned` is `read` with nothing new but a trial start filled
+/// in: not worth a write of its own (the start is read back from the same
+/// managedFields time until the next write records it).
+pub fn unchanged_but_start(read: &State, planned: &State) -> bool {
+    let mut read = read.clone();
+    if let (Some(r), Some(p)) = (read.trial.as_mut(), planned.trial.as_ref()) {
+        if r.since.is_none() {
+            r.since = p.since;
+        }
+    }
+    &read == planned
 }
 
 /// Moves the trial on with what is observed: promotes, reverts or waits.

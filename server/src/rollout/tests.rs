@@ -630,3 +630,22 @@ fn the_status_condition_follows_the_state() {
     held.hold = true;
     assert_eq!(status_condition(&plan(held)).1, "Held");
 }
+
+#[test]
+fn a_filled_in_trial_start_alone_is_no_change() {
+    let (old, new) = (values("ami-1"), values("ami-2"));
+    let read = trying(&old, &new);
+    let planned = plan(input(Some(read.clone()), new.clone(), new.clone())).state;
+    assert_eq!(planned.trial.as_ref().unwrap().since, Some(NOW));
+    assert!(unchanged_but_start(&read, &planned));
+    let mut more = planned.clone();
+    more.trial.as_mut().unwrap().claims.insert(
+        "a".into(),
+        Seen {
+            uid: "u".into(),
+            failed: None,
+            launched: true,
+        },
+    );
+    assert!(!unchanged_but_start(&read, &more));
+}
