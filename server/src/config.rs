@@ -510,6 +510,19 @@ pub struct NodeClassArgs {
     )]
     pub rollout_ready_deadline_secs: u64,
 
+    /// Rollout guard: file with the key (at least 32 random bytes) that
+    /// authenticates the state the guard keeps on each EC2NodeClass (an
+    /// HMAC), so that whoever may edit a class cannot forge it. Every
+    /// replica must read the same key (e.g. one Secret). Unset: a key
+    /// derived from the --tls-key file, which the replicas share; a new TLS
+    /// key then makes the guard forget its state once (logged).
+    #[arg(
+        long = "rollout-state-key-file",
+        env = "AUTONODE_ROLLOUT_STATE_KEY_FILE",
+        value_name = "PATH"
+    )]
+    pub rollout_state_key_file: Option<std::path::PathBuf>,
+
     /// Install or update the Karpenter CRDs in the guest cluster at start
     /// (needs packaging/guest/rbac-install-crds.yaml).
     #[arg(long, env = "AUTONODE_INSTALL_CRDS", default_value = "false", num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
@@ -524,6 +537,7 @@ impl NodeClassArgs {
         node: &UserDataArgs,
         metrics: &autonode_server::metrics::Metrics,
         events: &autonode_server::events::Events,
+        tls_key: &std::path::Path,
     ) -> Result<Option<autonode_server::nodeclass::Settings>> {
         use autonode_server::nodeclass::{
             ami_selector_terms, Desired, MetadataOptionsPolicy, Settings,
@@ -537,6 +551,7 @@ impl NodeClassArgs {
         }
         let user_data = autonode_server::userdata::Rendered::new(&node.settings()?);
         let ami_terms = ami_selector_terms(&self.ami_ids).context("--ami-ids")?;
+        let key = self.rollout_state_key(tls_key)?;
         let metadata_options = if self.enforce_metadata_options {
             MetadataOptionsPolicy::Enforce
         } else {
@@ -561,8 +576,28 @@ impl NodeClassArgs {
             rollout: autonode_server::rollout::Settings {
                 failures: usize::try_from(self.rollout_failures).unwrap_or(usize::MAX),
                 ready_deadline: Duration::from_secs(self.rollout_ready_deadline_secs),
+                key,
             },
         }))
+    }
+
+    /// The rollout state's key: from --rollout-state-key-file, else
+    /// derived from the TLS key's file.
+    fn rollout_state_key(
+        &self,
+        tls_key: &std::path::Path,
+    ) -> Result<autonode_server::rollout::StateKey> {
+        use autonode_server::rollout::StateKey;
+        match &self.rollout_state_key_file {
+            Some(path) => StateKey::from_key_file(path).context("--rollout-state-key-file"),
+            None => {
+                tracing::info!(
+                    "rollout state key derived from --tls-key (--rollout-state-key-file is unset): \
+                     a new TLS key makes the rollout guard forget each class's state once"
+                );
+                StateKey::from_tls_key(tls_key).context("--tls-key, for the rollout state key")
+            }
+        }
     }
 }
 

@@ -152,6 +152,16 @@ pub struct Ec2NodeClass {
     pub metadata: ObjectMeta,
     #[serde(default)]
     pub spec: Ec2NodeClassSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<Ec2NodeClassStatus>,
+}
+
+/// The parts of an EC2NodeClass's status autonode reads: its conditions
+/// (Karpenter's, and autonode's [`crate::rollout::STATUS_CONDITION`]).
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+pub struct Ec2NodeClassStatus {
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
 }
 
 /// The parts of an EC2NodeClass autonode reads or keeps.

@@ -64,10 +64,12 @@ pub const FORMAT_ANNOTATION: &str = "autonode.dev/userdata-format";
 
 /// EC2NodeClass annotation holding the rollout guard's state (see
 /// `crate::rollout`): a mark, written by the upkeep with every apply it
-/// changes, and read back only when [`is_own`] finds autonode its only writer.
+/// changes, and read back only when its seal (an HMAC under a key only the
+/// replicas hold, see `crate::rollout::seal`) opens and [`is_own`] finds
+/// autonode its only writer: the manager name alone anyone may send.
 pub const ROLLOUT_ANNOTATION: &str = "autonode.dev/rollout";
 /// EC2NodeClass annotation asking the upkeep to hold the class's AMI and
-/// userData at the values autonode applied last (any value but `false`).
+/// userData at the values autonode applied last (value `true`).
 /// Set by operators, read by autonode: not a mark.
 pub const HOLD_ANNOTATION: &str = "autonode.dev/hold";
 /// EC2NodeClass annotation asking the upkeep to try values it reverted once
@@ -94,6 +96,28 @@ pub fn with_reported(reported: &str, more: &[&str]) -> String {
         }
     }
     all.join(",")
+}
+
+/// The most bytes of a reason autonode stores: in a mark, and per failure
+/// in the rollout state (whose failures are bounded too, so the annotation
+/// stays far below the API server's 256 KiB for all annotations).
+pub const MAX_NOTE: usize = 256;
+
+/// The most bytes of an agent's report message the server keeps (in the
+/// Events and marks it makes of it; the protocol promises the cut).
+pub const MAX_MESSAGE: usize = 1024;
+
+/// `text` cut to at most `max` bytes on a char boundary, `…` marking a cut.
+pub fn capped(text: &str, max: usize) -> String {
+    const MORE: &str = "…";
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut end = max.saturating_sub(MORE.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{MORE}", &text[..end])
 }
 
 /// Patch parameters for every write of a mark: names [`FIELD_MANAGER`].
@@ -218,6 +242,15 @@ mod tests {
         let m = meta(json!({REPORTED: "registered"}), json!(null));
         assert_eq!(reported(&m), "registered");
         assert_eq!(reported(&ObjectMeta::default()), "");
+    }
+
+    #[test]
+    fn a_capped_note_fits_and_cuts_on_a_char_boundary() {
+        assert_eq!(capped("short", 256), "short");
+        let long = "é".repeat(300);
+        let cut = capped(&long, MAX_NOTE);
+        assert!(cut.len() <= MAX_NOTE && cut.ends_with('…'), "{}", cut.len());
+        assert!(cut.len() > MAX_NOTE - 5);
     }
 
     #[test]

@@ -143,9 +143,23 @@ impl NodeClaims {
 
     /// Deletes a NodeClaim whose machine failed to bootstrap, so Karpenter
     /// replaces it now; only if it is still the object we judged (same
-    /// uid). `Ok(false)` when it was already gone or replaced.
-    pub async fn delete_failed(&self, claim: &NodeClaim) -> Result<bool, kube::Error> {
+    /// uid). `Ok(false)` when it was already gone or replaced. First marks
+    /// it failed with `why` (capped), so that the last state the watches
+    /// see says why it went (the rollout guard names it): one more write,
+    /// on the failure path only.
+    pub async fn delete_failed(&self, claim: &NodeClaim, why: &str) -> Result<bool, kube::Error> {
         let name = claim.metadata.name.clone().unwrap_or_default();
+        // The uid in a patch is a precondition: a NodeClaim of the same
+        // name made since is not marked (409).
+        let patch = serde_json::json!({"metadata": {
+            "uid": claim.metadata.uid,
+            "annotations": {marks::BOOTSTRAP_FAILED: marks::capped(why, marks::MAX_NOTE)},
+        }});
+        match self.merge(&name, &patch).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => return Ok(false),
+            Err(e) => return Err(e),
+        }
         let params = DeleteParams {
             preconditions: Some(Preconditions {
                 uid: claim.metadata.uid.clone(),
@@ -164,6 +178,7 @@ impl NodeClaims {
     /// annotation), for the feedback controller's condition, when deleting
     /// failed NodeClaims is turned off.
     pub async fn mark_failed(&self, name: &str, note: &str) -> Result<(), kube::Error> {
+        let note = marks::capped(note, marks::MAX_NOTE);
         let patch =
             serde_json::json!({"metadata": {"annotations": {marks::BOOTSTRAP_FAILED: note}}});
         self.merge(name, &patch).await.map(|_| ())

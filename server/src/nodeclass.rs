@@ -47,7 +47,8 @@
 
 use crate::cache::Cache;
 use crate::events::Events;
-use crate::karpenter::{Ec2NodeClass, Ec2NodeClassSpec, NodeClaim};
+use crate::karpenter::{Condition, Ec2NodeClass, Ec2NodeClassSpec, NodeClaim};
+use crate::marks;
 use crate::metrics::Metrics;
 use crate::nodeclaim::NodeClaims;
 use crate::rollout::{self, Plan, Values};
@@ -551,10 +552,6 @@ impl Context {
     /// The rollout guard's plan for `class`, userData in `format`.
     fn guard(&self, class: &Ec2NodeClass, name: &str, format: Format) -> Plan {
         let desired = &self.settings.desired;
-        let ours = applied_paths(&class.metadata, FIELD_MANAGER);
-        let owns = |field: &str| ours.iter().any(|path| path.len() == 1 && path[0] == field);
-        let current_is_ours =
-            owns("userData") && (desired.ami_terms.is_none() || owns("amiSelectorTerms"));
         let current = Values {
             user_data: class.spec.user_data.clone().unwrap_or_default(),
             ami_selector_terms: desired
@@ -566,14 +563,78 @@ impl Context {
             claims: &self.claims,
             deleted: &self.deleted,
             settings: self.settings.rollout,
+            events: &self.settings.events,
         };
-        cluster.plan(
-            class,
-            name,
-            current,
-            current_is_ours,
-            desired.values(format),
-        )
+        cluster.plan(class, name, current, desired.values(format))
+    }
+
+    /// Writes the [`rollout::STATUS_CONDITION`] `plan` calls for on
+    /// `class`, when it differs from the one there: through the status
+    /// subresource, every condition as read with ours replaced, with the
+    /// resourceVersion read as a precondition (409 when the class changed
+    /// since: its watch event decides again). Karpenter's own status writes
+    /// are merge patches computed from the object it read, so a condition
+    /// of ours survives them. Best effort: a failure is logged.
+    async fn mark_status(&self, class: &Ec2NodeClass, name: &str, plan: &Plan) {
+        let (status, reason, message) = rollout::status_condition(plan);
+        let conditions = class
+            .status
+            .as_ref()
+            .map(|s| s.conditions.as_slice())
+            .unwrap_or_default();
+        let ours = conditions
+            .iter()
+            .find(|c| c.type_ == rollout::STATUS_CONDITION);
+        let same = ours.is_some_and(|c| {
+            c.status == status
+                && c.reason.as_deref() == Some(reason)
+                && c.message.as_deref() == Some(message.as_str())
+        });
+        if same {
+            return;
+        }
+        let since = match ours.filter(|c| c.status == status) {
+            Some(c) => c.last_transition_time.clone(),
+            None => time::OffsetDateTime::now_utc()
+                .replace_nanosecond(0)
+                .ok()
+                .and_then(|t| {
+                    t.format(&time::format_description::well_known::Rfc3339)
+                        .ok()
+                }),
+        };
+        let mut next: Vec<Condition> = conditions
+            .iter()
+            .filter(|c| c.type_ != rollout::STATUS_CONDITION)
+            .cloned()
+            .collect();
+        next.push(Condition {
+            type_: rollout::STATUS_CONDITION.into(),
+            status: status.into(),
+            reason: Some(reason.into()),
+            message: Some(message),
+            last_transition_time: since,
+            observed_generation: class.metadata.generation,
+        });
+        let patch = json!({
+            "metadata": {"resourceVersion": class.metadata.resource_version},
+            "status": {"conditions": next},
+        });
+        match self
+            .api
+            .patch_status(name, &marks::patch_params(), &Patch::Merge(&patch))
+            .await
+        {
+            // A status write: not one of autonode_nodeclass_writes_total,
+            // which counts what changes a class's nodes.
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                tracing::debug!(nodeclass = %name, "EC2NodeClass changed before its rollout condition was written; deciding again")
+            }
+            Err(error) => {
+                tracing::warn!(nodeclass = %name, %error, "could not write the EC2NodeClass's AutonodeRollout condition")
+            }
+        }
     }
 
     /// Logs, Events and counts what `plan` says happened to `class`.
@@ -668,10 +729,15 @@ async fn reconcile(class: Arc<Ec2NodeClass>, ctx: Arc<Context>) -> Result<Action
     let desired = pinned(&settings.desired, &plan.target);
     let fields = drift(&class.spec, &desired, format);
     let released = released(&class.metadata, &desired);
-    let state_changed = rollout::read_state(&class).ok().flatten().as_ref() != Some(&plan.state);
+    let key = &settings.rollout.key;
+    let state_changed = !rollout::read_state(&class, key)
+        .ok()
+        .flatten()
+        .is_some_and(|read| rollout::unchanged_but_start(&read, &plan.state));
     if fields.is_empty() && released.is_empty() && !state_changed {
         tracing::debug!(nodeclass = %name, "EC2NodeClass as rendered");
         ctx.announce(&class, &name, &plan);
+        ctx.mark_status(&class, &name, &plan).await;
         return Ok(Action::requeue(settings.resync));
     }
     let Some(restored) = write(&ctx, &class, &desired, format, &released, &plan).await? else {
@@ -691,6 +757,7 @@ async fn reconcile(class: Arc<Ec2NodeClass>, ctx: Arc<Context>) -> Result<Action
         );
     }
     ctx.announce(&restored, &name, &plan);
+    ctx.mark_status(&restored, &name, &plan).await;
     Ok(Action::requeue(settings.resync))
 }
 
@@ -718,10 +785,16 @@ async fn write(
         version = written.metadata.resource_version.clone();
     }
     let mut body = applied(&name, desired, format);
-    let state = serde_json::to_string(&plan.state).map_err(|source| Error::State {
-        name: name.clone(),
-        source,
-    })?;
+    let uid = class.metadata.uid.as_deref().unwrap_or_default();
+    let state = ctx
+        .settings
+        .rollout
+        .key
+        .seal(uid, &plan.state)
+        .map_err(|source| Error::State {
+            name: name.clone(),
+            source,
+        })?;
     body["metadata"]["annotations"] = json!({ rollout::ROLLOUT_ANNOTATION: state });
     body["metadata"]["resourceVersion"] = json!(version);
     let params = PatchParams::apply(FIELD_MANAGER).force();

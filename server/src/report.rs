@@ -227,7 +227,8 @@ async fn act(
         .inc();
     let signed = sender.trust != Trust::Unverified;
     tracing::info!(request_id, nodeclaim = %name, phase, outcome, signed, agent_message = report.message.as_str(), "agent report");
-    let note = format!("agent phase {phase} {outcome}: {}", report.message);
+    let message = crate::marks::capped(&report.message, crate::marks::MAX_MESSAGE);
+    let note = format!("agent phase {phase} {outcome}: {message}");
     match (report.outcome, sender.trust) {
         (Outcome::Succeeded, _) => ctx.events.normal(claim, "AgentProgress", note),
         (Outcome::Retrying, _) => ctx.events.warning(claim, "AgentRetrying", note),
@@ -242,7 +243,7 @@ async fn act(
             if claim.is_registered() {
                 // Its Node exists: whatever failed, the machine is a node.
             } else if ctx.delete_on_fatal {
-                delete(ctx, claim, request_id).await?;
+                delete(ctx, claim, request_id, &note).await?;
             } else {
                 mark_failed(ctx, claim, &note).await?;
             }
@@ -460,9 +461,10 @@ async fn delete(
     ctx: &ReportContext,
     claim: &NodeClaim,
     request_id: &str,
+    why: &str,
 ) -> Result<(), ReportError> {
     let name = claim.metadata.name.clone().unwrap_or_default();
-    match ctx.claims.delete_failed(claim).await {
+    match ctx.claims.delete_failed(claim, why).await {
         Ok(deleted) => {
             if deleted {
                 tracing::warn!(request_id, nodeclaim = %name, "agent failed for good (signed report); NodeClaim deleted so Karpenter replaces the machine now");

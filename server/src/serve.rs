@@ -121,7 +121,7 @@ fn leader(
         }),
         nodeclasses: args
             .nodeclasses
-            .settings(&args.user_data, metrics, events)?,
+            .settings(&args.user_data, metrics, events, &args.tls_key)?,
         capacity: args.capacity_tolerance(),
     })
 }

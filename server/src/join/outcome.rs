@@ -162,7 +162,8 @@ fn refused(
     }
     if let Some(claim) = claim {
         if dooms_nodeclaim(ctx.delete_refused, refusal, claim) {
-            delete_doomed(ctx, claim.clone(), request_id.to_string());
+            let why = format!("join refused for good: {refusal}");
+            delete_doomed(ctx, claim.clone(), request_id.to_string(), why);
         }
         let reason = if replay {
             "PossibleReplay"
@@ -191,11 +192,11 @@ fn dooms_nodeclaim(delete_refused: bool, refusal: &Refusal, claim: &NodeClaim) -
 }
 
 /// Deletes a NodeClaim whose instance can never join, in the background.
-fn delete_doomed(ctx: &JoinContext, claim: NodeClaim, request_id: String) {
+fn delete_doomed(ctx: &JoinContext, claim: NodeClaim, request_id: String, why: String) {
     let (claims, metrics) = (ctx.claims.clone(), ctx.metrics.clone());
     tokio::spawn(async move {
         let name = claim.metadata.name.clone().unwrap_or_default();
-        match claims.delete_failed(&claim).await {
+        match claims.delete_failed(&claim, &why).await {
             Ok(true) => {
                 metrics.nodeclaims_deleted.inc();
                 tracing::warn!(request_id, nodeclaim = %name, "instance refused for good; NodeClaim deleted so Karpenter replaces it now");

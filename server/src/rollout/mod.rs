@@ -13,20 +13,27 @@
 //!
 //! New values (a new `--ami-ids`, a new rendering of userData) start a
 //! trial. The NodeClaims of the class created since the trial began (and,
-//! once Karpenter records it, whose `status.imageID` is one of the trial's
-//! AMIs) are watched: the first to become Ready promotes the values to
-//! `good`; when [`Settings::failures`] of them failed (a fatal agent report,
-//! a refusal that dooms the instance, deleted before Ready, or not Ready
-//! within [`Settings::ready_deadline`]) and none became Ready, the last good
+//! once Karpenter records it, whose `status.imageID` is one of the AMIs the
+//! change replaced, or any when userData changed: see
+//! [`Values::watched_ami_ids`]) are watched: once one is Ready and each
+//! changed AMI has a Ready one, the values are promoted to `good`; when
+//! [`Settings::failures`] of them failed (a fatal agent report, a refusal
+//! that dooms the instance, deleted before Ready after it was launched, or
+//! launched and not Ready within [`Settings::ready_deadline`]) and none
+//! became Ready, the last good
 //! values are put back and the tried ones are refused until the operator
 //! sets a new value of [`RETRY_ANNOTATION`] (or the flags change to other
 //! values). [`HOLD_ANNOTATION`] freezes a class at the values autonode
 //! applied last, e.g. during a control-plane upgrade.
 //!
-//! The state counts only when autonode's field manager is its only writer
-//! (see [`crate::marks::is_own`]); a state someone else wrote is ignored and
-//! the guard starts afresh, which can cost a revert's protection but never
-//! makes autonode write values it did not render. Everything that decides
+//! The state counts only when it opens under the replicas' key
+//! ([`seal`]: an HMAC over the class's UID and the state's bytes) and
+//! autonode's field manager is its only writer (see
+//! [`crate::marks::is_own`]); a state that does not is ignored (a
+//! `RolloutStateRejected` Warning Event) and the guard starts afresh from
+//! the class as it is, taking as good only values the flags render: this
+//! can cost a revert's protection but never makes autonode keep or write
+//! values it did not render. Everything that decides
 //! is pure ([`plan`], [`observe`], [`verdict`], [`outcome`]) and tested in
 //! `tests.rs`; [`crate::nodeclass`] reads the class and the NodeClaims and
 //! writes the result together with the kept fields, in one apply.
@@ -41,11 +48,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 pub mod cluster;
+pub mod seal;
 pub mod tell;
 #[cfg(test)]
 mod tests;
 
 pub use crate::marks::{HOLD_ANNOTATION, RETRY_ANNOTATION, ROLLOUT_ANNOTATION};
+pub use seal::StateKey;
 
 /// Warning Event reason: new values failed and the last good ones are back.
 pub const REVERTED: &str = "RolloutReverted";
@@ -55,9 +64,14 @@ pub const PROMOTED: &str = "RolloutPromoted";
 pub const STARTED: &str = "RolloutStarted";
 /// Normal Event reason: the class is held; its AMI and userData stay.
 pub const HELD: &str = "RolloutHeld";
+/// Warning Event reason: the class's rollout state does not open under the
+/// key (forged, copied, or sealed under another key) and is not used.
+pub const STATE_REJECTED: &str = "RolloutStateRejected";
 /// Warning Event reason: the wanted values were reverted before and are
 /// not applied again until the operator asks.
 pub const REFUSED: &str = "RolloutRefused";
+/// The status condition autonode keeps on each class it guards.
+pub const STATUS_CONDITION: &str = "AutonodeRollout";
 /// The most NodeClaims a trial remembers (the annotation stays small).
 pub const MAX_TRACKED: usize = 64;
 /// The most deleted NodeClaims kept in memory for the upkeep to judge.
@@ -70,6 +84,8 @@ pub struct Settings {
     pub failures: usize,
     /// How long a NodeClaim has to become Ready before it counts as failed.
     pub ready_deadline: Duration,
+    /// The key that seals the class's state (see [`seal`]).
+    pub key: StateKey,
 }
 
 /// The values the guard watches over: userData and, when autonode keeps
@@ -91,6 +107,27 @@ impl Values {
             .filter_map(|term| term.get("id")?.as_str())
             .collect()
     }
+
+    /// The AMI ids among these values' that `from` (when known) does not
+    /// have: what a change of `from` to these values puts on trial. An
+    /// unchanged architecture's AMI is not on trial.
+    pub fn changed_ami_ids(&self, from: Option<&Values>) -> Vec<&str> {
+        let before = from.map(Values::ami_ids).unwrap_or_default();
+        self.ami_ids()
+            .into_iter()
+            .filter(|id| !before.contains(id))
+            .collect()
+    }
+
+    /// The AMI ids whose NodeClaims judge a change of `good` to these
+    /// values: every one when userData changes (every node runs it), else
+    /// the changed ones. Empty: any AMI.
+    pub fn watched_ami_ids(&self, good: Option<&Values>) -> Vec<&str> {
+        match good {
+            Some(good) if good.user_data == self.user_data => self.changed_ami_ids(Some(good)),
+            _ => self.ami_ids(),
+        }
+    }
 }
 
 /// A NodeClaim that failed under a trial, and why.
@@ -106,21 +143,32 @@ pub struct Seen {
     pub uid: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed: Option<String>,
+    /// Seen launched (an instance was made for it): gone without a node,
+    /// it failed; gone before, it is forgotten (Karpenter gave up on the
+    /// launch: no capacity, its NodePool deleted).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub launched: bool,
 }
 
-/// New values on trial: since when (Unix seconds), and the NodeClaims seen
-/// under them by name.
+/// New values on trial: since when, and the NodeClaims seen under them by
+/// name.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Trial {
-    pub since: i64,
+    /// Unix seconds, by the API server's clock (the clock of the
+    /// NodeClaims' creationTimestamp, not the leader's): the managedFields
+    /// time of the apply that started the trial, read back from the class
+    /// and recorded with the next write made for another reason (never a
+    /// write of its own). Until read back the trial judges nothing.
+    #[serde(default)]
+    pub since: Option<i64>,
     #[serde(default)]
     pub claims: BTreeMap<String, Seen>,
 }
 
 impl Trial {
-    fn new(since: i64) -> Self {
+    fn new() -> Self {
         Self {
-            since,
+            since: None,
             claims: BTreeMap::new(),
         }
     }
@@ -174,7 +222,8 @@ pub enum Outcome {
     Failed(String),
     /// Launched under other values after all: Karpenter recorded an AMI
     /// that is not the trial's (it may record it after the trial saw the
-    /// NodeClaim). Forgotten by the trial.
+    /// NodeClaim); or deleted without ever being launched, which says
+    /// nothing of the values. Forgotten by the trial.
     Elsewhere,
 }
 
@@ -184,6 +233,10 @@ pub struct Observed {
     pub name: String,
     pub uid: String,
     pub outcome: Outcome,
+    /// The AMI Karpenter recorded for it, if yet.
+    pub image: Option<String>,
+    /// Whether an instance was launched for it.
+    pub launched: bool,
 }
 
 /// What to do with a trial.
@@ -197,14 +250,10 @@ pub enum Verdict {
 /// What a reconcile asks the guard about one class.
 #[derive(Debug, Clone)]
 pub struct Input {
-    /// The class's state, when autonode wrote it.
+    /// The class's state, when autonode wrote it (its seal opens).
     pub state: Option<State>,
     /// The class's values now.
     pub current: Values,
-    /// Whether autonode's field manager applied the class's userData (and
-    /// AMI terms, when kept): the values a fleet runs on, taken as good
-    /// when there is no state.
-    pub current_is_ours: bool,
     /// What the flags render for the class.
     pub desired: Values,
     pub hold: bool,
@@ -212,6 +261,9 @@ pub struct Input {
     /// The NodeClaims under the trial, or `None` when they cannot be
     /// judged now (the NodeClaim cache is not fresh).
     pub observed: Option<Vec<Observed>>,
+    /// When autonode last applied the class (Unix seconds), per its
+    /// managedFields: the API server's clock.
+    pub applied_at: Option<i64>,
     pub failures: usize,
     /// Unix seconds.
     pub now: i64,
@@ -241,11 +293,11 @@ pub struct Plan {
 }
 
 /// The state of a class the guard has no (trusted) state for: what it runs
-/// on now is what autonode stands by, and is taken as good when autonode
-/// applied it (or it is what the flags render): it is what the fleet runs.
+/// on now is what autonode stands by, and is taken as good only when it is
+/// what the flags render. Not when managedFields say autonode applied it:
+/// anyone who may patch the class can apply under autonode's manager name.
 fn seed(input: &Input) -> State {
-    let good =
-        (input.current_is_ours || input.current == input.desired).then(|| input.current.clone());
+    let good = (input.current == input.desired).then(|| input.current.clone());
     State {
         applied: input.current.clone(),
         good,
@@ -258,6 +310,10 @@ fn seed(input: &Input) -> State {
 /// Decides, for one class, which values to keep and the state to record.
 pub fn plan(input: Input) -> Plan {
     let mut state = input.state.clone().unwrap_or_else(|| seed(&input));
+    // A trial in a state read back began with the apply that wrote it.
+    if let Some(trial) = state.trial.as_mut().filter(|t| t.since.is_none()) {
+        trial.since = input.applied_at;
+    }
     let mut notes = Vec::new();
     if let Some(value) = input
         .retry
@@ -270,8 +326,8 @@ pub fn plan(input: Input) -> Plan {
         }
     }
     // Held at what autonode applied, never at someone else's values: with
-    // no state of autonode's, only values its field manager applied hold.
-    if input.hold && (input.state.is_some() || input.current_is_ours) {
+    // no state of autonode's, only the rendered values hold.
+    if input.hold && (input.state.is_some() || input.current == input.desired) {
         notes.push(Note::Held);
         return Plan {
             target: state.applied.clone(),
@@ -300,7 +356,7 @@ pub fn plan(input: Input) -> Plan {
     if state.good.as_ref() == Some(&state.applied) {
         state.trial = None;
     } else if state.trial.is_none() {
-        state.trial = Some(Trial::new(input.now));
+        state.trial = Some(Trial::new());
     }
     Plan {
         target: state.applied.clone(),
@@ -309,13 +365,33 @@ pub fn plan(input: Input) -> Plan {
     }
 }
 
+/// Whether `planned` is `read` with nothing new but a trial start filled
+/// in: not worth a write of its own (the start is read back from the same
+/// managedFields time until the next write records it).
+pub fn unchanged_but_start(read: &State, planned: &State) -> bool {
+    let mut read = read.clone();
+    if let (Some(r), Some(p)) = (read.trial.as_mut(), planned.trial.as_ref()) {
+        if r.since.is_none() {
+            r.since = p.since;
+        }
+    }
+    &read == planned
+}
+
 /// Moves the trial on with what is observed: promotes, reverts or waits.
 fn judge(state: &mut State, input: &Input, notes: &mut Vec<Note>) {
     let (Some(trial), Some(observed)) = (state.trial.as_mut(), input.observed.as_ref()) else {
         return;
     };
-    let any_ready = observe(trial, observed);
-    match verdict(trial, any_ready, input.failures, state.good.is_some()) {
+    if trial.since.is_none() {
+        return;
+    }
+    let ready = observe(trial, observed);
+    let needed = match &state.good {
+        Some(good) => state.applied.changed_ami_ids(Some(good)),
+        None => Vec::new(),
+    };
+    match verdict(trial, &ready, &needed, input.failures, state.good.is_some()) {
         Verdict::Wait => {}
         Verdict::Promote => {
             state.good = Some(state.applied.clone());
@@ -338,17 +414,19 @@ fn judge(state: &mut State, input: &Input, notes: &mut Vec<Note>) {
 }
 
 /// Records what is `observed` of a trial's NodeClaims in `trial`, and
-/// whether any of them is Ready. A NodeClaim the trial saw that is no
-/// longer observed (deleted, its deletion missed) failed, unless it had.
-pub fn observe(trial: &mut Trial, observed: &[Observed]) -> bool {
-    let mut any_ready = false;
+/// returns the AMIs of those that are Ready (`None`: not recorded). A
+/// NodeClaim the trial saw launched that is no longer observed (deleted,
+/// its deletion missed) failed, unless it had; one never seen launched is
+/// forgotten.
+pub fn observe(trial: &mut Trial, observed: &[Observed]) -> Vec<Option<String>> {
+    let mut ready = Vec::new();
     for claim in observed {
         let reason = match &claim.outcome {
             Outcome::Ready => {
-                any_ready = true;
+                ready.push(claim.image.clone());
                 continue;
             }
-            Outcome::Failed(reason) => Some(reason.clone()),
+            Outcome::Failed(reason) => Some(marks::capped(reason, marks::MAX_NOTE)),
             Outcome::Pending => None,
             Outcome::Elsewhere => {
                 trial.claims.remove(&claim.name);
@@ -362,41 +440,107 @@ pub fn observe(trial: &mut Trial, observed: &[Observed]) -> bool {
         let seen = trial.claims.entry(claim.name.clone()).or_insert(Seen {
             uid: claim.uid.clone(),
             failed: None,
+            launched: false,
         });
         if known == Some(false) {
-            seen.uid = claim.uid.clone();
+            *seen = Seen {
+                uid: claim.uid.clone(),
+                failed: None,
+                launched: false,
+            };
         }
+        seen.launched |= claim.launched;
         if seen.failed.is_none() {
             seen.failed = reason;
         }
     }
-    for (name, seen) in trial.claims.iter_mut() {
+    trial.claims.retain(|name, seen| {
         let present = observed
             .iter()
             .any(|o| &o.name == name && o.uid == seen.uid);
         if !present && seen.failed.is_none() {
+            if !seen.launched {
+                return false;
+            }
             seen.failed = Some(GONE.to_string());
         }
-    }
-    any_ready
+        true
+    });
+    ready
 }
 
-/// Why a NodeClaim that went away before its node was Ready failed.
-pub const GONE: &str = "NodeClaim deleted before its node was Ready (autonode deletes \
-    the NodeClaim of an agent that reported a fatal failure or of an instance refused \
-    for good; Karpenter one that did not register)";
+/// Why a launched NodeClaim that went away before its node was Ready
+/// failed, when nothing says more (autonode marks why before it deletes).
+pub const GONE: &str = "NodeClaim deleted after its instance was launched and before \
+    its node was Ready, with no failure recorded (Karpenter deletes one that does not \
+    register in time; or someone else deleted it)";
 
-/// Promote on any Ready NodeClaim; revert once `failures` failed (and
-/// there are good values to go back to); else wait.
-pub fn verdict(trial: &Trial, any_ready: bool, failures: usize, has_good: bool) -> Verdict {
-    if any_ready {
+/// Promote once a NodeClaim is Ready and each of the `needed` AMIs (those
+/// the change put on trial) has a Ready NodeClaim of its own; revert once
+/// `failures` failed (and there are good values to go back to) with none
+/// Ready; else wait. `ready` holds the AMIs of the Ready NodeClaims.
+pub fn verdict(
+    trial: &Trial,
+    ready: &[Option<String>],
+    needed: &[&str],
+    failures: usize,
+    has_good: bool,
+) -> Verdict {
+    let each = |id: &&str| ready.iter().any(|r| r.as_deref() == Some(*id));
+    if !ready.is_empty() && needed.iter().all(each) {
         return Verdict::Promote;
+    }
+    if !ready.is_empty() {
+        return Verdict::Wait;
     }
     let failed = trial.failures();
     if has_good && failed.len() >= failures.max(1) {
         return Verdict::Revert(failed);
     }
     Verdict::Wait
+}
+
+/// The [`STATUS_CONDITION`] for `plan`: `False` (`Reverted`) while
+/// values are refused, `Unknown` (`OnTrial`) while new ones are on trial,
+/// else `True` (`Settled`); `Held` as the reason while a hold stands.
+/// Status, reason, message.
+pub fn status_condition(plan: &Plan) -> (&'static str, &'static str, String) {
+    let held = plan.notes.contains(&Note::Held);
+    let (status, reason, message) = if let Some(refused) = &plan.state.refused {
+        let names: Vec<&str> = refused
+            .failed
+            .iter()
+            .take(10)
+            .map(|f| f.nodeclaim.as_str())
+            .collect();
+        (
+            "False",
+            "Reverted",
+            format!(
+                "new AMI/userData failed on {} NodeClaims ({}) and were reverted; they are not \
+                 applied again until annotation {RETRY_ANNOTATION} gets a new value",
+                refused.failed.len(),
+                names.join(", ")
+            ),
+        )
+    } else if plan.state.trial.is_some() {
+        (
+            "Unknown",
+            "OnTrial",
+            "new AMI/userData are on trial: no NodeClaim launched under them is Ready yet".into(),
+        )
+    } else {
+        (
+            "True",
+            "Settled",
+            "the class runs AMI/userData that produced Ready nodes".into(),
+        )
+    };
+    if held {
+        let message = format!("held by annotation {HOLD_ANNOTATION}; {message}");
+        return (status, "Held", message);
+    }
+    (status, reason, message)
 }
 
 /// Whether `claim` was launched from class `class` under the trial begun
@@ -422,8 +566,9 @@ pub fn under_trial(claim: &NodeClaim, class: &str, since: i64, ami_ids: &[&str])
 
 /// Where `claim`'s bootstrap stands, at `now` (Unix seconds). Ready is
 /// Karpenter's word (`Ready` or `Initialized`) or autonode's own
-/// condition; failed is autonode's mark or condition, being deleted, or
-/// not Ready `deadline` after creation.
+/// condition; failed is autonode's mark or condition, or, once launched,
+/// being deleted or not Ready `deadline` after creation. A NodeClaim never
+/// launched is pending, and forgotten when deleted.
 pub fn outcome(claim: &NodeClaim, now: i64, deadline: Duration) -> Outcome {
     let is_true = |kind: &str| claim.condition(kind).is_some_and(|c| c.status == "True");
     if is_true("Ready") || is_true("Initialized") || is_true(CONDITION) {
@@ -444,6 +589,15 @@ pub fn outcome(claim: &NodeClaim, now: i64, deadline: Duration) -> Outcome {
                 .unwrap_or_else(|| "bootstrap failed".into()),
         );
     }
+    if !launched(claim) {
+        // No instance, so nothing of the values tried: Karpenter's launch
+        // failed (no capacity) or it deleted the claim (its NodePool gone).
+        return if claim.is_deleting() {
+            Outcome::Elsewhere
+        } else {
+            Outcome::Pending
+        };
+    }
     if claim.is_deleting() {
         return Outcome::Failed(GONE.to_string());
     }
@@ -462,17 +616,28 @@ pub fn outcome(claim: &NodeClaim, now: i64, deadline: Duration) -> Outcome {
 }
 
 /// The outcome of a NodeClaim deleted while it was last as `claim`: Ready
-/// if it was, else failed.
+/// if it was, forgotten if it never launched, else failed.
 pub fn outcome_when_deleted(claim: &NodeClaim, now: i64, deadline: Duration) -> Outcome {
     match outcome(claim, now, deadline) {
+        Outcome::Pending if !launched(claim) => Outcome::Elsewhere,
         Outcome::Pending => Outcome::Failed(GONE.to_string()),
         other => other,
     }
 }
 
-/// The class's state, when it has one that autonode's field manager alone
-/// wrote (`Ok(None)` when absent); an error names what is wrong with it.
-pub fn read_state(class: &Ec2NodeClass) -> Result<Option<State>, StateError> {
+/// Whether an instance was launched for `claim`: it has a providerID, or
+/// Karpenter's `Launched` condition is True.
+pub fn launched(claim: &NodeClaim) -> bool {
+    claim.provider_id().is_some()
+        || claim
+            .condition("Launched")
+            .is_some_and(|c| c.status == "True")
+}
+
+/// The class's state, when it has one that opens under `key` and that
+/// autonode's field manager alone wrote (`Ok(None)` when absent); an error
+/// names what is wrong with it.
+pub fn read_state(class: &Ec2NodeClass, key: &StateKey) -> Result<Option<State>, StateError> {
     let Some(text) = class
         .metadata
         .annotations
@@ -484,9 +649,7 @@ pub fn read_state(class: &Ec2NodeClass) -> Result<Option<State>, StateError> {
     if !marks::is_own(&class.metadata, ROLLOUT_ANNOTATION) {
         return Err(StateError::Foreign);
     }
-    serde_json::from_str(text)
-        .map(Some)
-        .map_err(StateError::Parse)
+    Ok(Some(key.open(class.metadata.uid.as_deref(), text)?))
 }
 
 /// Why a class's state is not used.
@@ -494,14 +657,14 @@ pub fn read_state(class: &Ec2NodeClass) -> Result<Option<State>, StateError> {
 pub enum StateError {
     #[error("written by someone other than autonode-server (per managedFields)")]
     Foreign,
-    #[error("not valid rollout state: {0}")]
-    Parse(#[source] serde_json::Error),
+    #[error(transparent)]
+    Sealed(#[from] seal::OpenError),
 }
 
-/// Whether `class` asks to be held (its [`HOLD_ANNOTATION`] is set, to
-/// anything but `false`).
+/// Whether `class` asks to be held: its [`HOLD_ANNOTATION`] is `true`
+/// (nothing else, so a typo or `"no"` does not freeze a class unseen).
 pub fn held(class: &Ec2NodeClass) -> bool {
-    annotation(class, HOLD_ANNOTATION).is_some_and(|v| v != "false")
+    annotation(class, HOLD_ANNOTATION) == Some("true")
 }
 
 /// The class's [`RETRY_ANNOTATION`], if set.

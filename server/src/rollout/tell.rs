@@ -89,15 +89,18 @@ impl Teller<'_> {
         let what = tried.map_or_else(String::new, |t| change(Some(&plan.state.applied), t));
         let failures = named(failed);
         tracing::warn!(nodeclass = %name, change = %what, %failures, "rollout reverted: the NodeClaims launched under the new AMI/userData failed and none became Ready");
+        // Names first: the Event's note is cut at 1000 bytes, and the
+        // reasons are long; each NodeClaim's own Events say why in full.
         self.events.warning(
             class,
             REVERTED,
             format!(
-                "{} NodeClaims launched under the new values ({what}) failed and none became Ready, \
-                 so the last good values are back. The new values are not applied again until \
-                 annotation {RETRY_ANNOTATION} is set to a new value or the flags render other \
-                 values. Failed: {failures}",
-                failed.len()
+                "{} NodeClaims failed under the new values ({what}), none Ready: {}. The last \
+                 good values are back; the new ones are not applied again until annotation \
+                 {RETRY_ANNOTATION} is set to a new value or the flags render other values. \
+                 Why: {failures}",
+                failed.len(),
+                names(failed),
             ),
         );
         self.metrics
@@ -158,6 +161,20 @@ pub fn change(from: Option<&Values>, to: &Values) -> String {
     parts.join(", ")
 }
 
+/// The failed NodeClaims' names, the first [`NAMED`] of them.
+fn names(failed: &[Failure]) -> String {
+    let mut text: Vec<&str> = failed
+        .iter()
+        .take(NAMED)
+        .map(|f| f.nodeclaim.as_str())
+        .collect();
+    let more = format!("and {} more", failed.len().saturating_sub(NAMED));
+    if failed.len() > NAMED {
+        text.push(&more);
+    }
+    text.join(", ")
+}
+
 /// The failures, `name: reason`, the first [`NAMED`] of them.
 fn named(failed: &[Failure]) -> String {
     let mut text: Vec<String> = failed
@@ -169,4 +186,25 @@ fn named(failed: &[Failure]) -> String {
         text.push(format!("and {} more", failed.len() - NAMED));
     }
     text.join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_names_come_before_the_reasons_and_are_bounded() {
+        let failed: Vec<Failure> = (0..12)
+            .map(|i| Failure {
+                nodeclaim: format!("c{i}"),
+                reason: "x".repeat(300),
+            })
+            .collect();
+        assert_eq!(names(&failed[..2]), "c0, c1");
+        let all = names(&failed);
+        assert!(
+            all.starts_with("c0, c1,") && all.ends_with("c9, and 2 more"),
+            "{all}"
+        );
+    }
 }

@@ -787,6 +787,41 @@ fn secrets_created_or_referenced() -> Result<()> {
     Ok(())
 }
 
+/// The rollout state key: not mounted by default (the server derives it
+/// from the TLS key); with a Secret named, mounted and passed as
+/// --rollout-state-key-file; made by the chart only from a given value.
+#[test]
+fn the_rollout_state_key_is_mounted_when_named() -> Result<()> {
+    const FLAG: &str = "--rollout-state-key-file=/etc/autonode/rollout-state-key/key";
+    let plain = template(NAMESPACE, &[])?;
+    ensure!(!args(&plain)?
+        .iter()
+        .any(|a| a.starts_with("--rollout-state-key-file")));
+    let docs = template(
+        NAMESPACE,
+        &[
+            "--set",
+            "rolloutStateKey.secretName=rk",
+            "--set",
+            "rolloutStateKey.create=true",
+            "--set-string",
+            "rolloutStateKey.value=0123456789abcdef0123456789abcdef",
+        ],
+    )?;
+    ensure!(args(&docs)?.iter().any(|a| a == FLAG), "{:?}", args(&docs)?);
+    let volumes = &only(&docs, "Deployment")?["spec"]["template"]["spec"]["volumes"];
+    let mounted = volumes
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|v| v["secret"]["secretName"] == "rk" && v["secret"]["items"][0]["path"] == "key");
+    ensure!(mounted, "{volumes}");
+    ensure!(docs
+        .iter()
+        .any(|d| d["kind"] == "Secret" && d["metadata"]["name"] == "rk"));
+    Ok(())
+}
+
 /// Each optional object comes and goes with its value: the PDB, the
 /// ServiceAccount, the ServiceMonitor; the PrometheusRule's groups are
 /// files/prometheus-rules.yaml's and the dashboard is

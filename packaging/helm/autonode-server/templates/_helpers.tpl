@@ -73,6 +73,9 @@ default to these. */}}
 tls-cert: /etc/autonode/tls/tls.crt
 tls-key: /etc/autonode/tls/tls.key
 kubeconfig: /etc/autonode/guest/kubeconfig
+{{- if .Values.rolloutStateKey.secretName }}
+rollout-state-key-file: /etc/autonode/rollout-state-key/key
+{{- end }}
 {{- end }}
 
 {{/* One value of `serve` as the flag takes it: lists joined with commas,
