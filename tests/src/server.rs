@@ -243,13 +243,36 @@ impl TestServer {
         cloud: &CloudSettings,
         setup: &Setup<'_>,
     ) -> Result<Self> {
-        let server = Self::spawn(cp, cloud, setup).await?;
-        if setup.wait_ready {
-            server.wait_ready().await?;
-        } else {
-            server.wait_for("/healthz").await?;
+        // A free port can be taken by another test's process before the
+        // server binds it (nextest runs tests as separate processes, which
+        // choose ports independently): it then exits at once, and is
+        // started again on new ports, as the control plane's API server is.
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let server = Self::spawn(cp, cloud, setup).await?;
+            let started = if setup.wait_ready {
+                server.wait_ready().await
+            } else {
+                server.wait_for("/healthz").await
+            };
+            match started {
+                Ok(()) => return Ok(server),
+                Err(_) if attempts < 3 && server.lost_its_port() => {
+                    eprintln!("autonode-server: a port was taken meanwhile; new ports");
+                }
+                Err(e) => return Err(e),
+            }
         }
-        Ok(server)
+    }
+
+    /// Whether the server exited because a port it was given was taken.
+    fn lost_its_port(&self) -> bool {
+        self.daemon.check_alive().is_err()
+            && self
+                .log()
+                .to_ascii_lowercase()
+                .contains("address already in use")
     }
 
     async fn spawn(cp: &ControlPlane, cloud: &CloudSettings, setup: &Setup<'_>) -> Result<Self> {
@@ -323,6 +346,10 @@ impl TestServer {
             dir.path(),
             &[
                 ("RUST_LOG", "info,autonode_server=debug"),
+                // An error that ends it is its last lines, not a backtrace
+                // (RUST_BACKTRACE, when set, would also capture one for
+                // every anyhow error); panics still print theirs.
+                ("RUST_LIB_BACKTRACE", "0"),
                 ("AWS_ACCESS_KEY_ID", TEST_ACCESS_KEY_ID),
                 ("AWS_SECRET_ACCESS_KEY", TEST_SECRET_ACCESS_KEY),
                 ("AWS_REGION", "us-west-2"),
