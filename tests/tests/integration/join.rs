@@ -252,6 +252,20 @@ async fn refusals_approve_nothing_and_log_the_reason() -> Result<()> {
         .assert_refused(answer, &early, "pending_before_nodeclaim")
         .await?;
 
+    // A second NodeClaim naming the same instance (written by someone who
+    // may set a NodeClaim's status): which one the machine joins as is not
+    // for it to choose, so it joins as neither.
+    let (_, twice) = world.launch(|i| i).await?;
+    let admin = world.cp.admin().await?;
+    let second = "default-second-for-one-instance";
+    karpenter::create_nodeclaim_annotated(&admin, second, "default", serde_json::json!({})).await?;
+    karpenter::set_provider_id(&admin, second, &twice.provider_id()).await?;
+    wait_for_cache().await;
+    let answer = world.joiner.join(&honest(&twice)?).await?;
+    world
+        .assert_refused(answer, &twice, "many_nodeclaims")
+        .await?;
+
     let (_, stopped) = world
         .launch(|i| Instance {
             state: InstanceState::Stopped,
