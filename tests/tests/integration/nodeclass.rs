@@ -292,9 +292,22 @@ async fn an_unchanged_class_is_never_written_and_unselected_ones_are_left_alone(
     let label = json!({"metadata": {"labels": {"autonode.dev/managed": "true"}}});
     api.patch("kept", &PatchParams::default(), &Patch::Merge(&label))
         .await?;
-    let class = wait_for(&api, "kept", "restored", |c| {
-        spec(c)["userData"] == rendered.as_str()
-    })
+    // Restored, and the rollout guard's status condition written after
+    // it: the snapshot is of the class once autonode has nothing left to
+    // say, so a later write would be a real one.
+    let class = wait_for(
+        &api,
+        "kept",
+        "restored and its rollout condition written",
+        |c| {
+            spec(c)["userData"] == rendered.as_str()
+                && c.data["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == "AutonodeRollout")
+        },
+    )
     .await?;
 
     // Three resyncs (1 s each) later: compared, never written again.
