@@ -1,60 +1,33 @@
 //! autonode-server as a library: the parts of the control plane half of
 //! autonode that the binary, the integration tests and the test harness
-//! share.
+//! share. The folders are the roles, and imports point down this list
+//! (nothing on the join path imports the leader's controllers):
 //!
-//! A join request arrives through [`api`] (HTTPS, limits) and is handled
-//! by [`join`], whose module docs are the one list of its steps and the
-//! modules that own them. Services return their own errors; [`refusal`]
-//! is where the join turns them into a verdict. Agents' progress reports
-//! arrive through [`report`].
-//!
-//! - [`approver`]: approves kubelet's own renewal and serving CSRs.
+//! - [`front`]: the HTTPS front. A join request arrives through
+//!   [`front::api`] (HTTPS, limits); agents' progress reports through
+//!   [`front::report`]; [`front::tls`] and [`front::probes`] beside them.
+//! - [`join`]: one join, its files named for its steps; its module docs
+//!   are the one list of those steps. Services return their own errors;
+//!   [`join::refusal`] is where the join turns them into a verdict, and
+//!   [`join::render`] turns a node's config inputs into JSON.
+//! - [`kube`]: Kubernetes plumbing both sides share: watch-backed caches,
+//!   Events, marks, the NodeClaim store, CSR issuing and approval,
+//!   Karpenter's objects, metrics.
 //! - [`ec2`]: looking booting instances up in EC2 (`DescribeInstances`).
-//! - [`feedback`]: autonode's condition, milestone Events and latencies on NodeClaims.
-//! - [`capacity`]: a Ready node's allocatable against what Karpenter planned with.
-//! - [`rollout`]: the EC2NodeClass upkeep's guard against AMI or userData that fail.
-//! - [`leader`]: Lease-based leader election; controllers run on the leader only.
-//! - [`karpenter`]: Karpenter's objects as far as autonode reads them.
-//! - [`tls`]: the serving certificate, reloaded when it changes.
-//! - [`probes`]: `/metrics`, `/healthz`, `/readyz`.
-//! - [`nodeconfig`]: the inputs of a node's config (EC2NodeClass, Ignition
-//!   ConfigMaps and Secrets) from watch-backed caches; [`render`] turns them
-//!   into JSON.
-//! - [`cache`]: watch-backed caches that say whether they have listed and
-//!   are current.
-//! - [`nodeclass`]: keeps EC2NodeClasses' userData ([`userdata`]) and AMIs.
-//! - [`crds`]: installs or updates Karpenter's CRDs (`--install-crds`).
-//! - [`watches`]: the leader's controllers on watches built once per kind.
+//! - [`controllers`]: the leader's controllers (CSR approval, feedback on
+//!   NodeClaims, capacity, EC2NodeClass upkeep and its rollout guard,
+//!   CRDs), elected through a Lease and run on watches built once per kind.
+//! - [`logfmt`]: the log formats, shared by the binary and [`kube::events`].
 
 #![forbid(unsafe_code)]
 
-pub mod api;
-pub mod approval;
-pub mod approver;
-pub mod backoff;
-pub mod binding;
-pub mod cache;
-pub mod capacity;
-pub mod crds;
+pub mod controllers;
 pub mod ec2;
-pub mod events;
-pub mod feedback;
-pub mod issuer;
+pub mod front;
 pub mod join;
-pub mod karpenter;
-pub mod leader;
+pub mod kube;
 pub mod logfmt;
-pub mod marks;
-pub mod metrics;
-pub mod nodeclaim;
-pub mod nodeclass;
-pub mod nodeconfig;
-pub mod probes;
-pub mod refusal;
-pub mod render;
-pub mod report;
-pub mod rollout;
 
-pub mod tls;
-pub mod userdata;
-pub mod watches;
+/// The test harness installs CRDs as `serve --install-crds` does, by this
+/// path.
+pub use controllers::crds;

@@ -5,11 +5,9 @@
 use autonode_server::logfmt::{JsonFields, JsonLines, TextFields};
 use clap::{Parser, Subcommand};
 
-mod config;
-mod identity_cmd;
-mod ignition_cmd;
-mod render_userdata_cmd;
-mod serve;
+mod cmd;
+
+use cmd::{config, identity, ignition, render_userdata, serve};
 
 /// Decides which EC2 instances become nodes of this cluster, approves their
 /// certificates and serves their configuration.
@@ -23,24 +21,24 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Inspect and verify EC2 instance identity signatures.
-    Identity(identity_cmd::IdentityArgs),
+    Identity(identity::IdentityArgs),
     /// Check Ignition configs as the server does before serving them.
-    Ignition(ignition_cmd::IgnitionArgs),
+    Ignition(ignition::IgnitionArgs),
     /// Serve the join API and watch the guest cluster.
     Serve(Box<config::ServeArgs>),
     /// Print the EC2NodeClass userData (the agent's config) that `serve`
     /// keeps, from the same flags.
-    RenderUserdata(render_userdata_cmd::RenderArgs),
+    RenderUserdata(render_userdata::RenderArgs),
 }
 
 fn main() -> anyhow::Result<()> {
     let args = config::expand_config_file::<Cli>(std::env::args_os().collect())?;
     let cli = Cli::parse_from(args);
     match cli.command {
-        Command::Identity(args) => identity_cmd::run(args),
+        Command::Identity(args) => identity::run(args),
         // Its own exit statuses: 1 refused, 2 unreadable (see its --help).
-        Command::Ignition(args) => std::process::exit(ignition_cmd::run(&args)),
-        Command::RenderUserdata(args) => render_userdata_cmd::run(args),
+        Command::Ignition(args) => std::process::exit(ignition::run(&args)),
+        Command::RenderUserdata(args) => render_userdata::run(args),
         Command::Serve(args) if args.check_config => {
             args.check()?;
             println!("autonode-server serve: settings accepted");

@@ -1,14 +1,14 @@
-//! Steps 3 (its end) and 4 of a join: the binding ([`crate::binding`]),
-//! the CSR objects ([`crate::issuer`]) and the node's config
-//! ([`crate::nodeconfig`]), all in place before anything is approved.
+//! Steps 3 (its end) and 4 of a join: the binding ([`crate::kube::binding`]),
+//! the CSR objects ([`crate::kube::issuer`]) and the node's config
+//! ([`crate::join::render::inputs`]), all in place before anything is approved.
 
 use super::{kind, Attested, JoinContext};
-use crate::binding::{self, Binding, BindingError, CsrRef, Keys, Record};
-use crate::feedback::Milestone;
-use crate::issuer::{self, IssueError, IssueRequest};
-use crate::karpenter::NodeClaim;
-use crate::refusal::JoinError;
-use crate::render::NodeFacts;
+use crate::controllers::feedback::Milestone;
+use crate::join::refusal::JoinError;
+use crate::join::render::NodeFacts;
+use crate::kube::binding::{self, Binding, BindingError, CsrRef, Keys, Record};
+use crate::kube::issuer::{self, IssueError, IssueRequest};
+use crate::kube::karpenter::NodeClaim;
 use autonode_shared::csr::Purpose;
 use autonode_shared::protocol::KubeletSettings;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;

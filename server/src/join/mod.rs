@@ -17,13 +17,13 @@
 //!    cache's grace only for documents that passed), the instance as EC2
 //!    sees it ([`crate::ec2`]), the CSRs against what EC2 says the machine
 //!    is; then the CSR objects created (or a resume's recorded ones found,
-//!    [`crate::issuer`]) and the instance's keys and those objects recorded
-//!    on the NodeClaim ([`crate::binding`]).
-//! 4. **render** (in `bind::prepare`; [`crate::nodeconfig`],
-//!    [`crate::render`]): the kubelet settings and Ignition config,
+//!    [`crate::kube::issuer`]) and the instance's keys and those objects recorded
+//!    on the NodeClaim ([`crate::kube::binding`]).
+//! 4. **render** (in `bind::prepare`; [`crate::join::render::inputs`],
+//!    [`crate::join::render`]): the kubelet settings and Ignition config,
 //!    rendered alongside the CSR objects of step 3 and before the binding
 //!    is written, so nothing is approved for a node whose config is broken.
-//! 5. **approve** (`approve`, [`crate::issuer`]): both CSRs approved,
+//! 5. **approve** (`approve`, [`crate::kube::issuer`]): both CSRs approved,
 //!    signed by kube-controller-manager, and the certificates checked
 //!    against the CSRs that were judged; the answer carries them with the
 //!    rendered config.
@@ -31,26 +31,28 @@
 //! Every step either hands the next one stronger facts or stops the join
 //! with a [`Refusal`] (final) or [`JoinError::Unavailable`] (retry): the
 //! services say what went wrong in their own errors, and only here
-//! ([`crate::refusal`]) does that become a verdict. Names and addresses
+//! ([`crate::join::refusal`]) does that become a verdict. Names and addresses
 //! come from EC2 and the NodeClaim, never from the request. What a request
 //! leaves behind (log line, Event, metrics, deleting a doomed NodeClaim)
 //! is recorded in one place, `outcome`.
 
 mod bind;
 mod outcome;
+pub mod refusal;
+pub mod render;
 
-use crate::binding::{Binding, Keys};
+use crate::controllers::feedback::Milestone;
 use crate::ec2::{Ec2Instance, InstanceLookup, LookupError};
-use crate::events::Events;
-use crate::feedback::Milestone;
-use crate::issuer::{IssueError, IssueRequest, Issuer};
-use crate::karpenter::{aws_provider_id, NodeClaim};
-use crate::marks;
-use crate::metrics::{KindLabels, Metrics, Steps};
-use crate::nodeclaim::{self, NodeClaims};
-use crate::nodeconfig::NodeConfig;
-use crate::refusal::{JoinError, Refusal};
-use crate::render::ClusterSettings;
+use crate::join::refusal::{JoinError, Refusal};
+use crate::join::render::inputs::NodeConfig;
+use crate::join::render::ClusterSettings;
+use crate::kube::binding::{Binding, Keys};
+use crate::kube::events::Events;
+use crate::kube::issuer::{IssueError, IssueRequest, Issuer};
+use crate::kube::karpenter::{aws_provider_id, NodeClaim};
+use crate::kube::marks;
+use crate::kube::metrics::{KindLabels, Metrics, Steps};
+use crate::kube::nodeclaim::{self, NodeClaims};
 use autonode_shared::csr::{self, ParsedCsr, Purpose};
 use autonode_shared::identity::{self, IdentityDocument, Policy, TrustStore};
 use autonode_shared::protocol::KubeletSettings;

@@ -5,12 +5,12 @@
 //! delete is a pure decision ([`dooms_nodeclaim`]).
 
 use super::{Granted, JoinContext};
-use crate::binding::{self, Binding, BindingRefusal};
-use crate::feedback::{self, Milestone};
-use crate::karpenter::NodeClaim;
-use crate::marks;
-use crate::metrics::JoinLabels;
-use crate::refusal::{JoinError, Refusal};
+use crate::controllers::feedback::{self, Milestone};
+use crate::join::refusal::{JoinError, Refusal};
+use crate::kube::binding::{self, Binding, BindingRefusal};
+use crate::kube::karpenter::NodeClaim;
+use crate::kube::marks;
+use crate::kube::metrics::JoinLabels;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -212,7 +212,7 @@ fn delete_doomed(ctx: &JoinContext, claim: NodeClaim, request_id: String, why: S
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::marks;
+    use crate::kube::marks;
     use serde_json::json;
 
     fn claim(extra: serde_json::Value) -> NodeClaim {

@@ -287,7 +287,7 @@ async fn alerts_and_dashboard_ask_only_for_series_the_server_exports() -> Result
     ensure!(status == 403, "the replay was answered {status}");
     // More replays than the NodeClaim's Event bucket holds: the Events
     // past it are counted as dropped (rate_limited).
-    for _ in 0..autonode_server::events::BURST {
+    for _ in 0..autonode_server::kube::events::BURST {
         world.joiner.join(&replay).await?;
     }
     join_while_ec2_fails(&world).await?;

@@ -3,7 +3,7 @@
 //! comment) and must fail now. docs/design.md's threat model points here.
 
 use anyhow::{ensure, Context, Result};
-use autonode_server::issuer::{IssueError, IssueRequest, Issuer};
+use autonode_server::kube::issuer::{IssueError, IssueRequest, Issuer};
 use autonode_shared::csr::{self, Purpose};
 use autonode_shared::issued;
 use autonode_shared::protocol::JoinResponse;

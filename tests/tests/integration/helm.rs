@@ -115,11 +115,11 @@ fn flag_text(value: &Value) -> Option<String> {
 /// source: the `default_value` of the `#[arg(...)]` naming it.
 fn source_default(flag: &str) -> Result<String> {
     let source = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../server/src/config.rs"),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../server/src/cmd/config.rs"),
     )?;
     let at = source
         .find(&format!("long = \"{flag}\""))
-        .with_context(|| format!("--{flag} not in server/src/config.rs"))?;
+        .with_context(|| format!("--{flag} not in server/src/cmd/config.rs"))?;
     let start = source[..at].rfind("#[arg(").context("no #[arg(")?;
     let end = at + source[at..].find(")]").context("no )]")?;
     let block = &source[start..end];

@@ -2,7 +2,7 @@
 //! certificates) are approved only when they are the node's own.
 
 use anyhow::{Context, Result};
-use autonode_server::approver::LOOKUP_BURST;
+use autonode_server::controllers::approver::LOOKUP_BURST;
 use autonode_tests::fakecloud::Instance;
 use autonode_tests::joiner::CsrShape;
 use autonode_tests::world::World;

@@ -8,7 +8,7 @@ use crate::measure::{
 };
 use crate::options::Options;
 use anyhow::{ensure, Context, Result};
-use autonode_server::approval;
+use autonode_server::kube::approval;
 use autonode_shared::csr::{self, Purpose};
 use autonode_tests::controlplane::unique;
 use autonode_tests::fakecloud::Instance;

@@ -1,0 +1,675 @@
+//! `autonode-server serve` settings (and the userData flags `render-userdata`
+//! shares with it): flags, environment, and a file.
+//!
+//! Precedence, highest first: a flag on the command line, its environment
+//! variable (`AUTONODE_…`), the `--config` TOML file, the default. The file
+//! uses the flags' long names as keys (`allowed-accounts = ["1234…"]`);
+//! an unknown key is an error naming it.
+
+use anyhow::{bail, Context, Result};
+use autonode_server::controllers::nodeclass::userdata::{CaForm, UserDataSettings};
+use clap::{Args, CommandFactory, ValueEnum};
+use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Settings of the `serve` command.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// TOML file with defaults for any of these settings (keys are the long
+    /// flag names).
+    #[arg(long, env = "AUTONODE_CONFIG")]
+    pub config: Option<PathBuf>,
+
+    /// Address of the join API (HTTPS).
+    #[arg(long, env = "AUTONODE_LISTEN", default_value = "0.0.0.0:8443")]
+    pub listen: SocketAddr,
+
+    /// PEM certificate (chain) the join API serves; reloaded when it changes.
+    #[arg(long, env = "AUTONODE_TLS_CERT")]
+    pub tls_cert: PathBuf,
+
+    /// PEM private key of --tls-cert; reloaded when it changes.
+    #[arg(long, env = "AUTONODE_TLS_KEY")]
+    pub tls_key: PathBuf,
+
+    /// Address for /metrics, /healthz and /readyz (plain HTTP).
+    #[arg(long, env = "AUTONODE_METRICS_LISTEN", default_value = "0.0.0.0:9090")]
+    pub metrics_listen: SocketAddr,
+
+    /// Kubeconfig of the guest cluster (the server runs outside it).
+    #[arg(long, env = "AUTONODE_KUBECONFIG")]
+    pub kubeconfig: PathBuf,
+
+    /// API server URL nodes are given; default: the kubeconfig's.
+    #[arg(long, env = "AUTONODE_API_SERVER_URL")]
+    pub api_server_url: Option<String>,
+
+    /// PEM CA bundle nodes trust for the API server; default: the
+    /// kubeconfig's certificate-authority data.
+    #[arg(long, env = "AUTONODE_CLUSTER_CA_FILE")]
+    pub cluster_ca_file: Option<PathBuf>,
+
+    /// AWS accounts whose instances may join (comma-separated). Empty
+    /// refuses everyone.
+    #[arg(
+        long,
+        env = "AUTONODE_ALLOWED_ACCOUNTS",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub allowed_accounts: Vec<String>,
+
+    /// AWS regions whose instances may join (comma-separated).
+    #[arg(
+        long,
+        env = "AUTONODE_ALLOWED_REGIONS",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub allowed_regions: Vec<String>,
+
+    /// Oldest instance pendingTime accepted, in seconds before now.
+    #[arg(
+        long = "max-instance-age",
+        env = "AUTONODE_MAX_INSTANCE_AGE",
+        default_value = "900",
+        value_name = "SECONDS"
+    )]
+    pub max_instance_age_secs: u64,
+
+    /// How far pendingTime may be ahead of this server's clock, in seconds.
+    #[arg(
+        long = "clock-skew",
+        env = "AUTONODE_CLOCK_SKEW",
+        default_value = "60",
+        value_name = "SECONDS"
+    )]
+    pub clock_skew_secs: u64,
+
+    /// Extra pinned identity certificates: a directory of `<region>.pem` /
+    /// `any.pem` files, added to AWS's built-in ones.
+    #[arg(long, env = "AUTONODE_IDENTITY_CERTS")]
+    pub identity_certs: Option<PathBuf>,
+
+    /// EC2 endpoint override (default: the regional AWS endpoint).
+    #[arg(long, env = "AUTONODE_EC2_ENDPOINT")]
+    pub ec2_endpoint: Option<String>,
+
+    /// Cluster DNS service IPs written into every kubelet config.
+    #[arg(
+        long,
+        env = "AUTONODE_CLUSTER_DNS",
+        value_delimiter = ',',
+        default_value = "10.96.0.10"
+    )]
+    pub cluster_dns: Vec<String>,
+
+    /// Cluster DNS domain.
+    #[arg(long, env = "AUTONODE_CLUSTER_DOMAIN", default_value = "cluster.local")]
+    pub cluster_domain: String,
+
+    /// Namespace (in the guest cluster) of the ConfigMaps and Secrets
+    /// holding Ignition configs: the base one and those EC2NodeClasses name
+    /// in their `autonode.dev/ignition` annotation.
+    #[arg(
+        long,
+        env = "AUTONODE_IGNITION_NAMESPACE",
+        default_value = "autonode-system"
+    )]
+    pub ignition_namespace: String,
+
+    /// Where the Ignition config every node gets is (in
+    /// --ignition-namespace, key `config.ign`): `<name>` or
+    /// `configmap/<name>` for a ConfigMap, `secret/<name>` for a Secret.
+    /// EC2NodeClasses' configs and autonode's own files are merged over it.
+    #[arg(
+        long,
+        env = "AUTONODE_BASE_IGNITION",
+        value_name = "[configmap/|secret/]NAME",
+        value_parser = autonode_server::join::render::inputs::Source::parse
+    )]
+    pub base_ignition: Option<autonode_server::join::render::inputs::Source>,
+
+    /// Read Ignition configs from Secrets too (`secret/<name>`). Turn it
+    /// off when every config is in a ConfigMap: the server then never
+    /// lists or watches Secrets, and packaging/guest/rbac-ignition-secrets.yaml
+    /// (which grants every Secret in --ignition-namespace: RBAC cannot
+    /// narrow a watch) can be left out.
+    #[arg(long, env = "AUTONODE_IGNITION_SECRETS", default_value = "true", action = clap::ArgAction::Set)]
+    pub ignition_secrets: bool,
+
+    /// Seconds to wait for kube-controller-manager to sign a CSR.
+    #[arg(
+        long = "csr-timeout",
+        env = "AUTONODE_CSR_TIMEOUT",
+        default_value = "60",
+        value_name = "SECONDS"
+    )]
+    pub csr_timeout_secs: u64,
+
+    /// Delete a NodeClaim whose agent reports a fatal failure, so Karpenter
+    /// replaces the machine at once.
+    #[arg(long, env = "AUTONODE_DELETE_FAILED_NODECLAIMS", default_value = "true", action = clap::ArgAction::Set)]
+    pub delete_failed_nodeclaims: bool,
+
+    /// Approve the CSRs kubelet makes itself (client renewals, serving
+    /// certificates) when they match the node's NodeClaim and EC2 facts.
+    #[arg(long, env = "AUTONODE_APPROVE_KUBELET_CSRS", default_value = "true", action = clap::ArgAction::Set)]
+    pub approve_kubelet_csrs: bool,
+
+    /// Kubelet CSRs one node may have pending or approved in the last 15
+    /// minutes before more are left pending (approvals count too, so a
+    /// node making CSRs in a loop gets no more than this). A kubelet makes
+    /// two per certificate rotation (client, serving), now and then a retry.
+    #[arg(long, env = "AUTONODE_PENDING_CSR_CAP", default_value = "5")]
+    pub pending_csr_cap: usize,
+
+    /// Namespace (in the guest cluster) of the leader election Lease.
+    #[arg(
+        long,
+        env = "AUTONODE_LEADER_NAMESPACE",
+        default_value = "autonode-system"
+    )]
+    pub leader_namespace: String,
+
+    /// Seconds a leader's Lease lasts unrenewed before another replica
+    /// takes over the controllers.
+    #[arg(
+        long = "leader-lease",
+        env = "AUTONODE_LEADER_LEASE",
+        default_value = "15",
+        value_name = "SECONDS"
+    )]
+    pub leader_lease_secs: u64,
+
+    /// How much smaller than its NodeClaim's allocatable (what Karpenter
+    /// planned with) a Ready node's cpu, memory, pods or ephemeral-storage
+    /// may be, in percent of the NodeClaim's, before a CapacityShortfall
+    /// Warning names the resource and the EC2NodeClass's spec.kubelet field
+    /// to set. Not 0: Karpenter's memory figure is an estimate (the instance
+    /// type's memory less a fixed VM overhead share) that real instances
+    /// miss by a little; the mismatches this is for (maxPods, kubeReserved,
+    /// evictionHard not stated in the class) are larger. 100 turns it off.
+    #[arg(
+        long = "capacity-tolerance",
+        env = "AUTONODE_CAPACITY_TOLERANCE",
+        default_value_t = autonode_server::controllers::capacity::DEFAULT_TOLERANCE_PERCENT,
+        value_name = "PERCENT",
+        value_parser = clap::value_parser!(u32).range(0..=100)
+    )]
+    pub capacity_tolerance_percent: u32,
+
+    /// Name of this replica in Events (the pod name in Kubernetes).
+    #[arg(long, env = "POD_NAME", default_value = "autonode-server")]
+    pub instance_name: String,
+
+    /// Log format: `text` or `json` (one JSON object per line).
+    #[arg(long, env = "AUTONODE_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    pub log_format: String,
+
+    /// Check the settings (flags, environment, --config file) as serve
+    /// does before it starts, then exit: 0 when serve would accept them.
+    /// Reads none of the files they name and connects nowhere, so it can
+    /// vet a Deployment's or a chart's args anywhere.
+    #[arg(long)]
+    pub check_config: bool,
+
+    /// What userData tells nodes (shared with `render-userdata`).
+    #[command(flatten)]
+    pub user_data: UserDataArgs,
+
+    /// EC2NodeClass upkeep and the Karpenter CRDs.
+    #[command(flatten)]
+    pub nodeclasses: NodeClassArgs,
+
+    /// The join API's caps and timeouts.
+    #[command(flatten)]
+    pub join_api: JoinApiArgs,
+}
+
+impl ServeArgs {
+    pub fn max_instance_age(&self) -> Duration {
+        Duration::from_secs(self.max_instance_age_secs)
+    }
+    pub fn clock_skew(&self) -> Duration {
+        Duration::from_secs(self.clock_skew_secs)
+    }
+    pub fn csr_timeout(&self) -> Duration {
+        Duration::from_secs(self.csr_timeout_secs)
+    }
+    pub fn capacity_tolerance(&self) -> autonode_server::controllers::capacity::Tolerance {
+        autonode_server::controllers::capacity::Tolerance::percent(self.capacity_tolerance_percent)
+    }
+
+    /// What serve refuses beyond each value's own form (which clap checks):
+    /// combinations, and values parsed only when a feature uses them.
+    /// Reads no file: `--check-config` runs only this.
+    pub fn check(&self) -> Result<()> {
+        use autonode_server::join::render::inputs::Source;
+        if let (Some(Source::Secret(name)), false) = (&self.base_ignition, self.ignition_secrets) {
+            bail!(
+                "--base-ignition names Secret {name}, but --ignition-secrets=false: keep the base config in a ConfigMap, or turn Secrets on"
+            );
+        }
+        autonode_server::controllers::nodeclass::ami_selector_terms(&self.nodeclasses.ami_ids)
+            .context("--ami-ids")?;
+        Ok(())
+    }
+}
+
+/// Expands `--config FILE` into flags placed before the real arguments.
+/// A key whose flag is also on the command line, or whose environment
+/// variable is set, is skipped: flags win over the environment, and both
+/// over the file. (Splicing both would not let the later win: clap refuses
+/// a single-valued flag given twice.)
+pub fn expand_config_file<C: CommandFactory>(args: Vec<OsString>) -> Result<Vec<OsString>> {
+    let Some(path) = config_path(&args) else {
+        return Ok(args);
+    };
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("reading config file {}", path.display()))?;
+    let table: toml::Table = text
+        .parse()
+        .with_context(|| format!("parsing config file {}", path.display()))?;
+    let command = C::command();
+    let serve = command
+        .find_subcommand("serve")
+        .context("no serve subcommand")?;
+    let mut injected = Vec::new();
+    for (key, value) in table {
+        let arg = serve
+            .get_arguments()
+            // Neither names a setting: the file itself, the check-only mode.
+            .find(|a| {
+                a.get_long() == Some(key.as_str())
+                    && !["config", "check-config"].contains(&key.as_str())
+            })
+            .with_context(|| format!("{}: unknown setting `{key}`", path.display()))?;
+        if given_as_flag(&args, &key)
+            || arg
+                .get_env()
+                .is_some_and(|env| std::env::var_os(env).is_some())
+        {
+            continue;
+        }
+        injected.push(OsString::from(format!(
+            "--{key}={}",
+            flag_value(&key, &value)?
+        )));
+    }
+    // Insert right after the subcommand name so they parse as its flags.
+    let at = args
+        .iter()
+        .position(|a| a == "serve")
+        .map_or(args.len(), |i| i + 1);
+    let mut out = args;
+    out.splice(at..at, injected);
+    Ok(out)
+}
+
+/// `--agent-deadline`: whole seconds, within the agent's own range (the
+/// contract's check, so `--check-config` refuses what the agent would).
+fn agent_deadline(value: &str) -> std::result::Result<u64, String> {
+    let seconds: u64 = value.parse().map_err(|e| format!("{e}"))?;
+    autonode_shared::agentconfig::check_deadline(Duration::from_secs(seconds))
+        .map_err(|e| e.to_string())?;
+    Ok(seconds)
+}
+
+/// Whether `--key` (or `--key=…`) is among the arguments.
+fn given_as_flag(args: &[OsString], key: &str) -> bool {
+    let flag = format!("--{key}");
+    args.iter().any(|arg| {
+        let text = arg.to_string_lossy();
+        text == flag.as_str()
+            || text
+                .strip_prefix(flag.as_str())
+                .is_some_and(|rest| rest.starts_with('='))
+    })
+}
+
+fn config_path(args: &[OsString]) -> Option<PathBuf> {
+    let mut iter = args.iter();
+    while let Some(arg) = iter.next() {
+        let text = arg.to_string_lossy();
+        if let Some(path) = text.strip_prefix("--config=") {
+            return Some(PathBuf::from(path));
+        }
+        if text == "--config" {
+            return iter.next().map(PathBuf::from);
+        }
+    }
+    std::env::var_os("AUTONODE_CONFIG").map(PathBuf::from)
+}
+
+fn flag_value(key: &str, value: &toml::Value) -> Result<String> {
+    Ok(match value {
+        toml::Value::String(s) => s.clone(),
+        toml::Value::Integer(i) => i.to_string(),
+        toml::Value::Boolean(b) => b.to_string(),
+        toml::Value::Array(items) => items
+            .iter()
+            .map(|v| flag_value(key, v))
+            .collect::<Result<Vec<_>>>()?
+            .join(","),
+        other => bail!("setting `{key}`: unsupported value {other}"),
+    })
+}
+
+/// Reads a file that must exist, with the path in the error.
+pub fn read(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+}
+
+/// What nodes are told in userData: shared by `serve` and `render-userdata`.
+#[derive(Debug, Clone, Args)]
+pub struct UserDataArgs {
+    /// The join API's URL as nodes reach it, e.g.
+    /// https://autonode.example.com:8443 (goes into userData).
+    #[arg(long, env = "AUTONODE_PUBLIC_URL")]
+    pub public_url: Option<String>,
+
+    /// PEM of the CA that signs --tls-cert (goes into userData as its
+    /// SHA-256 pin, or as PEM with --join-ca-form=pem).
+    #[arg(long, env = "AUTONODE_JOIN_CA_FILE")]
+    pub join_ca_file: Option<PathBuf>,
+
+    /// How userData names the join CA: `pin` (sha256 of its DER; short,
+    /// needs the CA in the served chain) or `pem` (the certificates).
+    #[arg(long, env = "AUTONODE_JOIN_CA_FORM", value_enum, default_value = "pin")]
+    pub join_ca_form: JoinCaForm,
+
+    /// The cluster's name, as the agent reports it (goes into userData).
+    #[arg(long, env = "AUTONODE_CLUSTER_NAME")]
+    pub cluster_name: Option<String>,
+
+    /// The agent's overall deadline in seconds (at most 900); the agent's
+    /// default (600) when unset.
+    #[arg(
+        long = "agent-deadline",
+        env = "AUTONODE_AGENT_DEADLINE",
+        value_name = "SECONDS",
+        value_parser = agent_deadline
+    )]
+    pub agent_deadline_secs: Option<u64>,
+}
+
+/// `--join-ca-form` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum JoinCaForm {
+    Pin,
+    Pem,
+}
+
+impl UserDataArgs {
+    /// Whether any setting that only userData needs was given.
+    pub fn is_set(&self) -> bool {
+        self.public_url.is_some() || self.join_ca_file.is_some() || self.cluster_name.is_some()
+    }
+
+    /// The validated settings; every one of the three must be given.
+    pub fn settings(&self) -> Result<UserDataSettings> {
+        let missing = |flag: &str| format!("{flag} is required to render userData");
+        let url = self
+            .public_url
+            .as_deref()
+            .with_context(|| missing("--public-url"))?;
+        let ca_file = self
+            .join_ca_file
+            .as_deref()
+            .with_context(|| missing("--join-ca-file"))?;
+        let name = self
+            .cluster_name
+            .as_deref()
+            .with_context(|| missing("--cluster-name"))?;
+        let form = match self.join_ca_form {
+            JoinCaForm::Pin => CaForm::Pin,
+            JoinCaForm::Pem => CaForm::Pem,
+        };
+        let deadline = self.agent_deadline_secs.map(Duration::from_secs);
+        Ok(UserDataSettings::new(
+            url,
+            &read(ca_file)?,
+            form,
+            name,
+            deadline,
+        )?)
+    }
+}
+
+/// `serve`'s settings for Karpenter's objects: EC2NodeClass upkeep
+/// (`autonode_server::controllers::nodeclass`) and CRD installation.
+#[derive(Debug, Clone, Args)]
+pub struct NodeClassArgs {
+    /// Keep EC2NodeClasses' userData, amiFamily (Custom), the instance
+    /// metadata options (see --enforce-metadata-options) and, with
+    /// --ami-ids, amiSelectorTerms as rendered. Needs --public-url,
+    /// --join-ca-file and --cluster-name; without them it stays off.
+    #[arg(long, env = "AUTONODE_MANAGE_NODECLASSES", default_value = "true", action = clap::ArgAction::Set)]
+    pub manage_nodeclasses: bool,
+
+    /// Label selector: keep only the EC2NodeClasses it matches (default all).
+    #[arg(long, env = "AUTONODE_NODECLASS_SELECTOR")]
+    pub nodeclass_selector: Option<String>,
+
+    /// AMIs with the agent, per architecture (comma-separated
+    /// `arch=ami-id`, e.g. amd64=ami-0123,arm64=ami-0456); kept as the
+    /// classes' amiSelectorTerms. Unset: amiSelectorTerms are left alone.
+    #[arg(long, env = "AUTONODE_AMI_IDS", value_delimiter = ',')]
+    pub ami_ids: Vec<String>,
+
+    /// Keep EC2NodeClasses' spec.metadataOptions at httpTokens: required
+    /// (IMDSv2 only), httpPutResponseHopLimit: 1 and httpEndpoint: enabled
+    /// (other keys are left alone). Turning this off is a risk: a class
+    /// with httpTokens optional or a hop limit over 1 lets every pod on its
+    /// nodes read the instance identity document, the credential a machine
+    /// joins with, and the node's IAM role credentials. When off, the
+    /// classes keep the values they have and a class that exposes IMDS to
+    /// pods gets a Warning Event.
+    #[arg(long, env = "AUTONODE_ENFORCE_METADATA_OPTIONS", default_value = "true", action = clap::ArgAction::Set)]
+    pub enforce_metadata_options: bool,
+
+    /// Seconds between comparisons of an unchanged EC2NodeClass.
+    #[arg(
+        long = "nodeclass-resync",
+        env = "AUTONODE_NODECLASS_RESYNC",
+        default_value = "300",
+        value_name = "SECONDS",
+        hide = true
+    )]
+    pub nodeclass_resync_secs: u64,
+
+    /// Rollout guard: when the upkeep changes a class's AMI or userData,
+    /// this many NodeClaims launched under the new values failing (a fatal
+    /// agent report, a refusal that dooms the instance, deleted or not
+    /// Ready within --rollout-ready-deadline) with none Ready puts the last
+    /// good values back; they are not applied again until the class's
+    /// autonode.dev/retry-rollout annotation gets a new value or the flags
+    /// render other values.
+    #[arg(
+        long = "rollout-failures",
+        env = "AUTONODE_ROLLOUT_FAILURES",
+        default_value = "3",
+        value_name = "COUNT",
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub rollout_failures: u32,
+
+    /// Rollout guard: seconds a NodeClaim launched under new AMI or
+    /// userData has to become Ready before it counts as failed. Karpenter
+    /// itself gives up on a NodeClaim that has not registered after 15
+    /// minutes.
+    #[arg(
+        long = "rollout-ready-deadline",
+        env = "AUTONODE_ROLLOUT_READY_DEADLINE",
+        default_value = "1200",
+        value_name = "SECONDS",
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub rollout_ready_deadline_secs: u64,
+
+    /// Rollout guard: file with the key (at least 32 random bytes) that
+    /// authenticates the state the guard keeps on each EC2NodeClass (an
+    /// HMAC), so that whoever may edit a class cannot forge it. Every
+    /// replica must read the same key (e.g. one Secret). Unset: a key
+    /// derived from the --tls-key file, which the replicas share; a new TLS
+    /// key then makes the guard forget its state once (logged).
+    #[arg(
+        long = "rollout-state-key-file",
+        env = "AUTONODE_ROLLOUT_STATE_KEY_FILE",
+        value_name = "PATH"
+    )]
+    pub rollout_state_key_file: Option<std::path::PathBuf>,
+
+    /// Install or update the Karpenter CRDs in the guest cluster at start
+    /// (needs packaging/guest/rbac-install-crds.yaml).
+    #[arg(long, env = "AUTONODE_INSTALL_CRDS", default_value = "false", num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub install_crds: bool,
+}
+
+impl NodeClassArgs {
+    /// The controller's settings, or `None` when upkeep is off (disabled,
+    /// or the userData settings are not given).
+    pub fn settings(
+        &self,
+        node: &UserDataArgs,
+        metrics: &autonode_server::kube::metrics::Metrics,
+        events: &autonode_server::kube::events::Events,
+        tls_key: &std::path::Path,
+    ) -> Result<Option<autonode_server::controllers::nodeclass::Settings>> {
+        use autonode_server::controllers::nodeclass::{
+            ami_selector_terms, Desired, MetadataOptionsPolicy, Settings,
+        };
+        if !self.manage_nodeclasses {
+            return Ok(None);
+        }
+        if !node.is_set() {
+            tracing::warn!("EC2NodeClass upkeep is off: --public-url, --join-ca-file and --cluster-name are not set");
+            return Ok(None);
+        }
+        let user_data =
+            autonode_server::controllers::nodeclass::userdata::Rendered::new(&node.settings()?);
+        let ami_terms = ami_selector_terms(&self.ami_ids).context("--ami-ids")?;
+        let key = self.rollout_state_key(tls_key)?;
+        let metadata_options = if self.enforce_metadata_options {
+            MetadataOptionsPolicy::Enforce
+        } else {
+            tracing::warn!(
+                "--enforce-metadata-options=false: EC2NodeClasses' metadataOptions are not kept; \
+                 a class with httpTokens optional or httpPutResponseHopLimit over 1 lets every pod \
+                 on its nodes read the instance identity document (the credential a machine joins \
+                 with) and the node's IAM role credentials"
+            );
+            MetadataOptionsPolicy::LeaveAlone
+        };
+        Ok(Some(Settings {
+            desired: Desired {
+                user_data,
+                ami_terms,
+                metadata_options,
+            },
+            selector: self.nodeclass_selector.clone(),
+            resync: Duration::from_secs(self.nodeclass_resync_secs.max(1)),
+            metrics: metrics.clone(),
+            events: events.clone(),
+            rollout: autonode_server::controllers::nodeclass::rollout::Settings {
+                failures: usize::try_from(self.rollout_failures).unwrap_or(usize::MAX),
+                ready_deadline: Duration::from_secs(self.rollout_ready_deadline_secs),
+                key,
+            },
+        }))
+    }
+
+    /// The rollout state's key: from --rollout-state-key-file, else
+    /// derived from the TLS key's file.
+    fn rollout_state_key(
+        &self,
+        tls_key: &std::path::Path,
+    ) -> Result<autonode_server::controllers::nodeclass::rollout::StateKey> {
+        use autonode_server::controllers::nodeclass::rollout::StateKey;
+        match &self.rollout_state_key_file {
+            Some(path) => StateKey::from_key_file(path).context("--rollout-state-key-file"),
+            None => {
+                tracing::info!(
+                    "rollout state key derived from --tls-key (--rollout-state-key-file is unset): \
+                     a new TLS key makes the rollout guard forget each class's state once"
+                );
+                StateKey::from_tls_key(tls_key).context("--tls-key, for the rollout state key")
+            }
+        }
+    }
+}
+
+/// `serve`'s caps and timeouts for the join API (`autonode_server::front::api`):
+/// what one caller, one source address and everyone together may hold.
+#[derive(Debug, Clone, Args)]
+pub struct JoinApiArgs {
+    /// Joins processed at once, once admitted (body read, document verified
+    /// and within the allowed accounts and regions); more get 503 with
+    /// Retry-After.
+    #[arg(long, env = "AUTONODE_MAX_CONCURRENT_JOINS", default_value = "256", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_concurrent_joins: u32,
+
+    /// Joins one source address (an IPv6 one by its /64) may have in flight;
+    /// more get 429 with Retry-After and the agent retries. Keep it at 8 or
+    /// more: a NAT gateway puts a whole subnet's booting nodes behind one
+    /// address. Behind a load balancer that does not keep client addresses
+    /// (a Service without externalTrafficPolicy: Local, a proxy) every node
+    /// seems to come from the balancer: set 0 (no per-source limit).
+    #[arg(long, env = "AUTONODE_MAX_JOINS_PER_SOURCE", default_value = "8")]
+    pub max_joins_per_source: u32,
+
+    /// Open connections to the join API at once; more are closed on accept.
+    #[arg(long, env = "AUTONODE_MAX_CONNECTIONS", default_value = "4096", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+
+    /// Open connections from one source address (an IPv6 one by its /64);
+    /// more are closed on accept. Keep it at 64 or more: a NAT gateway puts
+    /// a whole subnet's booting nodes behind one address (see
+    /// --max-joins-per-source; 0: no per-source limit).
+    #[arg(
+        long,
+        env = "AUTONODE_MAX_CONNECTIONS_PER_SOURCE",
+        default_value = "64"
+    )]
+    pub max_connections_per_source: u32,
+
+    /// Seconds a connection has for its TLS handshake.
+    #[arg(
+        long = "handshake-timeout",
+        env = "AUTONODE_HANDSHAKE_TIMEOUT",
+        default_value = "3",
+        value_name = "SECONDS",
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub handshake_timeout_secs: u64,
+
+    /// Seconds a request has to send its headers, and again its body (a
+    /// join request is a few KiB); a slow one is answered 408 and closed.
+    #[arg(
+        long = "body-timeout",
+        env = "AUTONODE_BODY_TIMEOUT",
+        default_value = "5",
+        value_name = "SECONDS",
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub body_timeout_secs: u64,
+}
+
+impl JoinApiArgs {
+    /// The join API's limits.
+    pub fn limits(&self) -> autonode_server::front::api::Limits {
+        let count = |n: u32| usize::try_from(n).unwrap_or(usize::MAX);
+        autonode_server::front::api::Limits {
+            max_concurrent_joins: count(self.max_concurrent_joins),
+            max_joins_per_source: count(self.max_joins_per_source),
+            max_connections: count(self.max_connections),
+            max_connections_per_source: count(self.max_connections_per_source),
+            handshake_timeout: Duration::from_secs(self.handshake_timeout_secs),
+            body_timeout: Duration::from_secs(self.body_timeout_secs),
+            ..autonode_server::front::api::Limits::default()
+        }
+    }
+}

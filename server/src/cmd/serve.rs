@@ -1,0 +1,267 @@
+//! `autonode-server serve`: wires the join API, the caches and the
+//! observability endpoints together and runs until SIGTERM.
+
+use crate::cmd::config::{self, ServeArgs};
+use anyhow::{Context, Result};
+use autonode_server::controllers::watches::Leader;
+use autonode_server::ec2::{Ec2Client, Ec2Settings, InstanceLookup};
+use autonode_server::front::api::{self, Api};
+use autonode_server::front::probes;
+use autonode_server::front::report::{Replays, ReportContext};
+use autonode_server::front::tls::ReloadingCert;
+use autonode_server::join::render::inputs::{NodeConfig, NodeConfigSettings};
+use autonode_server::join::render::ClusterSettings;
+use autonode_server::join::{ClusterInfo, JoinContext};
+use autonode_server::kube::events::Events;
+use autonode_server::kube::issuer::Issuer;
+use autonode_server::kube::metrics::Metrics;
+use autonode_server::kube::nodeclaim::NodeClaims;
+use autonode_server::{controllers::approver, controllers::leader};
+use autonode_shared::identity::{Policy, TrustStore};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
+
+/// Checks what needs no cluster, then starts the caches, the leader's
+/// controllers and the endpoints, and serves until SIGTERM.
+pub async fn run(args: ServeArgs) -> Result<()> {
+    // Settings that are wrong on their own fail before the cluster is
+    // touched: no CRDs installed, no watches or election started.
+    args.check()?;
+    let trust = trust_store(&args)?;
+    let policy = policy(&args)?;
+    let (client, cluster) = guest_cluster(&args).await?;
+    if args.nodeclasses.install_crds {
+        autonode_server::controllers::crds::install(&client)
+            .await
+            .context("installing the Karpenter CRDs")?;
+    }
+    let metrics = Metrics::new();
+    let events = Events::new(client.clone(), args.instance_name.clone(), &metrics);
+    let claims = NodeClaims::start(client.clone());
+    let issuer = Issuer::start(client.clone(), args.csr_timeout());
+    let ec2 = ec2_lookup(&args).await?;
+    let leader = leader(&args, &client, &claims, &ec2, &metrics, &events)?;
+    // The approver, the feedback and the EC2NodeClass upkeep, on the
+    // watches they share (see `watches`).
+    let leading = start_election(&args, &client, &metrics);
+    tokio::spawn(leader::while_leading(
+        leading,
+        "leader-controllers",
+        move || leader.clone().run(),
+    ));
+    let nodeconfig = NodeConfig::start(
+        client,
+        NodeConfigSettings {
+            namespace: args.ignition_namespace.clone(),
+            base_ignition: args.base_ignition.clone(),
+            secrets: args.ignition_secrets,
+        },
+        events.clone(),
+    );
+    let join = Arc::new(JoinContext {
+        trust: trust.clone(),
+        policy: policy.clone(),
+        claims: claims.clone(),
+        ec2,
+        issuer,
+        cluster,
+        events: events.clone(),
+        metrics: metrics.clone(),
+        nodeconfig: nodeconfig.clone(),
+        clock: time::OffsetDateTime::now_utc,
+        delete_refused: args.delete_failed_nodeclaims,
+    });
+    let report = Arc::new(ReportContext {
+        trust,
+        policy,
+        claims: claims.clone(),
+        events,
+        metrics: metrics.clone(),
+        delete_on_fatal: args.delete_failed_nodeclaims,
+        clock: time::OffsetDateTime::now_utc,
+        replays: Replays::default(),
+    });
+    let readiness = probes::Readiness { claims, nodeconfig };
+    serve(&args, join, report, readiness, metrics).await
+}
+
+/// EC2, as the join and the approver look instances up.
+async fn ec2_lookup(args: &ServeArgs) -> Result<Arc<dyn InstanceLookup>> {
+    let ec2 = Ec2Client::new(Ec2Settings {
+        endpoint: args.ec2_endpoint.clone(),
+        ..Ec2Settings::default()
+    })
+    .await
+    .context("setting up the EC2 client")?;
+    Ok(Arc::new(ec2))
+}
+
+/// What the leader runs, from the settings.
+fn leader(
+    args: &ServeArgs,
+    client: &kube::Client,
+    claims: &NodeClaims,
+    ec2: &Arc<dyn InstanceLookup>,
+    metrics: &Metrics,
+    events: &Events,
+) -> Result<Leader> {
+    Ok(Leader {
+        client: client.clone(),
+        claims: claims.clone(),
+        events: events.clone(),
+        metrics: metrics.clone(),
+        approver: args.approve_kubelet_csrs.then(|| approver::Settings {
+            claims: claims.clone(),
+            ec2: ec2.clone(),
+            metrics: metrics.clone(),
+            pending_cap: args.pending_csr_cap,
+        }),
+        nodeclasses: args
+            .nodeclasses
+            .settings(&args.user_data, metrics, events, &args.tls_key)?,
+        capacity: args.capacity_tolerance(),
+    })
+}
+
+/// Binds the join API and the probes, and serves until SIGTERM.
+async fn serve(
+    args: &ServeArgs,
+    join: Arc<JoinContext>,
+    report: Arc<ReportContext>,
+    readiness: probes::Readiness,
+    metrics: Metrics,
+) -> Result<()> {
+    let limits = args.join_api.limits();
+    let cert = ReloadingCert::load(&args.tls_cert, &args.tls_key)
+        .context("loading the serving certificate")?;
+    cert.spawn_reloader();
+    let acceptor = TlsAcceptor::from(Arc::new(cert.server_config()));
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("listening on {}", args.listen))?;
+    let metrics_listener = TcpListener::bind(args.metrics_listen)
+        .await
+        .with_context(|| format!("listening on {}", args.metrics_listen))?;
+    tracing::info!(join_api = %listener.local_addr()?, metrics = %metrics_listener.local_addr()?, "autonode-server serving");
+    tokio::spawn(probes::serve(metrics_listener, metrics.clone(), readiness));
+    tokio::select! {
+        _ = api::serve(listener, acceptor, Api::new(join, report, limits, metrics)) => {}
+        _ = shutdown_signal() => tracing::info!("shutting down"),
+    }
+    Ok(())
+}
+
+/// Starts leader election; the receiver says whether this replica leads.
+fn start_election(
+    args: &ServeArgs,
+    client: &kube::Client,
+    metrics: &Metrics,
+) -> watch::Receiver<bool> {
+    let (tx, rx) = watch::channel(false);
+    let lease = std::time::Duration::from_secs(args.leader_lease_secs.max(3));
+    let election = leader::Election {
+        namespace: args.leader_namespace.clone(),
+        name: "autonode-server".into(),
+        // Unique per process even where replicas share a name.
+        identity: format!("{}_{:08x}", args.instance_name, rand::random::<u32>()),
+        lease_duration: lease,
+        renew_every: lease / 3,
+    };
+    tokio::spawn(election.run(client.clone(), tx));
+    let (mut watching, gauge) = (rx.clone(), metrics.leader.clone());
+    tokio::spawn(async move {
+        loop {
+            gauge.set(i64::from(*watching.borrow_and_update()));
+            if watching.changed().await.is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// A client for the guest cluster, and how nodes are to reach it.
+async fn guest_cluster(args: &ServeArgs) -> Result<(kube::Client, ClusterInfo)> {
+    let kubeconfig = Kubeconfig::read_from(&args.kubeconfig)
+        .with_context(|| format!("reading kubeconfig {}", args.kubeconfig.display()))?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .context("loading the guest cluster kubeconfig")?;
+    let api_server = match &args.api_server_url {
+        Some(url) => url.clone(),
+        None => config
+            .cluster_url
+            .to_string()
+            .trim_end_matches('/')
+            .to_string(),
+    };
+    let ca_pem = match &args.cluster_ca_file {
+        Some(path) => config::read(path)?,
+        None => kubeconfig_ca(&config)
+            .context("the kubeconfig has no CA data; pass --cluster-ca-file")?,
+    };
+    let client = kube::Client::try_from(config).context("building the guest cluster client")?;
+    let settings = ClusterSettings {
+        cluster_dns: args.cluster_dns.clone(),
+        cluster_domain: args.cluster_domain.clone(),
+    };
+    Ok((
+        client,
+        ClusterInfo {
+            api_server,
+            ca_pem,
+            settings,
+        },
+    ))
+}
+
+fn kubeconfig_ca(config: &kube::Config) -> Option<String> {
+    let pem = autonode_shared::pem::bundle(config.root_cert.as_ref()?);
+    (!pem.is_empty()).then_some(pem)
+}
+
+fn trust_store(args: &ServeArgs) -> Result<TrustStore> {
+    let mut trust = TrustStore::aws();
+    if let Some(dir) = &args.identity_certs {
+        let added = trust
+            .load_dir(dir)
+            .with_context(|| format!("loading identity certificates from {}", dir.display()))?;
+        tracing::info!(dir = %dir.display(), added, "extra identity certificates pinned");
+    }
+    Ok(trust)
+}
+
+fn policy(args: &ServeArgs) -> Result<Policy> {
+    let mut policy = Policy::new(
+        args.allowed_accounts
+            .iter()
+            .filter(|a| !a.is_empty())
+            .cloned(),
+        args.allowed_regions
+            .iter()
+            .filter(|r| !r.is_empty())
+            .cloned(),
+    );
+    policy.max_age =
+        time::Duration::try_from(args.max_instance_age()).context("max instance age")?;
+    policy.clock_skew = time::Duration::try_from(args.clock_skew()).context("clock skew")?;
+    Ok(policy)
+}
+
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+}

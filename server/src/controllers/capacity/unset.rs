@@ -1,0 +1,108 @@
+//! The render-time warning: an EC2NodeClass that leaves `maxPods` or
+//! `kubeReserved` unset gets nodes that differ from Karpenter's plan.
+//!
+//! Where the class is silent, kubelet's defaults apply on the node (110
+//! pods, nothing reserved for kubelet), while Karpenter, for `amiFamily:
+//! Custom`, plans with the instance type's ENI-limited pod count and EKS's
+//! CPU- and pod-based `kubeReserved`. autonode invents neither (the
+//! README's *Per-node config*), so it says so where the operator looks: a
+//! log line and a Warning Event `KubeletSettingsUnset` on the class, when a
+//! node's config is rendered from it, once per generation of the class (an
+//! edit of its spec starts a new one) and per replica, not per join.
+
+use crate::kube::events::Events;
+use crate::kube::karpenter::{Ec2NodeClass, KubeletSpec};
+use std::collections::BTreeMap;
+use std::sync::{Mutex, PoisonError};
+
+/// The Event's reason.
+pub const REASON: &str = "KubeletSettingsUnset";
+/// Classes remembered before the memory is cleared (each class then warns
+/// once more at its next join): far more than a cluster has.
+const REMEMBERED: usize = 4096;
+
+/// The generation each class (by UID) was last warned about, in this
+/// process: every join renders, and the joins of one class must not each
+/// warn.
+static WARNED: Warned = Warned::new();
+
+/// Which class generations were warned about.
+pub(super) struct Warned(Mutex<BTreeMap<String, i64>>);
+
+impl Warned {
+    pub(super) const fn new() -> Self {
+        Warned(Mutex::new(BTreeMap::new()))
+    }
+
+    /// Whether `generation` of the class `key` is new here; remembers it.
+    pub(super) fn first(&self, key: &str, generation: i64) -> bool {
+        let mut warned = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if warned.get(key) == Some(&generation) {
+            return false;
+        }
+        if warned.len() >= REMEMBERED {
+            warned.clear();
+        }
+        warned.insert(key.to_string(), generation);
+        true
+    }
+}
+
+/// The `spec.kubelet` fields whose absence makes nodes differ from
+/// Karpenter's plan, as the operator would write them.
+pub fn unset_fields(kubelet: Option<&KubeletSpec>) -> Vec<&'static str> {
+    let max_pods = kubelet.and_then(|k| k.max_pods).is_some();
+    let kube_reserved = kubelet
+        .and_then(|k| k.kube_reserved.as_ref())
+        .is_some_and(|r| !r.is_empty());
+    [
+        (!max_pods).then_some("maxPods"),
+        (!kube_reserved).then_some("kubeReserved"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
+}
+
+/// What the operator is told about a class that leaves `unset` unset.
+pub(super) fn note(unset: &[&str]) -> String {
+    let why: Vec<&str> = unset
+        .iter()
+        .map(|field| match *field {
+            "maxPods" => {
+                "spec.kubelet.maxPods is unset: kubelet on its nodes allows 110 pods, while \
+                 Karpenter plans with the instance type's ENI-limited count"
+            }
+            _ => {
+                "spec.kubelet.kubeReserved is unset: kubelet on its nodes reserves nothing for \
+                 itself, while Karpenter plans with EKS's CPU- and pod-based reservation"
+            }
+        })
+        .collect();
+    format!(
+        "{}. Set them so that Karpenter plans with what the nodes have; a node that turns out \
+         smaller is reported as CapacityShortfall",
+        why.join("; ")
+    )
+}
+
+/// Called where a node's config is rendered from `class`: warns once per
+/// class generation when it leaves `maxPods` or `kubeReserved` unset.
+pub fn warn_unset(events: &Events, class: Option<&Ec2NodeClass>) {
+    let Some(class) = class else {
+        return;
+    };
+    let unset = unset_fields(class.spec.kubelet.as_ref());
+    if unset.is_empty() {
+        return;
+    }
+    let meta = &class.metadata;
+    let name = meta.name.as_deref().unwrap_or_default();
+    let key = meta.uid.as_deref().unwrap_or(name);
+    if !WARNED.first(key, meta.generation.unwrap_or_default()) {
+        return;
+    }
+    let note = note(&unset);
+    tracing::warn!(ec2nodeclass = name, unset = ?unset, "{note}");
+    events.warning(class, REASON, note);
+}

@@ -1,0 +1,611 @@
+//! Tells Karpenter's NodeClaims how their machine's bootstrap is going.
+//!
+//! For every NodeClaim whose instance autonode attested (it carries the key
+//! binding annotation), keeps a condition of autonode's own type,
+//! [`CONDITION`], on its status: Unknown while the machine is on its way,
+//! True once its Node is Ready, False when bootstrap failed. Karpenter
+//! rewrites the whole conditions list when it writes status, which can drop
+//! ours, so the condition is re-asserted whenever it is missing or stale.
+//!
+//! It is written as the list Karpenter last wrote plus ours, with the
+//! resourceVersion it was read at: if Karpenter writes in between, the API
+//! server answers 409 and we look again, so Karpenter's conditions are never
+//! changed or lost. (Server-side apply of one list entry would be neater,
+//! but an API server that cannot build an OpenAPI model for the CRD, as
+//! 1.20 cannot for Karpenter's, treats the list as atomic and would drop
+//! Karpenter's conditions.)
+//!
+//! Milestones (Node registered, Node Ready) become Events and latency
+//! observations once each; an annotation records which were reported so a
+//! restarted or new leader does not report them again. The join records
+//! its own two (attested, certificates) in the same annotation, and
+//! [`pending`] decides for both which are still to report. Each is timed when
+//! it happened, not when it was seen: registered at the Node's creation,
+//! Ready at its Ready condition's last transition. A kubelet can report
+//! Ready within a second of registering, inside the debounce, so the
+//! controller may see a Node that is already Ready: registered is then
+//! reported first, in the same reconcile ([`due`]).
+//!
+//! Once the Node is Ready, its allocatable is compared with what Karpenter
+//! planned with, once per NodeClaim ([`crate::controllers::capacity`]): recorded in the
+//! same mark, with the same write as the Ready milestone.
+
+use crate::controllers::capacity;
+use crate::kube::binding;
+use crate::kube::cache::Cache;
+use crate::kube::events::Events;
+use crate::kube::karpenter::{Condition, NodeClaim};
+use crate::kube::marks;
+use crate::kube::metrics::Metrics;
+use crate::kube::nodeclaim::{self, NodeClaims};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, NodeCondition};
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::controller::{self, applier, trigger_self, trigger_with, Action};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::ResourceExt;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+use thiserror::Error;
+
+/// autonode's condition type on NodeClaims.
+pub const CONDITION: &str = "AutonodeBootstrapped";
+/// How long a NodeClaim's events must settle before it is reconciled.
+const DEBOUNCE: Duration = Duration::from_secs(1);
+
+/// What the feedback controller needs.
+pub struct Context {
+    /// The only writer of NodeClaims (and the cache the join reads).
+    pub claims: NodeClaims,
+    pub nodes: Store<Node>,
+    pub events: Events,
+    pub metrics: Metrics,
+    /// The capacity check made when a Node is Ready.
+    pub capacity: capacity::Check,
+}
+
+#[derive(Debug, Error)]
+pub enum Error {
+    #[error("kube API: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+/// Where a machine's bootstrap stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    Attested,
+    Registered,
+    Ready,
+    Failed,
+}
+
+/// Runs the controller until its stream ends.
+///
+/// It watches nothing itself: it reads the NodeClaim cache the join path
+/// reads and the leader's Node cache (both [`cache::Cache`]s, with the
+/// relist after a failed watch), and is woken by their changes: a Node
+/// changing (registered, Ready) wakes the NodeClaim with its providerID.
+pub async fn run(
+    claims: NodeClaims,
+    nodes: Cache<Node>,
+    events: Events,
+    metrics: Metrics,
+    capacity: capacity::Check,
+) {
+    let claim_changes = claims.changes().map(Ok::<_, Infallible>);
+    let node_changes = nodes.changes().map(Ok::<_, Infallible>);
+    let lookup = claims.clone();
+    let woken = trigger_with(node_changes, move |node: Arc<Node>| {
+        let provider_id = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.provider_id.as_deref())
+            .unwrap_or_default();
+        lookup
+            .by_provider_id(provider_id)
+            .into_iter()
+            .map(|c| ObjectRef::<NodeClaim>::new(&c.name_any()))
+            .collect::<Vec<_>>()
+    });
+    let queue = futures::stream::select(trigger_self(claim_changes, ()), woken);
+    let claim_store = claims.store();
+    let ctx = Arc::new(Context {
+        claims,
+        nodes: nodes.store,
+        events,
+        metrics,
+        capacity,
+    });
+    // Debounced: a NodeClaim's events come in bursts while its machine
+    // joins (the binding, Karpenter's status writes), and writing the
+    // condition at the first of them put one more API write beside the
+    // join's own approvals and signatures (docs/benchmarks.md: the
+    // server's part of a join over its API writes alone, before and
+    // after). A second later the join is done; Ready is reported a second
+    // later too, which nobody waits on.
+    let config = controller::Config::default().debounce(DEBOUNCE);
+    applier(
+        |claim, ctx| Box::pin(reconcile(claim, ctx)),
+        error_policy,
+        ctx,
+        claim_store,
+        queue,
+        config,
+    )
+    .for_each(|_| futures::future::ready(()))
+    .await;
+}
+
+async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Action, Error> {
+    // The marks were judged, and foreign ones removed, before the claim
+    // was kept (nodeclaim::strip), so a NodePool's copied annotations
+    // neither start feedback nor mark a machine failed.
+    let bound = matches!(binding::recorded(&claim), Ok(Some(_)));
+    if !bound || claim.is_deleting() {
+        return Ok(Action::await_change());
+    }
+    let node = node_of(&claim, &ctx.nodes);
+    let stage = stage(&claim, node.as_deref());
+    // Writing the mark moved the NodeClaim on: the condition is written
+    // against what that write returned, not (certain to conflict) the
+    // version read.
+    let written = report_milestones(&claim, stage, node.as_deref(), &ctx).await?;
+    let claim = match written {
+        Some(mut written) => {
+            // Judged like every claim read, so its marks are our own.
+            nodeclaim::strip(&mut written);
+            Arc::new(written)
+        }
+        None => claim,
+    };
+    let desired = condition(stage, &claim);
+    if !same(claim.condition(CONDITION), &desired) {
+        match assert_condition(&ctx.claims, &claim, desired).await {
+            // Changed under us (Karpenter wrote status): the watch brings
+            // the new version, and we judge again.
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                return Ok(Action::requeue(Duration::from_secs(1)))
+            }
+            other => other?,
+        }
+    }
+    // The Node watch that woke us may run ahead of the Node cache we read:
+    // until the machine is Ready (or failed), look again soon.
+    let next = match stage {
+        Stage::Ready | Stage::Failed => Duration::from_secs(300),
+        Stage::Attested | Stage::Registered => Duration::from_secs(3),
+    };
+    Ok(Action::requeue(next))
+}
+
+/// The Node with the NodeClaim's providerID, once kubelet registered it.
+fn node_of(claim: &NodeClaim, nodes: &Store<Node>) -> Option<Arc<Node>> {
+    let pid = claim.provider_id()?;
+    nodes.find(|n| n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(pid))
+}
+
+/// Derives the stage from the NodeClaim and its Node (if registered).
+pub fn stage(claim: &NodeClaim, node: Option<&Node>) -> Stage {
+    if claim
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(marks::BOOTSTRAP_FAILED))
+    {
+        return Stage::Failed;
+    }
+    match node {
+        Some(node) if is_ready(node) => Stage::Ready,
+        Some(_) => Stage::Registered,
+        None => Stage::Attested,
+    }
+}
+
+fn ready_condition(node: &Node) -> Option<&NodeCondition> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+}
+
+fn is_ready(node: &Node) -> bool {
+    ready_condition(node).is_some_and(|c| c.status == "True")
+}
+
+/// The condition autonode wants on the NodeClaim at this stage.
+pub fn condition(stage: Stage, claim: &NodeClaim) -> Condition {
+    let (status, reason, message) = match stage {
+        Stage::Attested => (
+            "Unknown",
+            "Attested",
+            "instance attested and certificates issued; waiting for kubelet to register"
+                .to_string(),
+        ),
+        Stage::Registered => (
+            "Unknown",
+            "NodeRegistered",
+            "Node registered; waiting for it to become Ready".to_string(),
+        ),
+        Stage::Ready => ("True", "NodeReady", "Node is Ready".to_string()),
+        Stage::Failed => {
+            let why = claim
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(marks::BOOTSTRAP_FAILED))
+                .cloned()
+                .unwrap_or_default();
+            ("False", "BootstrapFailed", why)
+        }
+    };
+    let previous = claim.condition(CONDITION);
+    let transition = match previous {
+        Some(p) if p.status == status => p.last_transition_time.clone(),
+        _ => None,
+    }
+    .unwrap_or_else(now_rfc3339);
+    Condition {
+        type_: CONDITION.into(),
+        status: status.into(),
+        reason: Some(reason.into()),
+        message: Some(message),
+        last_transition_time: Some(transition),
+        observed_generation: claim.metadata.generation,
+    }
+}
+
+fn same(current: Option<&Condition>, desired: &Condition) -> bool {
+    current.is_some_and(|c| {
+        c.status == desired.status && c.reason == desired.reason && c.message == desired.message
+    })
+}
+
+/// Writes `claim`'s conditions with ours replaced, through the status
+/// subresource, only if the NodeClaim is still at the version we read.
+async fn assert_condition(
+    claims: &NodeClaims,
+    claim: &NodeClaim,
+    condition: Condition,
+) -> Result<(), kube::Error> {
+    let mut conditions: Vec<Condition> = claim
+        .status
+        .as_ref()
+        .map(|s| s.conditions.clone())
+        .unwrap_or_default();
+    conditions.retain(|c| c.type_ != CONDITION);
+    conditions.push(condition);
+    claims.write_conditions(claim, &conditions).await
+}
+
+/// A bootstrap milestone, in the order they happen. The join reports the
+/// first two (it alone sees them happen), this controller the others; all
+/// are recorded in the one [`marks::REPORTED`] mark, and [`pending`]
+/// decides for both which are still to report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Milestone {
+    /// The instance attested and bound to its NodeClaim.
+    Attested,
+    /// Its certificates issued.
+    Certificates,
+    Registered,
+    Ready,
+}
+
+impl Milestone {
+    /// Every milestone, in order.
+    const ALL: [Milestone; 4] = [
+        Milestone::Attested,
+        Milestone::Certificates,
+        Milestone::Registered,
+        Milestone::Ready,
+    ];
+
+    /// Its name in the [`marks::REPORTED`] mark and the metric's label.
+    pub fn name(self) -> &'static str {
+        match self {
+            Milestone::Attested => "attested",
+            Milestone::Certificates => "certificates",
+            Milestone::Registered => "registered",
+            Milestone::Ready => "ready",
+        }
+    }
+
+    /// Its Event, reason and note, for those this controller reports (the
+    /// join's own Event covers the others).
+    fn event(self) -> Option<(&'static str, &'static str)> {
+        match self {
+            Milestone::Attested | Milestone::Certificates => None,
+            Milestone::Registered => Some(("NodeRegistered", "kubelet registered the Node")),
+            Milestone::Ready => Some(("NodeReady", "the Node is Ready")),
+        }
+    }
+
+    /// Whether this controller sees a machine at `stage` past it. Never
+    /// for the join's milestones: only the join knows when they happened.
+    fn reached(self, stage: Stage) -> bool {
+        match self {
+            Milestone::Attested | Milestone::Certificates => false,
+            Milestone::Registered => matches!(stage, Stage::Registered | Stage::Ready),
+            Milestone::Ready => stage == Stage::Ready,
+        }
+    }
+}
+
+/// Of `candidates`, those still to report given the [`marks::REPORTED`]
+/// mark `reported`: not in it, and not before one already in it, which
+/// would come out of order and late (a milestone a former leader, or an
+/// older server, did not report).
+pub fn pending(reported: &str, candidates: &[Milestone]) -> Vec<Milestone> {
+    let done: Vec<Milestone> = Milestone::ALL
+        .into_iter()
+        .filter(|m| reported.split(',').any(|r| r == m.name()))
+        .collect();
+    candidates
+        .iter()
+        .copied()
+        .filter(|m| done.iter().all(|d| d < m))
+        .collect()
+}
+
+/// When a Node's milestones happened, as it records them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NodeTimes {
+    /// The Node's creation: kubelet registered it.
+    pub registered: Option<Timestamp>,
+    /// Its Ready condition's last transition.
+    pub ready: Option<Timestamp>,
+}
+
+impl NodeTimes {
+    fn of(node: &Node) -> Self {
+        NodeTimes {
+            registered: node.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            ready: ready_condition(node)
+                .and_then(|c| c.last_transition_time.as_ref())
+                .map(|t| t.0),
+        }
+    }
+}
+
+/// The milestones to report now, in order, each with its seconds since the
+/// NodeClaim's creation (`None` when that is unknown).
+///
+/// Due: reached at `stage`, not in `reported` (the [`marks::REPORTED`]
+/// mark), and not before one already reported, which would come out of
+/// order and late (a NodeClaim whose registration a former leader missed).
+/// Each is timed when it happened, `now` standing in for a time the Node
+/// does not give; Ready is never before registered, though it is stamped by
+/// kubelet's clock and registration by the API server's.
+pub fn due(
+    stage: Stage,
+    reported: &str,
+    created: Option<Timestamp>,
+    times: NodeTimes,
+    now: Timestamp,
+) -> Vec<(Milestone, Option<f64>)> {
+    let registered = times.registered.unwrap_or(now);
+    let ready = times.ready.unwrap_or(now).max(registered);
+    let since =
+        |at: Timestamp| created.map(|created| at.duration_since(created).as_secs_f64().max(0.0));
+    let reached: Vec<Milestone> = Milestone::ALL
+        .into_iter()
+        .filter(|m| m.reached(stage))
+        .collect();
+    pending(reported, &reached)
+        .into_iter()
+        .map(|m| {
+            let at = match m {
+                Milestone::Ready => ready,
+                // Registered; the join's milestones are never reached here.
+                _ => registered,
+            };
+            (m, since(at))
+        })
+        .collect()
+}
+
+/// An Event and a latency observation for each milestone, once and in
+/// order (see [`due`]), then, once the Node is Ready, the capacity check
+/// (once too). Returns the NodeClaim as the mark's write left it, when
+/// there was one.
+async fn report_milestones(
+    claim: &NodeClaim,
+    stage: Stage,
+    node: Option<&Node>,
+    ctx: &Context,
+) -> Result<Option<NodeClaim>, kube::Error> {
+    let reported = marks::reported(&claim.metadata);
+    let created = claim.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    let times = node.map(NodeTimes::of).unwrap_or_default();
+    let due = due(stage, reported, created, times, Timestamp::now());
+    let compare = node.filter(|_| stage == Stage::Ready && !capacity::checked(reported));
+    if due.is_empty() && compare.is_none() {
+        return Ok(None);
+    }
+    // Marked before reported: a failed write reports nothing, and the
+    // retry reports it all; a report is never made twice.
+    let mut more: Vec<&str> = due.iter().map(|(m, _)| m.name()).collect();
+    if compare.is_some() {
+        more.push(capacity::CHECKED);
+    }
+    let written = ctx
+        .claims
+        .mark_reported(&claim.name_any(), &marks::with_reported(reported, &more))
+        .await?;
+    for (milestone, seconds) in due {
+        if let Some(seconds) = seconds {
+            ctx.metrics.observe_phase(milestone.name(), seconds);
+        }
+        if let Some((reason, note)) = milestone.event() {
+            ctx.events.normal(claim, reason, note.to_string());
+        }
+    }
+    if let Some(node) = compare {
+        ctx.capacity
+            .run(claim, node, &ctx.events, &ctx.metrics)
+            .await;
+    }
+    Ok(Some(written))
+}
+
+fn now_rfc3339() -> String {
+    k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
+fn error_policy(_claim: Arc<NodeClaim>, error: &Error, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(%error, "NodeClaim feedback failed; retrying");
+    Action::requeue(Duration::from_secs(5))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_transition_time_only_moves_when_the_status_does() {
+        let mut claim = NodeClaim::default();
+        let first = condition(Stage::Attested, &claim);
+        claim.status = Some(crate::kube::karpenter::NodeClaimStatus {
+            conditions: vec![Condition {
+                last_transition_time: Some("2026-01-01T00:00:00Z".into()),
+                ..first.clone()
+            }],
+            ..Default::default()
+        });
+        let registered = condition(Stage::Registered, &claim);
+        assert_eq!(
+            registered.last_transition_time.as_deref(),
+            Some("2026-01-01T00:00:00Z")
+        );
+        let ready = condition(Stage::Ready, &claim);
+        assert_ne!(
+            ready.last_transition_time.as_deref(),
+            Some("2026-01-01T00:00:00Z")
+        );
+        assert_eq!(ready.status, "True");
+    }
+
+    fn at(seconds: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + seconds).unwrap()
+    }
+
+    /// A Node registered and Ready at these seconds.
+    fn times(registered: Option<i64>, ready: Option<i64>) -> NodeTimes {
+        NodeTimes {
+            registered: registered.map(at),
+            ready: ready.map(at),
+        }
+    }
+
+    /// Both milestones due, at these seconds after the claim.
+    fn both(registered: f64, ready: f64) -> [(Milestone, Option<f64>); 2] {
+        [
+            (Milestone::Registered, Some(registered)),
+            (Milestone::Ready, Some(ready)),
+        ]
+    }
+
+    fn names(due: &[(Milestone, Option<f64>)]) -> Vec<&'static str> {
+        due.iter().map(|(m, _)| m.name()).collect()
+    }
+
+    #[test]
+    fn a_node_seen_ready_at_once_is_registered_first_each_at_its_own_time() {
+        let times = times(Some(40), Some(41));
+        let due = due(Stage::Ready, "", Some(at(0)), times, at(43));
+        assert_eq!(due, both(40.0, 41.0));
+    }
+
+    #[test]
+    fn each_milestone_is_due_once() {
+        let times = times(Some(40), Some(45));
+        let now = at(50);
+        let registered = due(Stage::Registered, "", Some(at(0)), times, now);
+        assert_eq!(registered, [(Milestone::Registered, Some(40.0))]);
+        assert!(due(Stage::Registered, "registered", Some(at(0)), times, now).is_empty());
+        let ready = due(Stage::Ready, "registered", Some(at(0)), times, now);
+        assert_eq!(ready, [(Milestone::Ready, Some(45.0))]);
+        assert!(due(Stage::Ready, "registered,ready", Some(at(0)), times, now).is_empty());
+        for stage in [Stage::Attested, Stage::Failed] {
+            assert!(due(stage, "", Some(at(0)), times, now).is_empty());
+        }
+    }
+
+    #[test]
+    fn the_joins_milestones_are_pending_once_and_never_after_a_later_one() {
+        let both = [Milestone::Attested, Milestone::Certificates];
+        assert_eq!(pending("", &both), both);
+        assert_eq!(pending("attested", &both), [Milestone::Certificates]);
+        assert!(pending("attested,certificates", &both).is_empty());
+        // An older server bound it and kubelet registered: too late now.
+        assert!(pending("registered", &both).is_empty());
+        // Never reported by this controller, whatever the stage.
+        let due = due(Stage::Ready, "", None, NodeTimes::default(), at(0));
+        assert_eq!(names(&due), ["registered", "ready"]);
+    }
+
+    #[test]
+    fn registered_is_not_reported_after_ready() {
+        // A former leader reported Ready, not registered: too late now.
+        let due = due(Stage::Ready, "ready", None, NodeTimes::default(), at(0));
+        assert!(due.is_empty(), "{:?}", names(&due));
+    }
+
+    #[test]
+    fn ready_is_never_before_registered_nor_before_the_claim() {
+        // kubelet's clock behind the API server's.
+        let skewed = times(Some(40), Some(38));
+        let due_now = due(Stage::Ready, "", Some(at(0)), skewed, at(50));
+        assert_eq!(due_now, both(40.0, 40.0));
+        let early = times(Some(-5), None);
+        let due_now = due(Stage::Ready, "", Some(at(0)), early, at(7));
+        assert_eq!(due_now, both(0.0, 7.0));
+        // No creation time: reported, not timed.
+        let untimed = due(Stage::Ready, "", None, skewed, at(50));
+        assert_eq!(names(&untimed), ["registered", "ready"]);
+        assert!(untimed.iter().all(|(_, s)| s.is_none()));
+    }
+
+    #[test]
+    fn the_ready_transition_survives_the_stripping_of_a_node() {
+        let mut node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n1", "creationTimestamp": "2027-01-15T08:00:00Z"},
+            "spec": {"providerID": "aws:///us-west-2a/i-1"},
+            "status": {"conditions": [
+                {"type": "MemoryPressure", "status": "False"},
+                {"type": "Ready", "status": "True", "reason": "KubeletReady",
+                 "lastTransitionTime": "2027-01-15T08:00:01Z"}]},
+        }))
+        .unwrap();
+        crate::kube::cache::strip_node(&mut node);
+        let times = NodeTimes::of(&node);
+        assert_eq!(
+            times.registered,
+            Some("2027-01-15T08:00:00Z".parse().unwrap())
+        );
+        assert_eq!(times.ready, Some("2027-01-15T08:00:01Z".parse().unwrap()));
+        assert!(is_ready(&node));
+        let kept = serde_json::to_value(&node).unwrap();
+        assert_eq!(
+            kept["status"],
+            serde_json::json!({"conditions": [{"type": "Ready", "status": "True",
+                "lastTransitionTime": "2027-01-15T08:00:01Z"}]})
+        );
+    }
+
+    #[test]
+    fn a_dropped_or_stale_condition_is_rewritten() {
+        let claim = NodeClaim::default();
+        let desired = condition(Stage::Ready, &claim);
+        assert!(!same(None, &desired));
+        let stale = Condition {
+            reason: Some("Attested".into()),
+            ..desired.clone()
+        };
+        assert!(!same(Some(&stale), &desired));
+        assert!(same(Some(&desired), &desired));
+    }
+}

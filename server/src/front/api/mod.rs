@@ -1,0 +1,314 @@
+//! The join API: HTTPS, small bodies, short timeouts, bounded concurrency.
+//!
+//! Machines that are not yet nodes talk to this endpoint, so it assumes
+//! nothing of its callers. A connection is closed on accept past the
+//! global or its source's connection cap ([`gate`]); it must finish its TLS
+//! handshake within [`Limits::handshake_timeout`], and send its headers,
+//! then its body (at most [`MAX_REQUEST_BYTES`]), each within
+//! [`Limits::body_timeout`]. A join is then admitted ([`join::admit`]:
+//! parsed, its document verified and within policy) before it takes a
+//! join permit, so neither a slow body nor a document that will never pass
+//! holds one. Past its source's join cap it is answered 429, past the
+//! global one 503, both with `Retry-After`, at once instead of queueing.
+
+mod gate;
+
+pub use gate::{Limits, Turned};
+
+use crate::front::report::{self, ReportContext};
+use crate::join::refusal::JoinError;
+use crate::join::{self, JoinContext};
+use crate::kube::metrics::Metrics;
+use autonode_shared::protocol::{
+    ErrorResponse, JoinRequest, ReportRequest, JOIN_PATH, MAX_REQUEST_BYTES, REPORT_PATH,
+    REQUEST_ID_HEADER,
+};
+use bytes::Bytes;
+use gate::Gate;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::header::{CONTENT_TYPE, RETRY_AFTER};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use serde::Serialize;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
+
+/// State shared by every connection.
+pub struct Api {
+    pub join: Arc<JoinContext>,
+    pub report: Arc<ReportContext>,
+    pub limits: Limits,
+    gate: Gate,
+}
+
+impl Api {
+    pub fn new(
+        join: Arc<JoinContext>,
+        report: Arc<ReportContext>,
+        limits: Limits,
+        metrics: Metrics,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            join,
+            report,
+            gate: Gate::new(&limits, metrics),
+            limits,
+        })
+    }
+}
+
+/// Accepts connections forever.
+pub async fn serve(listener: TcpListener, tls: TlsAcceptor, api: Arc<Api>) {
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        // Refused before the handshake: what the caps protect is what a
+        // handshake would cost.
+        let pass = match api.gate.connection(peer.ip()) {
+            Ok(pass) => pass,
+            Err(why) => {
+                api.gate.turned(why, peer.ip(), None);
+                continue;
+            }
+        };
+        // Without it, Nagle holds the answer back until the agent ACKs the
+        // TLS session tickets sent after the handshake, which its delayed
+        // ACK postpones: a join's p50 was 53 ms without, 28 ms with
+        // (tests/bench/run with this line switched off by hand, then on).
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!(%peer, error = %e, "TCP_NODELAY not set");
+        }
+        let (tls, api) = (tls.clone(), api.clone());
+        tokio::spawn(async move {
+            let _pass = pass;
+            connection(api, tls, stream, peer).await;
+        });
+    }
+}
+
+/// One connection: the handshake, then HTTP/1.1 requests until it closes.
+async fn connection(api: Arc<Api>, tls: TlsAcceptor, stream: TcpStream, peer: SocketAddr) {
+    let handshake = tokio::time::timeout(api.limits.handshake_timeout, tls.accept(stream));
+    let stream = match handshake.await {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+        Err(_) => return api.gate.turned(Turned::HandshakeTimeout, peer.ip(), None),
+    };
+    let header_timeout = api.limits.body_timeout;
+    let service_api = api.clone();
+    let service = hyper::service::service_fn(move |req| route(service_api.clone(), peer, req));
+    let result = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout)
+        .max_buf_size(64 * 1024)
+        .serve_connection(TokioIo::new(stream), service)
+        .await;
+    match result {
+        Err(e) if e.is_timeout() => api.gate.turned(Turned::HeaderTimeout, peer.ip(), None),
+        Err(e) => tracing::debug!(%peer, error = %e, "connection ended with an error"),
+        Ok(()) => {}
+    }
+}
+
+type Reply = Response<Full<Bytes>>;
+
+async fn route(
+    api: Arc<Api>,
+    peer: SocketAddr,
+    req: Request<Incoming>,
+) -> Result<Reply, std::convert::Infallible> {
+    let request_id = new_request_id();
+    let started = std::time::Instant::now();
+    let path = req.uri().path().to_string();
+    let reply = match (req.method(), path.as_str()) {
+        (&Method::POST, JOIN_PATH) => handle_join(&api, peer.ip(), &request_id, req).await,
+        (&Method::POST, REPORT_PATH) => handle_report(&api, peer.ip(), &request_id, req).await,
+        (_, JOIN_PATH | REPORT_PATH) => {
+            error(StatusCode::METHOD_NOT_ALLOWED, "use POST", &request_id)
+        }
+        _ => error(StatusCode::NOT_FOUND, "no such endpoint", &request_id),
+    };
+    tracing::debug!(
+        request_id,
+        %peer,
+        path,
+        status = reply.status().as_u16(),
+        ms = started.elapsed().as_secs_f64() * 1000.0,
+        "request served"
+    );
+    Ok(with_request_id(reply, &request_id))
+}
+
+/// A join: admission (body, parse, verify) with no permit held, then a
+/// place under the join caps, then the join.
+async fn handle_join(api: &Api, peer: IpAddr, request_id: &str, req: Request<Incoming>) -> Reply {
+    let request: JoinRequest = match read_json(api, peer, req, request_id).await {
+        Ok(request) => request,
+        Err(reply) => return reply,
+    };
+    let admitted = match join::admit(&api.join, request_id, request) {
+        Ok(admitted) => admitted,
+        Err(e) => return join_verdict(api, request_id, e),
+    };
+    let _pass = match api.gate.join(peer) {
+        Ok(pass) => pass,
+        Err(why) => {
+            api.gate.turned(why, peer, Some(request_id));
+            return busy(api, why, request_id);
+        }
+    };
+    match join::handle(&api.join, request_id, admitted).await {
+        Ok(response) => json(StatusCode::OK, &response),
+        Err(e) => join_verdict(api, request_id, e),
+    }
+}
+
+/// The answer to a caller over a join cap: 429 for its source's, 503 for
+/// the global one; either way, when to come back.
+fn busy(api: &Api, why: Turned, request_id: &str) -> Reply {
+    let reply = if why == Turned::SourceJoins {
+        error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too many joins from this address, retry later",
+            request_id,
+        )
+    } else {
+        error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "busy, retry later",
+            request_id,
+        )
+    };
+    retry_later(api, reply)
+}
+
+/// The HTTP verdict on a join that did not succeed.
+fn join_verdict(api: &Api, request_id: &str, e: JoinError) -> Reply {
+    match e {
+        JoinError::Refused(_) => error(StatusCode::FORBIDDEN, "join refused", request_id),
+        JoinError::Unavailable(_) => retry_later(
+            api,
+            error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "temporarily unavailable",
+                request_id,
+            ),
+        ),
+    }
+}
+
+fn retry_later(api: &Api, mut reply: Reply) -> Reply {
+    reply
+        .headers_mut()
+        .insert(RETRY_AFTER, api.limits.retry_after_secs.into());
+    reply
+}
+
+async fn handle_report(api: &Api, peer: IpAddr, request_id: &str, req: Request<Incoming>) -> Reply {
+    let request: ReportRequest = match read_json(api, peer, req, request_id).await {
+        Ok(request) => request,
+        Err(reply) => return reply,
+    };
+    match report::handle(&api.report, request_id, request).await {
+        Ok(()) => json(StatusCode::ACCEPTED, &serde_json::json!({})),
+        Err(report::ReportError::Refused(_)) => {
+            error(StatusCode::FORBIDDEN, "report refused", request_id)
+        }
+        Err(report::ReportError::Unavailable(_)) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "temporarily unavailable",
+            request_id,
+        ),
+    }
+}
+
+/// Reads a bounded body within the body timeout and parses it.
+async fn read_json<T: serde::de::DeserializeOwned>(
+    api: &Api,
+    peer: IpAddr,
+    req: Request<Incoming>,
+    request_id: &str,
+) -> Result<T, Reply> {
+    let is_json = req
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !is_json {
+        return Err(error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "send application/json",
+            request_id,
+        ));
+    }
+    let body = Limited::new(req.into_body(), MAX_REQUEST_BYTES);
+    let bytes = match tokio::time::timeout(api.limits.body_timeout, body.collect()).await {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Err(e)) => {
+            tracing::info!(request_id, error = %e, "request body refused");
+            if e.is::<http_body_util::LengthLimitError>() {
+                api.gate
+                    .turned(Turned::BodyTooLarge, peer, Some(request_id));
+            }
+            return Err(error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "request body too large or broken",
+                request_id,
+            ));
+        }
+        Err(_) => {
+            api.gate.turned(Turned::BodyTimeout, peer, Some(request_id));
+            return Err(error(
+                StatusCode::REQUEST_TIMEOUT,
+                "request body too slow",
+                request_id,
+            ));
+        }
+    };
+    serde_json::from_slice(&bytes).map_err(|e| {
+        tracing::info!(request_id, error = %e, "malformed request");
+        error(StatusCode::BAD_REQUEST, "malformed request", request_id)
+    })
+}
+
+fn json<T: Serialize>(status: StatusCode, body: &T) -> Reply {
+    let bytes = serde_json::to_vec(body).unwrap_or_default();
+    let mut reply = Response::new(Full::new(Bytes::from(bytes)));
+    *reply.status_mut() = status;
+    reply.headers_mut().insert(
+        CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    reply
+}
+
+fn error(status: StatusCode, message: &str, request_id: &str) -> Reply {
+    json(
+        status,
+        &ErrorResponse {
+            error: message.to_string(),
+            request_id: request_id.to_string(),
+        },
+    )
+}
+
+fn with_request_id(mut reply: Reply, request_id: &str) -> Reply {
+    if let Ok(value) = request_id.parse() {
+        reply.headers_mut().insert(REQUEST_ID_HEADER, value);
+    }
+    reply
+}
+
+fn new_request_id() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}

@@ -1,0 +1,285 @@
+//! Why a join was not granted.
+//!
+//! The caller learns only that it was refused (and a request id); the
+//! precise reason goes to the log, an Event and the `reason` label of a
+//! metric. Each reason has a short stable label for that.
+//!
+//! The services a join uses ([`crate::kube::nodeclaim`], [`crate::kube::binding`],
+//! [`crate::kube::issuer`], [`crate::join::render::inputs`]) return their own errors and
+//! know nothing of HTTP; the `From` impls here are the one place that
+//! decides which of their failures refuse a join and which only make it
+//! unavailable for now.
+
+use crate::ec2::LookupError;
+use crate::join::render::inputs::ConfigError;
+use crate::kube::binding::{BindingError, BindingRefusal};
+use crate::kube::issuer::IssueError;
+use crate::kube::nodeclaim::{FindError, SelectError};
+use autonode_shared::csr::CsrError;
+use autonode_shared::identity::{IdentityError, PolicyError};
+use autonode_shared::issued::IssuedError;
+use thiserror::Error;
+
+/// A definite "no": retrying the same request cannot succeed.
+#[derive(Debug, Error)]
+pub enum Refusal {
+    #[error("malformed request: {0}")]
+    BadRequest(String),
+    #[error("identity document refused: {0}")]
+    Identity(#[from] IdentityError),
+    #[error("identity policy refused: {0}")]
+    Policy(#[from] PolicyError),
+    /// No one NodeClaim may be bound for this instance now; the
+    /// selection's own words (see [`SelectError`]).
+    #[error(transparent)]
+    NodeClaim(SelectError),
+    /// The NodeClaim's binding refuses the join (unreadable, bound to other
+    /// keys, or the NodeClaim gone before the write); the binding's own
+    /// words (see [`BindingRefusal`]).
+    #[error(transparent)]
+    Binding(BindingRefusal),
+    #[error("EC2 refused the instance lookup: {0}")]
+    Lookup(LookupError),
+    #[error("instance {instance_id} is {state} in EC2, not pending or running")]
+    InstanceNotLive { instance_id: String, state: String },
+    #[error("instance {instance_id} runs image {actual} in EC2 but the document says {signed}")]
+    ImageMismatch {
+        instance_id: String,
+        signed: String,
+        actual: String,
+    },
+    #[error("instance {0} has no private DNS name in EC2")]
+    NoPrivateDnsName(String),
+    #[error("client CSR refused: {0}")]
+    ClientCsr(CsrError),
+    #[error("serving CSR refused: {0}")]
+    ServingCsr(CsrError),
+    #[error("kube-controller-manager refused to sign {csr}: {message}")]
+    SigningFailed { csr: String, message: String },
+    #[error("CSR object {csr} is not the one this join created and judged: {detail}")]
+    CsrSubstituted { csr: String, detail: String },
+    #[error("CSR {csr}: {source}")]
+    CertificateMismatch {
+        csr: String,
+        #[source]
+        source: IssuedError,
+    },
+}
+
+impl Refusal {
+    /// Whether this refusal means the instance itself can never join (its
+    /// account, region, age, EC2 state or image), as opposed to a bad
+    /// request that someone else holding its document could have sent (a
+    /// forged signature, foreign CSRs, a replay): only the former may get
+    /// its NodeClaim deleted, or a leaked document would be a way to have
+    /// healthy machines replaced.
+    pub fn dooms_instance(&self) -> bool {
+        // A pendingTime "in the future" may be our own clock's fault.
+        if let Self::Policy(PolicyError::PendingTimeInFuture { .. }) = self {
+            return false;
+        }
+        matches!(
+            self,
+            Self::Policy(_)
+                | Self::NodeClaim(SelectError::PendingBeforeNodeClaim { .. })
+                | Self::InstanceNotLive { .. }
+                | Self::ImageMismatch { .. }
+                | Self::NoPrivateDnsName(_)
+        )
+    }
+
+    /// A short, stable label for metrics and Event reasons.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::BadRequest(_) => "bad_request",
+            Self::Identity(e) => e.label(),
+            Self::Policy(e) => e.label(),
+            Self::NodeClaim(e) => match e {
+                SelectError::None(_) => "no_nodeclaim",
+                SelectError::Many { .. } => "many_nodeclaims",
+                SelectError::Registered(_) => "nodeclaim_registered",
+                SelectError::Deleting(_) => "nodeclaim_deleting",
+                SelectError::PendingBeforeNodeClaim { .. } => "pending_before_nodeclaim",
+            },
+            Self::Binding(e) => match e {
+                BindingRefusal::Unreadable { .. } => "binding_unreadable",
+                BindingRefusal::PossibleReplay { .. } => "possible_replay",
+                BindingRefusal::Gone(_) => "no_nodeclaim",
+            },
+            Self::Lookup(_) => "ec2_lookup_refused",
+            Self::InstanceNotLive { .. } => "instance_not_live",
+            Self::ImageMismatch { .. } => "image_mismatch",
+            Self::NoPrivateDnsName(_) => "no_private_dns_name",
+            Self::ClientCsr(_) => "client_csr",
+            Self::ServingCsr(_) => "serving_csr",
+            Self::SigningFailed { .. } => "signing_failed",
+            Self::CsrSubstituted { .. } => "csr_substituted",
+            Self::CertificateMismatch { .. } => "certificate_mismatch",
+        }
+    }
+}
+
+/// Everything that can stop a join.
+#[derive(Debug, Error)]
+pub enum JoinError {
+    /// A definite refusal (HTTP 403 or 400).
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+    /// Something on our side or upstream is unavailable; the agent retries
+    /// (HTTP 503).
+    #[error("temporarily unavailable: {0}")]
+    Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl JoinError {
+    /// The label for metrics: the refusal reason, or `unavailable`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Refused(r) => r.reason(),
+            Self::Unavailable(_) => "unavailable",
+        }
+    }
+
+    /// A join that cannot complete now, for `why`.
+    pub fn unavailable(why: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Self::Unavailable(why.into())
+    }
+}
+
+// What each service's error means for the join: the only place a
+// service's failure becomes a verdict. A service says what went wrong; the
+// join decides whether that is a refusal (final) or unavailable (retry).
+
+impl From<FindError> for JoinError {
+    fn from(e: FindError) -> Self {
+        match e {
+            FindError::Select(e) => e.into(),
+            e @ (FindError::NotListed(_) | FindError::Stale) => Self::unavailable(e),
+        }
+    }
+}
+
+impl From<SelectError> for Refusal {
+    fn from(e: SelectError) -> Self {
+        Self::NodeClaim(e)
+    }
+}
+
+impl From<SelectError> for JoinError {
+    fn from(e: SelectError) -> Self {
+        Self::Refused(e.into())
+    }
+}
+
+impl From<BindingError> for JoinError {
+    fn from(e: BindingError) -> Self {
+        match e {
+            BindingError::Refused(refusal) => Self::Refused(Refusal::Binding(refusal)),
+            e @ (BindingError::Changed(_) | BindingError::Api(_)) => Self::unavailable(e),
+        }
+    }
+}
+
+impl From<IssueError> for JoinError {
+    fn from(e: IssueError) -> Self {
+        let refusal = match e {
+            IssueError::SigningFailed { csr, message } => Refusal::SigningFailed { csr, message },
+            IssueError::Substituted { csr, detail } => Refusal::CsrSubstituted { csr, detail },
+            IssueError::CertificateMismatch { csr, source } => {
+                Refusal::CertificateMismatch { csr, source }
+            }
+            e @ (IssueError::Api(_) | IssueError::WatchEnded | IssueError::NotSigned { .. }) => {
+                return Self::unavailable(e)
+            }
+        };
+        Self::Refused(refusal)
+    }
+}
+
+impl From<ConfigError> for JoinError {
+    fn from(e: ConfigError) -> Self {
+        Self::unavailable(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_nodeclaim_that_fails_the_rules_refuses_with_the_same_words() {
+        let e = SelectError::PendingBeforeNodeClaim {
+            nodeclaim: "c1".into(),
+            pending: "p".into(),
+            created: "c".into(),
+        };
+        let message = e.to_string();
+        let verdict = JoinError::from(e);
+        assert_eq!(verdict.reason(), "pending_before_nodeclaim");
+        assert_eq!(verdict.to_string(), message);
+    }
+
+    #[test]
+    fn a_binding_conflict_is_retried_and_a_replay_refused() {
+        let changed = JoinError::from(BindingError::Changed("c1".into()));
+        assert_eq!(changed.reason(), "unavailable");
+        assert_eq!(
+            changed.to_string(),
+            "temporarily unavailable: the binding of NodeClaim c1 changed during this join; the retry is judged on the new one"
+        );
+        let gone = JoinError::from(BindingError::from(BindingRefusal::Gone("c1".into())));
+        assert_eq!(gone.reason(), "no_nodeclaim");
+        assert_eq!(
+            gone.to_string(),
+            "NodeClaim c1 was deleted during this join"
+        );
+    }
+
+    #[test]
+    fn a_binding_refusal_is_the_bindings_own_error_under_its_old_label() {
+        let replay = BindingRefusal::PossibleReplay {
+            instance_id: "i-1".into(),
+            nodeclaim: "c1".into(),
+            bound: "client a serving b".into(),
+            offered: "client c serving d".into(),
+        };
+        let unreadable = BindingRefusal::Unreadable {
+            nodeclaim: "c1".into(),
+            source: crate::kube::binding::Unreadable("expected value".into()),
+        };
+        let cases = [
+            (replay, "possible_replay", "possible replay: instance i-1 (NodeClaim c1) is bound to client key client a serving b, this join used client c serving d"),
+            (unreadable, "binding_unreadable", "NodeClaim c1: expected value"),
+        ];
+        for (refusal, label, text) in cases {
+            let verdict = JoinError::from(BindingError::from(refusal));
+            assert_eq!(
+                (verdict.reason(), verdict.to_string().as_str()),
+                (label, text)
+            );
+            let JoinError::Refused(Refusal::Binding(inner)) = &verdict else {
+                panic!("not a binding refusal: {verdict:?}");
+            };
+            assert_eq!(inner.to_string(), text, "the binding's words, not a copy");
+        }
+    }
+
+    #[test]
+    fn a_slow_signer_is_retried_and_a_substituted_csr_refused() {
+        let slow = JoinError::from(IssueError::NotSigned {
+            csr: "x".into(),
+            timeout: Duration::from_secs(1),
+        });
+        assert_eq!(slow.reason(), "unavailable");
+        let substituted = JoinError::from(IssueError::Substituted {
+            csr: "x".into(),
+            detail: "d".into(),
+        });
+        assert_eq!(substituted.reason(), "csr_substituted");
+        assert_eq!(
+            substituted.to_string(),
+            "CSR object x is not the one this join created and judged: d"
+        );
+    }
+}

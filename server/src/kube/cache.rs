@@ -1,0 +1,526 @@
+//! Watch-backed caches that can say whether they are to be trusted.
+//!
+//! Two things kube-runtime does not give, both learnt the hard way:
+//!
+//! - **Listed, for every waiter.** `Store::wait_until_ready` keeps a single
+//!   waker (a oneshot receiver behind a mutex): with several waiters only
+//!   the one that polled last is woken. A server restarted under a burst had
+//!   joins waiting on its NodeClaim cache's first list; the task that was to
+//!   mark it ready never woke, and `/readyz` stayed 503 for good (one run in
+//!   five of `resilience::a_server_killed_mid_burst…`). Here the loop that
+//!   applies the list sets a tokio `watch` flag, which wakes everyone.
+//! - **Fresh again after a failure.** kube-runtime's watcher resumes a
+//!   broken watch from its last resourceVersion without listing again, so
+//!   nothing shows when it is back: a cache marked stale on the error stayed
+//!   stale until some later 410, and `/readyz` with it (every replica, after
+//!   one blip of the connection to the API server). Here a watch that fails
+//!   is started over, list first, after [`WatchBackoff`], as client-go's
+//!   reflector does: fresh means listed since the last failure.
+//!
+//! A cache is also the one watch of its kind that controllers share (as in
+//! kube-rs's `shared_stream_controllers` example): [`Cache::changes`] feeds
+//! a controller's queue from the same list and watch that fill the store,
+//! so every reader of a kind has the relist-after-failure fix, and the API
+//! server serves one watch per kind, not one per controller.
+
+use crate::kube::backoff::WatchBackoff;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::utils::Backoff;
+use kube::runtime::watcher;
+use kube::{Api, Resource};
+use serde::de::DeserializeOwned;
+use std::collections::VecDeque;
+use std::fmt::Debug;
+use std::future::Future;
+use std::hash::Hash;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use tokio::sync::{broadcast, watch};
+
+/// Objects per page when a cache lists. A page is held whole (the response
+/// body, then the parsed objects) before anything is stripped from them.
+pub const LIST_PAGE: u32 = 100;
+/// Objects per page when listing what anyone holding a node credential can
+/// create large (CSRs: up to the API server's 1.5 MiB object limit each,
+/// as many as they like): ten such objects are a bounded spike, 500 (the
+/// watcher's default) would be most of the server's memory limit.
+pub const SMALL_PAGE: u32 = 10;
+/// Changes a controller may fall behind by before it is handed the whole
+/// store again (see [`Cache::changes`]). Held only while a controller reads.
+const CHANGES_BUFFER: usize = 1024;
+/// The longest `spec.providerID` kept of a Node. An AWS one
+/// (`aws:///<zone>/<instance>`) is under 64 bytes; a node writes its own.
+pub const MAX_PROVIDER_ID: usize = 256;
+
+/// A cache of `K`, kept by a background task.
+pub struct Cache<K>
+where
+    K: Resource + 'static,
+    K::DynamicType: Eq + Hash + Clone,
+{
+    pub store: Store<K>,
+    pub status: Status,
+    /// Each object the watch applies or deletes, for [`Cache::changes`].
+    changes: broadcast::Sender<Arc<K>>,
+}
+
+impl<K> Clone for Cache<K>
+where
+    K: Resource + 'static,
+    K::DynamicType: Eq + Hash + Clone,
+{
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            status: self.status.clone(),
+            changes: self.changes.clone(),
+        }
+    }
+}
+
+/// Whether a cache has listed, and whether it is current.
+#[derive(Debug, Clone)]
+pub struct Status {
+    listed: watch::Receiver<bool>,
+    fresh: Arc<AtomicBool>,
+    /// What it holds, for logs and `/readyz`.
+    pub what: &'static str,
+}
+
+/// The cache's task ended before its first list.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("the cache's watch ended before its first list")]
+pub struct WatchEnded;
+
+impl<K> Cache<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+{
+    /// Starts watching `api` in the background. `filter` runs on every
+    /// object as the API server sent it (managedFields still there) and
+    /// strips what the cache's readers do not read; managedFields are
+    /// dropped after it in any case: they can outweigh a small object.
+    pub fn start_filtered(api: Api<K>, what: &'static str, filter: fn(&mut K)) -> Self {
+        let (cache, task) = Self::new(api, what, filter);
+        tokio::spawn(task);
+        cache
+    }
+
+    /// Like [`Cache::start_filtered`], but the watch runs only while the
+    /// returned future is polled: a controller that runs on the leader
+    /// polls it beside itself, so a replica that stops leading stops
+    /// watching (a spawned task would go on, and add another each time the
+    /// replica led again).
+    pub fn new(
+        api: Api<K>,
+        what: &'static str,
+        filter: fn(&mut K),
+    ) -> (Self, impl Future<Output = ()> + Send + 'static) {
+        let config = watcher::Config::default().page_size(LIST_PAGE);
+        Self::with_config(api, config, what, filter)
+    }
+
+    /// Like [`Cache::new`], with the watch's own selectors and page size.
+    pub fn with_config(
+        api: Api<K>,
+        config: watcher::Config,
+        what: &'static str,
+        filter: fn(&mut K),
+    ) -> (Self, impl Future<Output = ()> + Send + 'static) {
+        Self::build(api, config, what, filter, false)
+    }
+
+    /// Like [`Cache::with_config`], keeping whole objects, managedFields
+    /// included: for a controller that reads who owns which field (the
+    /// EC2NodeClass upkeep, of the few classes it selects).
+    pub fn whole(
+        api: Api<K>,
+        config: watcher::Config,
+        what: &'static str,
+    ) -> (Self, impl Future<Output = ()> + Send + 'static) {
+        Self::build(api, config, what, |_| {}, true)
+    }
+
+    fn build(
+        api: Api<K>,
+        config: watcher::Config,
+        what: &'static str,
+        filter: fn(&mut K),
+        keep_managed_fields: bool,
+    ) -> (Self, impl Future<Output = ()> + Send + 'static) {
+        let (store, writer) = reflector::store();
+        let (listed_tx, listed) = watch::channel(false);
+        let (changes, _) = broadcast::channel(CHANGES_BUFFER);
+        let fresh = Arc::new(AtomicBool::new(false));
+        let task = Task {
+            api,
+            config,
+            writer,
+            listed: listed_tx,
+            fresh: fresh.clone(),
+            what,
+            filter,
+            keep_managed_fields,
+            changes: changes.clone(),
+        };
+        let status = Status {
+            listed,
+            fresh,
+            what,
+        };
+        let cache = Self {
+            store,
+            status,
+            changes,
+        };
+        (cache, task.run())
+    }
+
+    /// Every object the cache holds once it has listed, then each object
+    /// its watch applies or deletes from then on, and every object again
+    /// after each relist: a controller's queue.
+    /// A reader that falls more than [`CHANGES_BUFFER`] changes behind is
+    /// handed the whole store again, so it misses nothing (a wake-up too
+    /// many costs a reconcile that finds nothing to do). Ends when the
+    /// cache's watch ends before its first list.
+    pub fn changes(&self) -> impl futures::Stream<Item = Arc<K>> + Send + 'static {
+        let feed = Changes {
+            receiver: self.changes.subscribe(),
+            store: self.store.clone(),
+            status: self.status.clone(),
+            backlog: VecDeque::new(),
+            listed: false,
+        };
+        futures::stream::unfold(feed, |mut feed| async move {
+            let next = feed.next().await?;
+            Some((next, feed))
+        })
+    }
+}
+
+/// The reading half of [`Cache::changes`].
+struct Changes<K>
+where
+    K: Resource + 'static,
+    K::DynamicType: Eq + Hash + Clone,
+{
+    receiver: broadcast::Receiver<Arc<K>>,
+    store: Store<K>,
+    status: Status,
+    /// Objects to hand out before the next change.
+    backlog: VecDeque<Arc<K>>,
+    listed: bool,
+}
+
+impl<K> Changes<K>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Eq + Hash + Clone,
+{
+    async fn next(&mut self) -> Option<Arc<K>> {
+        loop {
+            if let Some(object) = self.backlog.pop_front() {
+                return Some(object);
+            }
+            if !self.listed {
+                // Subscribed before this wait: nothing applied after the
+                // snapshot below is missed (at worst, seen twice).
+                self.status.wait_listed().await.ok()?;
+                self.listed = true;
+                self.backlog.extend(self.store.state());
+                continue;
+            }
+            match self.receiver.recv().await {
+                Ok(object) => return Some(object),
+                Err(broadcast::error::RecvError::Lagged(missed)) => {
+                    tracing::debug!(
+                        missed,
+                        "{}: a controller fell behind; handing it every object again",
+                        self.status.what
+                    );
+                    self.backlog.extend(self.store.state());
+                }
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    }
+}
+
+impl Status {
+    /// The first full list has been applied.
+    pub fn is_listed(&self) -> bool {
+        *self.listed.borrow()
+    }
+
+    /// Listed since the watch last failed (so listed at all): what is
+    /// missing from the cache is missing from the cluster (give or take the
+    /// watch's lag).
+    pub fn is_fresh(&self) -> bool {
+        self.fresh.load(Ordering::Acquire)
+    }
+
+    /// Waits until the first full list has been applied.
+    pub async fn wait_listed(&self) -> Result<(), WatchEnded> {
+        let mut listed = self.listed.clone();
+        listed
+            .wait_for(|listed| *listed)
+            .await
+            .map(|_| ())
+            .map_err(|_| WatchEnded)
+    }
+}
+
+/// The background half of a [`Cache`].
+struct Task<K>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Eq + Hash + Clone,
+{
+    api: Api<K>,
+    config: watcher::Config,
+    writer: reflector::store::Writer<K>,
+    listed: watch::Sender<bool>,
+    fresh: Arc<AtomicBool>,
+    what: &'static str,
+    filter: fn(&mut K),
+    keep_managed_fields: bool,
+    changes: broadcast::Sender<Arc<K>>,
+}
+
+impl<K> Task<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+{
+    /// List and watch until the watch fails; then again, after a backoff.
+    async fn run(mut self) {
+        let mut backoff = WatchBackoff::default();
+        loop {
+            let events = watcher(self.api.clone(), self.config.clone());
+            let mut events = std::pin::pin!(events);
+            while let Some(event) = events.next().await {
+                match event {
+                    Ok(event) => {
+                        let (filter, keep) = (self.filter, self.keep_managed_fields);
+                        let event = event.modify(|object| {
+                            filter(object);
+                            if !keep {
+                                object.meta_mut().managed_fields = None;
+                            }
+                        });
+                        self.writer.apply_watcher_event(&event);
+                        self.announce(&event);
+                        if matches!(event, watcher::Event::InitDone) {
+                            self.in_sync();
+                            backoff.reset();
+                        }
+                    }
+                    Err(e) => {
+                        self.fresh.store(false, Ordering::Release);
+                        tracing::warn!(error = %e, "{} watch failed; listing again", self.what);
+                        break;
+                    }
+                }
+            }
+            let delay = backoff.next().unwrap_or(crate::kube::backoff::MAX);
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    /// Hands the object `event` touched to whoever reads [`Cache::changes`]
+    /// (cloned only when someone does). A list's objects are handed over
+    /// when it is done, from the store: before that the store still holds
+    /// the previous list, and a controller woken by a new object would not
+    /// find it there.
+    fn announce(&self, event: &watcher::Event<K>) {
+        if self.changes.receiver_count() == 0 {
+            return;
+        }
+        // No reader left is no error: it has stopped.
+        match event {
+            watcher::Event::Apply(object) | watcher::Event::Delete(object) => {
+                let _ = self.changes.send(Arc::new(object.clone()));
+            }
+            watcher::Event::InitDone => {
+                for object in self.writer.as_reader().state() {
+                    let _ = self.changes.send(object);
+                }
+            }
+            watcher::Event::Init | watcher::Event::InitApply(_) => {}
+        }
+    }
+
+    fn in_sync(&self) {
+        self.listed
+            .send_if_modified(|listed| !std::mem::replace(listed, true));
+        if !self.fresh.swap(true, Ordering::AcqRel) {
+            tracing::info!("{} cache in sync", self.what);
+        }
+    }
+}
+
+/// Keeps of `meta` only what names the object and what readers of every
+/// kind use: name, namespace, UID, resourceVersion, generation, creation
+/// and deletion timestamps. Labels, annotations, managedFields, owners and
+/// finalizers go: whoever may write the object may make them large.
+pub fn identity_only(meta: &mut ObjectMeta) {
+    *meta = ObjectMeta {
+        name: meta.name.take(),
+        namespace: meta.namespace.take(),
+        uid: meta.uid.take(),
+        resource_version: meta.resource_version.take(),
+        generation: meta.generation.take(),
+        creation_timestamp: meta.creation_timestamp.take(),
+        deletion_timestamp: meta.deletion_timestamp.take(),
+        ..ObjectMeta::default()
+    };
+}
+
+/// What the approver and the feedback controller keep of a Node (they read
+/// the leader's one Node cache): its name, UID and creation time (the
+/// `registered` milestone), `spec.providerID` (when it is of a sane length)
+/// and whether it is Ready, with the Ready condition's last transition (the
+/// `ready` milestone), and of `status.allocatable` the resources the
+/// capacity check compares (`crate::controllers::capacity`), each of a sane length. A
+/// node writes its own Node, status included: its images, annotations,
+/// labels, conditions and extended resources are as large as it likes.
+pub fn strip_node(node: &mut Node) {
+    identity_only(&mut node.metadata);
+    let provider_id = node
+        .spec
+        .take()
+        .and_then(|spec| spec.provider_id)
+        .filter(|id| id.len() <= MAX_PROVIDER_ID);
+    node.spec = Some(NodeSpec {
+        provider_id,
+        ..NodeSpec::default()
+    });
+    let status = node.status.take().unwrap_or_default();
+    let allocatable = status.allocatable.map(|mut all| {
+        all.retain(|resource, value| {
+            crate::controllers::capacity::Resource::ALL
+                .iter()
+                .any(|r| r.name() == resource.as_str())
+                && value.0.len() <= crate::controllers::capacity::QUANTITY_MAX_LEN
+        });
+        all
+    });
+    let ready = status
+        .conditions
+        .and_then(|conditions| conditions.into_iter().find(|c| c.type_ == "Ready"))
+        .map(|c| NodeCondition {
+            type_: c.type_,
+            status: c.status,
+            last_transition_time: c.last_transition_time,
+            ..NodeCondition::default()
+        });
+    node.status = Some(NodeStatus {
+        conditions: ready.map(|c| vec![c]),
+        allocatable: allocatable.filter(|a| !a.is_empty()),
+        ..NodeStatus::default()
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use std::time::Duration;
+
+    #[test]
+    fn a_node_keeps_its_name_provider_id_readiness_and_allocatable_only() {
+        let big = "x".repeat(100_000);
+        let mut node: Node = serde_json::from_value(json!({
+            "metadata": {
+                "name": "n1", "uid": "u1",
+                "annotations": {"a": big}, "labels": {"l": "v"},
+                "managedFields": [{"manager": "kubelet"}],
+            },
+            "spec": {"providerID": "aws:///us-west-2a/i-1", "podCIDR": "10.0.0.0/24"},
+            "status": {
+                "conditions": [
+                    {"type": "MemoryPressure", "status": "False", "message": big},
+                    {"type": "Ready", "status": "True", "message": big},
+                ],
+                "images": [{"names": [big], "sizeBytes": 1}],
+                "allocatable": {
+                    "cpu": "3920m", "memory": "15Gi", "pods": "110",
+                    "ephemeral-storage": big, "example.com/big": "1",
+                },
+                "capacity": {"cpu": "4"},
+            },
+        }))
+        .unwrap();
+        strip_node(&mut node);
+        let kept = serde_json::to_value(&node).unwrap();
+        assert_eq!(
+            kept,
+            json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": "n1", "uid": "u1"},
+                "spec": {"providerID": "aws:///us-west-2a/i-1"},
+                "status": {
+                    "conditions": [{"type": "Ready", "status": "True"}],
+                    "allocatable": {"cpu": "3920m", "memory": "15Gi", "pods": "110"},
+                },
+            })
+        );
+    }
+
+    #[test]
+    fn an_overlong_provider_id_is_not_kept() {
+        let mut node = Node {
+            spec: Some(NodeSpec {
+                provider_id: Some("a".repeat(MAX_PROVIDER_ID + 1)),
+                ..NodeSpec::default()
+            }),
+            ..Node::default()
+        };
+        strip_node(&mut node);
+        assert_eq!(node.spec.and_then(|s| s.provider_id), None);
+    }
+
+    fn status() -> (watch::Sender<bool>, Status) {
+        let (tx, listed) = watch::channel(false);
+        let status = Status {
+            listed,
+            fresh: Arc::default(),
+            what: "test",
+        };
+        (tx, status)
+    }
+
+    #[tokio::test]
+    async fn every_waiter_wakes() {
+        let (tx, status) = status();
+        let waiters: Vec<_> = (0..8)
+            .map(|_| {
+                let status = status.clone();
+                tokio::spawn(async move { status.wait_listed().await })
+            })
+            .collect();
+        // Let them all register before the list "arrives".
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!status.is_listed());
+        tx.send_replace(true);
+        for waiter in waiters {
+            let woke = tokio::time::timeout(Duration::from_secs(5), waiter).await;
+            assert!(matches!(woke, Ok(Ok(Ok(())))), "a waiter slept on");
+        }
+        assert!(status.is_listed());
+        // Later waiters return at once.
+        status.wait_listed().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn waiters_hear_when_the_task_ends_unlisted() {
+        let (tx, status) = status();
+        let waiter = tokio::spawn(async move { status.wait_listed().await });
+        drop(tx);
+        assert!(waiter.await.unwrap().is_err());
+    }
+}

@@ -1,0 +1,468 @@
+//! Turning validated CSRs into certificates through the Kubernetes API.
+//!
+//! autonode does not sign anything itself: it creates a
+//! `CertificateSigningRequest` with the kubelet signer, approves it, and
+//! waits for kube-controller-manager to sign. One watch over autonode's own
+//! CSRs feeds every waiting join, instead of a watch per join.
+//!
+//! Every node credential may create CSR objects under any name, so a name
+//! proves nothing. The join's objects are created with `generateName` (a
+//! create never lands on an object someone else made first), found again
+//! only by the name and UID the binding recorded, approved with that UID as
+//! a precondition, and the certificate signed into them is checked against
+//! the CSR that was judged before it goes back to the node.
+
+use crate::kube::approval::{self, ApprovalError};
+use crate::kube::binding::CsrRef;
+use crate::kube::cache::{self, Cache};
+use crate::kube::marks;
+use autonode_shared::csr::{self, usages_for, ParsedCsr, Purpose};
+use autonode_shared::issued::{self, IssuedError};
+use futures::StreamExt;
+use k8s_openapi::api::certificates::v1::{
+    CertificateSigningRequest, CertificateSigningRequestCondition, CertificateSigningRequestSpec,
+};
+use k8s_openapi::ByteString;
+use kube::api::{DeleteParams, ObjectMeta, PostParams, Preconditions};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Api, Client};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Label on every CSR autonode creates (anyone may set it: it selects
+/// what the watch keeps, and decides nothing).
+pub const MANAGED_LABEL: &str = marks::CSR_MANAGED_LABEL;
+/// The approval condition's reason: says who approved and why.
+pub const APPROVAL_REASON: &str = "AutonodeAttested";
+
+/// What to ask for.
+pub struct IssueRequest<'a> {
+    /// The start of the object's name; the API server completes it
+    /// (`generateName`), so no one can have taken it beforehand.
+    pub name_prefix: String,
+    /// Gives the signer and the usages.
+    pub purpose: Purpose,
+    pub request_pem: &'a str,
+    /// The CSR as it was judged: what the certificate must certify.
+    pub judged: &'a ParsedCsr,
+    pub labels: BTreeMap<String, String>,
+    /// Why autonode approves it (shown in `kubectl describe csr`).
+    pub approval_message: String,
+}
+
+impl IssueRequest<'_> {
+    /// `client` or `serving`: the purpose as the binding records it.
+    pub fn kind(&self) -> &'static str {
+        match self.purpose {
+            Purpose::Client => "client",
+            Purpose::Serving => "serving",
+        }
+    }
+}
+
+/// A CSR object's name and UID, as a binding records it.
+pub fn reference(kind: &str, csr: &CertificateSigningRequest) -> CsrRef {
+    CsrRef {
+        purpose: kind.to_string(),
+        name: csr.metadata.name.clone().unwrap_or_default(),
+        uid: csr.metadata.uid.clone().unwrap_or_default(),
+    }
+}
+
+/// Why a certificate could not be had.
+#[derive(Debug, thiserror::Error)]
+pub enum IssueError {
+    /// kube-controller-manager refused or failed to sign.
+    #[error("kube-controller-manager refused to sign {csr}: {message}")]
+    SigningFailed { csr: String, message: String },
+    /// The object under the name is not the one the join created.
+    #[error("CSR object {csr} is not the one this join created and judged: {detail}")]
+    Substituted { csr: String, detail: String },
+    /// The signed certificate does not certify what was judged.
+    #[error("CSR {csr}: {source}")]
+    CertificateMismatch {
+        csr: String,
+        #[source]
+        source: IssuedError,
+    },
+    #[error("CSR watch ended")]
+    WatchEnded,
+    #[error("CSR {csr} not signed within {timeout:?}: is kube-controller-manager's csrsigning controller running?")]
+    NotSigned { csr: String, timeout: Duration },
+    #[error("kube API: {0}")]
+    Api(#[from] kube::Error),
+}
+
+/// Where a CSR stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Outcome {
+    Pending,
+    Issued(String),
+    Failed(String),
+}
+
+/// Creates, approves and waits for CSRs.
+#[derive(Clone)]
+pub struct Issuer {
+    api: Api<CertificateSigningRequest>,
+    store: Store<CertificateSigningRequest>,
+    waiters: Arc<Mutex<HashMap<String, watch::Sender<Outcome>>>>,
+    timeout: Duration,
+}
+
+impl Issuer {
+    /// Starts the watch over autonode's CSRs: a [`Cache`], so a failed
+    /// watch lists again (a certificate signed while it was away still
+    /// wakes its join), with each change waking whoever waits for it.
+    pub fn start(client: Client, timeout: Duration) -> Self {
+        let api: Api<CertificateSigningRequest> = Api::all(client);
+        let config = watcher::Config::default()
+            .labels(&format!("{MANAGED_LABEL}=true"))
+            .page_size(cache::SMALL_PAGE);
+        let (csrs, watching) =
+            Cache::with_config(api.clone(), config, "autonode CSR", keep_outcome);
+        tokio::spawn(watching);
+        let waiters: Arc<Mutex<HashMap<String, watch::Sender<Outcome>>>> = Arc::default();
+        let notify = waiters.clone();
+        let changes = csrs.changes();
+        tokio::spawn(async move {
+            let mut changes = std::pin::pin!(changes);
+            while let Some(csr) = changes.next().await {
+                wake(&notify, &csr);
+            }
+        });
+        Self {
+            api,
+            store: csrs.store,
+            waiters,
+            timeout,
+        }
+    }
+
+    /// Approves `csr` (created by [`Issuer::create`] or found by
+    /// [`Issuer::find`] for `request`) unless it already is, waits for its
+    /// certificate and checks it certifies what was judged.
+    pub async fn finish(
+        &self,
+        request: &IssueRequest<'_>,
+        csr: CertificateSigningRequest,
+    ) -> Result<String, IssueError> {
+        let name = csr.metadata.name.clone().unwrap_or_default();
+        let uid = csr.metadata.uid.clone().unwrap_or_default();
+        let cert = match outcome(&csr) {
+            Outcome::Issued(cert) => cert,
+            Outcome::Failed(message) => return Err(failed(&name, message)),
+            Outcome::Pending => {
+                let mut rx = self.subscribe(&name, &uid);
+                let approved = match is_approved(&csr) {
+                    true => Ok(()),
+                    false => self.approve(&name, &uid, &request.approval_message).await,
+                };
+                let waited = match approved {
+                    Ok(()) => self.wait(&name, &mut rx).await,
+                    Err(e) => Err(e),
+                };
+                self.unsubscribe(&uid);
+                waited?
+            }
+        };
+        issued::check(&cert, request.judged)
+            .map_err(|source| IssueError::CertificateMismatch { csr: name, source })?;
+        Ok(cert)
+    }
+
+    /// Waits up to the timeout for the certificate of the CSR `rx` follows.
+    async fn wait(
+        &self,
+        name: &str,
+        rx: &mut watch::Receiver<Outcome>,
+    ) -> Result<String, IssueError> {
+        let waited = tokio::time::timeout(self.timeout, async {
+            loop {
+                match rx.borrow_and_update().clone() {
+                    Outcome::Issued(cert) => return Ok(cert),
+                    Outcome::Failed(message) => return Err(failed(name, message)),
+                    Outcome::Pending => {}
+                }
+                if rx.changed().await.is_err() {
+                    return Err(IssueError::WatchEnded);
+                }
+            }
+        })
+        .await;
+        waited.map_err(|_| IssueError::NotSigned {
+            csr: name.to_string(),
+            timeout: self.timeout,
+        })?
+    }
+
+    /// Deletes `csr` when the join that created it will not finish it:
+    /// only if it was never approved, and only as it was then (a
+    /// resourceVersion precondition), so a retried join that approved it
+    /// since keeps it. Best effort: a leftover pending CSR is reaped by
+    /// kube-controller-manager's CSR cleaner.
+    pub async fn abandon(&self, csr: &CertificateSigningRequest) {
+        if is_approved(csr) || outcome(csr) != Outcome::Pending {
+            return;
+        }
+        let name = csr.metadata.name.clone().unwrap_or_default();
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                resource_version: csr.metadata.resource_version.clone(),
+                uid: csr.metadata.uid.clone(),
+            }),
+            ..Default::default()
+        };
+        match self.api.delete(&name, &params).await {
+            Ok(_) => tracing::debug!(csr = %name, "deleted the CSR of a join that failed"),
+            // Gone, or changed since (a retried join approved it): fine.
+            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {}
+            Err(e) => {
+                tracing::warn!(csr = %name, error = %e, "could not delete the unapproved CSR of a failed join")
+            }
+        }
+    }
+
+    /// Creates a new CSR object for `request` under a name the API server
+    /// completes. Nothing is approved.
+    pub async fn create(
+        &self,
+        request: &IssueRequest<'_>,
+    ) -> Result<CertificateSigningRequest, IssueError> {
+        let mut labels = request.labels.clone();
+        labels.insert(MANAGED_LABEL.into(), "true".into());
+        let csr = CertificateSigningRequest {
+            metadata: ObjectMeta {
+                generate_name: Some(request.name_prefix.clone()),
+                labels: Some(labels),
+                ..Default::default()
+            },
+            spec: CertificateSigningRequestSpec {
+                request: ByteString(request.request_pem.as_bytes().to_vec()),
+                signer_name: request.purpose.signer().to_string(),
+                usages: Some(
+                    usages_for(request.purpose)
+                        .iter()
+                        .map(|u| u.to_string())
+                        .collect(),
+                ),
+                ..Default::default()
+            },
+            status: None,
+        };
+        Ok(self.api.create(&PostParams::default(), &csr).await?)
+    }
+
+    /// The object `recorded` names, when it is still the one a join created
+    /// (same UID), was not refused by the signer, and asks for the same key,
+    /// subject and names as `request` (a resumed agent signs its CSRs anew;
+    /// the bytes differ, what they ask must not). `None` otherwise: the
+    /// caller creates a new one.
+    pub async fn find(
+        &self,
+        request: &IssueRequest<'_>,
+        recorded: &CsrRef,
+    ) -> Result<Option<CertificateSigningRequest>, IssueError> {
+        let Some(csr) = self.api.get_opt(&recorded.name).await? else {
+            return Ok(None);
+        };
+        if csr.metadata.uid.as_deref() != Some(recorded.uid.as_str()) {
+            tracing::warn!(csr = %recorded.name, "a CSR object now under a recorded name has another UID; not ours, left alone");
+            return Ok(None);
+        }
+        if matches!(outcome(&csr), Outcome::Failed(_)) {
+            return Ok(None);
+        }
+        let asks_the_same = csr::parse_csr(&csr.spec.request.0)
+            .is_ok_and(|parsed| issued::same_ask(&parsed, request.judged));
+        Ok(asks_the_same.then_some(csr))
+    }
+
+    /// Approves the CSR `name`, only while it is the object with `uid`.
+    async fn approve(&self, name: &str, uid: &str, message: &str) -> Result<(), IssueError> {
+        let verdict = approval::Verdict {
+            reason: APPROVAL_REASON,
+            message,
+        };
+        match approval::approve(&self.api, name, uid, verdict).await {
+            Ok(()) => Ok(()),
+            Err(ApprovalError::Substituted { detail, .. }) => Err(IssueError::Substituted {
+                csr: name.to_string(),
+                detail: format!("approval with UID {uid} refused: {detail}"),
+            }),
+            Err(ApprovalError::Api { source, .. }) => Err(source.into()),
+        }
+    }
+
+    /// Registers interest in the CSR with `uid`, seeded with what the cache
+    /// knows now so a certificate signed before we subscribed is not
+    /// missed. Waiters are keyed by UID: an object re-created under the same
+    /// name is another object, and wakes no one.
+    fn subscribe(&self, name: &str, uid: &str) -> watch::Receiver<Outcome> {
+        let known = self
+            .store
+            .get(&ObjectRef::new(name))
+            .filter(|csr| csr.metadata.uid.as_deref() == Some(uid))
+            .map(|csr| outcome(&csr))
+            .unwrap_or(Outcome::Pending);
+        let mut waiters = lock(&self.waiters);
+        let sender = waiters
+            .entry(uid.to_string())
+            .or_insert_with(|| watch::channel(Outcome::Pending).0);
+        if known != Outcome::Pending {
+            sender.send_replace(known);
+        }
+        sender.subscribe()
+    }
+
+    fn unsubscribe(&self, uid: &str) {
+        let mut waiters = lock(&self.waiters);
+        if waiters.get(uid).is_some_and(|s| s.receiver_count() <= 1) {
+            waiters.remove(uid);
+        }
+    }
+}
+
+fn wake(waiters: &Mutex<HashMap<String, watch::Sender<Outcome>>>, csr: &CertificateSigningRequest) {
+    let state = outcome(csr);
+    if state == Outcome::Pending {
+        return;
+    }
+    let uid = csr.metadata.uid.as_deref().unwrap_or_default();
+    if let Some(sender) = lock(waiters).get(uid) {
+        sender.send_replace(state);
+    }
+}
+
+/// What the cache keeps of a CSR: its name and UID (to find it and know it
+/// is the one a join made), and the status that makes its [`outcome`]. The
+/// label the watch selects on is anyone's to set, on CSRs of any size: the
+/// rest (annotations, labels, the request, and the thousands of requests a
+/// scale-out leaves) is not read from here.
+fn keep_outcome(csr: &mut CertificateSigningRequest) {
+    cache::identity_only(&mut csr.metadata);
+    csr.spec = CertificateSigningRequestSpec::default();
+    let conditions = csr.status.as_mut().and_then(|s| s.conditions.as_mut());
+    if let Some(conditions) = conditions {
+        conditions.retain(|c| matches!(c.type_.as_str(), "Approved" | "Denied" | "Failed"));
+        for condition in conditions {
+            // A refusal's message is what a failed join says; nothing else
+            // of a condition is read.
+            let message = condition
+                .message
+                .take()
+                .filter(|_| condition.type_ != "Approved");
+            *condition = CertificateSigningRequestCondition {
+                type_: std::mem::take(&mut condition.type_),
+                status: std::mem::take(&mut condition.status),
+                message,
+                ..Default::default()
+            };
+        }
+    }
+}
+
+fn outcome(csr: &CertificateSigningRequest) -> Outcome {
+    let status = csr.status.as_ref();
+    if let Some(cert) = status
+        .and_then(|s| s.certificate.as_ref())
+        .filter(|c| !c.0.is_empty())
+    {
+        return Outcome::Issued(String::from_utf8_lossy(&cert.0).into_owned());
+    }
+    let conditions = status.and_then(|s| s.conditions.as_ref());
+    let failed = conditions
+        .into_iter()
+        .flatten()
+        .find(|c| (c.type_ == "Failed" || c.type_ == "Denied") && c.status == "True");
+    match failed {
+        Some(c) => Outcome::Failed(format!(
+            "{}: {}",
+            c.type_,
+            c.message.as_deref().unwrap_or("no message")
+        )),
+        None => Outcome::Pending,
+    }
+}
+
+fn is_approved(csr: &CertificateSigningRequest) -> bool {
+    csr.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c.type_ == "Approved" && c.status == "True")
+        })
+}
+
+fn failed(name: &str, message: String) -> IssueError {
+    IssueError::SigningFailed {
+        csr: name.to_string(),
+        message,
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_cache_keeps_name_uid_and_outcome_only() {
+        let big = "x".repeat(200_000);
+        let mut csr: CertificateSigningRequest = serde_json::from_value(json!({
+            "metadata": {
+                "name": "c1", "uid": "u1",
+                "labels": {MANAGED_LABEL: "true"},
+                "annotations": {"big": big},
+                "managedFields": [{"manager": "kubectl"}],
+            },
+            "spec": {
+                "request": "eHh4", "signerName": csr::CLIENT_SIGNER,
+                "usages": ["client auth"], "username": "system:node:x",
+                "groups": ["system:nodes"], "extra": {"k": [big]},
+            },
+            "status": {
+                "conditions": [
+                    {"type": "Approved", "status": "True", "reason": "R", "message": big},
+                    {"type": "Other", "status": "True", "message": big},
+                ],
+                "certificate": "Y2VydA==",
+            },
+        }))
+        .unwrap();
+        keep_outcome(&mut csr);
+        assert_eq!(
+            serde_json::to_value(&csr).unwrap(),
+            json!({
+                "apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
+                "metadata": {"name": "c1", "uid": "u1"},
+                "spec": {"request": "", "signerName": ""},
+                "status": {
+                    "conditions": [{"type": "Approved", "status": "True"}],
+                    "certificate": "Y2VydA==",
+                },
+            })
+        );
+        assert_eq!(outcome(&csr), Outcome::Issued("cert".into()));
+    }
+
+    #[test]
+    fn a_refusals_message_is_kept() {
+        let mut csr: CertificateSigningRequest = serde_json::from_value(json!({
+            "metadata": {"name": "c1"},
+            "spec": {"request": "", "signerName": csr::CLIENT_SIGNER},
+            "status": {"conditions": [{"type": "Failed", "status": "True", "message": "no"}]},
+        }))
+        .unwrap();
+        keep_outcome(&mut csr);
+        assert_eq!(outcome(&csr), Outcome::Failed("Failed: no".into()));
+    }
+}

@@ -1,0 +1,14 @@
+//! Kubernetes plumbing shared by the join and the leader's controllers:
+//! watch-backed caches, Events, autonode's marks, the NodeClaim store, CSR
+//! issuing and approval, Karpenter's types and the metrics.
+
+pub mod approval;
+pub mod backoff;
+pub mod binding;
+pub mod cache;
+pub mod events;
+pub mod issuer;
+pub mod karpenter;
+pub mod marks;
+pub mod metrics;
+pub mod nodeclaim;

@@ -1,0 +1,465 @@
+//! Finding an instance's NodeClaim, the rules it must pass, and every
+//! write autonode makes to NodeClaims.
+//!
+//! [`NodeClaims`] is the only writer of NodeClaims: the binding, the
+//! bootstrap-failed and reported marks, the feedback condition and the
+//! deletion of a failed machine's NodeClaim all go through its methods, each
+//! under [`marks::FIELD_MANAGER`], so what the API server records under that
+//! name (and [`marks::keep_own`] trusts) is exactly what these methods write.
+//!
+//! Lookups come from a watch-backed cache (a kube-runtime reflector), never
+//! a LIST per join: a scale-out of a thousand machines must not become a
+//! thousand LISTs of every NodeClaim.
+
+use crate::kube::cache::{self, Cache};
+use crate::kube::karpenter::{Condition, NodeClaim};
+use crate::kube::marks;
+use kube::api::{DeleteParams, Patch, Preconditions};
+use kube::{Api, Client};
+use std::sync::Arc;
+use std::time::Duration;
+use time::OffsetDateTime;
+
+/// How long a join waits for the cache to show a NodeClaim it lacks.
+pub const CACHE_GRACE: Duration = Duration::from_secs(3);
+
+/// The NodeClaim cache.
+#[derive(Clone)]
+pub struct NodeClaims {
+    cache: Cache<NodeClaim>,
+    api: Api<NodeClaim>,
+}
+
+impl NodeClaims {
+    /// Starts watching NodeClaims in the background.
+    pub fn start(client: Client) -> Self {
+        let api: Api<NodeClaim> = Api::all(client);
+        Self {
+            cache: Cache::start_filtered(api.clone(), "NodeClaim", strip),
+            api,
+        }
+    }
+
+    /// Waits until the first full list has arrived.
+    pub async fn ready(&self) -> Result<(), NotListed> {
+        self.cache.status.wait_listed().await.map_err(NotListed)
+    }
+
+    /// Whether the cache has listed since its watch last failed (which
+    /// implies it has listed): what `/readyz` asks. While it has not (the
+    /// API server was away, the watch is backing off), a NodeClaim missing
+    /// from the cache may just be one it has not seen: not a reason to
+    /// refuse a machine.
+    pub fn is_fresh(&self) -> bool {
+        self.cache.status.is_fresh()
+    }
+
+    /// Like [`NodeClaims::by_provider_id`], but when nothing matches, gives
+    /// the watch up to [`CACHE_GRACE`] to deliver a providerID Karpenter
+    /// has just written, rather than refuse a machine for our cache's lag.
+    pub async fn find(&self, provider_id: &str) -> Vec<Arc<NodeClaim>> {
+        let deadline = tokio::time::Instant::now() + CACHE_GRACE;
+        loop {
+            let found = self.by_provider_id(provider_id);
+            if !found.is_empty() || tokio::time::Instant::now() >= deadline {
+                return found;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The one NodeClaim whose `status.providerID` is `provider_id`: the
+    /// lookup the join and an agent's report share. After the first list,
+    /// through [`NodeClaims::find`]'s grace; none found while the watch is
+    /// reconnecting is [`FindError::Stale`] (the NodeClaim may be one it
+    /// missed), not a verdict on the machine.
+    pub async fn one_for(&self, provider_id: &str) -> Result<Arc<NodeClaim>, FindError> {
+        self.ready().await?;
+        let matches = self.find(provider_id).await;
+        if matches.is_empty() && !self.is_fresh() {
+            return Err(FindError::Stale);
+        }
+        Ok(only(provider_id, matches)?)
+    }
+
+    /// The NodeClaims whose `status.providerID` is exactly `provider_id`.
+    /// (A scan under the cache's read lock that clones only the matches: a
+    /// snapshot of every NodeClaim per lookup cost an allocation and an
+    /// atomic increment per NodeClaim in the cluster.)
+    pub fn by_provider_id(&self, provider_id: &str) -> Vec<Arc<NodeClaim>> {
+        self.cache
+            .store
+            .state_filter(|c| c.provider_id() == Some(provider_id))
+    }
+
+    /// Each NodeClaim this cache's watch brings (see [`Cache::changes`]):
+    /// the feedback controller's queue, from the one NodeClaim watch.
+    pub fn changes(&self) -> impl futures::Stream<Item = Arc<NodeClaim>> + Send + 'static {
+        self.cache.changes()
+    }
+
+    /// The cache's store, for a controller reconciling from it.
+    pub fn store(&self) -> kube::runtime::reflector::Store<NodeClaim> {
+        self.cache.store.clone()
+    }
+
+    /// The NodeClaim as the API server has it now (for conflict handling),
+    /// with only autonode's own marks.
+    pub async fn get_fresh(&self, name: &str) -> Result<Option<NodeClaim>, kube::Error> {
+        let mut claim = self.api.get_opt(name).await?;
+        if let Some(claim) = claim.as_mut() {
+            strip(claim);
+        }
+        Ok(claim)
+    }
+
+    /// Writes `value` (a serialized [`crate::kube::binding::Record`]; the binding
+    /// owns its format) as `name`'s binding, and `reported` as its
+    /// [`marks::REPORTED`] mark when given, only if the NodeClaim is still
+    /// at `resource_version` (the API server answers 409 otherwise).
+    /// Returns the NodeClaim as written, with only autonode's own marks.
+    pub async fn write_binding(
+        &self,
+        name: &str,
+        resource_version: Option<&str>,
+        value: &str,
+        reported: Option<&str>,
+    ) -> Result<NodeClaim, kube::Error> {
+        let mut annotations = serde_json::json!({ marks::BINDING: value });
+        if let Some(reported) = reported {
+            annotations[marks::REPORTED] = reported.into();
+        }
+        // A merge patch with metadata.resourceVersion is a precondition.
+        let patch = serde_json::json!({
+            "metadata": {
+                "resourceVersion": resource_version,
+                "annotations": annotations,
+            }
+        });
+        let mut written = self.merge(name, &patch).await?;
+        strip(&mut written);
+        Ok(written)
+    }
+
+    /// Deletes a NodeClaim whose machine failed to bootstrap, so Karpenter
+    /// replaces it now; only if it is still the object we judged (same
+    /// uid). `Ok(false)` when it was already gone or replaced. First marks
+    /// it failed with `why` (capped), so that the last state the watches
+    /// see says why it went (the rollout guard names it): one more write,
+    /// on the failure path only.
+    pub async fn delete_failed(&self, claim: &NodeClaim, why: &str) -> Result<bool, kube::Error> {
+        let name = claim.metadata.name.clone().unwrap_or_default();
+        // The uid in a patch is a precondition: a NodeClaim of the same
+        // name made since is not marked (409).
+        let patch = serde_json::json!({"metadata": {
+            "uid": claim.metadata.uid,
+            "annotations": {marks::BOOTSTRAP_FAILED: marks::capped(why, marks::MAX_NOTE)},
+        }});
+        match self.merge(&name, &patch).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => return Ok(false),
+            Err(e) => return Err(e),
+        }
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: claim.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match self.api.delete(&name, &params).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Marks `name` failed with the agent's `note` (the [`marks::BOOTSTRAP_FAILED`]
+    /// annotation), for the feedback controller's condition, when deleting
+    /// failed NodeClaims is turned off.
+    pub async fn mark_failed(&self, name: &str, note: &str) -> Result<(), kube::Error> {
+        let note = marks::capped(note, marks::MAX_NOTE);
+        let patch =
+            serde_json::json!({"metadata": {"annotations": {marks::BOOTSTRAP_FAILED: note}}});
+        self.merge(name, &patch).await.map(|_| ())
+    }
+
+    /// Records `reported` (comma-separated milestones) as `name`'s
+    /// [`marks::REPORTED`] mark; returns the NodeClaim as the write left it.
+    pub async fn mark_reported(
+        &self,
+        name: &str,
+        reported: &str,
+    ) -> Result<NodeClaim, kube::Error> {
+        let patch = serde_json::json!({"metadata": {"annotations": {marks::REPORTED: reported}}});
+        self.merge(name, &patch).await
+    }
+
+    /// [`NodeClaims::mark_reported`], only if `claim` is still at the
+    /// version it was read at (the API server answers 409 otherwise), for
+    /// a writer that read the mark from it. Returns the NodeClaim as
+    /// written, with only autonode's own marks.
+    pub async fn mark_reported_over(
+        &self,
+        claim: &NodeClaim,
+        reported: &str,
+    ) -> Result<NodeClaim, kube::Error> {
+        let patch = serde_json::json!({"metadata": {
+            "resourceVersion": claim.metadata.resource_version,
+            "annotations": {marks::REPORTED: reported},
+        }});
+        let name = claim.metadata.name.as_deref().unwrap_or_default();
+        let mut written = self.merge(name, &patch).await?;
+        strip(&mut written);
+        Ok(written)
+    }
+
+    /// Writes `claim`'s status conditions as `conditions`, through the
+    /// status subresource, only if the NodeClaim is still at the version
+    /// `claim` was read at (the API server answers 409 otherwise).
+    pub async fn write_conditions(
+        &self,
+        claim: &NodeClaim,
+        conditions: &[Condition],
+    ) -> Result<(), kube::Error> {
+        let patch = serde_json::json!({
+            "metadata": { "resourceVersion": claim.metadata.resource_version },
+            "status": { "conditions": conditions },
+        });
+        let name = claim.metadata.name.as_deref().unwrap_or_default();
+        self.api
+            .patch_status(name, &marks::patch_params(), &Patch::Merge(&patch))
+            .await
+            .map(|_| ())
+    }
+
+    /// A merge patch of `name`'s metadata, under autonode's field manager.
+    async fn merge(&self, name: &str, patch: &serde_json::Value) -> Result<NodeClaim, kube::Error> {
+        self.api
+            .patch(name, &marks::patch_params(), &Patch::Merge(patch))
+            .await
+    }
+}
+
+/// Seconds since the NodeClaim was created.
+pub fn age_seconds(claim: &NodeClaim) -> Option<f64> {
+    let created = claim.metadata.creation_timestamp.as_ref()?;
+    let age = k8s_openapi::jiff::Timestamp::now().duration_since(created.0);
+    Some(age.as_secs_f64().max(0.0))
+}
+
+/// What is kept of a NodeClaim (in this cache and the feedback controller's):
+/// its identity, the typed spec and status (unknown fields are never
+/// parsed), its labels (the renderer gives them to the node) and, of its
+/// annotations, only autonode's own marks. Everything else a NodePool's
+/// template copies on (annotations of any size) is dropped, as are
+/// managedFields once [`keep_own_marks`] has judged the marks by them.
+pub fn strip(claim: &mut NodeClaim) {
+    keep_own_marks(claim);
+    let marks = claim.metadata.annotations.take().and_then(|mut all| {
+        all.retain(|key, _| marks::NODECLAIM_MARKS.contains(&key.as_str()));
+        (!all.is_empty()).then_some(all)
+    });
+    let labels = claim.metadata.labels.take();
+    cache::identity_only(&mut claim.metadata);
+    claim.metadata.annotations = marks;
+    claim.metadata.labels = labels;
+}
+
+/// Drops the `autonode.dev/*` marks on `claim` that autonode did not write
+/// (see [`marks`]): from here on, nothing reads a foreign one.
+fn keep_own_marks(claim: &mut NodeClaim) {
+    let removed = marks::keep_own(&mut claim.metadata);
+    if !removed.is_empty() {
+        let name = claim.metadata.name.as_deref().unwrap_or_default();
+        tracing::warn!(nodeclaim = name, annotations = ?removed, "ignoring autonode annotations that autonode did not write (copied from a NodePool template, or set by hand)");
+    }
+}
+
+/// The NodeClaim cache never listed: its watch ended first.
+#[derive(Debug, thiserror::Error)]
+#[error("NodeClaim cache: {0}")]
+pub struct NotListed(#[source] cache::WatchEnded);
+
+/// Why [`NodeClaims::one_for`] found no one NodeClaim.
+#[derive(Debug, thiserror::Error)]
+pub enum FindError {
+    #[error(transparent)]
+    NotListed(#[from] NotListed),
+    /// Nothing matched while the watch was reconnecting.
+    #[error("NodeClaim cache out of date (watch reconnecting)")]
+    Stale,
+    /// None or several NodeClaims have the providerID
+    /// ([`SelectError::None`] or [`SelectError::Many`]).
+    #[error(transparent)]
+    Select(#[from] SelectError),
+}
+
+/// Why an attested instance has no NodeClaim it may join as.
+#[derive(Debug, thiserror::Error)]
+pub enum SelectError {
+    #[error("no NodeClaim has providerID {0}")]
+    None(String),
+    #[error("{count} NodeClaims have providerID {provider_id}")]
+    Many { provider_id: String, count: usize },
+    #[error("NodeClaim {0} is already Registered")]
+    Registered(String),
+    #[error("NodeClaim {0} is being deleted")]
+    Deleting(String),
+    #[error(
+        "instance pendingTime {pending} is before NodeClaim {nodeclaim} was created ({created})"
+    )]
+    PendingBeforeNodeClaim {
+        nodeclaim: String,
+        pending: String,
+        created: String,
+    },
+}
+
+/// The one NodeClaim of `matches` (those with `provider_id`), or none
+/// or many.
+pub fn only(
+    provider_id: &str,
+    matches: Vec<Arc<NodeClaim>>,
+) -> Result<Arc<NodeClaim>, SelectError> {
+    match <[Arc<NodeClaim>; 1]>::try_from(matches) {
+        Ok([claim]) => Ok(claim),
+        Err(matches) if matches.is_empty() => Err(SelectError::None(provider_id.to_string())),
+        Err(matches) => Err(SelectError::Many {
+            provider_id: provider_id.to_string(),
+            count: matches.len(),
+        }),
+    }
+}
+
+/// The rules the one NodeClaim an attested instance joins as must pass:
+/// not Registered, not deleting, and the instance's `pendingTime` no
+/// earlier than the NodeClaim's creation (an instance older than its claim
+/// is not the machine Karpenter launched for it).
+pub fn check(claim: &NodeClaim, pending_time: OffsetDateTime) -> Result<(), SelectError> {
+    let name = claim.metadata.name.clone().unwrap_or_default();
+    if claim.is_deleting() {
+        return Err(SelectError::Deleting(name));
+    }
+    if claim.is_registered() {
+        return Err(SelectError::Registered(name));
+    }
+    let created = claim
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .and_then(|t| OffsetDateTime::from_unix_timestamp(t.0.as_second()).ok());
+    match created {
+        // The API server stores whole seconds: compare at that resolution.
+        Some(created) if pending_time.unix_timestamp() >= created.unix_timestamp() => Ok(()),
+        created => Err(SelectError::PendingBeforeNodeClaim {
+            nodeclaim: name,
+            pending: pending_time.to_string(),
+            created: created
+                .map(|c| c.to_string())
+                .unwrap_or_else(|| "unknown".into()),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use time::macros::datetime;
+
+    fn claim(extra: serde_json::Value) -> Arc<NodeClaim> {
+        let mut base = json!({
+            "metadata": {"name": "c1", "creationTimestamp": "2026-01-01T10:00:00Z"},
+            "spec": {},
+            "status": {"providerID": "aws:///us-west-2a/i-1"},
+        });
+        merge(&mut base, extra);
+        Arc::new(serde_json::from_value(base).unwrap())
+    }
+
+    fn merge(base: &mut serde_json::Value, extra: serde_json::Value) {
+        if let (Some(b), serde_json::Value::Object(e)) = (base.as_object_mut(), extra) {
+            for (k, v) in e {
+                match b.get_mut(&k) {
+                    Some(existing) if existing.is_object() && v.is_object() => merge(existing, v),
+                    _ => {
+                        b.insert(k, v);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn only_labels_and_own_marks_are_kept() {
+        let own = json!({
+            "manager": marks::FIELD_MANAGER, "operation": "Update",
+            "apiVersion": "karpenter.sh/v1", "fieldsType": "FieldsV1",
+            "fieldsV1": {"f:metadata": {"f:annotations": {format!("f:{}", marks::REPORTED): {}}}},
+        });
+        let claim = claim(json!({"metadata": {
+            "uid": "u1",
+            "labels": {"team": "a"},
+            "annotations": {
+                marks::REPORTED: "registered",
+                marks::BINDING: "copied from a NodePool",
+                "big": "x".repeat(100_000),
+            },
+            "managedFields": [own],
+            "ownerReferences": [{"apiVersion": "v1", "kind": "X", "name": "x", "uid": "o"}],
+            "finalizers": ["karpenter.sh/termination"],
+        }}));
+        let mut claim = (*claim).clone();
+        strip(&mut claim);
+        let meta = serde_json::to_value(&claim.metadata).unwrap();
+        assert_eq!(
+            meta,
+            json!({
+                "name": "c1", "uid": "u1", "creationTimestamp": "2026-01-01T10:00:00Z",
+                "labels": {"team": "a"},
+                "annotations": {marks::REPORTED: "registered"},
+            })
+        );
+        assert_eq!(claim.provider_id(), Some(PID));
+    }
+
+    const PID: &str = "aws:///us-west-2a/i-1";
+    const AFTER: OffsetDateTime = datetime!(2026-01-01 10:00:30 UTC);
+
+    #[test]
+    fn one_fresh_claim_is_selected() {
+        let one = only(PID, vec![claim(json!({}))]).unwrap();
+        assert!(check(&one, AFTER).is_ok());
+    }
+
+    #[test]
+    fn none_or_many_are_refused() {
+        assert!(matches!(only(PID, vec![]), Err(SelectError::None(_))));
+        let two = vec![claim(json!({})), claim(json!({}))];
+        assert!(matches!(
+            only(PID, two),
+            Err(SelectError::Many { count: 2, .. })
+        ));
+    }
+
+    #[test]
+    fn registered_deleting_and_older_instances_are_refused() {
+        let registered =
+            claim(json!({"status": {"conditions": [{"type": "Registered", "status": "True"}]}}));
+        assert!(matches!(
+            check(&registered, AFTER),
+            Err(SelectError::Registered(_))
+        ));
+        let deleting = claim(json!({"metadata": {"deletionTimestamp": "2026-01-01T10:01:00Z"}}));
+        assert!(matches!(
+            check(&deleting, AFTER),
+            Err(SelectError::Deleting(_))
+        ));
+        let before = datetime!(2026-01-01 09:59:59 UTC);
+        assert!(matches!(
+            check(&claim(json!({})), before),
+            Err(SelectError::PendingBeforeNodeClaim { .. })
+        ));
+    }
+}
