@@ -10,7 +10,6 @@
 //! few kilobytes of I/O. A kubelet built otherwise (older Go, other flags)
 //! has no such record, and the caller runs `kubelet --version` instead.
 
-use super::version::KubeletVersion;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
@@ -25,9 +24,11 @@ const GIT_VERSION: &str = "component-base/version.gitVersion=";
 const MAX_SECTION: u64 = 4 << 20;
 const MAX_HEADERS: u64 = 1 << 20;
 
-/// The version stamped into the kubelet at `path`, if its build recorded
-/// one. Any problem (not ELF, no section, an older Go) is `None`.
-pub fn version(path: &Path) -> Option<KubeletVersion> {
+/// The version text stamped into the kubelet at `path` (`v1.34.1`), if its
+/// build recorded one. Any problem (not ELF, no section, an older Go) is
+/// `None`. The text is returned as stamped: reading it as a version is
+/// [`super::version`]'s job, and this module needs nothing of it.
+pub fn stamped_version(path: &Path) -> Option<String> {
     let mut file = File::open(path).ok()?;
     let section = section(&mut file, ".go.buildinfo")?;
     let modinfo = modinfo(&section)?;
@@ -36,7 +37,7 @@ pub fn version(path: &Path) -> Option<KubeletVersion> {
         .chars()
         .take_while(|c| !c.is_whitespace() && *c != '\'' && *c != '"')
         .collect();
-    KubeletVersion::parse(&word)
+    Some(word)
 }
 
 fn u16_at(bytes: &[u8], at: usize) -> Option<u16> {
@@ -196,17 +197,17 @@ pub(crate) mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("kubelet");
         for (stamp, want) in [
-            ("v1.34.1", KubeletVersion::new(1, 34, 1)),
-            ("v1.29.3-eks-ae9a62a", KubeletVersion::new(1, 29, 3)),
+            ("v1.34.1", "v1.34.1"),
+            ("v1.29.3-eks-ae9a62a", "v1.29.3-eks-ae9a62a"),
         ] {
             std::fs::write(&path, stamped_kubelet(stamp)).unwrap();
-            assert_eq!(version(&path), Some(want), "{stamp}");
+            assert_eq!(stamped_version(&path).as_deref(), Some(want), "{stamp}");
         }
         // The vendored package path of older trees.
         let vendored =
             "-X 'k8s.io/kubernetes/vendor/k8s.io/component-base/version.gitVersion=v1.20.2'";
         std::fs::write(&path, elf_with(".go.buildinfo", &buildinfo(vendored))).unwrap();
-        assert_eq!(version(&path), Some(KubeletVersion::new(1, 20, 2)));
+        assert_eq!(stamped_version(&path).as_deref(), Some("v1.20.2"));
     }
 
     #[test]
@@ -228,11 +229,11 @@ pub(crate) mod tests {
         ];
         for (i, contents) in cases.iter().enumerate() {
             std::fs::write(&path, contents).unwrap();
-            assert_eq!(version(&path), None, "case {i}");
+            assert_eq!(stamped_version(&path), None, "case {i}");
         }
-        assert_eq!(version(&dir.path().join("missing")), None);
+        assert_eq!(stamped_version(&dir.path().join("missing")), None);
         // This test binary is ELF without Go's section.
         let me = std::env::current_exe().unwrap();
-        assert_eq!(version(&me), None);
+        assert_eq!(stamped_version(&me), None);
     }
 }

@@ -231,7 +231,8 @@ fn find(kubelet: &Path, cache: &Path, binary: &BinaryIdentity) -> Source {
     if let Some(version) = read_cache(cache, binary) {
         return Source::Known(version, Found::Cached);
     }
-    if let Some(version) = super::buildinfo::version(kubelet) {
+    let stamped = super::buildinfo::stamped_version(kubelet);
+    if let Some(version) = stamped.as_deref().and_then(KubeletVersion::parse) {
         return Source::Known(version, Found::BuildInfo(read.elapsed()));
     }
     match spawn(kubelet) {

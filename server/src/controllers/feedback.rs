@@ -37,7 +37,7 @@ use crate::kube::events::Events;
 use crate::kube::karpenter::{Condition, NodeClaim};
 use crate::kube::marks;
 use crate::kube::metrics::Metrics;
-use crate::kube::nodeclaim::{self, NodeClaims};
+use crate::kube::nodeclaim::{self, pending, Milestone, NodeClaims};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, NodeCondition};
 use k8s_openapi::jiff::Timestamp;
@@ -278,74 +278,24 @@ async fn assert_condition(
     claims.write_conditions(claim, &conditions).await
 }
 
-/// A bootstrap milestone, in the order they happen. The join reports the
-/// first two (it alone sees them happen), this controller the others; all
-/// are recorded in the one [`marks::REPORTED`] mark, and [`pending`]
-/// decides for both which are still to report.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Milestone {
-    /// The instance attested and bound to its NodeClaim.
-    Attested,
-    /// Its certificates issued.
-    Certificates,
-    Registered,
-    Ready,
-}
-
-impl Milestone {
-    /// Every milestone, in order.
-    const ALL: [Milestone; 4] = [
-        Milestone::Attested,
-        Milestone::Certificates,
-        Milestone::Registered,
-        Milestone::Ready,
-    ];
-
-    /// Its name in the [`marks::REPORTED`] mark and the metric's label.
-    pub fn name(self) -> &'static str {
-        match self {
-            Milestone::Attested => "attested",
-            Milestone::Certificates => "certificates",
-            Milestone::Registered => "registered",
-            Milestone::Ready => "ready",
-        }
-    }
-
-    /// Its Event, reason and note, for those this controller reports (the
-    /// join's own Event covers the others).
-    fn event(self) -> Option<(&'static str, &'static str)> {
-        match self {
-            Milestone::Attested | Milestone::Certificates => None,
-            Milestone::Registered => Some(("NodeRegistered", "kubelet registered the Node")),
-            Milestone::Ready => Some(("NodeReady", "the Node is Ready")),
-        }
-    }
-
-    /// Whether this controller sees a machine at `stage` past it. Never
-    /// for the join's milestones: only the join knows when they happened.
-    fn reached(self, stage: Stage) -> bool {
-        match self {
-            Milestone::Attested | Milestone::Certificates => false,
-            Milestone::Registered => matches!(stage, Stage::Registered | Stage::Ready),
-            Milestone::Ready => stage == Stage::Ready,
-        }
+/// A milestone's Event, reason and note, for those this controller reports (the
+/// join's own Event covers the others).
+fn event(milestone: Milestone) -> Option<(&'static str, &'static str)> {
+    match milestone {
+        Milestone::Attested | Milestone::Certificates => None,
+        Milestone::Registered => Some(("NodeRegistered", "kubelet registered the Node")),
+        Milestone::Ready => Some(("NodeReady", "the Node is Ready")),
     }
 }
 
-/// Of `candidates`, those still to report given the [`marks::REPORTED`]
-/// mark `reported`: not in it, and not before one already in it, which
-/// would come out of order and late (a milestone a former leader, or an
-/// older server, did not report).
-pub fn pending(reported: &str, candidates: &[Milestone]) -> Vec<Milestone> {
-    let done: Vec<Milestone> = Milestone::ALL
-        .into_iter()
-        .filter(|m| reported.split(',').any(|r| r == m.name()))
-        .collect();
-    candidates
-        .iter()
-        .copied()
-        .filter(|m| done.iter().all(|d| d < m))
-        .collect()
+/// Whether this controller sees a machine at `stage` past `milestone`. Never
+/// for the join's milestones: only the join knows when they happened.
+fn reached(milestone: Milestone, stage: Stage) -> bool {
+    match milestone {
+        Milestone::Attested | Milestone::Certificates => false,
+        Milestone::Registered => matches!(stage, Stage::Registered | Stage::Ready),
+        Milestone::Ready => stage == Stage::Ready,
+    }
 }
 
 /// When a Node's milestones happened, as it records them.
@@ -390,7 +340,7 @@ pub fn due(
         |at: Timestamp| created.map(|created| at.duration_since(created).as_secs_f64().max(0.0));
     let reached: Vec<Milestone> = Milestone::ALL
         .into_iter()
-        .filter(|m| m.reached(stage))
+        .filter(|m| reached(*m, stage))
         .collect();
     pending(reported, &reached)
         .into_iter()
@@ -437,7 +387,7 @@ async fn report_milestones(
         if let Some(seconds) = seconds {
             ctx.metrics.observe_phase(milestone.name(), seconds);
         }
-        if let Some((reason, note)) = milestone.event() {
+        if let Some((reason, note)) = event(milestone) {
             ctx.events.normal(claim, reason, note.to_string());
         }
     }

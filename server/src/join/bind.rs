@@ -1,17 +1,21 @@
-//! Steps 3 (its end) and 4 of a join: the binding ([`crate::kube::binding`]),
+//! The bind step of a join: the binding ([`crate::kube::binding`]),
 //! the CSR objects ([`crate::kube::issuer`]) and the node's config
 //! ([`crate::join::render::inputs`]), all in place before anything is approved.
 
-use super::{kind, Attested, JoinContext};
-use crate::controllers::feedback::Milestone;
+use super::attest::Attested;
+use super::JoinContext;
 use crate::join::refusal::JoinError;
 use crate::join::render::NodeFacts;
 use crate::kube::binding::{self, Binding, BindingError, CsrRef, Keys, Record};
 use crate::kube::issuer::{self, IssueError, IssueRequest};
 use crate::kube::karpenter::NodeClaim;
+use crate::kube::marks;
+use crate::kube::nodeclaim::Milestone;
+use autonode_shared::csr::ParsedCsr;
 use autonode_shared::csr::Purpose;
 use autonode_shared::protocol::KubeletSettings;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use std::collections::BTreeMap;
 
 /// What a join has ready before anything is approved.
 pub(super) struct Prepared {
@@ -30,7 +34,7 @@ pub(super) struct CsrObject {
     created: bool,
 }
 
-/// Steps 3 (its end) and 4: judges the binding, finds or creates the CSR
+/// The bind step: judges the binding, finds or creates the CSR
 /// objects and renders the config, then records the binding naming those
 /// objects. Rendering and the objects need only what attestation
 /// established, so they run together; nothing is approved until all of it
@@ -113,6 +117,39 @@ async fn csr_objects(
 async fn abandon_created(ctx: &JoinContext, csrs: &[CsrObject]) {
     for csr in csrs.iter().filter(|c| c.created) {
         ctx.issuer.abandon(&csr.object).await;
+    }
+}
+
+/// What to ask kube-controller-manager for (the CSR objects this step
+/// creates).
+pub(super) fn issue_request<'a>(
+    attested: &Attested,
+    pem: &'a str,
+    judged: &'a ParsedCsr,
+    purpose: Purpose,
+) -> IssueRequest<'a> {
+    let instance_id = &attested.doc.instance_id;
+    let claim = attested.claim.metadata.name.clone().unwrap_or_default();
+    IssueRequest {
+        name_prefix: format!("autonode-{instance_id}-{}-", kind(purpose)),
+        purpose,
+        request_pem: pem,
+        judged,
+        labels: BTreeMap::from([
+            (marks::CSR_INSTANCE_LABEL.to_string(), instance_id.clone()),
+            (marks::CSR_NODECLAIM_LABEL.to_string(), claim.clone()),
+        ]),
+        approval_message: format!(
+            "autonode-server: instance {instance_id} attested by its AWS identity document for NodeClaim {claim}"
+        ),
+    }
+}
+
+/// The purpose's word in CSR object names and metric labels.
+pub(super) fn kind(purpose: Purpose) -> &'static str {
+    match purpose {
+        Purpose::Client => "client",
+        Purpose::Serving => "serving",
     }
 }
 

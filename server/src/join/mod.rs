@@ -1,69 +1,92 @@
-//! One join request, start to end. This is the one list of a join's steps
-//! (the crate docs and the README point here); each names the module that
-//! owns it, and [`admit`] and [`handle`] call them in this order:
+//! One join request, start to end. This is the one list of a join's
+//! steps: [`Step::ALL`] holds them in order, each is a file of this folder
+//! named as the step, and the `step` label of
+//! `autonode_join_step_duration_seconds` is that name. docs/architecture.md
+//! follows this list, and a test fails when the two disagree.
 //!
-//! 1. **parse** (`parse`): the two CSRs parse
-//!    ([`autonode_shared::csr`]). Nothing is trusted yet.
-//! 2. **verify** (`verify`, then the policy in [`admit`]): the identity
-//!    document's signature against the pinned AWS certificates, then the
-//!    account, region and pendingTime window
-//!    ([`autonode_shared::identity`]).
-//!
-//!    Steps 1 and 2 are [`admit`]: no I/O and no waiting, before the
-//!    caller takes a join permit, so a request that can never pass costs
-//!    a little CPU and no permit.
-//! 3. **bind** (`attest`, `check_csrs`, then `bind::prepare`): the
-//!    instance's one NodeClaim ([`NodeClaims::one_for`], waiting out the
-//!    cache's grace only for documents that passed), the instance as EC2
-//!    sees it ([`crate::ec2`]), the CSRs against what EC2 says the machine
-//!    is; then the CSR objects created (or a resume's recorded ones found,
-//!    [`crate::kube::issuer`]) and the instance's keys and those objects recorded
-//!    on the NodeClaim ([`crate::kube::binding`]).
-//! 4. **render** (in `bind::prepare`; [`crate::join::render::inputs`],
-//!    [`crate::join::render`]): the kubelet settings and Ignition config,
-//!    rendered alongside the CSR objects of step 3 and before the binding
-//!    is written, so nothing is approved for a node whose config is broken.
-//! 5. **approve** (`approve`, [`crate::kube::issuer`]): both CSRs approved,
-//!    signed by kube-controller-manager, and the certificates checked
-//!    against the CSRs that were judged; the answer carries them with the
-//!    rendered config.
+//! 1. **admit** ([`admit()`]): the two CSRs parse
+//!    ([`autonode_shared::csr`]); the identity document's signature
+//!    verifies against the pinned AWS certificates, then the account,
+//!    region and pendingTime window ([`autonode_shared::identity`]). No I/O
+//!    and no waiting, before the caller takes a join permit, so a request
+//!    that can never pass costs a little CPU and no permit.
+//! 2. **attest** (`attest`): the instance's one NodeClaim
+//!    ([`NodeClaims::one_for`], waiting out the cache's grace only for
+//!    documents that passed) and its rules, the instance as EC2 sees it
+//!    ([`crate::ec2`]), the CSRs against what EC2 says the machine is.
+//! 3. **bind** (`bind`): the CSR objects created (or a resume's recorded
+//!    ones found, [`crate::kube::issuer`]) while the kubelet settings and
+//!    Ignition config are rendered ([`render`], from
+//!    [`render::inputs`]), then the instance's keys and those objects
+//!    recorded on the NodeClaim ([`crate::kube::binding`]); nothing is
+//!    bound whose config is broken.
+//! 4. **approve** (`approve`): both CSRs approved, signed by
+//!    kube-controller-manager, and the certificates checked against the
+//!    CSRs that were judged; the answer carries them with the rendered
+//!    config.
 //!
 //! Every step either hands the next one stronger facts or stops the join
-//! with a [`Refusal`] (final) or [`JoinError::Unavailable`] (retry): the
+//! with a [`Refusal`](refusal::Refusal) (final) or [`JoinError::Unavailable`] (retry): the
 //! services say what went wrong in their own errors, and only here
-//! ([`crate::join::refusal`]) does that become a verdict. Names and addresses
-//! come from EC2 and the NodeClaim, never from the request. What a request
-//! leaves behind (log line, Event, metrics, deleting a doomed NodeClaim)
-//! is recorded in one place, `outcome`.
+//! ([`refusal`]) does that become a verdict. Names and addresses come from
+//! EC2 and the NodeClaim, never from the request. What a request leaves
+//! behind (log line, Event, metrics, deleting a doomed NodeClaim) is
+//! recorded in one place, `outcome`.
 
+mod admit;
+mod approve;
+mod attest;
 mod bind;
 mod outcome;
 pub mod refusal;
 pub mod render;
 
-use crate::controllers::feedback::Milestone;
-use crate::ec2::{Ec2Instance, InstanceLookup, LookupError};
-use crate::join::refusal::{JoinError, Refusal};
+pub use admit::{admit, Admitted};
+
+use crate::ec2::InstanceLookup;
+use crate::join::refusal::JoinError;
 use crate::join::render::inputs::NodeConfig;
 use crate::join::render::ClusterSettings;
 use crate::kube::binding::{Binding, Keys};
 use crate::kube::events::Events;
-use crate::kube::issuer::{IssueError, IssueRequest, Issuer};
-use crate::kube::karpenter::{aws_provider_id, NodeClaim};
-use crate::kube::marks;
-use crate::kube::metrics::{KindLabels, Metrics, Steps};
-use crate::kube::nodeclaim::{self, NodeClaims};
-use autonode_shared::csr::{self, ParsedCsr, Purpose};
-use autonode_shared::identity::{self, IdentityDocument, Policy, TrustStore};
+use crate::kube::issuer::Issuer;
+use crate::kube::karpenter::NodeClaim;
+use crate::kube::metrics::{Metrics, Steps};
+use crate::kube::nodeclaim::{self, Milestone, NodeClaims};
+use approve::approve;
+use attest::{attest, check_csrs, Attested};
+use autonode_shared::csr::Purpose;
+use autonode_shared::identity::{Policy, TrustStore};
+use autonode_shared::protocol::JoinResponse;
 use autonode_shared::protocol::KubeletSettings;
-use autonode_shared::protocol::{JoinRequest, JoinResponse};
-use bind::{prepare, CsrObject};
-use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use bind::{issue_request, prepare};
 use outcome::Outcome;
-use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Instant;
 use time::OffsetDateTime;
+
+/// A join's steps, in the order they run (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    Admit,
+    Attest,
+    Bind,
+    Approve,
+}
+
+impl Step {
+    /// Every step, in order.
+    pub const ALL: [Step; 4] = [Step::Admit, Step::Attest, Step::Bind, Step::Approve];
+
+    /// Its name: the file that does it and its metric label.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Step::Admit => "admit",
+            Step::Attest => "attest",
+            Step::Bind => "bind",
+            Step::Approve => "approve",
+        }
+    }
+}
 
 /// The guest cluster as a node sees it.
 #[derive(Debug, Clone)]
@@ -94,77 +117,8 @@ pub struct JoinContext {
     pub delete_refused: bool,
 }
 
-/// A join request that passed admission: its CSRs parse, and its identity
-/// document is AWS-signed and within the account/region policy and the
-/// pendingTime window. Only such a request takes a join permit, waits for
-/// the NodeClaim cache or reaches EC2.
-pub struct Admitted {
-    request: JoinRequest,
-    client_csr: ParsedCsr,
-    serving_csr: ParsedCsr,
-    doc: IdentityDocument,
-    provider_id: String,
-    started: Instant,
-}
-
-/// What attestation established about the machine.
-struct Attested {
-    doc: IdentityDocument,
-    claim: Arc<NodeClaim>,
-    instance: Ec2Instance,
-    provider_id: String,
-}
-
-/// Steps 1 and 2, admission: parse, then verify (the signature, then the
-/// policy). A refusal is recorded here like any other.
-pub fn admit(
-    ctx: &JoinContext,
-    request_id: &str,
-    request: JoinRequest,
-) -> Result<Admitted, JoinError> {
-    let started = Instant::now();
-    let mut steps = ctx.metrics.steps();
-    let parsed = parse(&request).and_then(|csrs| Ok((csrs, verify(ctx, &request)?)));
-    let ((client_csr, serving_csr), doc) = match parsed {
-        Ok(parsed) => parsed,
-        Err(refusal) => return Err(refused(ctx, request_id, None, started, refusal)),
-    };
-    let provider_id = aws_provider_id(&doc.availability_zone, &doc.instance_id);
-    if let Err(e) = ctx.policy.check(&doc, (ctx.clock)()) {
-        // Reported on the NodeClaim if the cache has it now; the grace for
-        // a NodeClaim the cache lacks is only for documents that pass.
-        let claim = match ctx.claims.by_provider_id(&provider_id).as_slice() {
-            [only] => Some(only.clone()),
-            _ => None,
-        };
-        return Err(refused(ctx, request_id, claim, started, e.into()));
-    }
-    steps.done("admit");
-    Ok(Admitted {
-        request,
-        client_csr,
-        serving_csr,
-        doc,
-        provider_id,
-        started,
-    })
-}
-
-/// Records a refusal at admission and hands it back.
-fn refused(
-    ctx: &JoinContext,
-    request_id: &str,
-    claim: Option<Arc<NodeClaim>>,
-    started: Instant,
-    refusal: Refusal,
-) -> JoinError {
-    let error = JoinError::Refused(refusal);
-    outcome::record(ctx, request_id, started, claim.as_deref(), Err(&error));
-    error
-}
-
-/// Steps 3 on, for an admitted request holding a join permit: bind →
-/// render → approve. Records the outcome (see `outcome`).
+/// The steps after admit, for an admitted request holding a join
+/// permit: attest → bind → approve. Records the outcome (see `outcome`).
 pub async fn handle(
     ctx: &JoinContext,
     request_id: &str,
@@ -194,7 +148,8 @@ async fn join(ctx: &JoinContext, admitted: Admitted) -> Outcome {
     }
 }
 
-/// Steps 3 to 5 for the one NodeClaim that matches the instance.
+/// Attest, bind and approve, for the one NodeClaim that matches the
+/// instance.
 async fn grant(
     ctx: &JoinContext,
     admitted: Admitted,
@@ -209,8 +164,9 @@ async fn grant(
         provider_id,
         ..
     } = admitted;
-    let attested = attest(ctx, doc, provider_id, claim, steps).await?;
+    let attested = attest(ctx, doc, provider_id, claim).await?;
     check_csrs(&client_csr, &serving_csr, &attested)?;
+    steps.done(Step::Attest.name());
     // The attested milestone's time: the machine is what it says it is.
     let attested_at = nodeclaim::age_seconds(&attested.claim);
     let requests = [
@@ -231,14 +187,14 @@ async fn grant(
         serving: &serving_key,
     };
     let prepared = prepare(ctx, &attested, keys, &requests).await?;
-    steps.done("prepare");
+    steps.done(Step::Bind.name());
     let binding = prepared.binding;
     if binding == Binding::New {
         // Marked reported by the binding's own write.
         outcome::milestone(ctx, Milestone::Attested, attested_at);
     }
     let certificates = approve(ctx, &requests, prepared.csrs).await?;
-    steps.done("certificates");
+    steps.done(Step::Approve.name());
     let certified_at = nodeclaim::age_seconds(&attested.claim);
     // Once per NodeClaim, whichever join gets here first: a join resumed
     // after one that failed at approval records them now.
@@ -274,153 +230,4 @@ fn answer(
         kubelet,
         ignition,
     }
-}
-
-/// Step 1, parse: the request's own structure. Nothing is trusted yet.
-fn parse(request: &JoinRequest) -> Result<(ParsedCsr, ParsedCsr), Refusal> {
-    let client = csr::parse_csr(request.client_csr.as_bytes()).map_err(Refusal::ClientCsr)?;
-    let serving = csr::parse_csr(request.serving_csr.as_bytes()).map_err(Refusal::ServingCsr)?;
-    Ok((client, serving))
-}
-
-/// Step 2, verify: the document's signature against the pinned
-/// certificates ([`admit`] then checks the policy).
-fn verify(ctx: &JoinContext, request: &JoinRequest) -> Result<IdentityDocument, Refusal> {
-    let verified = identity::verify(request.identity.rsa2048.as_bytes(), &ctx.trust)?;
-    Ok(verified.into_document())
-}
-
-/// Step 3, bind: the NodeClaim's rules (the one found by
-/// [`NodeClaims::one_for`]), then EC2.
-async fn attest(
-    ctx: &JoinContext,
-    doc: IdentityDocument,
-    provider_id: String,
-    claim: Arc<NodeClaim>,
-    steps: &mut Steps<'_>,
-) -> Result<Attested, JoinError> {
-    nodeclaim::check(&claim, doc.pending_time)?;
-    steps.done("attest");
-    let instance = lookup(ctx, &doc).await?;
-    steps.done("ec2");
-    Ok(Attested {
-        doc,
-        claim,
-        instance,
-        provider_id,
-    })
-}
-
-/// EC2 could not answer now.
-#[derive(Debug, thiserror::Error)]
-#[error("EC2: {0}")]
-struct Ec2Unavailable(#[source] LookupError);
-
-/// The instance as EC2 sees it: live, same image, with a DNS name.
-async fn lookup(ctx: &JoinContext, doc: &IdentityDocument) -> Result<Ec2Instance, JoinError> {
-    let instance = match ctx
-        .ec2
-        .describe_instance(&doc.region, &doc.instance_id)
-        .await
-    {
-        Ok(instance) => instance,
-        Err(e) if e.is_transient() => return Err(JoinError::unavailable(Ec2Unavailable(e))),
-        // The document is AWS-signed, so the instance exists; EC2's API is
-        // eventually consistent and may not list a just-launched instance.
-        Err(e @ LookupError::NotFound { .. }) => {
-            return Err(JoinError::unavailable(Ec2Unavailable(e)))
-        }
-        Err(e) => return Err(Refusal::Lookup(e).into()),
-    };
-    if !instance.state.is_live() {
-        return Err(Refusal::InstanceNotLive {
-            instance_id: doc.instance_id.clone(),
-            state: format!("{:?}", instance.state).to_lowercase(),
-        }
-        .into());
-    }
-    if instance.image_id != doc.image_id {
-        return Err(Refusal::ImageMismatch {
-            instance_id: doc.instance_id.clone(),
-            signed: doc.image_id.clone(),
-            actual: instance.image_id,
-        }
-        .into());
-    }
-    if instance.private_dns_name.is_empty() {
-        return Err(Refusal::NoPrivateDnsName(doc.instance_id.clone()).into());
-    }
-    Ok(instance)
-}
-
-/// Step 3, bind: the CSRs against what EC2 says this machine is.
-fn check_csrs(client: &ParsedCsr, serving: &ParsedCsr, attested: &Attested) -> Result<(), Refusal> {
-    let node = &attested.instance.private_dns_name;
-    csr::check_client_csr(client, node).map_err(Refusal::ClientCsr)?;
-    let dns = [node.clone()];
-    csr::check_serving_csr(serving, node, &dns, &attested.instance.private_ips)
-        .map_err(Refusal::ServingCsr)
-}
-
-/// What to ask kube-controller-manager for (the CSR objects of step 3).
-fn issue_request<'a>(
-    attested: &Attested,
-    pem: &'a str,
-    judged: &'a ParsedCsr,
-    purpose: Purpose,
-) -> IssueRequest<'a> {
-    let instance_id = &attested.doc.instance_id;
-    let claim = attested.claim.metadata.name.clone().unwrap_or_default();
-    IssueRequest {
-        name_prefix: format!("autonode-{instance_id}-{}-", kind(purpose)),
-        purpose,
-        request_pem: pem,
-        judged,
-        labels: BTreeMap::from([
-            (marks::CSR_INSTANCE_LABEL.to_string(), instance_id.clone()),
-            (marks::CSR_NODECLAIM_LABEL.to_string(), claim.clone()),
-        ]),
-        approval_message: format!(
-            "autonode-server: instance {instance_id} attested by its AWS identity document for NodeClaim {claim}"
-        ),
-    }
-}
-
-fn kind(purpose: Purpose) -> &'static str {
-    match purpose {
-        Purpose::Client => "client",
-        Purpose::Serving => "serving",
-    }
-}
-
-/// Step 5, approve: both CSR objects approved and signed, in the order of
-/// the requests.
-async fn approve(
-    ctx: &JoinContext,
-    requests: &[IssueRequest<'_>],
-    csrs: Vec<CsrObject>,
-) -> Result<[String; 2], JoinError> {
-    let issued = requests
-        .iter()
-        .zip(csrs)
-        .map(|(r, csr)| finish(ctx, r, csr.object));
-    let certificates = futures::future::try_join_all(issued).await?;
-    <[String; 2]>::try_from(certificates)
-        .map_err(|_| JoinError::unavailable("expected two certificates"))
-}
-
-/// One CSR object approved, signed by kube-controller-manager.
-async fn finish(
-    ctx: &JoinContext,
-    request: &IssueRequest<'_>,
-    csr: CertificateSigningRequest,
-) -> Result<String, IssueError> {
-    let cert = ctx.issuer.finish(request, csr).await?;
-    ctx.metrics
-        .approvals
-        .get_or_create(&KindLabels {
-            kind: kind(request.purpose),
-        })
-        .inc();
-    Ok(cert)
 }

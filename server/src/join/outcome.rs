@@ -5,12 +5,12 @@
 //! delete is a pure decision ([`dooms_nodeclaim`]).
 
 use super::{Granted, JoinContext};
-use crate::controllers::feedback::{self, Milestone};
 use crate::join::refusal::{JoinError, Refusal};
 use crate::kube::binding::{self, Binding, BindingRefusal};
 use crate::kube::karpenter::NodeClaim;
 use crate::kube::marks;
 use crate::kube::metrics::JoinLabels;
+use crate::kube::nodeclaim::{pending, Milestone};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -67,7 +67,7 @@ pub(super) fn milestone(ctx: &JoinContext, milestone: Milestone, seconds: Option
 }
 
 /// Records those of the join's `timed` milestones that the NodeClaim's
-/// [`marks::REPORTED`] mark does not have yet ([`feedback::pending`]
+/// [`marks::REPORTED`] mark does not have yet ([`pending`]
 /// decides, as for the feedback controller's): first marked, only on the
 /// version of `claim` the mark was read from (on a conflict, judged and
 /// written once more on a fresh read), then observed, each at its own
@@ -84,7 +84,7 @@ pub(super) async fn milestones(
     for attempt in 0..2 {
         let current = fresh.as_ref().unwrap_or(claim);
         let reported = marks::reported(&current.metadata);
-        let due = feedback::pending(reported, &candidates);
+        let due = pending(reported, &candidates);
         if due.is_empty() {
             return;
         }

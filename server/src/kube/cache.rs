@@ -385,7 +385,7 @@ pub fn identity_only(meta: &mut ObjectMeta) {
 /// `registered` milestone), `spec.providerID` (when it is of a sane length)
 /// and whether it is Ready, with the Ready condition's last transition (the
 /// `ready` milestone), and of `status.allocatable` the resources the
-/// capacity check compares (`crate::controllers::capacity`), each of a sane length. A
+/// capacity check compares ([`crate::kube::quantity::Resource`]), each of a sane length. A
 /// node writes its own Node, status included: its images, annotations,
 /// labels, conditions and extended resources are as large as it likes.
 pub fn strip_node(node: &mut Node) {
@@ -402,10 +402,10 @@ pub fn strip_node(node: &mut Node) {
     let status = node.status.take().unwrap_or_default();
     let allocatable = status.allocatable.map(|mut all| {
         all.retain(|resource, value| {
-            crate::controllers::capacity::Resource::ALL
+            crate::kube::quantity::Resource::ALL
                 .iter()
                 .any(|r| r.name() == resource.as_str())
-                && value.0.len() <= crate::controllers::capacity::QUANTITY_MAX_LEN
+                && value.0.len() <= crate::kube::quantity::MAX_LEN
         });
         all
     });

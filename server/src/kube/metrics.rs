@@ -34,10 +34,11 @@ pub struct MilestoneLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StepLabels {
-    /// `admit` (the CSRs parsed, the document's signature and policy),
-    /// `attest` (the NodeClaim, after admission), `ec2`, `prepare`
-    /// (binding, rendering, creating the CSRs, together) or `certificates`
-    /// (approving, kube-controller-manager signing).
+    /// The join's step, named as its file in `join/` (the list is
+    /// `join::Step`): `admit` (the CSRs parsed, the document's signature
+    /// and policy), `attest` (the NodeClaim, EC2, the CSRs against both),
+    /// `bind` (creating the CSRs and rendering, together, then the
+    /// binding) or `approve` (approving, kube-controller-manager signing).
     pub step: &'static str,
 }
 

@@ -12,3 +12,4 @@ pub mod karpenter;
 pub mod marks;
 pub mod metrics;
 pub mod nodeclaim;
+pub mod quantity;

@@ -362,6 +362,57 @@ pub fn check(claim: &NodeClaim, pending_time: OffsetDateTime) -> Result<(), Sele
     }
 }
 
+/// A bootstrap milestone, in the order they happen. The join reports the
+/// first two (it alone sees them happen), the leader's feedback controller
+/// the others; all
+/// are recorded in the one [`marks::REPORTED`] mark, and [`pending`]
+/// decides for both which are still to report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Milestone {
+    /// The instance attested and bound to its NodeClaim.
+    Attested,
+    /// Its certificates issued.
+    Certificates,
+    Registered,
+    Ready,
+}
+
+impl Milestone {
+    /// Every milestone, in order.
+    pub const ALL: [Milestone; 4] = [
+        Milestone::Attested,
+        Milestone::Certificates,
+        Milestone::Registered,
+        Milestone::Ready,
+    ];
+
+    /// Its name in the [`marks::REPORTED`] mark and the metric's label.
+    pub fn name(self) -> &'static str {
+        match self {
+            Milestone::Attested => "attested",
+            Milestone::Certificates => "certificates",
+            Milestone::Registered => "registered",
+            Milestone::Ready => "ready",
+        }
+    }
+}
+
+/// Of `candidates`, those still to report given the [`marks::REPORTED`]
+/// mark `reported`: not in it, and not before one already in it, which
+/// would come out of order and late (a milestone a former leader, or an
+/// older server, did not report).
+pub fn pending(reported: &str, candidates: &[Milestone]) -> Vec<Milestone> {
+    let done: Vec<Milestone> = Milestone::ALL
+        .into_iter()
+        .filter(|m| reported.split(',').any(|r| r == m.name()))
+        .collect();
+    candidates
+        .iter()
+        .copied()
+        .filter(|m| done.iter().all(|d| d < m))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

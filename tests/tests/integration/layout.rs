@@ -4,6 +4,11 @@
 //! without its row fails here rather than leaving the map quietly wrong
 //! (the README's old table had fallen many modules behind).
 //!
+//! Two rules of the tree are checked here too: the server's top level
+//! holds its role folders and nothing else, so a new module has to say
+//! which role it serves; and a module with parts is `foo/mod.rs`, never
+//! `foo.rs` beside `foo/`, so a module is found in one place.
+//!
 //! Needs nothing but the checkout: no root, no control plane.
 
 use std::collections::BTreeSet;
@@ -109,6 +114,160 @@ fn the_layout_table_names_every_module_and_nothing_else() {
             .map(|s| format!("`{s}`"))
             .collect::<Vec<_>>()
             .join("\n"),
+    );
+}
+
+/// What may stand at the top of `server/src`: the crate roots, the role
+/// folders (the subcommands, the HTTPS front, the join, the Kubernetes
+/// plumbing, EC2, the leader's controllers) and the log format that both
+/// the binary and the Events use.
+const SERVER_TOP: &[&str] = &[
+    "lib.rs",
+    "main.rs",
+    "logfmt.rs",
+    "cmd/",
+    "front/",
+    "join/",
+    "kube/",
+    "ec2/",
+    "controllers/",
+];
+
+/// The entries at the top of `dir`, folders with a trailing `/`.
+fn top_level(dir: &Path) -> BTreeSet<String> {
+    fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+        .map(|entry| entry.expect("a directory entry").path())
+        .map(|path| {
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if path.is_dir() {
+                format!("{name}/")
+            } else {
+                name.to_string()
+            }
+        })
+        .collect()
+}
+
+/// Every `foo.rs` under `dir` that has a folder `foo/` beside it.
+fn both_conventions(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in fs::read_dir(dir).unwrap_or_else(|e| panic!("reading {}: {e}", dir.display())) {
+        let path = entry.expect("a directory entry").path();
+        if path.is_dir() {
+            if path.with_extension("rs").is_file() {
+                out.push(path.with_extension("rs"));
+            }
+            both_conventions(&path, out);
+        }
+    }
+}
+
+#[test]
+fn the_servers_top_level_holds_its_role_folders_only() {
+    let found = top_level(&repo().join("server/src"));
+    let allowed: BTreeSet<String> = SERVER_TOP.iter().map(|s| s.to_string()).collect();
+    let stray: Vec<&String> = found.difference(&allowed).collect();
+    assert!(
+        stray.is_empty(),
+        "server/src holds more than its role folders: {stray:?} (put each where its role is: \
+         cmd/, front/, join/, kube/, ec2/ or controllers/)"
+    );
+}
+
+#[test]
+fn a_module_with_parts_is_a_folder_with_mod_rs() {
+    let root = repo();
+    let mut found = Vec::new();
+    for source in SOURCE_ROOTS.iter().chain(["tests/src"].iter()) {
+        both_conventions(&root.join(source), &mut found);
+    }
+    assert!(
+        found.is_empty(),
+        "modules written as foo.rs beside foo/ (move each to foo/mod.rs): {found:?}"
+    );
+}
+
+/// The section of docs/architecture.md that lists the join's steps.
+const STEPS_HEADING: &str = "### The server, for each join";
+
+/// The step names of a list in `text`: each line (its prefix `prefix`
+/// taken off first) that opens with a bold name, `- **admit**` or
+/// `1. **admit**`.
+fn bold_list(text: &str, prefix: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix(prefix))
+        .map(str::trim_start)
+        .filter_map(|l| {
+            let rest = l.strip_prefix("- ").or_else(|| {
+                l.split_once(". ")
+                    .map(|(_, r)| r)
+                    .filter(|_| l.starts_with(|c: char| c.is_ascii_digit()))
+            })?;
+            let name = rest.strip_prefix("**")?.split("**").next()?;
+            Some(name.to_string())
+        })
+        .collect()
+}
+
+/// The section under `heading` up to the next heading of any level.
+fn section<'a>(doc: &'a str, heading: &str) -> &'a str {
+    let Some(start) = doc.find(heading) else {
+        return "";
+    };
+    let body = &doc[start + heading.len()..];
+    let end = body.find("\n#").unwrap_or(body.len());
+    &body[..end]
+}
+
+#[test]
+fn the_joins_steps_are_one_list_in_code_docs_files_and_metrics() {
+    use autonode_server::join::Step;
+    let root = repo();
+    let steps: Vec<String> = Step::ALL.iter().map(|s| s.name().to_string()).collect();
+
+    let module = fs::read_to_string(root.join("server/src/join/mod.rs")).expect("join/mod.rs");
+    assert_eq!(
+        bold_list(&module, "//!"),
+        steps,
+        "server/src/join/mod.rs's module docs list other steps than join::Step::ALL"
+    );
+    let doc = fs::read_to_string(root.join(DOC)).expect("reading docs/architecture.md");
+    assert_eq!(
+        bold_list(section(&doc, STEPS_HEADING), ""),
+        steps,
+        "{DOC}'s {STEPS_HEADING:?} lists other steps than join::Step::ALL (server/src/join/mod.rs)"
+    );
+    for step in &steps {
+        let file = format!("server/src/join/{step}.rs");
+        assert!(
+            root.join(&file).is_file(),
+            "the step {step} has no file {file}"
+        );
+    }
+    // The metric's label is the step's name: recorded under that name.
+    let metrics = autonode_server::kube::metrics::Metrics::new();
+    for step in Step::ALL {
+        metrics.steps().done(step.name());
+    }
+    let text = metrics.render();
+    for step in &steps {
+        assert!(
+            text.contains(&format!(
+                "autonode_join_step_duration_seconds_count{{step=\"{step}\"}}"
+            )),
+            "no join_step_duration_seconds for {step} in:\n{text}"
+        );
+    }
+}
+
+#[test]
+fn step_lists_are_read_from_bold_names_only() {
+    let text = "//! intro\n//! 1. **admit** (x): y\n//!    more\n//! 2. **attest**: z\n//! - **bind** w\n//! plain\n";
+    assert_eq!(bold_list(text, "//!"), ["admit", "attest", "bind"]);
+    let doc = "## A\n- **no**\n### The server, for each join\ntext\n- **admit** (a)\n  more\n- **bind**\n\n## B\n- **no**\n";
+    assert_eq!(
+        bold_list(section(doc, STEPS_HEADING), ""),
+        ["admit", "bind"]
     );
 }
 

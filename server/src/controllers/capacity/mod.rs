@@ -21,19 +21,15 @@
 //!   milestones in the NodeClaim's [`crate::kube::marks::REPORTED`] mark, written
 //!   before anything is reported.
 //! - When a node's config is rendered from a class that leaves `maxPods` or
-//!   `kubeReserved` unset, [`warn_unset`] says so (a log line and a Warning
+//!   `kubeReserved` unset, [`warn_unset`](crate::join::render::unset::warn_unset) says so (a log line and a Warning
 //!   Event on the class), once per class generation.
 //!
 //! The amounts are read by [`quantity`], exactly.
 
-mod quantity;
-mod unset;
-
 #[cfg(test)]
 mod tests;
 
-pub use quantity::{Quantity, QuantityError, MAX_LEN as QUANTITY_MAX_LEN};
-pub use unset::{unset_fields, warn_unset};
+pub use crate::kube::quantity::{Quantity, QuantityError, Resource, MAX_LEN as QUANTITY_MAX_LEN};
 
 use crate::kube::events::Events;
 use crate::kube::karpenter::{Ec2NodeClass, NodeClaim};
@@ -84,67 +80,6 @@ impl Tolerance {
 impl Default for Tolerance {
     fn default() -> Self {
         Tolerance::percent(DEFAULT_TOLERANCE_PERCENT)
-    }
-}
-
-/// The resources compared: those Karpenter bin-packs with that a
-/// class's `spec.kubelet` changes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Resource {
-    Cpu,
-    Memory,
-    Pods,
-    EphemeralStorage,
-}
-
-impl Resource {
-    /// Every resource compared, in the order they are reported.
-    pub const ALL: [Resource; 4] = [
-        Resource::Cpu,
-        Resource::Memory,
-        Resource::Pods,
-        Resource::EphemeralStorage,
-    ];
-
-    /// Its name in `status.allocatable` (and the metric's label).
-    pub fn name(self) -> &'static str {
-        match self {
-            Resource::Cpu => "cpu",
-            Resource::Memory => "memory",
-            Resource::Pods => "pods",
-            Resource::EphemeralStorage => "ephemeral-storage",
-        }
-    }
-
-    /// The `spec.kubelet` fields that decide it, as the operator is told.
-    pub fn fields(self) -> &'static str {
-        match self {
-            Resource::Cpu => "spec.kubelet.kubeReserved/systemReserved cpu",
-            Resource::Memory => {
-                "spec.kubelet.kubeReserved/systemReserved memory and evictionHard memory.available"
-            }
-            Resource::Pods => "spec.kubelet.maxPods (or podsPerCore)",
-            Resource::EphemeralStorage => {
-                "spec.kubelet.evictionHard nodefs.available and kubeReserved/systemReserved ephemeral-storage"
-            }
-        }
-    }
-
-    /// `milli` thousandths of it, as an operator reads them.
-    fn amount(self, milli: i128) -> String {
-        match self {
-            Resource::Cpu => format!("{milli}m"),
-            Resource::Pods => (milli / 1000).to_string(),
-            Resource::Memory | Resource::EphemeralStorage => {
-                let bytes = milli / 1000;
-                const MIB: i128 = 1 << 20;
-                if bytes.abs() >= MIB {
-                    format!("{}Mi", (bytes + MIB / 2) / MIB)
-                } else {
-                    format!("{bytes} bytes")
-                }
-            }
-        }
     }
 }
 

@@ -1,9 +1,7 @@
 //! The quantity parser and the comparison, without a cluster.
 
-use super::quantity::{parse, QuantityError, MAX_LEN};
-use super::unset::{note as unset_note, Warned};
 use super::*;
-use crate::kube::karpenter::KubeletSpec;
+use crate::kube::quantity::{parse, QuantityError, MAX_LEN};
 
 fn milli(text: &str) -> i128 {
     parse(text)
@@ -218,37 +216,4 @@ fn the_checked_entry_is_found_among_the_milestones() {
 fn a_tolerance_over_100_percent_is_100() {
     assert_eq!(Tolerance::percent(250), Tolerance::percent(100));
     assert!(Tolerance::percent(100).allows(1000, 1000));
-}
-
-#[test]
-fn a_class_is_warned_about_the_fields_it_leaves_unset() {
-    assert_eq!(unset_fields(None), ["maxPods", "kubeReserved"]);
-    let empty_reserved = KubeletSpec {
-        max_pods: Some(29),
-        kube_reserved: Some(BTreeMap::new()),
-        ..KubeletSpec::default()
-    };
-    assert_eq!(unset_fields(Some(&empty_reserved)), ["kubeReserved"]);
-    let both = KubeletSpec {
-        max_pods: Some(29),
-        kube_reserved: Some(map(&[("cpu", "70m")])),
-        ..KubeletSpec::default()
-    };
-    assert!(unset_fields(Some(&both)).is_empty());
-    let note = unset_note(&["maxPods", "kubeReserved"]);
-    assert!(note.contains("spec.kubelet.maxPods is unset"), "{note}");
-    assert!(
-        note.contains("spec.kubelet.kubeReserved is unset"),
-        "{note}"
-    );
-}
-
-#[test]
-fn a_class_is_warned_about_once_per_generation() {
-    let warned = Warned::new();
-    assert!(warned.first("uid-1", 1));
-    assert!(!warned.first("uid-1", 1));
-    assert!(warned.first("uid-2", 1));
-    assert!(warned.first("uid-1", 2));
-    assert!(!warned.first("uid-1", 2));
 }

@@ -48,7 +48,6 @@
 pub mod rollout;
 pub mod userdata;
 
-use rollout::{Plan, Values};
 use crate::controllers::nodeclass::userdata::{Format, Rendered, UnknownFormat, FORMAT_ANNOTATION};
 use crate::kube::cache::Cache;
 use crate::kube::events::Events;
@@ -63,6 +62,7 @@ use kube::runtime::controller::{self, applier, trigger_self, trigger_with, Actio
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
+use rollout::{Plan, Values};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;

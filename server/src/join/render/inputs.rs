@@ -238,7 +238,7 @@ impl NodeConfig {
     ) -> Result<(KubeletSettings, serde_json::Value), ConfigError> {
         let class = self.class_of(facts.claim).await?;
         // Once per class generation: maxPods or kubeReserved left unset.
-        crate::controllers::capacity::warn_unset(&self.events, class.as_deref());
+        crate::join::render::unset::warn_unset(&self.events, class.as_deref());
         let kubelet_spec = class.as_ref().and_then(|c| c.spec.kubelet.as_ref());
         let kubelet = render::kubelet(cluster, kubelet_spec, facts);
         let ignition = self.ignition(class.as_deref(), &kubelet.config).await;

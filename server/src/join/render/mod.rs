@@ -36,6 +36,7 @@ mod ignition;
 pub mod inputs;
 mod kubelet;
 mod memo;
+pub mod unset;
 
 #[cfg(test)]
 mod tests;

@@ -8,8 +8,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 /// The server's steps of a join, as its `join_step_duration_seconds`
-/// histogram labels them.
-pub(crate) const JOIN_STEPS: [&str; 4] = ["attest", "ec2", "prepare", "certificates"];
+/// histogram labels them: the join's own list, so the two cannot differ.
+pub(crate) fn join_steps() -> [&'static str; 4] {
+    autonode_server::join::Step::ALL.map(autonode_server::join::Step::name)
+}
 
 /// The server's /metrics text.
 pub(crate) async fn server_metrics(world: &World) -> Result<String> {

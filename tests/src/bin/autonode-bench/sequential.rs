@@ -4,7 +4,7 @@
 
 use crate::layer;
 use crate::measure::{
-    cpu_seconds, keep_logs, metric, ms, percentile, round, server_metrics, JOIN_STEPS,
+    cpu_seconds, join_steps, keep_logs, metric, ms, percentile, round, server_metrics,
 };
 use crate::options::Options;
 use anyhow::{ensure, Context, Result};
@@ -129,7 +129,7 @@ pub(crate) async fn sequential(options: &Options, results: &mut Map<String, Valu
         mean_ms("autonode_join_duration_seconds", "")?.into(),
     );
     let mut steps = Map::new();
-    for step in JOIN_STEPS {
+    for step in join_steps() {
         let labels = format!("{{step=\"{step}\"}}");
         let mean = mean_ms("autonode_join_step_duration_seconds", &labels)?;
         steps.insert(step.into(), mean.into());

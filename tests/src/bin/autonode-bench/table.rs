@@ -1,6 +1,6 @@
 //! The results as the Markdown table docs/benchmarks.md quotes.
 
-use crate::measure::JOIN_STEPS;
+use crate::measure::join_steps;
 use serde_json::Value;
 
 /// The results as a Markdown table (what docs/benchmarks.md quotes).
@@ -59,10 +59,10 @@ pub(crate) fn table(results: &Value) -> String {
             format!("{} ms", num("join_server_mean_ms")),
         ),
         (
-            format!("… of which {}", JOIN_STEPS.join(" / ")),
+            format!("… of which {}", join_steps().join(" / ")),
             format!(
                 "{} ms",
-                JOIN_STEPS
+                join_steps()
                     .map(|step| get("join_server_steps_mean_ms")[step].to_string())
                     .join(" / ")
             ),

@@ -27,15 +27,15 @@ const REMEMBERED: usize = 4096;
 static WARNED: Warned = Warned::new();
 
 /// Which class generations were warned about.
-pub(super) struct Warned(Mutex<BTreeMap<String, i64>>);
+struct Warned(Mutex<BTreeMap<String, i64>>);
 
 impl Warned {
-    pub(super) const fn new() -> Self {
+    const fn new() -> Self {
         Warned(Mutex::new(BTreeMap::new()))
     }
 
     /// Whether `generation` of the class `key` is new here; remembers it.
-    pub(super) fn first(&self, key: &str, generation: i64) -> bool {
+    fn first(&self, key: &str, generation: i64) -> bool {
         let mut warned = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         if warned.get(key) == Some(&generation) {
             return false;
@@ -65,7 +65,7 @@ pub fn unset_fields(kubelet: Option<&KubeletSpec>) -> Vec<&'static str> {
 }
 
 /// What the operator is told about a class that leaves `unset` unset.
-pub(super) fn note(unset: &[&str]) -> String {
+fn note(unset: &[&str]) -> String {
     let why: Vec<&str> = unset
         .iter()
         .map(|field| match *field {
@@ -105,4 +105,50 @@ pub fn warn_unset(events: &Events, class: Option<&Ec2NodeClass>) {
     let note = note(&unset);
     tracing::warn!(ec2nodeclass = name, unset = ?unset, "{note}");
     events.warning(class, REASON, note);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn a_class_is_warned_about_the_fields_it_leaves_unset() {
+        assert_eq!(unset_fields(None), ["maxPods", "kubeReserved"]);
+        let empty_reserved = KubeletSpec {
+            max_pods: Some(29),
+            kube_reserved: Some(BTreeMap::new()),
+            ..KubeletSpec::default()
+        };
+        assert_eq!(unset_fields(Some(&empty_reserved)), ["kubeReserved"]);
+        let both = KubeletSpec {
+            max_pods: Some(29),
+            kube_reserved: Some(map(&[("cpu", "70m")])),
+            ..KubeletSpec::default()
+        };
+        assert!(unset_fields(Some(&both)).is_empty());
+        let note = note(&["maxPods", "kubeReserved"]);
+        assert!(note.contains("spec.kubelet.maxPods is unset"), "{note}");
+        assert!(
+            note.contains("spec.kubelet.kubeReserved is unset"),
+            "{note}"
+        );
+    }
+
+    #[test]
+    fn a_class_is_warned_about_once_per_generation() {
+        let warned = Warned::new();
+        assert!(warned.first("uid-1", 1));
+        assert!(!warned.first("uid-1", 1));
+        assert!(warned.first("uid-2", 1));
+        assert!(warned.first("uid-1", 2));
+        assert!(!warned.first("uid-1", 2));
+    }
 }

@@ -1,6 +1,8 @@
 //! Kubernetes resource quantities (`3920m`, `15Gi`, `14848Mi`, `110`,
 //! `1e3`) read into one exact number, so a Node's allocatable can be
-//! compared with what Karpenter wrote on its NodeClaim.
+//! compared with what Karpenter wrote on its NodeClaim; and the
+//! [`Resource`]s so compared, which the Node cache keeps of a Node's
+//! allocatable.
 //!
 //! k8s-openapi carries a quantity as the string the API server sent and
 //! nothing in our dependencies parses it, so this does, by the API
@@ -177,4 +179,65 @@ fn scaled(digits: &str, fraction_digits: u32, scale: Scale) -> Option<u128> {
         // Finer than any u128 can divide: a sliver, rounded up.
         None => u128::from(value > 0),
     })
+}
+
+/// The resources compared: those Karpenter bin-packs with that a
+/// class's `spec.kubelet` changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resource {
+    Cpu,
+    Memory,
+    Pods,
+    EphemeralStorage,
+}
+
+impl Resource {
+    /// Every resource compared, in the order they are reported.
+    pub const ALL: [Resource; 4] = [
+        Resource::Cpu,
+        Resource::Memory,
+        Resource::Pods,
+        Resource::EphemeralStorage,
+    ];
+
+    /// Its name in `status.allocatable` (and the metric's label).
+    pub fn name(self) -> &'static str {
+        match self {
+            Resource::Cpu => "cpu",
+            Resource::Memory => "memory",
+            Resource::Pods => "pods",
+            Resource::EphemeralStorage => "ephemeral-storage",
+        }
+    }
+
+    /// The `spec.kubelet` fields that decide it, as the operator is told.
+    pub fn fields(self) -> &'static str {
+        match self {
+            Resource::Cpu => "spec.kubelet.kubeReserved/systemReserved cpu",
+            Resource::Memory => {
+                "spec.kubelet.kubeReserved/systemReserved memory and evictionHard memory.available"
+            }
+            Resource::Pods => "spec.kubelet.maxPods (or podsPerCore)",
+            Resource::EphemeralStorage => {
+                "spec.kubelet.evictionHard nodefs.available and kubeReserved/systemReserved ephemeral-storage"
+            }
+        }
+    }
+
+    /// `milli` thousandths of it, as an operator reads them.
+    pub fn amount(self, milli: i128) -> String {
+        match self {
+            Resource::Cpu => format!("{milli}m"),
+            Resource::Pods => (milli / 1000).to_string(),
+            Resource::Memory | Resource::EphemeralStorage => {
+                let bytes = milli / 1000;
+                const MIB: i128 = 1 << 20;
+                if bytes.abs() >= MIB {
+                    format!("{}Mi", (bytes + MIB / 2) / MIB)
+                } else {
+                    format!("{bytes} bytes")
+                }
+            }
+        }
+    }
 }

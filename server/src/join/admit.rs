@@ -1,0 +1,88 @@
+//! The admit step: the request's two CSRs parse and its identity document
+//! is AWS-signed and within the account, region and pendingTime policy.
+//! No I/O and no waiting: it runs before the caller takes a join permit, so
+//! a request that can never pass costs a little CPU and no permit.
+
+use super::{outcome, JoinContext, Step};
+use crate::join::refusal::{JoinError, Refusal};
+use crate::kube::karpenter::{aws_provider_id, NodeClaim};
+use autonode_shared::csr::{self, ParsedCsr};
+use autonode_shared::identity::{self, IdentityDocument};
+use autonode_shared::protocol::JoinRequest;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// A join request that passed admission: its CSRs parse, and its identity
+/// document is AWS-signed and within the account/region policy and the
+/// pendingTime window. Only such a request takes a join permit, waits for
+/// the NodeClaim cache or reaches EC2.
+pub struct Admitted {
+    pub(super) request: JoinRequest,
+    pub(super) client_csr: ParsedCsr,
+    pub(super) serving_csr: ParsedCsr,
+    pub(super) doc: IdentityDocument,
+    pub(super) provider_id: String,
+    pub(super) started: Instant,
+}
+
+/// The admit step: parse, then verify (the signature, then the
+/// policy). A refusal is recorded here like any other.
+pub fn admit(
+    ctx: &JoinContext,
+    request_id: &str,
+    request: JoinRequest,
+) -> Result<Admitted, JoinError> {
+    let started = Instant::now();
+    let mut steps = ctx.metrics.steps();
+    let parsed = parse(&request).and_then(|csrs| Ok((csrs, verify(ctx, &request)?)));
+    let ((client_csr, serving_csr), doc) = match parsed {
+        Ok(parsed) => parsed,
+        Err(refusal) => return Err(refused(ctx, request_id, None, started, refusal)),
+    };
+    let provider_id = aws_provider_id(&doc.availability_zone, &doc.instance_id);
+    if let Err(e) = ctx.policy.check(&doc, (ctx.clock)()) {
+        // Reported on the NodeClaim if the cache has it now; the grace for
+        // a NodeClaim the cache lacks is only for documents that pass.
+        let claim = match ctx.claims.by_provider_id(&provider_id).as_slice() {
+            [only] => Some(only.clone()),
+            _ => None,
+        };
+        return Err(refused(ctx, request_id, claim, started, e.into()));
+    }
+    steps.done(Step::Admit.name());
+    Ok(Admitted {
+        request,
+        client_csr,
+        serving_csr,
+        doc,
+        provider_id,
+        started,
+    })
+}
+
+/// Records a refusal at admission and hands it back.
+fn refused(
+    ctx: &JoinContext,
+    request_id: &str,
+    claim: Option<Arc<NodeClaim>>,
+    started: Instant,
+    refusal: Refusal,
+) -> JoinError {
+    let error = JoinError::Refused(refusal);
+    outcome::record(ctx, request_id, started, claim.as_deref(), Err(&error));
+    error
+}
+
+/// Parse: the request's own structure. Nothing is trusted yet.
+fn parse(request: &JoinRequest) -> Result<(ParsedCsr, ParsedCsr), Refusal> {
+    let client = csr::parse_csr(request.client_csr.as_bytes()).map_err(Refusal::ClientCsr)?;
+    let serving = csr::parse_csr(request.serving_csr.as_bytes()).map_err(Refusal::ServingCsr)?;
+    Ok((client, serving))
+}
+
+/// Verify: the document's signature against the pinned
+/// certificates ([`admit`] then checks the policy).
+fn verify(ctx: &JoinContext, request: &JoinRequest) -> Result<IdentityDocument, Refusal> {
+    let verified = identity::verify(request.identity.rsa2048.as_bytes(), &ctx.trust)?;
+    Ok(verified.into_document())
+}
