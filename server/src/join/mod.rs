@@ -1,5 +1,5 @@
 //! One join request, start to end. This is the one list of a join's steps
-//! (the crate docs and the README point here); each names the module that
+//! (the crate docs and docs/architecture.md point here); each names the module that
 //! owns it, and [`admit`] and [`handle`] call them in this order:
 //!
 //! 1. **parse** (`parse`): the two CSRs parse
