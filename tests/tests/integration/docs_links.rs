@@ -183,9 +183,7 @@ fn broken_links(root: &Path, doc: &Path) -> Vec<String> {
             normalize(&doc.parent().expect("a file's folder").join(path))
         };
         if !file.starts_with(root) {
-            problems.push(format!(
-                "{shown}:{line}: {target} leaves the repository"
-            ));
+            problems.push(format!("{shown}:{line}: {target} leaves the repository"));
             continue;
         }
         if !file.exists() {
@@ -211,10 +209,7 @@ fn broken_links(root: &Path, doc: &Path) -> Vec<String> {
 fn every_relative_link_in_the_docs_leads_to_a_file_and_heading_that_exist() {
     let root = repo();
     let docs = documents(&root);
-    assert!(
-        docs.len() > 8,
-        "too few documents found: {docs:?}"
-    );
+    assert!(docs.len() > 8, "too few documents found: {docs:?}");
     let problems: Vec<String> = docs.iter().flat_map(|d| broken_links(&root, d)).collect();
     assert!(
         problems.is_empty(),
@@ -240,15 +235,18 @@ fn headings_are_slugged_as_github_slugs_them() {
         slug("Kubelet versions: what the agent writes, and what was tested"),
         "kubelet-versions-what-the-agent-writes-and-what-was-tested"
     );
-    assert_eq!(slug("userData for Ignition-first AMIs"), "userdata-for-ignition-first-amis");
-    assert_eq!(slug("`serve` and `--check-config`"), "serve-and---check-config");
+    assert_eq!(
+        slug("userData for Ignition-first AMIs"),
+        "userdata-for-ignition-first-amis"
+    );
+    assert_eq!(
+        slug("`serve` and `--check-config`"),
+        "serve-and---check-config"
+    );
     assert_eq!(slug("See [the design](design.md)"), "see-the-design");
     assert_eq!(slug("snake_case stays"), "snake_case-stays");
     let twice = anchors("# A\n\n## Notes\n\n```\n# not a heading\n```\n\n## Notes\n");
-    assert_eq!(
-        twice,
-        ["a", "notes", "notes-1"].map(String::from).into()
-    );
+    assert_eq!(twice, ["a", "notes", "notes-1"].map(String::from).into());
 }
 
 #[test]
