@@ -4,7 +4,8 @@
 //! of autonode's documented refusals of valid Ignition), leaves the same
 //! tree, and applies a second time without changing anything. Spec 3.4–3.6,
 //! which this Ignition cannot read, are proven through their 3.3 twins.
-//! The README's list of supported and refused features is the corpus's.
+//! docs/ignition.md's lists of supported and refused features are the
+//! corpus's.
 //!
 //! Needs root (useradd --root, file owners), as the rest of the suite does,
 //! and `ignition` installed (tests/setup/install-deps).
@@ -240,11 +241,11 @@ fn versions_3_4_to_3_6_apply_like_their_3_3_twins() {
 }
 
 #[test]
-fn the_readme_lists_what_the_corpus_proves() {
-    let readme_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md");
-    let readme = std::fs::read_to_string(&readme_path).expect("reading README.md");
-    let supported = oracle::readme_keys(&readme, "**Supported**").expect("supported list");
-    let refused = oracle::readme_keys(&readme, "**Refused**").expect("refused list");
+fn the_ignition_doc_lists_what_the_corpus_proves() {
+    let doc_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/ignition.md");
+    let doc = std::fs::read_to_string(&doc_path).expect("reading docs/ignition.md");
+    let supported = oracle::readme_keys(&doc, "**Supported**").expect("supported list");
+    let refused = oracle::readme_keys(&doc, "**Refused**").expect("refused list");
     let mut proven = BTreeSet::new();
     let mut refusals = BTreeSet::new();
     for case in corpus() {
@@ -262,10 +263,10 @@ fn the_readme_lists_what_the_corpus_proves() {
     );
     assert_eq!(
         supported, proven,
-        "README's **Supported** list and the accepted corpus cases' features differ"
+        "docs/ignition.md's **Supported** list and the accepted corpus cases' features differ"
     );
     assert_eq!(
         refused, refusals,
-        "README's **Refused** list and the refused corpus cases' features differ"
+        "docs/ignition.md's **Refused** list and the refused corpus cases' features differ"
     );
 }

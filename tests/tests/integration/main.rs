@@ -14,6 +14,7 @@ mod attacks;
 mod burst;
 mod capacity;
 mod controlplane;
+mod docs_links;
 mod ec2_lookup;
 mod events;
 mod feedback;

@@ -156,7 +156,10 @@ fn deb_installs_enabled_and_removes_cleanly() -> Result<()> {
         ("etc/autonode", 0o755),
         ("var/lib/autonode", 0o700),
         ("usr/share/doc/autonode-agent/copyright", 0o644),
-        ("usr/share/doc/autonode-agent/README.md", 0o644),
+        ("usr/share/doc/autonode-agent/agent.md", 0o644),
+        ("usr/share/doc/autonode-agent/ignition.md", 0o644),
+        ("usr/share/doc/autonode-agent/design.md", 0o644),
+        ("usr/share/doc/autonode-agent/agent.toml.example", 0o644),
     ] {
         let full = r.join(path);
         assert_eq!(mode(&full)?, want, "mode of /{path}");
@@ -165,6 +168,17 @@ fn deb_installs_enabled_and_removes_cleanly() -> Result<()> {
     }
     let copyright = fs::read_to_string(r.join("usr/share/doc/autonode-agent/copyright"))?;
     assert!(copyright.contains("Apache License"), "{copyright}");
+    // The agent's own documentation, as docs/ has it; not the repository's
+    // README, which is about the whole project.
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for doc in ["agent.md", "ignition.md", "design.md"] {
+        let shipped = fs::read(r.join("usr/share/doc/autonode-agent").join(doc))?;
+        assert!(
+            shipped == fs::read(repo.join("docs").join(doc))?,
+            "/usr/share/doc/autonode-agent/{doc} differs from docs/{doc}"
+        );
+    }
+    assert!(!r.join("usr/share/doc/autonode-agent/README.md").exists());
     // Never shipped: a local config would override every node's userData.
     assert!(!r.join("etc/autonode/agent.toml").exists());
 
@@ -343,12 +357,16 @@ fn rpm_contents_and_scripts() -> Result<()> {
             0o100644,
         ),
         ("/usr/share/licenses/autonode-agent/LICENSE", 0o100644),
-        ("/usr/share/doc/autonode-agent/README.md", 0o100644),
+        ("/usr/share/doc/autonode-agent/agent.md", 0o100644),
+        ("/usr/share/doc/autonode-agent/ignition.md", 0o100644),
+        ("/usr/share/doc/autonode-agent/design.md", 0o100644),
+        ("/usr/share/doc/autonode-agent/agent.toml.example", 0o100644),
     ] {
         assert_eq!(modes.get(path), Some(&want), "{path} in\n{dump}");
     }
     let list = run("rpm", &["-qlp", &rpm])?;
     assert!(!list.contains("agent.toml\n"), "{list}");
+    assert!(!list.contains("README.md"), "{list}");
 
     let scripts = run("rpm", &["-qp", "--scripts", &rpm])?;
     // The directories come from %post (see packaging/rpm/post.sh).
@@ -436,7 +454,7 @@ const ARCHES: [Arch; 2] = [
 ];
 
 /// The agent's size budget on every architecture: it ships on every AMI
-/// (README, *The agent*: 4 MiB).
+/// (docs/agent.md, *The static binary*: 4 MiB).
 const AGENT_SIZE_LIMIT: u64 = 4 << 20;
 
 /// What a 64-bit little-endian ELF file says of itself: its machine, and

@@ -576,23 +576,23 @@ async fn the_token_secret_of_the_docs_runs_the_server() -> Result<()> {
     Ok(())
 }
 
-/// The README's commands that build the server's kubeconfig (Installing,
-/// step 3), run as written against a real API server (its admin kubeconfig
+/// docs/rbac.md's commands that build the server's kubeconfig (*The
+/// server's kubeconfig*), run as written against a real API server (its admin kubeconfig
 /// for `--context guest`, its URL for the placeholder), with the project's
 /// kubectl: the kubeconfig they make authenticates as the server's
 /// ServiceAccount, granted what the guest RBAC grants and nothing else.
 #[tokio::test]
-async fn the_readmes_kubeconfig_commands_make_the_servers_kubeconfig() -> Result<()> {
+async fn the_rbac_docs_kubeconfig_commands_make_the_servers_kubeconfig() -> Result<()> {
     let cp = ControlPlane::start().await?;
     GuestRbac::default().apply(&cp.admin().await?).await?;
     let repo = guest_dir().join("../..");
-    let readme = std::fs::read_to_string(repo.join("README.md"))?;
-    let first = "   kubectl --context guest apply -f packaging/guest/server-token.yaml";
-    let block = readme
+    let doc = std::fs::read_to_string(repo.join("docs/rbac.md"))?;
+    let first = "kubectl --context guest apply -f packaging/guest/server-token.yaml";
+    let block = doc
         .split_once(first)
-        .and_then(|(_, rest)| rest.split_once("   ```"))
+        .and_then(|(_, rest)| rest.split_once("\n```"))
         .map(|(block, _)| format!("{first}{block}"))
-        .context("README.md: no kubeconfig commands in Installing, step 3")?;
+        .context("docs/rbac.md: no kubeconfig commands in The server's kubeconfig")?;
     let admin = format!("--kubeconfig={}", cp.admin_kubeconfig().display());
     let script = block
         .replace("--context guest", &admin)

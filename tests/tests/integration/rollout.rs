@@ -492,7 +492,7 @@ async fn a_restart_mid_rollout_keeps_the_failures_seen() -> Result<()> {
     let third = TestServer::start(&world.cp, &cloud, &flags.next(NEW_AMI)).await?;
     let joiner = Joiner::new(third.url(), third.ca_pem())?;
     // Leading, so watching: a NodeClaim made and deleted while no replica
-    // leads is not seen (README: the residual).
+    // leads is not seen (docs/server.md, Rollout guard).
     eventually("leading", || async {
         Ok((metric(&third, "autonode_leader").await? == 1.0).then_some(()))
     })

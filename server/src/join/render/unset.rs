@@ -4,8 +4,8 @@
 //! Where the class is silent, kubelet's defaults apply on the node (110
 //! pods, nothing reserved for kubelet), while Karpenter, for `amiFamily:
 //! Custom`, plans with the instance type's ENI-limited pod count and EKS's
-//! CPU- and pod-based `kubeReserved`. autonode invents neither (the
-//! README's *Per-node config*), so it says so where the operator looks: a
+//! CPU- and pod-based `kubeReserved`. autonode invents neither (docs/server.md,
+//! *Per-node config*), so it says so where the operator looks: a
 //! log line and a Warning Event `KubeletSettingsUnset` on the class, when a
 //! node's config is rendered from it, once per generation of the class (an
 //! edit of its spec starts a new one) and per replica, not per join.
