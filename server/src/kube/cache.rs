@@ -17,6 +17,17 @@
 //!   is started over, list first, after [`WatchBackoff`], as client-go's
 //!   reflector does: fresh means listed since the last failure.
 //!
+//! - **Gone, remembered before forgotten** (opt-in, [`Cache::start_remembering`]).
+//!   A reader that lists the store and then asks what was deleted must
+//!   find every object in one of the two: the task records an object as
+//!   gone (as the watch last delivered it) *before* the store drops it,
+//!   for a delete event and for an object a relist no longer has. A
+//!   controller that learnt of deletions from [`Cache::changes`] learnt
+//!   too late: the store had already dropped the object, and a reconcile
+//!   run in between saw it nowhere (the rollout guard then judged a
+//!   NodeClaim that autonode had marked failed as gone "with no failure
+//!   recorded").
+//!
 //! A cache is also the one watch of its kind that controllers share (as in
 //! kube-rs's `shared_stream_controllers` example): [`Cache::changes`] feeds
 //! a controller's queue from the same list and watch that fill the store,
@@ -27,17 +38,18 @@ use crate::kube::backoff::WatchBackoff;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::utils::Backoff;
 use kube::runtime::watcher;
 use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::fmt::Debug;
 use std::future::Future;
 use std::hash::Hash;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::{broadcast, watch};
 
 /// Objects per page when a cache lists. A page is held whole (the response
@@ -65,6 +77,8 @@ where
     pub status: Status,
     /// Each object the watch applies or deletes, for [`Cache::changes`].
     changes: broadcast::Sender<Arc<K>>,
+    /// Objects the watch saw go, for [`Cache::gone`].
+    gone: Gone<K>,
 }
 
 impl<K> Clone for Cache<K>
@@ -77,7 +91,50 @@ where
             store: self.store.clone(),
             status: self.status.clone(),
             changes: self.changes.clone(),
+            gone: self.gone.clone(),
         }
+    }
+}
+
+/// The last objects a cache's watch saw go, newest last, each as the watch
+/// last delivered it; bounded (the oldest go first), and empty when the
+/// cache keeps none.
+struct Gone<K> {
+    objects: Arc<Mutex<VecDeque<Arc<K>>>>,
+    limit: usize,
+}
+
+impl<K> Clone for Gone<K> {
+    fn clone(&self) -> Self {
+        Self {
+            objects: self.objects.clone(),
+            limit: self.limit,
+        }
+    }
+}
+
+impl<K> Gone<K> {
+    fn new(limit: usize) -> Self {
+        Self {
+            objects: Arc::default(),
+            limit,
+        }
+    }
+
+    fn record(&self, object: Arc<K>) {
+        if self.limit == 0 {
+            return;
+        }
+        let mut objects = self.objects.lock().unwrap_or_else(PoisonError::into_inner);
+        if objects.len() >= self.limit {
+            objects.pop_front();
+        }
+        objects.push_back(object);
+    }
+
+    fn matching(&self, keep: impl Fn(&K) -> bool) -> Vec<Arc<K>> {
+        let objects = self.objects.lock().unwrap_or_else(PoisonError::into_inner);
+        objects.iter().filter(|o| keep(o)).cloned().collect()
     }
 }
 
@@ -105,7 +162,20 @@ where
     /// strips what the cache's readers do not read; managedFields are
     /// dropped after it in any case: they can outweigh a small object.
     pub fn start_filtered(api: Api<K>, what: &'static str, filter: fn(&mut K)) -> Self {
-        let (cache, task) = Self::new(api, what, filter);
+        Self::start_remembering(api, what, filter, 0)
+    }
+
+    /// Like [`Cache::start_filtered`], also keeping the last `gone`
+    /// objects the watch saw deleted (or a relist no longer had), for
+    /// [`Cache::gone`].
+    pub fn start_remembering(
+        api: Api<K>,
+        what: &'static str,
+        filter: fn(&mut K),
+        gone: usize,
+    ) -> Self {
+        let config = watcher::Config::default().page_size(LIST_PAGE);
+        let (cache, task) = Self::build(api, config, what, filter, false, gone);
         tokio::spawn(task);
         cache
     }
@@ -131,7 +201,7 @@ where
         what: &'static str,
         filter: fn(&mut K),
     ) -> (Self, impl Future<Output = ()> + Send + 'static) {
-        Self::build(api, config, what, filter, false)
+        Self::build(api, config, what, filter, false, 0)
     }
 
     /// Like [`Cache::with_config`], keeping whole objects, managedFields
@@ -142,7 +212,7 @@ where
         config: watcher::Config,
         what: &'static str,
     ) -> (Self, impl Future<Output = ()> + Send + 'static) {
-        Self::build(api, config, what, |_| {}, true)
+        Self::build(api, config, what, |_| {}, true, 0)
     }
 
     fn build(
@@ -151,8 +221,10 @@ where
         what: &'static str,
         filter: fn(&mut K),
         keep_managed_fields: bool,
+        gone: usize,
     ) -> (Self, impl Future<Output = ()> + Send + 'static) {
         let (store, writer) = reflector::store();
+        let gone = Gone::new(gone);
         let (listed_tx, listed) = watch::channel(false);
         let (changes, _) = broadcast::channel(CHANGES_BUFFER);
         let fresh = Arc::new(AtomicBool::new(false));
@@ -166,6 +238,8 @@ where
             filter,
             keep_managed_fields,
             changes: changes.clone(),
+            gone: gone.clone(),
+            relisted: HashSet::new(),
         };
         let status = Status {
             listed,
@@ -176,6 +250,7 @@ where
             store,
             status,
             changes,
+            gone,
         };
         (cache, task.run())
     }
@@ -199,6 +274,14 @@ where
             let next = feed.next().await?;
             Some((next, feed))
         })
+    }
+
+    /// The objects this cache saw go that `keep` picks, each as it last
+    /// was (none unless started with [`Cache::start_remembering`]). Read
+    /// the store first, then this: an object the store no longer held is
+    /// here by then.
+    pub fn gone(&self, keep: impl Fn(&K) -> bool) -> Vec<Arc<K>> {
+        self.gone.matching(keep)
     }
 }
 
@@ -289,6 +372,10 @@ where
     filter: fn(&mut K),
     keep_managed_fields: bool,
     changes: broadcast::Sender<Arc<K>>,
+    gone: Gone<K>,
+    /// The objects of the list under way, to tell at its end which of the
+    /// store's are gone.
+    relisted: HashSet<(ObjectRef<K>, Option<String>)>,
 }
 
 impl<K> Task<K>
@@ -312,6 +399,9 @@ where
                                 object.meta_mut().managed_fields = None;
                             }
                         });
+                        // Recorded before the store drops it, so a reader
+                        // always finds an object in one or the other.
+                        self.remember_gone(&event);
                         self.writer.apply_watcher_event(&event);
                         self.announce(&event);
                         if matches!(event, watcher::Event::InitDone) {
@@ -351,6 +441,40 @@ where
                 }
             }
             watcher::Event::Init | watcher::Event::InitApply(_) => {}
+        }
+    }
+
+    /// Records what `event` is about to take from the store: the deleted
+    /// object, an object replaced by a new one of its name (a delete the
+    /// watch did not deliver), or at a list's end every object the list
+    /// did not have.
+    fn remember_gone(&mut self, event: &watcher::Event<K>) {
+        if self.gone.limit == 0 {
+            return;
+        }
+        let key = |o: &K| (ObjectRef::from_obj(o), o.meta().uid.clone());
+        let store = self.writer.as_reader();
+        match event {
+            watcher::Event::Delete(object) => self.gone.record(Arc::new(object.clone())),
+            watcher::Event::Apply(object) => {
+                if let Some(old) = store.get(&ObjectRef::from_obj(object)) {
+                    if old.meta().uid != object.meta().uid {
+                        self.gone.record(old);
+                    }
+                }
+            }
+            watcher::Event::Init => self.relisted.clear(),
+            watcher::Event::InitApply(object) => {
+                self.relisted.insert(key(object));
+            }
+            watcher::Event::InitDone => {
+                for old in store.state() {
+                    if !self.relisted.contains(&key(&old)) {
+                        self.gone.record(old);
+                    }
+                }
+                self.relisted.clear();
+            }
         }
     }
 

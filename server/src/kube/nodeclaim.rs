@@ -23,6 +23,10 @@ use time::OffsetDateTime;
 /// How long a join waits for the cache to show a NodeClaim it lacks.
 pub const CACHE_GRACE: Duration = Duration::from_secs(3);
 
+/// The most deleted NodeClaims remembered (see [`NodeClaims::gone`]):
+/// stripped NodeClaims are small, and a rollout trial watches fewer.
+pub const MAX_GONE: usize = 1024;
+
 /// The NodeClaim cache.
 #[derive(Clone)]
 pub struct NodeClaims {
@@ -35,7 +39,7 @@ impl NodeClaims {
     pub fn start(client: Client) -> Self {
         let api: Api<NodeClaim> = Api::all(client);
         Self {
-            cache: Cache::start_filtered(api.clone(), "NodeClaim", strip),
+            cache: Cache::start_remembering(api.clone(), "NodeClaim", strip, MAX_GONE),
             api,
         }
     }
@@ -96,6 +100,15 @@ impl NodeClaims {
     /// the feedback controller's queue, from the one NodeClaim watch.
     pub fn changes(&self) -> impl futures::Stream<Item = Arc<NodeClaim>> + Send + 'static {
         self.cache.changes()
+    }
+
+    /// The deleted NodeClaims (the last [`MAX_GONE`] this replica's watch
+    /// saw go) that `keep` picks, each as it last was: the rollout guard
+    /// judges a NodeClaim under trial by its last state, failure mark
+    /// included. Read after [`NodeClaims::store`]: a NodeClaim the store no
+    /// longer held is here by then.
+    pub fn gone(&self, keep: impl Fn(&NodeClaim) -> bool) -> Vec<Arc<NodeClaim>> {
+        self.cache.gone(keep)
     }
 
     /// The cache's store, for a controller reconciling from it.

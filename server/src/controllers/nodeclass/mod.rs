@@ -418,8 +418,6 @@ struct Context {
     refused_format: Mutex<HashMap<String, String>>,
     /// The NodeClaims the rollout guard judges (the join path's cache).
     claims: NodeClaims,
-    /// NodeClaims seen deleted, for the rollout guard.
-    deleted: rollout::Deleted,
     /// Per class name, the standing rollout note last told (held, refusing,
     /// with the class's uid), so it is told once, not every resync.
     standing: Mutex<HashMap<String, String>>,
@@ -564,7 +562,6 @@ impl Context {
         };
         let cluster = rollout::cluster::Cluster {
             claims: &self.claims,
-            deleted: &self.deleted,
             settings: self.settings.rollout,
             events: &self.settings.events,
         };
@@ -669,7 +666,6 @@ pub async fn run(client: Client, settings: Settings, claims: NodeClaims) {
         handed_over: Mutex::new(HashMap::new()),
         refused_format: Mutex::new(HashMap::new()),
         claims: claims.clone(),
-        deleted: rollout::Deleted::default(),
         standing: Mutex::new(HashMap::new()),
     });
     // A cache, not kube-runtime's Controller: it lists again after a
@@ -677,7 +673,7 @@ pub async fn run(client: Client, settings: Settings, claims: NodeClaims) {
     let (classes, watching) = Cache::whole(api, config, "EC2NodeClass upkeep");
     let queue = futures::stream::select(
         trigger_self(classes.changes().map(Ok::<_, Infallible>), ()),
-        claim_wakes(&claims, ctx.deleted.clone()),
+        claim_wakes(&claims),
     );
     let config = controller::Config::default();
     let reconciler = |class, ctx| Box::pin(reconcile(class, ctx));
@@ -691,20 +687,13 @@ pub async fn run(client: Client, settings: Settings, claims: NodeClaims) {
     futures::future::join(watching, controller).await;
 }
 
-/// The class of each NodeClaim that changes, to reconcile; a NodeClaim
-/// gone from the cache when its change arrives was deleted, and is
-/// remembered as it last was for the rollout guard.
+/// The class of each NodeClaim that changes, to reconcile (a deleted
+/// one's too: the rollout guard reads it from [`NodeClaims::gone`]).
 fn claim_wakes(
     claims: &NodeClaims,
-    deleted: rollout::Deleted,
 ) -> impl futures::Stream<Item = Result<controller::ReconcileRequest<Ec2NodeClass>, Infallible>> {
-    let store = claims.store();
     let changes = claims.changes().map(Ok::<_, Infallible>);
     trigger_with(changes, move |claim: Arc<NodeClaim>| {
-        let listed = store.get(&ObjectRef::new(&claim.name_any()));
-        if listed.is_none_or(|c| c.metadata.uid != claim.metadata.uid) {
-            deleted.remember(claim.clone());
-        }
         claim
             .spec
             .node_class_ref

@@ -3,8 +3,8 @@
 //! the pure [`Input`] that [`super::plan`] decides on.
 
 use super::{
-    held, launched, outcome, outcome_when_deleted, plan, read_state, retry, under_trial, Deleted,
-    Input, Observed, Outcome, Plan, Settings, State, Trial, Values,
+    held, launched, outcome, outcome_when_deleted, plan, read_state, retry, under_trial, Input,
+    Observed, Outcome, Plan, Settings, State, Trial, Values,
 };
 use crate::kube::events::Events;
 use crate::kube::karpenter::{Ec2NodeClass, NodeClaim};
@@ -16,7 +16,6 @@ use std::sync::{Mutex, PoisonError};
 /// Where the guard reads NodeClaims from.
 pub struct Cluster<'a> {
     pub claims: &'a NodeClaims,
-    pub deleted: &'a Deleted,
     pub settings: Settings,
     pub events: &'a Events,
 }
@@ -87,7 +86,8 @@ impl Cluster<'_> {
             };
             seen.push(observed(&claim, outcome));
         }
-        for claim in self.deleted.matching(pick) {
+        // After the store: a NodeClaim it no longer held is gone by now.
+        for claim in self.claims.gone(pick) {
             let uid = claim.metadata.uid.clone().unwrap_or_default();
             if !seen.iter().any(|o| o.uid == uid) {
                 seen.push(observed(
@@ -170,7 +170,7 @@ impl Cluster<'_> {
         let mut ignored = IGNORED.lock().unwrap_or_else(PoisonError::into_inner);
         let ignored = ignored.get_or_insert_with(HashSet::new);
         // Bounded: whoever may annotate the class makes new versions.
-        if ignored.len() >= super::MAX_DELETED {
+        if ignored.len() >= super::MAX_IGNORED {
             ignored.clear();
         }
         if !ignored.insert(key) {

@@ -74,8 +74,8 @@ pub const REFUSED: &str = "RolloutRefused";
 pub const STATUS_CONDITION: &str = "AutonodeRollout";
 /// The most NodeClaims a trial remembers (the annotation stays small).
 pub const MAX_TRACKED: usize = 64;
-/// The most deleted NodeClaims kept in memory for the upkeep to judge.
-pub const MAX_DELETED: usize = 1024;
+/// The most rejected rollout states remembered, to warn of each once.
+pub const MAX_IGNORED: usize = 1024;
 
 /// How the guard judges a trial.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -679,32 +679,4 @@ fn annotation<'a>(class: &'a Ec2NodeClass, key: &str) -> Option<&'a str> {
         .as_ref()?
         .get(key)
         .map(String::as_str)
-}
-
-/// NodeClaims seen deleted by the leader's watch, their last state kept
-/// for the upkeep to judge (a deleted NodeClaim is no longer in the cache).
-/// Bounded: the oldest go first. Fed only while this replica leads: the
-/// trial's own record of the NodeClaims it saw covers a deletion missed
-/// across a change of leader, but a NodeClaim created and deleted while no
-/// replica leads (at most the lease) is not seen at all.
-#[derive(Clone, Default)]
-pub struct Deleted {
-    claims: Arc<Mutex<VecDeque<Arc<NodeClaim>>>>,
-}
-
-impl Deleted {
-    /// Remembers `claim`, deleted as it is.
-    pub fn remember(&self, claim: Arc<NodeClaim>) {
-        let mut claims = self.claims.lock().unwrap_or_else(PoisonError::into_inner);
-        if claims.len() >= MAX_DELETED {
-            claims.pop_front();
-        }
-        claims.push_back(claim);
-    }
-
-    /// The deleted NodeClaims that `keep` picks.
-    pub fn matching(&self, keep: impl Fn(&NodeClaim) -> bool) -> Vec<Arc<NodeClaim>> {
-        let claims = self.claims.lock().unwrap_or_else(PoisonError::into_inner);
-        claims.iter().filter(|c| keep(c)).cloned().collect()
-    }
 }
