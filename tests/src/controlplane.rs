@@ -1,10 +1,13 @@
 //! A real Kubernetes control plane on loopback, one per test.
 //!
-//! etcd 3.4 (Debian's), kube-apiserver and kube-controller-manager v1.20.2
-//! (built from Debian's source package by `tests/setup/build-kube`; or
-//! those in `AUTONODE_KUBE_BIN`, whose flags are chosen by the version each
-//! binary reports: [`apiserver_version_args`],
-//! [`controller_manager_version_args`]), with
+//! etcd, kube-apiserver and kube-controller-manager (and kube-scheduler when
+//! asked: [`ControlPlane::start_with_scheduler`]) of the version under test:
+//! a release pinned under `tests/kube/` and built from the Go module proxy
+//! by `tests/setup/build-kube` (the newest pinned by default, or
+//! `AUTONODE_KUBE_VERSION`'s: [`crate::kubeversion::under_test`]), or the
+//! binaries in `AUTONODE_KUBE_BIN`. Flags that differ between versions are
+//! chosen by the version each binary reports ([`apiserver_version_args`],
+//! [`controller_manager_version_args`]). The control plane has
 //! client-certificate authentication, `Node,RBAC` authorization, the
 //! `NodeRestriction` admission plugin, service-account keys, and
 //! kube-controller-manager's csrsigning controller signing with a CA made for
@@ -32,11 +35,6 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
-/// Kubernetes version the harness runs by default (without
-/// `AUTONODE_KUBE_BIN`); matches `tests/setup/build-kube`. What a running
-/// control plane is, is [`ControlPlane::version`].
-pub const KUBE_VERSION: &str = "1.20.2";
-
 /// The Karpenter v1.14.1 CRDs, byte-exact, as the project ships them.
 pub use autonode_shared::karpenter_crds::CRDS as KARPENTER_CRDS;
 
@@ -45,6 +43,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(90);
 /// A running control plane. Dropping it stops everything and removes its files.
 pub struct ControlPlane {
     // Field order is drop order: processes die before their directory goes.
+    scheduler: Option<Daemon>,
     controller_manager: Daemon,
     apiserver: Daemon,
     etcd: Daemon,
@@ -66,7 +65,18 @@ impl ControlPlane {
     /// valid for `extra_ips`: the addresses a machine that is not this host
     /// (a VM) uses to reach it through a forward.
     pub async fn start_reachable_at(extra_ips: &[IpAddr]) -> Result<Self> {
-        let cp = Self::start_bare(extra_ips).await?;
+        let cp = Self::start_bare(extra_ips, false).await?;
+        install_crds(&cp.admin().await?, &KARPENTER_CRDS).await?;
+        Ok(cp)
+    }
+
+    /// Like [`ControlPlane::start`], with kube-scheduler running too (as
+    /// `system:kube-scheduler`), for tests where pods must be placed on
+    /// nodes (a real Karpenter provisions for pods the scheduler could not
+    /// place). Off by default: most tests schedule nothing, and it is one
+    /// more process per test.
+    pub async fn start_with_scheduler() -> Result<Self> {
+        let cp = Self::start_bare(&[], true).await?;
         install_crds(&cp.admin().await?, &KARPENTER_CRDS).await?;
         Ok(cp)
     }
@@ -74,10 +84,10 @@ impl ControlPlane {
     /// Like [`ControlPlane::start`], without the Karpenter CRDs (for
     /// installing them some other way).
     pub async fn start_without_crds() -> Result<Self> {
-        Self::start_bare(&[]).await
+        Self::start_bare(&[], false).await
     }
 
-    async fn start_bare(extra_ips: &[IpAddr]) -> Result<Self> {
+    async fn start_bare(extra_ips: &[IpAddr], scheduler: bool) -> Result<Self> {
         let bin = kube_bin_dir()?;
         let version = binary_version(&bin.join("kube-apiserver"))?;
         let kcm_version = binary_version(&bin.join("kube-controller-manager"))?;
@@ -88,7 +98,7 @@ impl ControlPlane {
         let ca = Ca::new("autonode-test-cluster-ca")?;
         let files = Files::write(dir.path(), &ca, extra_ips)?;
 
-        let etcd = start_etcd(dir.path())?;
+        let etcd = start_etcd(&bin, dir.path())?;
         let admin_kubeconfig = dir.path().join("admin.kubeconfig");
         let kcm_kubeconfig = dir.path().join("kcm.kubeconfig");
         // A free port can be taken by another test's process before the
@@ -117,7 +127,15 @@ impl ControlPlane {
         // are killed before their directory is removed.
         let controller_manager =
             start_controller_manager(&bin, kcm_version, &files, &kcm_kubeconfig)?;
+        let scheduler = if scheduler {
+            let kubeconfig = dir.path().join("scheduler.kubeconfig");
+            write_kubeconfig(&kubeconfig, &url, ca.cert_pem(), &files.scheduler)?;
+            Some(start_scheduler(&bin, &files, &kubeconfig)?)
+        } else {
+            None
+        };
         Ok(Self {
+            scheduler,
             controller_manager,
             apiserver,
             etcd,
@@ -208,7 +226,8 @@ impl ControlPlane {
     /// The last lines of each component's log, for a failing test's output.
     pub fn log_tails(&self, lines: usize) -> String {
         [&self.etcd, &self.apiserver, &self.controller_manager]
-            .iter()
+            .into_iter()
+            .chain(self.scheduler.as_ref())
             .map(|d| d.log_tail(lines))
             .collect::<Vec<_>>()
             .join("\n")
@@ -226,20 +245,24 @@ impl Drop for ControlPlane {
 }
 
 /// Where the Kubernetes binaries are: `AUTONODE_KUBE_BIN`, or the cache
-/// `tests/setup/build-kube` fills.
+/// `tests/setup/build-kube` fills for the version under test
+/// ([`crate::kubeversion::under_test`]).
 pub fn kube_bin_dir() -> Result<PathBuf> {
     if let Some(dir) = std::env::var_os("AUTONODE_KUBE_BIN") {
         return Ok(PathBuf::from(dir));
     }
+    let version = crate::kubeversion::under_test()?;
     let root = match std::env::var_os("AUTONODE_CACHE") {
         Some(root) => PathBuf::from(root),
         None => PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?)
             .join(".cache/autonode"),
     };
-    let dir = root.join(format!("kube-v{KUBE_VERSION}"));
+    let dir = root.join(format!("kube-{version}"));
     if !dir.join("kube-apiserver").exists() {
+        let bare = version.to_string();
+        let bare = bare.trim_start_matches('v');
         bail!(
-            "no Kubernetes binaries in {}: run tests/setup/install-deps first",
+            "no Kubernetes binaries in {}: run tests/setup/build-kube {bare} first",
             dir.display()
         );
     }
@@ -268,6 +291,15 @@ pub fn apiserver_version_args(version: KubeVersion) -> Vec<String> {
     if !version.at_least(1, 24) {
         args.push("--insecure-port=0".into());
     }
+    // The endpoint reconciler publishes the advertise address as the
+    // `kubernetes` Service's endpoint, and Endpoints may not hold a
+    // loopback address. From 1.37 kube-apiserver checks that at start and
+    // refuses to run ("cannot use public IP 127.0.0.1 with endpoint
+    // reconciler"); before, it started and only failed each write. Nothing
+    // here reaches the API through that Service: no reconciler.
+    if version.at_least(1, 37) {
+        args.push("--endpoint-reconciler-type=none".into());
+    }
     args
 }
 
@@ -286,6 +318,7 @@ struct Files {
     dir: PathBuf,
     admin: CertPair,
     kcm: CertPair,
+    scheduler: CertPair,
 }
 
 impl Files {
@@ -307,6 +340,8 @@ impl Files {
             dir: dir.to_path_buf(),
             admin: ca.client("autonode-test-admin", Some("system:masters"))?,
             kcm: ca.client("system:kube-controller-manager", None)?,
+            // The user the built-in system:kube-scheduler role is bound to.
+            scheduler: ca.client("system:kube-scheduler", None)?,
         })
     }
 
@@ -315,7 +350,10 @@ impl Files {
     }
 }
 
-fn start_etcd(dir: &Path) -> Result<Daemon> {
+/// etcd from the Kubernetes binaries' directory (`tests/setup/build-kube`
+/// builds the version that release is tested with), else the one on PATH
+/// (an `AUTONODE_KUBE_BIN` without one).
+fn start_etcd(bin: &Path, dir: &Path) -> Result<Daemon> {
     let client = free_port()?;
     let peer = free_port()?;
     let data = dir.join("etcd");
@@ -330,7 +368,13 @@ fn start_etcd(dir: &Path) -> Result<Daemon> {
         format!("--initial-cluster=default={peer_url}"),
         "--log-level=warn".into(),
     ];
-    let etcd = Daemon::spawn("etcd", Path::new("etcd"), &args, dir)?;
+    let ours = bin.join("etcd");
+    let program = if ours.exists() {
+        ours.as_path()
+    } else {
+        Path::new("etcd")
+    };
+    let etcd = Daemon::spawn("etcd", program, &args, dir)?;
     etcd.set_endpoint(url);
     Ok(etcd)
 }
@@ -376,20 +420,31 @@ fn start_apiserver(
     )
 }
 
-fn start_controller_manager(
-    bin: &Path,
-    version: KubeVersion,
-    files: &Files,
-    kubeconfig: &Path,
-) -> Result<Daemon> {
+/// What kube-controller-manager and kube-scheduler share: one kubeconfig
+/// for the API and for checking who calls their own port, that port on
+/// loopback, no leader election (one replica).
+fn component_args(kubeconfig: &Path) -> Result<Vec<String>> {
     let kubeconfig = kubeconfig.display();
-    let mut args = vec![
+    Ok(vec![
         format!("--kubeconfig={kubeconfig}"),
         format!("--authentication-kubeconfig={kubeconfig}"),
         format!("--authorization-kubeconfig={kubeconfig}"),
         "--bind-address=127.0.0.1".into(),
         format!("--secure-port={}", free_port()?),
         "--leader-elect=false".into(),
+        "--profiling=false".into(),
+        "--v=1".into(),
+    ])
+}
+
+fn start_controller_manager(
+    bin: &Path,
+    version: KubeVersion,
+    files: &Files,
+    kubeconfig: &Path,
+) -> Result<Daemon> {
+    let mut args = component_args(kubeconfig)?;
+    args.extend([
         // Each controller acts as its own service account, as kubeadm runs
         // it: the controller-manager's own role cannot sign CSRs.
         "--use-service-account-credentials=true".into(),
@@ -408,13 +463,23 @@ fn start_controller_manager(
             "--service-account-private-key-file={}",
             files.path("sa.key")
         ),
-        "--profiling=false".into(),
-        "--v=1".into(),
-    ];
+    ]);
     args.extend(controller_manager_version_args(version));
     Daemon::spawn(
         "kube-controller-manager",
         &bin.join("kube-controller-manager"),
+        &args,
+        &files.dir,
+    )
+}
+
+/// kube-scheduler, authenticated as `system:kube-scheduler`, serving its
+/// own port on loopback only.
+fn start_scheduler(bin: &Path, files: &Files, kubeconfig: &Path) -> Result<Daemon> {
+    let args = component_args(kubeconfig)?;
+    Daemon::spawn(
+        "kube-scheduler",
+        &bin.join("kube-scheduler"),
         &args,
         &files.dir,
     )
@@ -441,9 +506,9 @@ async fn wait_ready(client: &Client, apiserver: &Daemon) -> Result<()> {
 }
 
 /// Whether the API server serves PodDisruptionBudgets as `policy/v1`
-/// (from Kubernetes 1.21; the 1.20 test API server has the same schema as
-/// `policy/v1beta1`), so a test applying shipped manifests can tell which
-/// version to send.
+/// (from Kubernetes 1.21, so every supported version; an older one, run
+/// through `AUTONODE_KUBE_BIN`, has the same schema as `policy/v1beta1`),
+/// so a test applying shipped manifests can tell which version to send.
 pub async fn serves_policy_v1_pdbs(client: &Client) -> bool {
     client
         .list_api_group_resources("policy/v1")
@@ -457,9 +522,9 @@ pub async fn serves_policy_v1_pdbs(client: &Client) -> bool {
 
 /// Installs CRDs from YAML and waits until each is Established.
 ///
-/// The 1.20 apiserver predates `x-kubernetes-validations` (CEL); a plain
-/// create (no client-side validation) makes it drop the field, and the CRDs
-/// serve normally without those rules.
+/// The CRDs' `x-kubernetes-validations` rules (CEL) are compiled and
+/// enforced by every supported version (on by default from 1.25, GA in
+/// 1.29): objects the tests create must pass them, as on a real cluster.
 pub async fn install_crds(client: &Client, crds: &[(&str, &str)]) -> Result<()> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     for (file, yaml) in crds {
@@ -565,8 +630,19 @@ mod tests {
     fn apiserver_insecure_port_only_before_1_24() {
         assert_eq!(apiserver_version_args(v(20)), ["--insecure-port=0"]);
         assert_eq!(apiserver_version_args(v(23)), ["--insecure-port=0"]);
-        for minor in [24, 27, 34] {
+        for minor in [24, 27, 34, 36] {
             assert!(apiserver_version_args(v(minor)).is_empty(), "1.{minor}");
+        }
+    }
+
+    #[test]
+    fn apiserver_endpoint_reconciler_off_from_1_37() {
+        for minor in [37, 38] {
+            assert_eq!(
+                apiserver_version_args(v(minor)),
+                ["--endpoint-reconciler-type=none"],
+                "1.{minor}"
+            );
         }
     }
 

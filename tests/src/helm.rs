@@ -10,8 +10,9 @@ use std::process::Command;
 /// helm's version in the cache (`tests/setup/install-helm`'s HELM_VERSION).
 pub const HELM_VERSION: &str = "4.1.4";
 /// kubectl's version in the cache (`tests/setup/install-helm`'s
-/// KUBECTL_VERSION): a Kustomize of today, where the harness's v1.20.2
-/// kubectl has Kustomize 2.0.3.
+/// KUBECTL_VERSION): one Kustomize of today for the chart's tests, whatever
+/// Kubernetes version the harness runs (the oldest, 1.26's kubectl, has
+/// Kustomize 4.5.7).
 pub const KUBECTL_VERSION: &str = "1.34.5";
 
 fn cache_root() -> Result<PathBuf> {

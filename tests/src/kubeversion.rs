@@ -1,9 +1,11 @@
 //! Which Kubernetes the harness runs, read from the binaries themselves.
 //!
-//! The suite runs on v1.20.2 by default (`tests/setup/build-kube`) and on
-//! whatever `AUTONODE_KUBE_BIN` points at; flags and behaviour that differ
-//! between versions are chosen from a [`KubeVersion`], parsed from a
-//! binary's `--version` output.
+//! The versions the suite can run are those pinned under `tests/kube/`
+//! (`tests/kube/pin`, built by `tests/setup/build-kube`): by default the
+//! newest, or the one `AUTONODE_KUBE_VERSION` names (`tests/run --kube`),
+//! or whatever binaries `AUTONODE_KUBE_BIN` points at. Flags and behaviour
+//! that differ between versions are chosen from a [`KubeVersion`], parsed
+//! from a binary's `--version` output.
 
 use anyhow::{bail, Context, Result};
 use std::fmt;
@@ -79,6 +81,65 @@ impl KubeVersion {
     }
 }
 
+/// Where the pinned versions' Go modules are (`tests/kube/v1.<minor>/`).
+fn pins_dir() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/kube"))
+}
+
+/// The versions pinned under `tests/kube/`, newest first: the
+/// `k8s.io/kubernetes` each module's go.mod requires. The same list
+/// `tests/setup/build-kube --list` prints, so the two agree on the default.
+pub fn pinned() -> Result<Vec<KubeVersion>> {
+    let dir = pins_dir();
+    let mut versions = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let go_mod = entry?.path().join("go.mod");
+        let Ok(text) = std::fs::read_to_string(&go_mod) else {
+            continue; // the pin script, not a module
+        };
+        let version = text
+            .lines()
+            .find_map(|line| line.strip_prefix("require k8s.io/kubernetes "))
+            .and_then(|word| KubeVersion::parse_word(word.trim()))
+            .with_context(|| format!("{}: no k8s.io/kubernetes version", go_mod.display()))?;
+        versions.push(version);
+    }
+    versions.sort_unstable_by(|a, b| b.cmp(a));
+    if versions.is_empty() {
+        bail!("no Kubernetes versions pinned under {}", dir.display());
+    }
+    Ok(versions)
+}
+
+/// The version under test: `AUTONODE_KUBE_VERSION` (`1.31` or `1.31.4`,
+/// one of the pinned), else the newest pinned.
+pub fn under_test() -> Result<KubeVersion> {
+    let pinned = pinned()?;
+    match std::env::var("AUTONODE_KUBE_VERSION") {
+        Ok(wanted) if !wanted.trim().is_empty() => choose(&pinned, wanted.trim()),
+        _ => Ok(pinned[0]),
+    }
+}
+
+/// The pinned version `wanted` (`1.31`, `1.31.4`, `v1.31.4`) names.
+fn choose(pinned: &[KubeVersion], wanted: &str) -> Result<KubeVersion> {
+    let bare = wanted.strip_prefix('v').unwrap_or(wanted);
+    pinned
+        .iter()
+        .copied()
+        .find(|v| {
+            let full = format!("{}.{}.{}", v.major, v.minor, v.patch);
+            bare == full || bare == format!("{}.{}", v.major, v.minor)
+        })
+        .with_context(|| {
+            let list: Vec<String> = pinned.iter().map(|v| v.to_string()).collect();
+            format!(
+                "AUTONODE_KUBE_VERSION={wanted} is not pinned; pinned: {}",
+                list.join(", ")
+            )
+        })
+}
+
 impl fmt::Display for KubeVersion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "v{}.{}.{}", self.major, self.minor, self.patch)
@@ -116,6 +177,18 @@ mod tests {
         ] {
             assert!(KubeVersion::parse(text).is_err(), "{text:?} parsed");
         }
+    }
+
+    #[test]
+    fn the_pins_name_versions_and_a_version_is_chosen_by_minor_or_patch() {
+        let pinned = pinned().unwrap();
+        assert!(pinned.windows(2).all(|w| w[0] > w[1]), "{pinned:?}");
+        let newest = pinned[0];
+        let minor = format!("{}.{}", newest.major, newest.minor);
+        assert_eq!(choose(&pinned, &minor).unwrap(), newest);
+        assert_eq!(choose(&pinned, &newest.to_string()).unwrap(), newest);
+        let err = choose(&pinned, "1.19").unwrap_err().to_string();
+        assert!(err.contains(&newest.to_string()), "{err}");
     }
 
     #[test]

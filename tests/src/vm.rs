@@ -46,8 +46,8 @@ pub const GUEST_SERVER_PORT: u16 = 8443;
 /// slirp's network: see the module's documentation for why so wide.
 const NETWORK: &str = "net=160.0.0.0/4,host=172.31.0.1,dns=172.31.0.3,dhcpstart=172.31.0.15";
 /// Kernel command line, less the console (see [`Arch::console`]):
-/// Debian 12's defaults otherwise (cgroup v2, on which kubelet 1.20
-/// registers and becomes Ready; no pods run here). `loglevel=4` keeps
+/// Debian 12's defaults otherwise (cgroup v2, on which the kubelet
+/// under test registers and becomes Ready; no pods run here). `loglevel=4` keeps
 /// kernel chatter, slow over an emulated UART, off the console; systemd's
 /// unit status lines stay.
 const KERNEL_ARGS: &str = "root=/dev/vda rw loglevel=4 panic=-1";

@@ -8,7 +8,7 @@ use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestCondition, CertificateSigningRequestSpec,
     CertificateSigningRequestStatus,
 };
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::ByteString;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::wait::{await_condition, Condition};
@@ -97,6 +97,40 @@ fn client_csr(node_name: &str, key: &rcgen::KeyPair) -> Result<String> {
 }
 
 /// Creates a kubelet client CSR, approves it, and waits for the certificate.
+/// The scheduler, when asked for, runs with the rights of
+/// `system:kube-scheduler`: it judges a pod and records its verdict (with no
+/// node in the cluster, the pod is unschedulable), which it can only do
+/// authenticated and authorized as itself.
+#[tokio::test]
+async fn the_scheduler_when_asked_for_judges_pods() -> Result<()> {
+    let cp = ControlPlane::start_with_scheduler().await?;
+    let pods: Api<Pod> = Api::namespaced(cp.admin().await?, "default");
+    let name = format!("unplaceable-{}", unique());
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {"containers": [{"name": "c", "image": "example.invalid/none"}]},
+    }))?;
+    pods.create(&PostParams::default(), &pod).await?;
+    let judged = |pod: Option<&Pod>| {
+        pod.and_then(|p| p.status.as_ref())
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| {
+                c.iter().any(|c| {
+                    c.type_ == "PodScheduled"
+                        && c.status == "False"
+                        && c.reason.as_deref() == Some("Unschedulable")
+                })
+            })
+    };
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        await_condition(pods, &name, judged),
+    )
+    .await
+    .context("the scheduler never marked the pod unschedulable")??;
+    Ok(())
+}
+
 async fn issue_via_csr(client: &kube::Client, name: &str, csr_pem: &str) -> Result<String> {
     let csrs: Api<CertificateSigningRequest> = Api::all(client.clone());
     let csr = CertificateSigningRequest {

@@ -1187,7 +1187,7 @@ fn chart_and_kustomize_base_stay_in_step() -> Result<()> {
 /// the object as the API server would store it.
 async fn dry_run(client: &kube::Client, mut doc: Value, policy_v1: bool) -> Result<DynamicObject> {
     if doc["apiVersion"] == "policy/v1" && !policy_v1 {
-        // The test apiserver (1.20) serves the same schema as v1beta1.
+        // An API server before 1.21 serves the same schema as v1beta1.
         doc["apiVersion"] = "policy/v1beta1".into();
     }
     let object: DynamicObject = serde_json::from_value(doc)?;
@@ -1222,8 +1222,8 @@ const MONITORING_CRDS: [(&str, &str); 2] = [
 
 /// A prometheus-operator object's server-side dry run against
 /// [`MONITORING_CRDS`]: accepted, and its spec kept whole (the API server
-/// prunes a field its CRD lacks instead of refusing it; the 1.20 test
-/// apiserver has no strict field validation).
+/// prunes a field its CRD lacks instead of refusing it: the request names
+/// no `fieldValidation`, and the default only warns).
 async fn dry_run_operator_kind(client: &kube::Client, doc: &Value) -> Result<()> {
     let stored = dry_run(client, doc.clone(), true).await?;
     ensure!(

@@ -789,8 +789,9 @@ fn oci_image_unpacks_and_runs() -> Result<()> {
     Ok(())
 }
 
-/// `kubectl kustomize` of packaging/server with the project's kubectl
-/// (v1.20.2, Kustomize 2.0.3: the base must not need newer).
+/// `kubectl kustomize` of packaging/server with the kubectl of the version
+/// under test: on the oldest supported (`tests/run --kube 1.26`, Kustomize
+/// 4.5.7) this is the floor the base must not need more than.
 fn kustomize_server() -> Result<Vec<serde_json::Value>> {
     kustomize("packaging/server")
 }

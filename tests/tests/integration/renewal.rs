@@ -118,9 +118,9 @@ async fn a_csr_replaced_while_it_is_judged_is_not_approved() -> Result<()> {
 
 /// The attacker holds node X's credential: the client certificate of X's
 /// kubelet, taken from a compromised X, valid for months after X is gone.
-/// On 1.20, NodeRestriction and the Node authorizer let a node create only
-/// the Node object of its own name, not delete it, and do not look at
-/// `spec.providerID` on create. So once X's machine is terminated and its
+/// NodeRestriction and the Node authorizer (1.20 and 1.37 alike) let a node
+/// create only the Node object of its own name, not delete it, and do not
+/// look at `spec.providerID` on create. So once X's machine is terminated and its
 /// Node and NodeClaim deleted (Karpenter's part, played here by the
 /// admin), the attacker, as X, creates Node X again pointing at instance Y,
 /// a live node that joined through autonode, and asks for what the approver

@@ -107,6 +107,24 @@ async fn joins_and_becomes_ready(
     let name = &instance.private_dns_name;
     let registered = wait_node(vm, &nodes, name, "registered", |_| true).await?;
     let boot_to_registered = vm.started().elapsed();
+    // The kubelet that registered is the image's (the version under test),
+    // the one the agent asked and configured for: the agent's per-version
+    // settings are proven on that version.
+    let node_kubelet = registered
+        .status
+        .as_ref()
+        .and_then(|s| s.node_info.as_ref())
+        .map(|i| i.kubelet_version.clone())
+        .unwrap_or_default();
+    let agent_kubelet = logged_pairs(&report, "kubelet version=")?
+        .get("version")
+        .cloned()
+        .unwrap_or_default();
+    ensure!(
+        !node_kubelet.is_empty()
+            && node_kubelet.trim_start_matches('v') == agent_kubelet.trim_start_matches('v'),
+        "the Node says kubelet {node_kubelet:?}, the agent configured for {agent_kubelet:?}"
+    );
     let spec = registered.spec.unwrap_or_default();
     ensure!(
         spec.provider_id == Some(instance.provider_id()),
@@ -148,6 +166,9 @@ async fn joins_and_becomes_ready(
         &arch.scoped("join"),
         json!({
             "arch": arch.name(),
+            // The VM kubelet's own version, as its Node reports it
+            // (`agent.kubelet_version` is the agent's reading of it).
+            "kubelet_version": node_kubelet,
             "boot_to_registered_s": boot_to_registered.as_secs_f64(),
             "boot_to_ready_s": boot_to_ready.as_secs_f64(),
             "agent": agent_timings(&report)?,
