@@ -17,8 +17,10 @@
 //! - [`joiner`]: the join protocol spoken directly (refusal and load tests).
 //! - [`node`]: a simulated instance (netns, IMDS, root dir) for the agent binary.
 //! - [`karpenter`]: playing Karpenter's part (NodeClaims and friends).
+//! - [`karpenter_controller`]: the real Karpenter controller, against moto.
 //! - [`kubeversion`]: the Kubernetes version of a binary, for flags that
 //!   differ between versions.
+//! - [`moto`]: moto, a third-party EC2, for the real Karpenter.
 //! - [`pki`]: throwaway CAs and certificates for a test run.
 //! - [`promql`]: metric and label names in PromQL expressions and in a
 //!   scrape, to check alerts and dashboards against what is exported.
@@ -40,7 +42,9 @@ pub mod ignition;
 pub mod ignition_oracle;
 pub mod joiner;
 pub mod karpenter;
+pub mod karpenter_controller;
 pub mod kubeversion;
+pub mod moto;
 pub mod netns;
 pub mod node;
 pub mod pki;
