@@ -81,6 +81,13 @@ impl ControlPlane {
         Ok(cp)
     }
 
+    /// For the real Karpenter: kube-scheduler running (Karpenter provisions
+    /// for the pods it could not place), and no CRDs (the controller's own,
+    /// from its module, are installed by `karpenter_controller`).
+    pub async fn start_for_karpenter() -> Result<Self> {
+        Self::start_bare(&[], true).await
+    }
+
     /// Like [`ControlPlane::start`], without the Karpenter CRDs (for
     /// installing them some other way).
     pub async fn start_without_crds() -> Result<Self> {

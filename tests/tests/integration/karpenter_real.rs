@@ -2,12 +2,12 @@
 //! against a real control plane with kube-scheduler, launching into moto
 //! (`tests/setup/install-moto`), a third-party EC2.
 //!
-//! Needs Kubernetes 1.26 or later (`AUTONODE_KUBE_BIN`): Karpenter's status
-//! writes fail on older API servers.
+//! Needs Kubernetes 1.26 or later (every pinned version is): Karpenter's
+//! status writes fail on older API servers.
 
 use anyhow::{bail, Context, Result};
 use autonode_server::ec2::{Credentials, Ec2Client, Ec2Settings, InstanceState, RetryPolicy};
-use autonode_tests::controlplane::{ControlPlane, Options};
+use autonode_tests::controlplane::ControlPlane;
 use autonode_tests::karpenter::{ec2nodeclasses, nodeclaims};
 use autonode_tests::karpenter_controller::{install_karpenter_crds, KarpenterController};
 use autonode_tests::moto::{
@@ -32,15 +32,11 @@ const LAUNCH_TIMEOUT: Duration = Duration::from_secs(180);
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pending_pod_makes_karpenter_launch_an_instance_with_the_classes_user_data_verbatim(
 ) -> Result<()> {
-    let cp = ControlPlane::start_with(Options {
-        scheduler: true,
-        karpenter_crds: false,
-    })
-    .await?;
+    let cp = ControlPlane::start_for_karpenter().await?;
     if !cp.version().at_least(1, 26) {
         bail!(
             "the real Karpenter needs Kubernetes 1.26 or later, this is {}: \
-             set AUTONODE_KUBE_BIN",
+             run a pinned version (tests/run --kube 1.26 or later)",
             cp.version()
         );
     }
