@@ -26,6 +26,10 @@
 //! controller may see a Node that is already Ready: registered is then
 //! reported first, in the same reconcile ([`due`]).
 //!
+//! A NodeClaim's Node is the one its binding names ([`binding::node_of`]),
+//! never any Node that carries its providerID: a node may register its own
+//! Node with another instance's, and must not make that machine Ready.
+//!
 //! Once the Node is Ready, its allocatable is compared with what Karpenter
 //! planned with, once per NodeClaim ([`crate::controllers::capacity`]): recorded in the
 //! same mark, with the same write as the Ready milestone.
@@ -145,7 +149,7 @@ async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Action, E
     if !bound || claim.is_deleting() {
         return Ok(Action::await_change());
     }
-    let node = node_of(&claim, &ctx.nodes);
+    let node = binding::node_of(&claim, &ctx.nodes);
     let stage = stage(&claim, node.as_deref());
     // Writing the mark moved the NodeClaim on: the condition is written
     // against what that write returned, not (certain to conflict) the
@@ -177,12 +181,6 @@ async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Action, E
         Stage::Attested | Stage::Registered => Duration::from_secs(3),
     };
     Ok(Action::requeue(next))
-}
-
-/// The Node with the NodeClaim's providerID, once kubelet registered it.
-fn node_of(claim: &NodeClaim, nodes: &Store<Node>) -> Option<Arc<Node>> {
-    let pid = claim.provider_id()?;
-    nodes.find(|n| n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(pid))
 }
 
 /// Derives the stage from the NodeClaim and its Node (if registered).

@@ -10,14 +10,21 @@
 //!   report cannot be checked against anything: it is shown as an Event
 //!   and logged, and a fatal one changes nothing (see [`Trust::Unverified`]).
 //! - Once bound, a report must be signed with the bound key, carry a
-//!   timestamp within [`REPORT_WINDOW`] of the server's clock, and not be
-//!   one this replica has already accepted ([`Replays`]). Only such a
-//!   report may delete the NodeClaim (or, with deletion off, mark it
-//!   failed).
+//!   timestamp at most [`REPORT_WINDOW`] behind the server's clock and
+//!   [`FUTURE_SKEW`] ahead, fit its instance's quota ([`QUOTA_BURST`], then
+//!   one per [`QUOTA_PERIOD`]), and not be one this replica has already
+//!   accepted ([`Replays`]). Only such a report may delete the NodeClaim
+//!   (or, with deletion off, mark it failed).
+//!
+//! The quota and the replay memory are per instance, and counted only for
+//! reports signed with the instance's bound key: one node flooding signed
+//! reports is told 429 and fills only its own slots, never another
+//! machine's, so every other node's fatal report still acts.
 
 use crate::kube::binding::{self, Unreadable};
 use crate::kube::events::Events;
 use crate::kube::karpenter::{aws_provider_id, NodeClaim};
+use crate::kube::limiter::Limiter;
 use crate::kube::metrics::{Metrics, PhaseLabels, ReportRefusalLabels};
 use crate::kube::nodeclaim::{FindError, NodeClaims, SelectError};
 use autonode_shared::identity::{self, IdentityError, Policy, PolicyError, TrustStore};
@@ -25,11 +32,12 @@ use autonode_shared::proof::{self, ProofError};
 use autonode_shared::protocol::{Outcome, ReportRequest};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 use thiserror::Error;
 use time::OffsetDateTime;
 
-/// How far a signed report's `timestamp` may be from the server's clock,
-/// either way, in seconds.
+/// How far a signed report's `timestamp` may be behind the server's clock,
+/// in seconds (ahead: [`FUTURE_SKEW`]).
 ///
 /// The window is what lets the server forget: a report older than this is
 /// refused on its timestamp, so [`Replays`] need only remember the reports
@@ -40,10 +48,44 @@ use time::OffsetDateTime;
 /// stays small.
 pub const REPORT_WINDOW: i64 = 300;
 
+/// How far a signed report's `timestamp` may be ahead of the server's
+/// clock, in seconds.
+///
+/// A report is remembered until its timestamp plus [`REPORT_WINDOW`], so a
+/// timestamp in the future is memory held longer: with the full window
+/// ahead, one report held a slot for ten minutes. A clock runs ahead of the
+/// server's only by drift, which on EC2 (the hypervisor's clock at boot,
+/// Amazon Time Sync after) is well under a second; a minute covers that and
+/// a server whose own clock lags, and keeps a report's memory under
+/// [`REPORT_WINDOW`] + a minute. Behind stays wide: a report may be retried,
+/// or written before the network (and so the time sync) came up.
+pub const FUTURE_SKEW: i64 = 60;
+
+/// Signed reports one instance may send at once before the quota holds it
+/// to one per [`QUOTA_PERIOD`]. An agent sends a few per boot (each phase,
+/// retrying ones from the third failure then once a minute, a final one).
+pub const QUOTA_BURST: u32 = 10;
+
+/// One more signed report per instance per this long, past [`QUOTA_BURST`].
+pub const QUOTA_PERIOD: Duration = Duration::from_secs(30);
+
+/// Instances whose quota is tracked at once (idle ones are forgotten: a
+/// full bucket is no bucket). Only instances with a bound key get one.
+const QUOTA_INSTANCES: usize = 20_000;
+
+/// Most reports [`Replays`] remembers for one instance. Within the time a
+/// report is remembered ([`REPORT_WINDOW`] + [`FUTURE_SKEW`], 360 s) the
+/// quota lets an instance send at most [`QUOTA_BURST`] + 360 / 30 = 22, so an
+/// honest agent never meets this; it bounds what one instance can hold
+/// even if the quota were raised.
+pub const REPLAY_SLOTS_PER_INSTANCE: usize = 32;
+
 /// Most signed reports [`Replays`] remembers at once. An agent sends a
-/// handful per boot; 100k within ten minutes is ~170 reports a second, far
-/// beyond any real fleet, and costs ~10 MB. Past it, new signed reports are
-/// answered "unavailable" (retried) rather than accepted unremembered.
+/// handful per boot; 100k within six minutes, at most
+/// [`REPLAY_SLOTS_PER_INSTANCE`] from any one instance, takes thousands of
+/// machines reporting at their quota together, far beyond any real fleet,
+/// and costs ~10 MB. Past it, new signed reports are answered "unavailable"
+/// (retried) rather than accepted unremembered.
 pub const REPLAY_CAPACITY: usize = 100_000;
 
 /// What report handling needs.
@@ -68,6 +110,12 @@ pub enum ReportError {
     /// Something on our side is unavailable; the agent retries (503).
     #[error("temporarily unavailable: {0}")]
     Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The instance sent more signed reports than its quota (429).
+    #[error("instance {instance_id} sent too many signed reports; the next is accepted in {} s", retry_after.as_secs().max(1))]
+    TooMany {
+        instance_id: String,
+        retry_after: Duration,
+    },
 }
 
 impl ReportError {
@@ -122,8 +170,8 @@ pub enum ReportRefusal {
     #[error("report signed by key {offered}, instance bound to {bound}")]
     WrongKey { offered: String, bound: String },
     #[error(
-        "timestamp {timestamp} is {skew} s from the server's clock (allowed: {} s)",
-        REPORT_WINDOW
+        "timestamp {timestamp} is {skew} s from the server's clock (allowed: {} s behind, {} s ahead)",
+        REPORT_WINDOW, FUTURE_SKEW
     )]
     OutsideWindow { timestamp: i64, skew: u64 },
     #[error("this signed report was already accepted (a replay)")]
@@ -172,14 +220,24 @@ pub async fn handle(
     report: ReportRequest,
 ) -> Result<(), ReportError> {
     let sender = authenticate(ctx, &report).await.inspect_err(|e| {
-        if let ReportError::Refused(refusal) = e {
-            let reason = refusal.reason();
+        let reason = match e {
+            ReportError::Refused(refusal) => Some(refusal.reason()),
+            ReportError::TooMany { .. } => Some("over_quota"),
+            ReportError::Unavailable(_) => None,
+        };
+        if let Some(reason) = reason {
             ctx.metrics
                 .agent_reports_refused
                 .get_or_create(&ReportRefusalLabels { reason })
                 .inc();
         }
-        tracing::warn!(request_id, error = %e, "agent report refused");
+        if let ReportError::TooMany { .. } = e {
+            // Counted above; a line per report would let the flooder fill
+            // the logs as well.
+            tracing::debug!(request_id, error = %e, "agent report refused");
+        } else {
+            tracing::warn!(request_id, error = %e, "agent report refused");
+        }
     })?;
     let mut admitted = Admitted {
         replays: &ctx.replays,
@@ -269,7 +327,7 @@ async fn authenticate(ctx: &ReportContext, report: &ReportRequest) -> Result<Sen
     let (claim, record) = bound(ctx, claim, report).await?;
     let trust = match record {
         None => Trust::Unverified,
-        Some(record) => Trust::Signed(check_signed(ctx, report, &record.client_key)?),
+        Some(record) => Trust::Signed(check_signed(ctx, report, &record)?),
     };
     Ok(Sender { claim, trust })
 }
@@ -308,13 +366,18 @@ async fn bound(
     }
 }
 
-/// Checks a bound instance's report: signed with `bound`, timely, new.
-/// Returns the digest it is now remembered by.
+/// Checks a bound instance's report: signed with its bound key, timely,
+/// within the instance's quota, new. Returns the digest it is now
+/// remembered by.
+///
+/// The quota is taken only after the signature checks: anyone holding the
+/// identity document could otherwise spend a machine's quota for it.
 fn check_signed(
     ctx: &ReportContext,
     report: &ReportRequest,
-    bound: &str,
+    record: &binding::Record,
 ) -> Result<[u8; 32], ReportError> {
+    let bound = record.client_key.as_str();
     let proof = report.proof.as_ref().ok_or(ReportRefusal::NoProof)?;
     let signed = report.signed_bytes();
     let offered = proof::verify(proof, &signed).map_err(ReportRefusal::from)?;
@@ -327,15 +390,28 @@ fn check_signed(
     }
     let now = (ctx.clock)().unix_timestamp();
     within_window(report.timestamp, now)?;
+    let instance = record.instance_id.as_str();
+    ctx.replays
+        .quota
+        .try_take(instance, Instant::now())
+        .map_err(|retry_after| ReportError::TooMany {
+            instance_id: instance.to_string(),
+            retry_after,
+        })?;
     let digest = proof::replay_digest(&signed);
-    ctx.replays.admit(digest, report.timestamp, now)?;
+    ctx.replays.admit(instance, digest, report.timestamp, now)?;
     Ok(digest)
 }
 
 /// Whether a report written at `timestamp` may be accepted at `now`.
 fn within_window(timestamp: i64, now: i64) -> Result<(), ReportRefusal> {
     let skew = now.abs_diff(timestamp);
-    if skew > REPORT_WINDOW.unsigned_abs() {
+    let allowed = if timestamp > now {
+        FUTURE_SKEW
+    } else {
+        REPORT_WINDOW
+    };
+    if skew > allowed.unsigned_abs() {
         return Err(ReportRefusal::OutsideWindow { timestamp, skew });
     }
     Ok(())
@@ -352,9 +428,22 @@ fn within_window(timestamp: i64, now: i64) -> Result<(), ReportRefusal> {
 /// NodeClaim: a duplicate Event, or a second delete of a NodeClaim already
 /// deleted (a no-op: the delete is conditional on its uid). It cannot speak
 /// for another machine, nor outlive the window.
-#[derive(Debug)]
+///
+/// Fair across instances: each may hold at most
+/// [`REPLAY_SLOTS_PER_INSTANCE`] reports, and past that only its own reports
+/// are refused (429); nothing one instance sends evicts or crowds out
+/// another's. The quota that keeps an instance well under its slots lives
+/// here too, so each replica has one of each.
 pub struct Replays {
     seen: Mutex<Seen>,
+    /// Signed reports per instance ([`QUOTA_BURST`], [`QUOTA_PERIOD`]).
+    quota: Limiter,
+}
+
+impl std::fmt::Debug for Replays {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Replays").finish_non_exhaustive()
+    }
 }
 
 impl Default for Replays {
@@ -370,20 +459,46 @@ impl Replays {
             seen: Mutex::new(Seen {
                 expiry: HashMap::new(),
                 by_expiry: BTreeSet::new(),
+                per_instance: HashMap::new(),
                 capacity,
             }),
+            quota: Limiter::new(QUOTA_BURST, QUOTA_PERIOD, QUOTA_INSTANCES),
         }
     }
 
-    /// Remembers the report with `digest`, written at `timestamp`, unless
-    /// it is already remembered (a replay) or the set is full.
-    fn admit(&self, digest: [u8; 32], timestamp: i64, now: i64) -> Result<(), ReportError> {
+    /// Remembers `instance`'s report with `digest`, written at `timestamp`,
+    /// unless it is already remembered (a replay), the instance holds all
+    /// its slots, or the set is full.
+    fn admit(
+        &self,
+        instance: &str,
+        digest: [u8; 32],
+        timestamp: i64,
+        now: i64,
+    ) -> Result<(), ReportError> {
         // The lock guards plain data with no invariant a panic could break
         // halfway, so a poisoned lock is still good to use.
         let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
         seen.prune(now);
         if seen.expiry.contains_key(&digest) {
             return Err(ReportRefusal::Replayed.into());
+        }
+        let held = seen.per_instance.get(instance).copied().unwrap_or(0);
+        if held >= REPLAY_SLOTS_PER_INSTANCE {
+            // Its own slots free as its own reports leave the window.
+            let oldest = seen
+                .expiry
+                .values()
+                .filter(|(_, who)| who.as_str() == instance)
+                .map(|(expires, _)| *expires)
+                .min()
+                .unwrap_or(now);
+            return Err(ReportError::TooMany {
+                instance_id: instance.to_string(),
+                retry_after: Duration::from_secs(
+                    u64::try_from(oldest.saturating_sub(now)).unwrap_or(0) + 1,
+                ),
+            });
         }
         if seen.expiry.len() >= seen.capacity {
             // Accepting it unremembered would let it be replayed; refusing
@@ -396,17 +511,16 @@ impl Replays {
         }
         // Past this, the window refuses the report on its own.
         let expires = timestamp.saturating_add(REPORT_WINDOW);
-        seen.expiry.insert(digest, expires);
+        seen.expiry.insert(digest, (expires, instance.to_string()));
         seen.by_expiry.insert((expires, digest));
+        *seen.per_instance.entry(instance.to_string()).or_insert(0) += 1;
         Ok(())
     }
 
     /// Forgets a report whose handling failed, so its retry is accepted.
     fn forget(&self, digest: &[u8; 32]) {
         let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(expires) = seen.expiry.remove(digest) {
-            seen.by_expiry.remove(&(expires, *digest));
-        }
+        seen.remove(digest);
     }
 
     /// How many reports are remembered.
@@ -418,11 +532,13 @@ impl Replays {
 }
 
 /// [`Replays`]' data: each digest with the second after which its report
-/// is outside the window, and the same ordered by that second for pruning.
+/// is outside the window and the instance that sent it, the same ordered by
+/// that second for pruning, and how many each instance holds.
 #[derive(Debug)]
 struct Seen {
-    expiry: HashMap<[u8; 32], i64>,
+    expiry: HashMap<[u8; 32], (i64, String)>,
     by_expiry: BTreeSet<(i64, [u8; 32])>,
+    per_instance: HashMap<String, usize>,
     capacity: usize,
 }
 
@@ -433,8 +549,21 @@ impl Seen {
             if expires >= now {
                 break;
             }
-            self.by_expiry.pop_first();
-            self.expiry.remove(&digest);
+            self.remove(&digest);
+        }
+    }
+
+    /// Forgets one report, and its slot in its instance's count.
+    fn remove(&mut self, digest: &[u8; 32]) {
+        let Some((expires, instance)) = self.expiry.remove(digest) else {
+            return;
+        };
+        self.by_expiry.remove(&(expires, *digest));
+        if let Some(held) = self.per_instance.get_mut(&instance) {
+            *held = held.saturating_sub(1);
+            if *held == 0 {
+                self.per_instance.remove(&instance);
+            }
         }
     }
 }
@@ -494,7 +623,8 @@ mod tests {
     fn the_window_is_inclusive_both_ways() {
         assert!(within_window(NOW, NOW).is_ok());
         assert!(within_window(NOW - REPORT_WINDOW, NOW).is_ok());
-        assert!(within_window(NOW + REPORT_WINDOW, NOW).is_ok());
+        assert!(within_window(NOW + FUTURE_SKEW, NOW).is_ok());
+        assert!(within_window(NOW + FUTURE_SKEW + 1, NOW).is_err());
         let late = within_window(NOW - REPORT_WINDOW - 1, NOW).unwrap_err();
         assert_eq!(late.reason(), "outside_window");
         assert!(within_window(NOW + REPORT_WINDOW + 1, NOW).is_err());
@@ -506,63 +636,137 @@ mod tests {
     #[test]
     fn a_report_is_accepted_once() {
         let replays = Replays::default();
-        replays.admit(digest(1), NOW, NOW).unwrap();
-        let again = replays.admit(digest(1), NOW, NOW + 10).unwrap_err();
+        replays.admit("i-1", digest(1), NOW, NOW).unwrap();
+        let again = replays.admit("i-1", digest(1), NOW, NOW + 10).unwrap_err();
         assert!(matches!(
             again,
             ReportError::Refused(ReportRefusal::Replayed)
         ));
-        replays.admit(digest(2), NOW, NOW + 10).unwrap();
+        replays.admit("i-1", digest(2), NOW, NOW + 10).unwrap();
     }
 
     #[test]
     fn a_report_is_remembered_until_the_window_refuses_it() {
         let replays = Replays::default();
-        replays.admit(digest(1), NOW, NOW).unwrap();
+        replays.admit("i-1", digest(1), NOW, NOW).unwrap();
         // While the timestamp is in the window, so is the digest.
         let last = NOW + REPORT_WINDOW;
         assert!(within_window(NOW, last).is_ok());
-        assert!(replays.admit(digest(1), NOW, last).is_err());
+        assert!(replays.admit("i-1", digest(1), NOW, last).is_err());
         // One second later the window refuses it, and the set forgets it.
         assert!(within_window(NOW, last + 1).is_err());
-        replays.admit(digest(2), last + 1, last + 1).unwrap();
+        replays.admit("i-1", digest(2), last + 1, last + 1).unwrap();
         assert_eq!(replays.len(), 1);
     }
 
     #[test]
     fn a_full_set_turns_reports_away_until_entries_expire() {
         let replays = Replays::with_capacity(2);
-        replays.admit(digest(1), NOW, NOW).unwrap();
-        replays.admit(digest(2), NOW + 5, NOW).unwrap();
-        let full = replays.admit(digest(3), NOW, NOW).unwrap_err();
+        replays.admit("i-1", digest(1), NOW, NOW).unwrap();
+        replays.admit("i-1", digest(2), NOW + 5, NOW).unwrap();
+        let full = replays.admit("i-1", digest(3), NOW, NOW).unwrap_err();
         assert!(matches!(full, ReportError::Unavailable(_)), "{full}");
         // The first expires; the second is still there.
         replays
-            .admit(digest(3), NOW, NOW + REPORT_WINDOW + 1)
+            .admit("i-1", digest(3), NOW, NOW + REPORT_WINDOW + 1)
             .unwrap();
         assert_eq!(replays.len(), 2);
         assert!(replays
-            .admit(digest(2), NOW + 5, NOW + REPORT_WINDOW + 1)
+            .admit("i-1", digest(2), NOW + 5, NOW + REPORT_WINDOW + 1)
             .is_err());
     }
 
     #[test]
     fn a_report_whose_handling_did_not_finish_may_be_sent_again() {
         let replays = Replays::default();
-        replays.admit(digest(1), NOW, NOW).unwrap();
+        replays.admit("i-1", digest(1), NOW, NOW).unwrap();
         // Failed or dropped: the guard is still armed.
         drop(Admitted {
             replays: &replays,
             digest: Some(digest(1)),
         });
         assert_eq!(replays.len(), 0);
-        replays.admit(digest(1), NOW, NOW + 1).unwrap();
+        replays.admit("i-1", digest(1), NOW, NOW + 1).unwrap();
         // Done: disarmed, remembered.
         drop(Admitted {
             replays: &replays,
             digest: None,
         });
-        assert!(replays.admit(digest(1), NOW, NOW + 2).is_err());
+        assert!(replays.admit("i-1", digest(1), NOW, NOW + 2).is_err());
+    }
+
+    #[test]
+    fn an_instance_past_its_slots_is_refused_and_others_are_not() {
+        let replays = Replays::default();
+        for n in 0..REPLAY_SLOTS_PER_INSTANCE {
+            let digest = [
+                u8::try_from(n).unwrap(),
+                0xf1,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+            ];
+            replays.admit("i-flood", digest, NOW, NOW).unwrap();
+        }
+        let over = replays
+            .admit("i-flood", digest(0xee), NOW, NOW)
+            .unwrap_err();
+        match over {
+            ReportError::TooMany {
+                instance_id,
+                retry_after,
+            } => {
+                assert_eq!(instance_id, "i-flood");
+                assert_eq!(
+                    retry_after.as_secs(),
+                    u64::try_from(REPORT_WINDOW).unwrap() + 1
+                );
+            }
+            other => panic!("{other}"),
+        }
+        replays.admit("i-other", digest(0xee), NOW, NOW).unwrap();
+        // Its own reports leave the window, and free its own slots.
+        replays
+            .admit("i-flood", digest(0xed), NOW, NOW + REPORT_WINDOW + 1)
+            .unwrap();
+    }
+
+    #[test]
+    fn the_quota_holds_an_instance_to_its_burst_then_one_per_period() {
+        let replays = Replays::default();
+        let t0 = Instant::now();
+        for _ in 0..QUOTA_BURST {
+            replays.quota.try_take("i-1", t0).unwrap();
+        }
+        assert_eq!(replays.quota.try_take("i-1", t0), Err(QUOTA_PERIOD));
+        assert!(replays.quota.try_take("i-2", t0).is_ok());
     }
 
     #[test]

@@ -20,10 +20,14 @@
 //! autonode's own mark ([`marks::keep_own`]): one copied from a NodePool
 //! template is ignored, and overwritten by the first real join.
 
-use crate::kube::karpenter::NodeClaim;
+use crate::kube::karpenter::{parse_aws_provider_id, NodeClaim};
 use crate::kube::marks;
 use crate::kube::nodeclaim::NodeClaims;
+use k8s_openapi::api::core::v1::Node;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::ResourceExt;
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 
 /// What the binding records: everything later decisions about this
 /// instance rest on, written once by the join that attested it (as the
@@ -74,6 +78,38 @@ pub fn recorded(claim: &NodeClaim) -> Result<Option<Record>, Unreadable> {
     serde_json::from_str(value)
         .map(Some)
         .map_err(|e| Unreadable(e.to_string()))
+}
+
+/// The Node of `claim`, once its kubelet registered it: the one place that
+/// decides which Node a NodeClaim's machine is (feedback, and through its
+/// condition the rollout guard, and the capacity check all ask here).
+///
+/// Never by providerID alone: a node may create its own Node object with
+/// any `spec.providerID` (NodeRestriction lets it choose), so a Node
+/// carrying another instance's providerID would make that machine look
+/// registered and Ready. The Node must be the one named as the binding
+/// recorded when the instance joined (EC2's name for it, which only that
+/// machine's kubelet may register under), for the bound instance, and
+/// agree with Karpenter's `status.nodeName` once that is set. The renewal
+/// approver makes the same checks from the Node's side, with a reason for
+/// each refusal.
+pub fn node_of(claim: &NodeClaim, nodes: &Store<Node>) -> Option<Arc<Node>> {
+    let record = recorded(claim).ok()??;
+    let node = nodes.get(&ObjectRef::new(&record.node_name))?;
+    is_its_node(claim, &record, &node).then_some(node)
+}
+
+/// Whether `node` is the Node of `claim`, whose binding is `record`.
+pub fn is_its_node(claim: &NodeClaim, record: &Record, node: &Node) -> bool {
+    let Some(provider_id) = claim.provider_id() else {
+        return false;
+    };
+    let node_provider_id = node.spec.as_ref().and_then(|s| s.provider_id.as_deref());
+    let named = claim.status.as_ref().and_then(|s| s.node_name.as_deref());
+    node.name_any() == record.node_name
+        && node_provider_id == Some(provider_id)
+        && parse_aws_provider_id(provider_id).is_some_and(|(_, id)| id == record.instance_id)
+        && named.is_none_or(|n| n == record.node_name)
 }
 
 /// autonode's own binding annotation does not parse (written by another

@@ -9,6 +9,7 @@ pub mod cache;
 pub mod events;
 pub mod issuer;
 pub mod karpenter;
+pub mod limiter;
 pub mod marks;
 pub mod metrics;
 pub mod nodeclaim;

@@ -382,3 +382,99 @@ async fn retry_until_granted(
         }
     }
 }
+
+/// A node that joined honestly registers a Node of its own, under its own
+/// name (NodeRestriction allows no other) but carrying the providerID of
+/// another instance, one that attested and whose kubelet has not come up,
+/// and makes it Ready. Against autonode before the Node of a NodeClaim was
+/// the one its binding names, the victim's NodeClaim got
+/// `AutonodeBootstrapped=True`, the registered and ready milestones and
+/// their Events (which the rollout guard counts as a Ready machine, and the
+/// capacity check read the attacker's allocatable). Now it stays Attested
+/// until its own kubelet registers.
+#[tokio::test]
+async fn a_node_carrying_another_instances_provider_id_does_not_make_that_machine_ready(
+) -> Result<()> {
+    use crate::feedback::{attested, wait_condition};
+    use autonode_tests::node::registration;
+    use k8s_openapi::api::core::v1::{Event, Node, NodeCondition, NodeStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use kube::api::ListParams;
+
+    let (world, victim, claims) = attested().await?;
+    let attacker = world.join_new(|i| i).await?;
+    wait_condition(&claims, &attacker.claim, "Unknown", "Attested").await?;
+    let ready = || NodeStatus {
+        conditions: Some(vec![NodeCondition {
+            type_: "Ready".into(),
+            status: "True".into(),
+            reason: Some("KubeletReady".into()),
+            last_transition_time: Some(Time(k8s_openapi::jiff::Timestamp::now())),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    };
+
+    let mut spoof = registration(&attacker.instance);
+    if let Some(spec) = spoof.spec.as_mut() {
+        spec.provider_id = Some(victim.instance.provider_id());
+    }
+    spoof.status = Some(ready());
+    Api::<Node>::all(attacker.client.clone())
+        .create(&PostParams::default(), &spoof)
+        .await
+        .context("NodeRestriction lets a node choose its Node's providerID")?;
+
+    // The old server took it within a reconcile (1 s debounce, 3 s
+    // requeue); watch for three times that.
+    let events: Api<Event> = Api::namespaced(world.cp.admin().await?, "default");
+    let selector = format!("involvedObject.name={}", victim.claim);
+    let deadline = std::time::Instant::now() + Duration::from_secs(12);
+    while std::time::Instant::now() < deadline {
+        let claim = claims.get(&victim.claim).await?;
+        let ours = claim.data["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == "AutonodeBootstrapped")
+            .cloned();
+        ensure!(
+            ours.as_ref()
+                .is_some_and(|c| c["status"] == "Unknown" && c["reason"] == "Attested"),
+            "the victim's NodeClaim took the attacker's Node for its own: {ours:?}"
+        );
+        let reported = claim.metadata.annotations.unwrap_or_default();
+        let reported = reported
+            .get("autonode.dev/reported")
+            .map_or("", String::as_str);
+        ensure!(
+            !reported.contains("registered") && !reported.contains("ready"),
+            "milestones reported for a machine with no Node: {reported}"
+        );
+        let milestones: Vec<String> = events
+            .list(&ListParams::default().fields(&selector))
+            .await?
+            .items
+            .into_iter()
+            .filter_map(|e| e.reason)
+            .filter(|r| r == "NodeRegistered" || r == "NodeReady")
+            .collect();
+        ensure!(
+            milestones.is_empty(),
+            "milestone Events for a machine with no Node: {milestones:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // Neither is the attacker's own NodeClaim: its Node names another
+    // instance.
+    wait_condition(&claims, &attacker.claim, "Unknown", "Attested").await?;
+
+    // The victim's own kubelet registers: that Node is its Node.
+    let mut own = registration(&victim.instance);
+    own.status = Some(ready());
+    Api::<Node>::all(victim.client.clone())
+        .create(&PostParams::default(), &own)
+        .await?;
+    wait_condition(&claims, &victim.claim, "True", "NodeReady").await?;
+    Ok(())
+}

@@ -203,7 +203,7 @@ async fn a_join_resumed_after_its_approval_timed_out_records_certificates_once()
 
 /// A world whose server leads within 3 s, and a machine that joined it,
 /// once its NodeClaim says Attested; with the NodeClaims API.
-async fn attested() -> Result<(World, JoinedNode, Api<DynamicObject>)> {
+pub(crate) async fn attested() -> Result<(World, JoinedNode, Api<DynamicObject>)> {
     let world = World::start_with(&["--leader-lease=3".into()]).await?;
     let joined = world.join_new(|i| i).await?;
     let claims = karpenter::nodeclaims(&world.cp.admin().await?);
@@ -368,7 +368,7 @@ pub(crate) async fn send_report(
     Ok(())
 }
 
-async fn wait_condition(
+pub(crate) async fn wait_condition(
     claims: &Api<kube::api::DynamicObject>,
     name: &str,
     status: &str,

@@ -177,6 +177,66 @@ async fn a_signed_report_outside_the_window_is_refused() -> Result<()> {
     Ok(())
 }
 
+/// One registered node floods signed reports, each new (its own timestamp)
+/// and signed with its bound key. Against autonode before the per-instance
+/// quota, each was accepted and remembered for its timestamp plus 300 s
+/// (and the timestamp could be 300 s ahead): 100,000 of them filled the
+/// replica's replay memory, and every other node's signed fatal report got
+/// 503 and its NodeClaim stayed. Now the flooder is told 429 past its quota,
+/// holds only its own slots, and another node's fatal report still
+/// deletes its NodeClaim. A report dated two minutes ahead is refused: the
+/// future skew is a minute, not the whole window.
+#[tokio::test]
+async fn one_nodes_flood_of_signed_reports_leaves_other_nodes_reports_working() -> Result<()> {
+    let world = World::start().await?;
+    let flooder = Joined::launch(&world).await?;
+    let victim = Joined::launch(&world).await?;
+    let claims = karpenter::nodeclaims(&world.cp.admin().await?);
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+
+    let (mut accepted, mut turned_away) = (0, None);
+    for age in 0..60 {
+        let report = flooder.report(&world, Outcome::Retrying, now - age)?;
+        match post_report(&world, &report).await? {
+            (202, _) => accepted += 1,
+            (429, body) => turned_away = Some(body),
+            (status, body) => bail!("flood report {age} answered {status}: {body}"),
+        }
+    }
+    let body = turned_away.context(format!(
+        "all {accepted} of the flooder's 60 signed reports were accepted: no quota"
+    ))?;
+    ensure!(
+        body.contains("too many signed reports") && body.contains(&flooder.instance.instance_id),
+        "429 without a clear reason: {body}"
+    );
+    ensure!(accepted <= 10, "{accepted} flood reports accepted");
+
+    let fatal = victim.report(&world, Outcome::Fatal, now)?;
+    let (status, body) = post_report(&world, &fatal).await?;
+    ensure!(
+        status == 202,
+        "another node's fatal report was answered {status}: {body}"
+    );
+    wait_deleted(&claims, &victim.claim)
+        .await
+        .context("another node's signed fatal report, after the flood")?;
+    let metrics = metrics(&world).await?;
+    ensure!(
+        metrics.contains(r#"autonode_agent_reports_refused_total{reason="over_quota"}"#),
+        "{metrics}"
+    );
+
+    // Refused on its timestamp before the quota is asked.
+    let ahead = flooder.report(&world, Outcome::Retrying, now + 120)?;
+    let (status, body) = post_report(&world, &ahead).await?;
+    ensure!(
+        status == 403,
+        "a report two minutes ahead was answered {status}: {body}"
+    );
+    Ok(())
+}
+
 /// A machine whose agent has joined: its instance is bound to `keys.client`.
 struct Joined {
     claim: String,

@@ -34,6 +34,7 @@ use crate::kube::approval::{self, ApprovalError};
 use crate::kube::binding::{self, Unreadable};
 use crate::kube::cache::{self, Cache};
 use crate::kube::karpenter::{parse_aws_provider_id, NodeClaim};
+use crate::kube::limiter::Limiter;
 use crate::kube::metrics::{KindLabels, LeftPendingLabels, Metrics, SignerLabels};
 use crate::kube::nodeclaim::NodeClaims;
 use autonode_shared::csr::{self, Purpose};
@@ -47,9 +48,8 @@ use kube::runtime::controller::{self, applier, trigger_self, Action};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
-use std::collections::HashMap;
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use thiserror::Error;
 
@@ -680,75 +680,6 @@ fn kind_label(purpose: Purpose) -> &'static str {
     }
 }
 
-/// Per-node token buckets for real EC2 lookups: `burst` at once, then one
-/// per `period`. Bounded: at `capacity` nodes, buckets that have refilled
-/// (indistinguishable from no bucket) are dropped; if none has, the new node
-/// waits a period, as it would have to at worst anyway.
-struct Limiter {
-    burst: f64,
-    period: Duration,
-    capacity: usize,
-    buckets: Mutex<HashMap<String, Bucket>>,
-}
-
-/// Tokens left, as of `at`.
-#[derive(Clone, Copy)]
-struct Bucket {
-    tokens: f64,
-    at: Instant,
-}
-
-impl Bucket {
-    /// The bucket as of `now`, refilled at one token per `period`.
-    fn refilled(self, now: Instant, burst: f64, period: Duration) -> Self {
-        let earned = now.saturating_duration_since(self.at).as_secs_f64() / period.as_secs_f64();
-        Self {
-            tokens: (self.tokens + earned).min(burst),
-            at: now,
-        }
-    }
-}
-
-impl Limiter {
-    fn new(burst: u32, period: Duration, capacity: usize) -> Self {
-        Self {
-            burst: f64::from(burst.max(1)),
-            // A zero period would divide by zero; it means "no limit" anyway.
-            period: period.max(Duration::from_millis(1)),
-            capacity,
-            buckets: Mutex::new(HashMap::new()),
-        }
-    }
-
-    /// Takes a lookup from `node`'s budget, or says how long until one.
-    fn try_take(&self, node: &str, now: Instant) -> Result<(), Duration> {
-        let (burst, period) = (self.burst, self.period);
-        let mut buckets = self.lock();
-        if !buckets.contains_key(node) && buckets.len() >= self.capacity {
-            buckets.retain(|_, b| b.refilled(now, burst, period).tokens < burst);
-            if buckets.len() >= self.capacity {
-                return Err(period);
-            }
-        }
-        let bucket = buckets.entry(node.to_string()).or_insert(Bucket {
-            tokens: burst,
-            at: now,
-        });
-        *bucket = bucket.refilled(now, burst, period);
-        if bucket.tokens >= 1.0 {
-            bucket.tokens -= 1.0;
-            Ok(())
-        } else {
-            Err(period.mul_f64(1.0 - bucket.tokens))
-        }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Bucket>> {
-        // Every change is one insert or retain: consistent after a panic.
-        self.buckets.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -888,45 +819,6 @@ mod tests {
         assert!(many.spec.request.0.is_empty() && many.spec.usages.is_none());
         assert_eq!(Decline::Oversized.reason(), "csr_too_large");
         assert_eq!(Decline::Oversized.retry_in(), None);
-    }
-
-    #[test]
-    fn the_limiter_allows_a_burst_then_one_per_period() {
-        let limiter = Limiter::new(3, Duration::from_secs(30), 10);
-        let t0 = Instant::now();
-        for _ in 0..3 {
-            assert!(limiter.try_take("a", t0).is_ok());
-        }
-        assert_eq!(limiter.try_take("a", t0), Err(Duration::from_secs(30)));
-        // Other nodes have their own budget.
-        assert!(limiter.try_take("b", t0).is_ok());
-        // Half a period earns half a token: not enough, wait the rest.
-        let half = t0 + Duration::from_secs(15);
-        assert_eq!(limiter.try_take("a", half), Err(Duration::from_secs(15)));
-        let later = t0 + Duration::from_secs(30);
-        assert!(limiter.try_take("a", later).is_ok());
-        assert!(limiter.try_take("a", later).is_err());
-        // Idle for long, the budget is the burst again, never more.
-        let much_later = later + Duration::from_secs(3600);
-        for _ in 0..3 {
-            assert!(limiter.try_take("a", much_later).is_ok());
-        }
-        assert!(limiter.try_take("a", much_later).is_err());
-    }
-
-    #[test]
-    fn the_limiter_forgets_idle_nodes_and_stays_bounded() {
-        let limiter = Limiter::new(1, Duration::from_secs(30), 2);
-        let t0 = Instant::now();
-        assert!(limiter.try_take("a", t0).is_ok());
-        assert!(limiter.try_take("b", t0).is_ok());
-        // Full, and nobody idle: a third node waits.
-        assert!(limiter.try_take("c", t0).is_err());
-        assert_eq!(limiter.lock().len(), 2);
-        // Once a and b have refilled, they make room.
-        let t1 = t0 + Duration::from_secs(30);
-        assert!(limiter.try_take("c", t1).is_ok());
-        assert_eq!(limiter.lock().len(), 1);
     }
 
     fn claim(node_name: Option<&str>, binding: Option<serde_json::Value>) -> Arc<NodeClaim> {

@@ -229,6 +229,13 @@ async fn handle_report(api: &Api, peer: IpAddr, request_id: &str, req: Request<I
             "temporarily unavailable",
             request_id,
         ),
+        Err(e @ report::ReportError::TooMany { retry_after, .. }) => {
+            let mut reply = error(StatusCode::TOO_MANY_REQUESTS, &e.to_string(), request_id);
+            reply
+                .headers_mut()
+                .insert(RETRY_AFTER, retry_after.as_secs().max(1).into());
+            reply
+        }
     }
 }
 
