@@ -50,7 +50,7 @@ pub enum Decline {
     NotLive { instance_id: String, state: String },
     #[error("{0}")]
     Csr(#[from] csr::CsrError),
-    /// Its body was not kept ([`keep_for_judging`]): never judged.
+    /// Its body was not kept ([`keep_for_judging`](super::keep_for_judging)): never judged.
     #[error(
         "its request is over {max} bytes or it has over {MAX_USAGES} usages; not kept, not judged",
         max = csr::MAX_CSR_PEM_BYTES

@@ -73,7 +73,7 @@ pub const RECENT_WINDOW: Duration = Duration::from_secs(15 * 60);
 /// How long an EC2 answer about an instance is reused. Its private DNS name
 /// and addresses do not change while it lives; a minute covers a node's
 /// client and serving CSRs of one rotation and a pending CSR's next look
-/// ([`RETRY_DECLINED`]) with one call, and a terminated instance stops
+/// (`RETRY_DECLINED`) with one call, and a terminated instance stops
 /// being believed within it.
 pub const LOOKUP_TTL: Duration = Duration::from_secs(60);
 /// Instances whose answers are kept at most: a few MB, and more than the

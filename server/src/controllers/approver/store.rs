@@ -73,11 +73,11 @@ pub(super) fn kubelet_csrs(
     (csrs.store, changes, watching)
 }
 
-/// What the approver keeps of a kubelet CSR: what [`ours_to_judge`],
-/// [`judge`] and the cap read. A request larger than
+/// What the approver keeps of a kubelet CSR: what [`ours_to_judge`](super::ours_to_judge),
+/// `judge` and the cap read. A request larger than
 /// [`csr::MAX_CSR_PEM_BYTES`] (or with more usages than [`MAX_USAGES`]) is
 /// not kept: its request is emptied, which the API server never stores, so
-/// [`judge`] knows it for one it will not judge.
+/// `judge` knows it for one it will not judge.
 pub fn keep_for_judging(csr: &mut CertificateSigningRequest) {
     cache::identity_only(&mut csr.metadata);
     let spec = &mut csr.spec;

@@ -43,8 +43,7 @@ use crate::kube::karpenter::{Ec2NodeClass, NodeClaim};
 use crate::kube::marks;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use std::collections::{BTreeMap, VecDeque};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 pub mod cluster;
