@@ -17,7 +17,7 @@
 //!   is read as `.example.com`), IP literals and CIDR ranges. Ports in
 //!   entries are ignored.
 //!
-//! Only the server connection ([`crate::join::ServerClient`], which the
+//! Only the server connection ([`crate::server_client::ServerClient`], which the
 //! progress reports share) uses this module. The IMDS client connects
 //! directly by construction: IMDS refuses tokens to proxied requests, and
 //! a proxy would see the instance's identity.

@@ -16,7 +16,7 @@
 //!   fields either. Each value is cut at [`FIELD_LIMIT`] bytes, saying how
 //!   much was cut.
 //! - JSON lines ([`JsonLines`], [`JsonFields`]): serde_json escapes the C0
-//!   controls, `"` and `\`; [`LineSafe`] also escapes C1 controls and
+//!   controls, `"` and `\`; `LineSafe` also escapes C1 controls and
 //!   U+2028/U+2029 (valid raw in JSON, but line breaks to readers such as
 //!   Python's `str.splitlines`). The same [`FIELD_LIMIT`] applies.
 

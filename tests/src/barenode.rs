@@ -4,7 +4,7 @@
 //! [`crate::node::SimulatedNode`], which needs a whole [`crate::world::World`].
 //!
 //! IMDS answers at 169.254.169.254:80 or, for an instance whose metadata
-//! options enable IPv6, only at [fd00:ec2::254]:80 (the address added to
+//! options enable IPv6, only at `[fd00:ec2::254]:80` (the address added to
 //! the namespace's `lo`), so a test can tell which one the agent used.
 
 use crate::fakecloud::imds::{Imds, IMDS_ADDR};

@@ -3,11 +3,11 @@
 //! run (tests compare the two trees; see tests/src/ignition_oracle.rs).
 //!
 //! [`spec`] parses and refuses what is not supported, by name; then
-//! [`preflight`] refuses what conflicts with the node as it is, before
+//! `preflight` refuses what conflicts with the node as it is, before
 //! anything is written. Then, in Ignition's order:
 //! 1. [`passwd`]: groups, then users (`groupadd`/`useradd`/`usermod`,
 //!    `groupdel`/`userdel` for `shouldExist: false`), each user's SSH keys;
-//! 2. [`apply`]: directories, files, links (each sorted by path, so parents
+//! 2. [`apply`](mod@apply): directories, files, links (each sorted by path, so parents
 //!    come first), owners by name resolved by [`owners`] against the
 //!    node's own `/etc/passwd` and `/etc/group`, as just written;
 //! 3. [`units`]: every unit's file, drop-ins and mask, then enablement
@@ -96,7 +96,7 @@ fn preflight(root: &Root, config: &spec::Config) -> Result<(), IgnitionError> {
 }
 
 /// Parses `config` and applies it under `root`, in the order of the
-/// module doc (after [`preflight`]).
+/// module doc (after `preflight`).
 pub fn apply(root: &Root, config: &serde_json::Value) -> Result<Applied, IgnitionError> {
     let config = spec::parse(config)?;
     // The parse refused any version but 3.0.0–3.6.0.

@@ -9,13 +9,13 @@
 //! | `/var/lib/kubelet/pki/kubelet-client-<notBefore>.pem` + `kubelet-client-current.pem` symlink | client cert + key, 0600 |
 //! | `/var/lib/kubelet/pki/kubelet-server-<notBefore>.pem` + `kubelet-server-current.pem` symlink | serving cert + key, 0600 |
 //! | `/etc/kubernetes/pki/ca.crt` | cluster CA |
-//! | `/etc/kubernetes/kubelet/config.json` | the server's KubeletConfiguration, plus what this kubelet version reads there ([`settings`]) |
+//! | `/etc/kubernetes/kubelet/config.json` | the server's KubeletConfiguration, plus what this kubelet version reads there (`settings`) |
 //! | `/etc/autonode/kubelet.env` | `KUBELET_ARGS=...`: the per-node flags; `AUTONODE_KUBELET=`: the binary |
 //!
 //! kubelet reads the environment file through the package's drop-in,
 //! `kubelet.service.d/10-autonode-agent.conf`, which systemd loaded at boot
 //! with the rest of the units: the agent writes no unit, so starting
-//! kubelet needs no `systemctl daemon-reload` ([`systemd`]).
+//! kubelet needs no `systemctl daemon-reload` (`systemd`).
 //!
 //! The symlinked `-current.pem` files are exactly what kubelet's
 //! certificate store writes, with `--cert-dir=/var/lib/kubelet/pki`: with
@@ -46,7 +46,7 @@ pub use autonode_shared::contract::kubelet::{
 pub const UNIT: &str = "kubelet.service";
 /// The cache of kubelet's version ([`Probe`]), in the state directory.
 pub const VERSION_CACHE: &str = "kubelet-version.json";
-/// Every file [`write`] leaves in place (the dated certificate files sit
+/// Every file [`write()`] leaves in place (the dated certificate files sit
 /// beside their `-current` links): what a joined node must still have, and
 /// what is synced before the apply phase is recorded.
 pub const FILES: [&str; 6] = [
@@ -94,7 +94,7 @@ pub struct Kubelet<'a> {
 }
 
 /// Checks the answer against this node and writes every kubelet file, each
-/// setting where `kubelet`'s version reads it ([`settings`]).
+/// setting where `kubelet`'s version reads it (`settings`).
 /// Returns how many files changed. The writes are
 /// [`Durability::Deferred`]: every one is redone by a resumed apply phase,
 /// which the caller records only after syncing [`FILES`].

@@ -87,7 +87,7 @@ pub enum Stage {
 /// Runs the controller until its stream ends.
 ///
 /// It watches nothing itself: it reads the NodeClaim cache the join path
-/// reads and the leader's Node cache (both [`cache::Cache`]s, with the
+/// reads and the leader's Node cache (both [`Cache`]s, with the
 /// relist after a failed watch), and is woken by their changes: a Node
 /// changing (registered, Ready) wakes the NodeClaim with its providerID.
 pub async fn run(

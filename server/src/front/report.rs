@@ -8,7 +8,7 @@
 //!
 //! - Before the instance is bound to a client key (its first join), a
 //!   report cannot be checked against anything: it is shown as an Event
-//!   and logged, and a fatal one changes nothing (see [`Trust::Unverified`]).
+//!   and logged, and a fatal one changes nothing (see `Trust::Unverified`).
 //! - Once bound, a report must be signed with the bound key, carry a
 //!   timestamp at most [`REPORT_WINDOW`] behind the server's clock and
 //!   [`FUTURE_SKEW`] ahead, fit its instance's quota ([`QUOTA_BURST`], then

@@ -113,7 +113,7 @@ pub struct JoinContext {
     /// Injected so tests can set the time.
     pub clock: fn() -> OffsetDateTime,
     /// Delete the NodeClaim of an instance refused for good (see
-    /// [`Refusal::dooms_instance`]), so Karpenter replaces it now.
+    /// [`Refusal::dooms_instance`](crate::join::refusal::Refusal::dooms_instance)), so Karpenter replaces it now.
     pub delete_refused: bool,
 }
 

@@ -258,7 +258,7 @@ where
     /// Every object the cache holds once it has listed, then each object
     /// its watch applies or deletes from then on, and every object again
     /// after each relist: a controller's queue.
-    /// A reader that falls more than [`CHANGES_BUFFER`] changes behind is
+    /// A reader that falls more than `CHANGES_BUFFER` changes behind is
     /// handed the whole store again, so it misses nothing (a wake-up too
     /// many costs a reconcile that finds nothing to do). Ends when the
     /// cache's watch ends before its first list.

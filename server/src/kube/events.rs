@@ -10,7 +10,7 @@
 //! Anyone who can make the server refuse something (a replayed join, a
 //! forged report) can make it publish an Event, so Events are correlated
 //! the way client-go's recorder does it (`EventCorrelator`), in a
-//! [`Correlator`] of our own:
+//! `Correlator` of our own:
 //!
 //! - Identical Events (same object, UID included; type; reason; message)
 //!   are one Event: the first creates it, later ones raise its `count` and
@@ -18,7 +18,7 @@
 //! - Similar Events (same object, type and reason, messages differing, as a
 //!   refusal's note with its request id does): from the
 //!   [`MAX_SIMILAR`]th distinct message within [`SIMILAR_WINDOW`], they are
-//!   one Event "(combined from similar events): <latest message>".
+//!   one Event `"(combined from similar events): <latest message>"`.
 //! - Each object has a token bucket of [`BURST`] writes refilled by one
 //!   every [`REFILL`]. A write the bucket refuses is counted
 //!   (`autonode_events_dropped_total{reason="rate_limited"}`) and not lost:

@@ -266,7 +266,7 @@ pub fn age_seconds(claim: &NodeClaim) -> Option<f64> {
 /// parsed), its labels (the renderer gives them to the node) and, of its
 /// annotations, only autonode's own marks. Everything else a NodePool's
 /// template copies on (annotations of any size) is dropped, as are
-/// managedFields once [`keep_own_marks`] has judged the marks by them.
+/// managedFields once `keep_own_marks` has judged the marks by them.
 pub fn strip(claim: &mut NodeClaim) {
     keep_own_marks(claim);
     let marks = claim.metadata.annotations.take().and_then(|mut all| {

@@ -84,7 +84,7 @@ impl Document {
 
     /// The document as TOML, one spelling per value: keys in the struct's
     /// order, unset keys left out, `[options]` only when an option is set
-    /// (after a blank line), strings as basic strings ([`string`]).
+    /// (after a blank line), strings as basic strings (`string`).
     /// [`Document::parse`] gives back an equal document.
     pub fn to_toml(&self) -> String {
         let mut out = String::new();

@@ -191,7 +191,7 @@ pub(super) fn parse_hash(hash: &str) -> Result<(&'static str, String), String> {
     Ok((function, hex.to_ascii_lowercase()))
 }
 
-/// Verifies `data` against `hash` (see [`parse_hash`]).
+/// Verifies `data` against `hash` (see `parse_hash`).
 pub fn verify(hash: &str, data: &[u8]) -> Result<(), String> {
     let (function, expected) = parse_hash(hash)?;
     let actual = match function {

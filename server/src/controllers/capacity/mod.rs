@@ -24,7 +24,7 @@
 //!   `kubeReserved` unset, [`warn_unset`](crate::join::render::unset::warn_unset) says so (a log line and a Warning
 //!   Event on the class), once per class generation.
 //!
-//! The amounts are read by [`quantity`], exactly.
+//! The amounts are read by [`quantity`](crate::kube::quantity), exactly.
 
 #[cfg(test)]
 mod tests;

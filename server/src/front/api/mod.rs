@@ -2,7 +2,7 @@
 //!
 //! Machines that are not yet nodes talk to this endpoint, so it assumes
 //! nothing of its callers. A connection is closed on accept past the
-//! global or its source's connection cap ([`gate`]); it must finish its TLS
+//! global or its source's connection cap (`gate`); it must finish its TLS
 //! handshake within [`Limits::handshake_timeout`], and send its headers,
 //! then its body (at most [`MAX_REQUEST_BYTES`]), each within
 //! [`Limits::body_timeout`]. A join is then admitted ([`join::admit`]:

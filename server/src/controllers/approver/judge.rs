@@ -1,0 +1,158 @@
+//! The renewal rules: what makes a kubelet CSR its node's own, checked
+//! cheapest first against the node, its NodeClaim's binding and EC2.
+
+use super::cap::counted_toward_cap;
+use super::decline::Decline;
+use super::{Context, RECENT_WINDOW};
+use crate::kube::binding;
+use crate::kube::karpenter::{parse_aws_provider_id, NodeClaim};
+use autonode_shared::csr::{self, Purpose};
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use kube::runtime::reflector::ObjectRef;
+use kube::ResourceExt;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Checks cheapest first, so that what is refused on the objects alone
+/// never costs an EC2 call.
+pub(super) async fn judge(
+    csr: &CertificateSigningRequest,
+    node: &str,
+    purpose: Purpose,
+    ctx: &Context,
+) -> Result<(), Decline> {
+    if csr.spec.request.0.is_empty() {
+        return Err(Decline::Oversized);
+    }
+    let count = counted_toward_cap(ctx, csr);
+    if count >= ctx.settings.pending_cap {
+        return Err(Decline::TooMany {
+            node: node.to_string(),
+            count,
+            cap: ctx.settings.pending_cap,
+            window_minutes: RECENT_WINDOW.as_secs() / 60,
+        });
+    }
+    let node_obj = ctx
+        .nodes
+        .get(&ObjectRef::new(node))
+        .ok_or_else(|| Decline::NoNode(node.to_string()))?;
+    let provider_id = node_obj
+        .spec
+        .as_ref()
+        .and_then(|s| s.provider_id.clone())
+        .ok_or_else(|| Decline::NoProviderId(node.to_string()))?;
+    let (_zone, instance_id) = parse_aws_provider_id(&provider_id)
+        .ok_or_else(|| Decline::NoProviderId(node.to_string()))?;
+    let claims = ctx.settings.claims.by_provider_id(&provider_id);
+    let region = bound_region(claims, &provider_id, instance_id, node)?;
+    let parsed = csr::parse_csr(&csr.spec.request.0)?;
+    csr::check_usages(
+        csr.spec.usages.as_deref().unwrap_or_default(),
+        purpose,
+        &parsed.key,
+    )?;
+    let instance = lookup(ctx, node, &region, instance_id).await?;
+    if !instance.state.is_live() {
+        return Err(Decline::NotLive {
+            instance_id: instance_id.to_string(),
+            state: format!("{:?}", instance.state),
+        });
+    }
+    its_name(node, instance_id, "EC2", &instance.private_dns_name)?;
+    match purpose {
+        Purpose::Client => csr::check_client_csr(&parsed, node)?,
+        Purpose::Serving => {
+            let dns = [instance.private_dns_name.clone()];
+            csr::check_serving_csr(&parsed, node, &dns, &instance.private_ips)?;
+        }
+    }
+    Ok(())
+}
+
+/// The region of the instance behind `provider_id`, from the binding on its
+/// one NodeClaim (`claims` are those with that providerID), once that
+/// NodeClaim is shown to be `node`'s.
+pub(super) fn bound_region(
+    mut claims: Vec<Arc<NodeClaim>>,
+    provider_id: &str,
+    instance_id: &str,
+    node: &str,
+) -> Result<String, Decline> {
+    let claim = match claims.len() {
+        1 => claims.pop(),
+        0 => None,
+        count => {
+            return Err(Decline::ManyNodeClaims {
+                provider_id: provider_id.to_string(),
+                count,
+            })
+        }
+    }
+    .ok_or_else(|| Decline::NoNodeClaim(provider_id.to_string()))?;
+    let nodeclaim = claim.name_any();
+    if let Some(claimed) = claim.status.as_ref().and_then(|s| s.node_name.as_deref()) {
+        if claimed != node {
+            return Err(Decline::OtherNode {
+                nodeclaim,
+                claimed: claimed.to_string(),
+                node: node.to_string(),
+            });
+        }
+    }
+    let record = match binding::recorded(&claim) {
+        Ok(Some(record)) => record,
+        Ok(None) => return Err(Decline::NotBound(nodeclaim)),
+        Err(source) => return Err(Decline::UnreadableBinding { nodeclaim, source }),
+    };
+    if record.instance_id != instance_id {
+        return Err(Decline::OtherInstance {
+            nodeclaim,
+            bound: record.instance_id,
+            named: instance_id.to_string(),
+            node: node.to_string(),
+        });
+    }
+    // What EC2 said at join time; EC2 is asked again below, but a node that
+    // fails here need not cost a call.
+    its_name(node, instance_id, "the binding", &record.node_name)?;
+    Ok(record.region)
+}
+
+/// Whether `node` is `name`, the name `according_to` gives `instance_id`.
+fn its_name(
+    node: &str,
+    instance_id: &str,
+    according_to: &'static str,
+    name: &str,
+) -> Result<(), Decline> {
+    if name == node {
+        return Ok(());
+    }
+    Err(Decline::NotItsName {
+        node: node.to_string(),
+        instance_id: instance_id.to_string(),
+        according_to,
+        name: name.to_string(),
+    })
+}
+
+/// The instance as EC2 describes it: from the cache, or (within `node`'s
+/// budget) from EC2.
+async fn lookup(
+    ctx: &Context,
+    node: &str,
+    region: &str,
+    instance_id: &str,
+) -> Result<crate::ec2::Ec2Instance, Decline> {
+    if let Some(instance) = ctx.lookups.cached(region, instance_id) {
+        return Ok(instance);
+    }
+    ctx.limiter
+        .try_take(node, Instant::now())
+        .map_err(|retry_in| Decline::RateLimited {
+            node: node.to_string(),
+            retry_in,
+        })?;
+    Ok(ctx.lookups.refresh(region, instance_id).await?)
+}

@@ -1,0 +1,110 @@
+//! The class's side of the rollout guard: its plan for a class, what it
+//! tells about it, and its condition in the class's status.
+
+use super::Context;
+use crate::controllers::nodeclass::rollout::{self, Plan, Values};
+use crate::controllers::nodeclass::userdata::Format;
+use crate::kube::karpenter::{Condition, Ec2NodeClass};
+use crate::kube::marks;
+use kube::api::Patch;
+use serde_json::json;
+
+impl Context {
+    /// The rollout guard's plan for `class`, userData in `format`.
+    pub(super) fn guard(&self, class: &Ec2NodeClass, name: &str, format: Format) -> Plan {
+        let desired = &self.settings.desired;
+        let current = Values {
+            user_data: class.spec.user_data.clone().unwrap_or_default(),
+            ami_selector_terms: desired
+                .ami_terms
+                .as_ref()
+                .map(|_| class.spec.ami_selector_terms.clone()),
+        };
+        let cluster = rollout::cluster::Cluster {
+            claims: &self.claims,
+            settings: self.settings.rollout,
+            events: &self.settings.events,
+        };
+        cluster.plan(class, name, current, desired.values(format))
+    }
+
+    /// Writes the [`rollout::STATUS_CONDITION`] `plan` calls for on
+    /// `class`, when it differs from the one there: through the status
+    /// subresource, every condition as read with ours replaced, with the
+    /// resourceVersion read as a precondition (409 when the class changed
+    /// since: its watch event decides again). Karpenter's own status writes
+    /// are merge patches computed from the object it read, so a condition
+    /// of ours survives them. Best effort: a failure is logged.
+    pub(super) async fn mark_status(&self, class: &Ec2NodeClass, name: &str, plan: &Plan) {
+        let (status, reason, message) = rollout::status_condition(plan);
+        let conditions = class
+            .status
+            .as_ref()
+            .map(|s| s.conditions.as_slice())
+            .unwrap_or_default();
+        let ours = conditions
+            .iter()
+            .find(|c| c.type_ == rollout::STATUS_CONDITION);
+        let same = ours.is_some_and(|c| {
+            c.status == status
+                && c.reason.as_deref() == Some(reason)
+                && c.message.as_deref() == Some(message.as_str())
+        });
+        if same {
+            return;
+        }
+        let since = match ours.filter(|c| c.status == status) {
+            Some(c) => c.last_transition_time.clone(),
+            None => time::OffsetDateTime::now_utc()
+                .replace_nanosecond(0)
+                .ok()
+                .and_then(|t| {
+                    t.format(&time::format_description::well_known::Rfc3339)
+                        .ok()
+                }),
+        };
+        let mut next: Vec<Condition> = conditions
+            .iter()
+            .filter(|c| c.type_ != rollout::STATUS_CONDITION)
+            .cloned()
+            .collect();
+        next.push(Condition {
+            type_: rollout::STATUS_CONDITION.into(),
+            status: status.into(),
+            reason: Some(reason.into()),
+            message: Some(message),
+            last_transition_time: since,
+            observed_generation: class.metadata.generation,
+        });
+        let patch = json!({
+            "metadata": {"resourceVersion": class.metadata.resource_version},
+            "status": {"conditions": next},
+        });
+        match self
+            .api
+            .patch_status(name, &marks::patch_params(), &Patch::Merge(&patch))
+            .await
+        {
+            // A status write: not one of autonode_nodeclass_writes_total,
+            // which counts what changes a class's nodes.
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                tracing::debug!(nodeclass = %name, "EC2NodeClass changed before its rollout condition was written; deciding again")
+            }
+            Err(error) => {
+                tracing::warn!(nodeclass = %name, %error, "could not write the EC2NodeClass's AutonodeRollout condition")
+            }
+        }
+    }
+
+    /// Logs, Events and counts what `plan` says happened to `class`.
+    pub(super) fn announce(&self, class: &Ec2NodeClass, name: &str, plan: &Plan) {
+        let teller = rollout::tell::Teller {
+            events: &self.settings.events,
+            metrics: &self.settings.metrics,
+            standing: &self.standing,
+            settings: self.settings.rollout,
+        };
+        teller.announce(class, name, plan);
+    }
+}

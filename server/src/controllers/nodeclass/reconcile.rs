@@ -1,0 +1,167 @@
+//! One reconcile of a class: compare, and when a kept field differs or is
+//! let go of, write the class once, with the rollout guard's state.
+
+use super::fields::{applied, drift, pinned};
+use super::handover::{applied_paths, handover, released, report_released, SpecPath};
+use super::{
+    Context, Desired, Error, MetadataOptionsPolicy, FIELD_MANAGER, HANDOVER_MANAGER, RESTORED,
+};
+use crate::controllers::nodeclass::rollout::{self, Plan};
+use crate::controllers::nodeclass::userdata::Format;
+use crate::kube::events::Events;
+use crate::kube::karpenter::Ec2NodeClass;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::ResourceExt;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
+
+impl Context {
+    /// One server-side apply to class `name`, counted as a write.
+    pub(super) async fn apply(
+        &self,
+        name: &str,
+        params: &PatchParams,
+        body: Value,
+    ) -> Result<Ec2NodeClass, Error> {
+        let written = self
+            .api
+            .patch(name, params, &Patch::Apply(body))
+            .await
+            .map_err(|source| Error::Apply {
+                name: name.to_string(),
+                source,
+            })?;
+        self.settings.metrics.nodeclass_writes.inc();
+        Ok(written)
+    }
+}
+
+pub(super) async fn reconcile(
+    class: Arc<Ec2NodeClass>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let settings = &ctx.settings;
+    settings.metrics.nodeclass_checks.inc();
+    let name = class.name_any();
+    if ctx.superseded(&name, &class) {
+        // The apply after the handover wakes the class again, with the
+        // version it wrote.
+        return Ok(Action::requeue(settings.resync));
+    }
+    if settings.desired.metadata_options == MetadataOptionsPolicy::LeaveAlone {
+        ctx.warn_exposures(&class, &name);
+    }
+    let Some(format) = ctx.format_of(&class, &name) else {
+        return Ok(Action::requeue(settings.resync));
+    };
+    let plan = ctx.guard(&class, &name, format);
+    let desired = pinned(&settings.desired, &plan.target);
+    let fields = drift(&class.spec, &desired, format);
+    let released = released(&class.metadata, &desired);
+    let key = &settings.rollout.key;
+    let state_changed = !rollout::read_state(&class, key)
+        .ok()
+        .flatten()
+        .is_some_and(|read| rollout::unchanged_but_start(&read, &plan.state));
+    if fields.is_empty() && released.is_empty() && !state_changed {
+        tracing::debug!(nodeclass = %name, "EC2NodeClass as rendered");
+        ctx.announce(&class, &name, &plan);
+        ctx.mark_status(&class, &name, &plan).await;
+        return Ok(Action::requeue(settings.resync));
+    }
+    let Some(restored) = write(&ctx, &class, &desired, format, &released, &plan).await? else {
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    };
+    // Told once: from this apply on, autonode owns none of them.
+    report_released(&restored, &name, &released, &settings.events);
+    if !fields.is_empty() {
+        let rendered = plan.target == settings.desired.values(format);
+        report_restored(
+            &restored,
+            &name,
+            &fields,
+            format,
+            rendered,
+            &settings.events,
+        );
+    }
+    ctx.announce(&restored, &name, &plan);
+    ctx.mark_status(&restored, &name, &plan).await;
+    Ok(Action::requeue(settings.resync))
+}
+
+/// Writes `class` as `desired` (userData in `format`) with the rollout
+/// guard's state from `plan`, after handing over the `released` fields;
+/// with the class's resourceVersion as a precondition. `None` when the
+/// class changed since it was read (often by our own write, not yet in the
+/// store): it is decided again on the class as it is.
+async fn write(
+    ctx: &Context,
+    class: &Ec2NodeClass,
+    desired: &Desired,
+    format: Format,
+    released: &[SpecPath],
+    plan: &Plan,
+) -> Result<Option<Ec2NodeClass>, Error> {
+    let name = class.name_any();
+    let mut version = class.metadata.resource_version.clone();
+    let handed_before = applied_paths(&class.metadata, HANDOVER_MANAGER);
+    if let Some(body) = handover(&name, &class.spec, released, &handed_before) {
+        let written = ctx
+            .apply(&name, &PatchParams::apply(HANDOVER_MANAGER), body)
+            .await?;
+        ctx.handed_over(&name, &written);
+        version = written.metadata.resource_version.clone();
+    }
+    let mut body = applied(&name, desired, format);
+    let uid = class.metadata.uid.as_deref().unwrap_or_default();
+    let state = ctx
+        .settings
+        .rollout
+        .key
+        .seal(uid, &plan.state)
+        .map_err(|source| Error::State {
+            name: name.clone(),
+            source,
+        })?;
+    body["metadata"]["annotations"] = json!({ rollout::ROLLOUT_ANNOTATION: state });
+    body["metadata"]["resourceVersion"] = json!(version);
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    match ctx.apply(&name, &params, body).await {
+        Err(Error::Apply {
+            source: kube::Error::Api(status),
+            ..
+        }) if status.code == 409 => {
+            tracing::debug!(nodeclass = %name, "EC2NodeClass changed since it was read; deciding again");
+            Ok(None)
+        }
+        other => other.map(Some),
+    }
+}
+
+/// Logs and records an Event that `fields` were restored: to the rendered
+/// values, or to those the rollout guard keeps instead.
+fn report_restored(
+    class: &Ec2NodeClass,
+    name: &str,
+    fields: &[&str],
+    format: Format,
+    rendered: bool,
+    events: &Events,
+) {
+    let fields = fields.join(", ");
+    let to = if rendered {
+        "the rendered values"
+    } else {
+        "the values the rollout guard keeps (see the RolloutReverted, RolloutRefused or RolloutHeld Events)"
+    };
+    let format = format.as_str();
+    tracing::info!(nodeclass = %name, %fields, %format, "EC2NodeClass restored");
+    events.normal(
+        class,
+        RESTORED,
+        format!("autonode-server restored {fields} to {to}"),
+    );
+}
