@@ -259,12 +259,7 @@ pub fn kube_bin_dir() -> Result<PathBuf> {
         return Ok(PathBuf::from(dir));
     }
     let version = crate::kubeversion::under_test()?;
-    let root = match std::env::var_os("AUTONODE_CACHE") {
-        Some(root) => PathBuf::from(root),
-        None => PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?)
-            .join(".cache/autonode"),
-    };
-    let dir = root.join(format!("kube-{version}"));
+    let dir = crate::cache::root()?.join(format!("kube-{version}"));
     if !dir.join("kube-apiserver").exists() {
         let bare = version.to_string();
         let bare = bare.trim_start_matches('v');

@@ -15,16 +15,8 @@ pub const HELM_VERSION: &str = "4.1.4";
 /// Kustomize 4.5.7).
 pub const KUBECTL_VERSION: &str = "1.34.5";
 
-fn cache_root() -> Result<PathBuf> {
-    Ok(match std::env::var_os("AUTONODE_CACHE") {
-        Some(root) => PathBuf::from(root),
-        None => PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?)
-            .join(".cache/autonode"),
-    })
-}
-
 fn tool(dir: &str, name: &str) -> Result<PathBuf> {
-    let path = cache_root()?.join("tools").join(dir).join(name);
+    let path = crate::cache::root()?.join("tools").join(dir).join(name);
     if !path.exists() {
         bail!(
             "no {}: run tests/setup/install-helm (tests/setup/install-deps does)",

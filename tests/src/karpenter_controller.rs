@@ -36,18 +36,9 @@ pub const CLUSTER_NAME: &str = "autonode-test";
 
 const START_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// The setup scripts' cache: `AUTONODE_CACHE`, or `~/.cache/autonode`.
-pub fn cache_root() -> Result<PathBuf> {
-    Ok(match std::env::var_os("AUTONODE_CACHE") {
-        Some(root) => PathBuf::from(root),
-        None => PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?)
-            .join(".cache/autonode"),
-    })
-}
-
 /// Where `tests/setup/build-karpenter` put the controller and its CRDs.
 pub fn cache_dir() -> Result<PathBuf> {
-    let dir = cache_root()?.join(format!("karpenter-v{KARPENTER_VERSION}"));
+    let dir = crate::cache::root()?.join(format!("karpenter-v{KARPENTER_VERSION}"));
     if !dir.join("controller").exists() {
         bail!(
             "no Karpenter controller in {}: run tests/setup/build-karpenter \

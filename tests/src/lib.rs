@@ -3,6 +3,7 @@
 //! - [`barenode`]: an instance with IMDS (IPv4 or IPv6) and no server, for
 //!   the agent binary's IMDS and proxy behaviour.
 //! - [`blip`]: a loopback relay whose connections a test can cut.
+//! - [`cache`]: where the setup scripts keep what they build.
 //! - [`controlplane`]: a real etcd, kube-apiserver and kube-controller-manager
 //!   on loopback, with the real Karpenter CRDs installed.
 //! - [`helm`]: the Helm chart rendered by the real helm.
@@ -34,6 +35,7 @@
 
 pub mod barenode;
 pub mod blip;
+pub mod cache;
 pub mod controlplane;
 pub mod fakecloud;
 pub mod helm;

@@ -13,7 +13,6 @@
 //! subnet, a security group; the AMIs are preloaded (see [`AMD64_AMI`]).
 
 use crate::controlplane::free_port;
-use crate::karpenter_controller::cache_root;
 use crate::process::Daemon;
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
@@ -93,7 +92,7 @@ pub struct MotoInstance {
 
 /// The venv `tests/setup/install-moto` fills.
 pub fn venv_dir() -> Result<PathBuf> {
-    let venv = cache_root()?.join(format!("moto-{MOTO_VERSION}/venv"));
+    let venv = crate::cache::root()?.join(format!("moto-{MOTO_VERSION}/venv"));
     if !venv.join("bin/moto_server").exists() {
         bail!(
             "no moto in {}: run tests/setup/install-moto (or tests/setup/install-deps)",
