@@ -397,23 +397,13 @@ async fn a_node_carrying_another_instances_provider_id_does_not_make_that_machin
 ) -> Result<()> {
     use crate::feedback::{attested, wait_condition};
     use autonode_tests::node::registration;
-    use k8s_openapi::api::core::v1::{Event, Node, NodeCondition, NodeStatus};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use k8s_openapi::api::core::v1::{Event, Node};
     use kube::api::ListParams;
 
     let (world, victim, claims) = attested().await?;
     let attacker = world.join_new(|i| i).await?;
     wait_condition(&claims, &attacker.claim, "Unknown", "Attested").await?;
-    let ready = || NodeStatus {
-        conditions: Some(vec![NodeCondition {
-            type_: "Ready".into(),
-            status: "True".into(),
-            reason: Some("KubeletReady".into()),
-            last_transition_time: Some(Time(k8s_openapi::jiff::Timestamp::now())),
-            ..Default::default()
-        }]),
-        ..Default::default()
-    };
+    let ready = super::feedback::ready_status;
 
     let mut spoof = registration(&attacker.instance);
     if let Some(spec) = spoof.spec.as_mut() {

@@ -30,15 +30,7 @@ async fn the_condition_follows_the_node_and_survives_karpenters_status_writes() 
         .create(&PostParams::default(), &registration(&instance))
         .await?;
     wait_condition(&claims, &claim, "Unknown", "NodeRegistered").await?;
-    let ready = NodeStatus {
-        conditions: Some(vec![NodeCondition {
-            type_: "Ready".into(),
-            status: "True".into(),
-            reason: Some("KubeletReady".into()),
-            ..Default::default()
-        }]),
-        ..Default::default()
-    };
+    let ready = ready_status();
     nodes
         .patch_status(
             &instance.private_dns_name,
@@ -98,16 +90,7 @@ async fn a_node_ready_at_once_is_reported_registered_then_ready() -> Result<()> 
     let (claim, instance) = (joined.claim, joined.instance);
 
     let mut node = registration(&instance);
-    node.status = Some(NodeStatus {
-        conditions: Some(vec![NodeCondition {
-            type_: "Ready".into(),
-            status: "True".into(),
-            reason: Some("KubeletReady".into()),
-            last_transition_time: Some(Time(k8s_openapi::jiff::Timestamp::now())),
-            ..Default::default()
-        }]),
-        ..Default::default()
-    });
+    node.status = Some(ready_status());
     let nodes: Api<Node> = Api::all(joined.client);
     nodes.create(&PostParams::default(), &node).await?;
     wait_condition(&claims, &claim, "True", "NodeReady").await?;
@@ -199,6 +182,20 @@ async fn a_join_resumed_after_its_approval_timed_out_records_certificates_once()
     let reported = annotations.get("autonode.dev/reported").map(String::as_str);
     assert_eq!(reported, Some("attested,certificates"));
     Ok(())
+}
+
+/// A Node status kubelet reports once Ready.
+pub(crate) fn ready_status() -> NodeStatus {
+    NodeStatus {
+        conditions: Some(vec![NodeCondition {
+            type_: "Ready".into(),
+            status: "True".into(),
+            reason: Some("KubeletReady".into()),
+            last_transition_time: Some(Time(k8s_openapi::jiff::Timestamp::now())),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    }
 }
 
 /// A world whose server leads within 3 s, and a machine that joined it,
