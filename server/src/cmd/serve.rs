@@ -12,6 +12,7 @@ use autonode_server::front::tls::ReloadingCert;
 use autonode_server::join::render::inputs::{NodeConfig, NodeConfigSettings};
 use autonode_server::join::render::ClusterSettings;
 use autonode_server::join::{ClusterInfo, JoinContext};
+use autonode_server::kube::clock::Clock;
 use autonode_server::kube::events::Events;
 use autonode_server::kube::issuer::Issuer;
 use autonode_server::kube::metrics::Metrics;
@@ -71,7 +72,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         events: events.clone(),
         metrics: metrics.clone(),
         nodeconfig: nodeconfig.clone(),
-        clock: time::OffsetDateTime::now_utc,
+        clock: Clock::SYSTEM,
         delete_refused: args.delete_failed_nodeclaims,
     });
     let report = Arc::new(ReportContext {
@@ -81,7 +82,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         events,
         metrics: metrics.clone(),
         delete_on_fatal: args.delete_failed_nodeclaims,
-        clock: time::OffsetDateTime::now_utc,
+        clock: Clock::SYSTEM,
         replays: Replays::default(),
     });
     let readiness = probes::Readiness { claims, nodeconfig };

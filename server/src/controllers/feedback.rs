@@ -37,6 +37,7 @@
 use crate::controllers::capacity;
 use crate::kube::binding;
 use crate::kube::cache::Cache;
+use crate::kube::clock::Clock;
 use crate::kube::events::Events;
 use crate::kube::karpenter::{Condition, NodeClaim};
 use crate::kube::marks;
@@ -366,7 +367,7 @@ async fn report_milestones(
     let reported = marks::reported(&claim.metadata);
     let created = claim.metadata.creation_timestamp.as_ref().map(|t| t.0);
     let times = node.map(NodeTimes::of).unwrap_or_default();
-    let due = due(stage, reported, created, times, Timestamp::now());
+    let due = due(stage, reported, created, times, Clock::SYSTEM.stamp());
     let compare = node.filter(|_| stage == Stage::Ready && !capacity::checked(reported));
     if due.is_empty() && compare.is_none() {
         return Ok(None);
@@ -398,9 +399,7 @@ async fn report_milestones(
 }
 
 fn now_rfc3339() -> String {
-    k8s_openapi::jiff::Timestamp::now()
-        .strftime("%Y-%m-%dT%H:%M:%SZ")
-        .to_string()
+    Clock::SYSTEM.k8s().0.to_string()
 }
 
 fn error_policy(_claim: Arc<NodeClaim>, error: &Error, _ctx: Arc<Context>) -> Action {

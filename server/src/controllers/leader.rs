@@ -8,6 +8,7 @@
 //! Writes carry the resourceVersion they were decided on, so two replicas
 //! racing for an expired Lease cannot both win.
 
+use crate::kube::clock::Clock;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
@@ -54,7 +55,7 @@ impl Election {
 
     /// One round: `Ok(true)` when this replica holds the Lease afterwards.
     async fn try_acquire_or_renew(&self, api: &Api<Lease>) -> Result<bool, kube::Error> {
-        let now = Timestamp::now();
+        let now = Clock::SYSTEM.stamp();
         let Some(mut lease) = api.get_opt(&self.name).await? else {
             let created = api
                 .create(&PostParams::default(), &self.lease(now, now, 0))
@@ -153,7 +154,7 @@ mod tests {
     use super::*;
 
     fn spec(holder: &str, renewed_secs_ago: i64, duration: i32) -> LeaseSpec {
-        let renewed = Timestamp::now() - SignedDuration::from_secs(renewed_secs_ago);
+        let renewed = Clock::SYSTEM.stamp() - SignedDuration::from_secs(renewed_secs_ago);
         LeaseSpec {
             holder_identity: Some(holder.into()),
             lease_duration_seconds: Some(duration),
@@ -164,7 +165,7 @@ mod tests {
 
     #[test]
     fn a_renewed_lease_is_held_and_a_stale_one_is_free() {
-        let now = Timestamp::now();
+        let now = Clock::SYSTEM.stamp();
         assert!(!expired(&spec("a", 5, 15), now));
         assert!(expired(&spec("a", 16, 15), now));
         assert!(expired(&spec("", 1, 15), now), "a released Lease is free");

@@ -15,6 +15,7 @@ use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
 use tokio::sync::Mutex;
 
 use super::LookupError;
+use crate::kube::clock::Clock;
 
 /// Refresh this long before expiry, so a request signed with them does not
 /// arrive after they lapsed (STS credentials last an hour or more).
@@ -58,7 +59,10 @@ impl CachedCredentials {
     /// Current credentials, from the cache while they are fresh.
     pub(super) async fn get(&self) -> Result<Credentials, LookupError> {
         let mut cached = self.cached.lock().await;
-        if let Some(credentials) = cached.as_ref().filter(|c| is_fresh(c, SystemTime::now())) {
+        if let Some(credentials) = cached
+            .as_ref()
+            .filter(|c| is_fresh(c, Clock::SYSTEM.now().into()))
+        {
             return Ok(credentials.clone());
         }
         let credentials = self
@@ -111,7 +115,7 @@ mod tests {
 
     #[test]
     fn freshness_keeps_a_margin() {
-        let now = SystemTime::now();
+        let now: SystemTime = Clock::SYSTEM.now().into();
         assert!(is_fresh(
             &Credentials::new("AKID", "secret", None, None, "test"),
             now

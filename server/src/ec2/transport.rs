@@ -2,7 +2,7 @@
 //! and an HTTPS client (hyper + rustls with ring, the system's roots).
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use aws_credential_types::Credentials;
 use aws_sigv4::http_request::{sign, SignableBody, SignableRequest, SigningSettings};
@@ -17,6 +17,7 @@ use hyper_util::rt::TokioExecutor;
 
 use super::credentials::error_chain;
 use super::{LookupError, SetupError, API_VERSION};
+use crate::kube::clock::Clock;
 
 /// The signing name of EC2.
 const SERVICE: &str = "ec2";
@@ -141,7 +142,7 @@ pub(super) fn signed_request(
         .identity(&identity)
         .region(region)
         .name(SERVICE)
-        .time(SystemTime::now())
+        .time(Clock::SYSTEM.now().into())
         .settings(SigningSettings::default())
         .build()
         .map_err(|e| signing_failed(&e))?

@@ -22,6 +22,7 @@
 //! machine's, so every other node's fatal report still acts.
 
 use crate::kube::binding::{self, Unreadable};
+use crate::kube::clock::Clock;
 use crate::kube::events::Events;
 use crate::kube::karpenter::{aws_provider_id, NodeClaim};
 use crate::kube::limiter::Limiter;
@@ -34,7 +35,6 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use thiserror::Error;
-use time::OffsetDateTime;
 
 /// How far a signed report's `timestamp` may be behind the server's clock,
 /// in seconds (ahead: [`FUTURE_SKEW`]).
@@ -98,7 +98,7 @@ pub struct ReportContext {
     /// Delete the NodeClaim when an agent reports a fatal failure.
     pub delete_on_fatal: bool,
     /// Injected so tests can set the time.
-    pub clock: fn() -> OffsetDateTime,
+    pub clock: Clock,
     /// Signed reports this replica accepted within the window.
     pub replays: Replays,
 }
@@ -388,7 +388,7 @@ fn check_signed(
         }
         .into());
     }
-    let now = (ctx.clock)().unix_timestamp();
+    let now = ctx.clock.unix();
     within_window(report.timestamp, now)?;
     let instance = record.instance_id.as_str();
     ctx.replays

@@ -40,7 +40,7 @@ pub fn admit(
         Err(refusal) => return Err(refused(ctx, request_id, None, started, refusal)),
     };
     let provider_id = aws_provider_id(&doc.availability_zone, &doc.instance_id);
-    if let Err(e) = ctx.policy.check(&doc, (ctx.clock)()) {
+    if let Err(e) = ctx.policy.check(&doc, ctx.clock.now()) {
         // Reported on the NodeClaim if the cache has it now; the grace for
         // a NodeClaim the cache lacks is only for documents that pass.
         let claim = match ctx.claims.by_provider_id(&provider_id).as_slice() {

@@ -1,7 +1,7 @@
 //! The approve step: both CSR objects approved, kube-controller-manager's
 //! certificates awaited and checked against the CSRs that were judged.
 
-use super::bind::{kind, CsrObject};
+use super::bind::CsrObject;
 use super::JoinContext;
 use crate::join::refusal::JoinError;
 use crate::kube::issuer::{IssueError, IssueRequest};
@@ -34,7 +34,7 @@ async fn finish(
     ctx.metrics
         .approvals
         .get_or_create(&KindLabels {
-            kind: kind(request.purpose),
+            kind: request.purpose.as_str(),
         })
         .inc();
     Ok(cert)

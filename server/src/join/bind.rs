@@ -88,7 +88,7 @@ async fn csr_objects(
     existing: Option<&Record>,
 ) -> Result<Vec<CsrObject>, IssueError> {
     let each = requests.iter().map(|request| async move {
-        let recorded = existing.and_then(|r| r.csrs.iter().find(|c| c.purpose == request.kind()));
+        let recorded = existing.and_then(|r| r.csrs.iter().find(|c| c.purpose == request.purpose));
         if let Some(recorded) = recorded {
             if let Some(object) = ctx.issuer.find(request, recorded).await? {
                 return Ok(CsrObject {
@@ -131,7 +131,7 @@ pub(super) fn issue_request<'a>(
     let instance_id = &attested.doc.instance_id;
     let claim = attested.claim.metadata.name.clone().unwrap_or_default();
     IssueRequest {
-        name_prefix: format!("autonode-{instance_id}-{}-", kind(purpose)),
+        name_prefix: format!("autonode-{instance_id}-{}-", purpose.as_str()),
         purpose,
         request_pem: pem,
         judged,
@@ -142,14 +142,6 @@ pub(super) fn issue_request<'a>(
         approval_message: format!(
             "autonode-server: instance {instance_id} attested by its AWS identity document for NodeClaim {claim}"
         ),
-    }
-}
-
-/// The purpose's word in CSR object names and metric labels.
-pub(super) fn kind(purpose: Purpose) -> &'static str {
-    match purpose {
-        Purpose::Client => "client",
-        Purpose::Serving => "serving",
     }
 }
 
@@ -166,8 +158,8 @@ async fn record_binding(
 ) -> Result<(Binding, Option<NodeClaim>), BindingError> {
     let refs: Vec<CsrRef> = csrs
         .iter()
-        .zip([Purpose::Client, Purpose::Serving])
-        .map(|(csr, purpose)| issuer::reference(kind(purpose), &csr.object))
+        .zip(Purpose::ALL)
+        .map(|(csr, purpose)| issuer::reference(purpose, &csr.object))
         .collect();
     let claim = &attested.claim;
     match existing {

@@ -48,6 +48,7 @@ use crate::join::refusal::JoinError;
 use crate::join::render::inputs::NodeConfig;
 use crate::join::render::ClusterSettings;
 use crate::kube::binding::{Binding, Keys};
+use crate::kube::clock::Clock;
 use crate::kube::events::Events;
 use crate::kube::issuer::Issuer;
 use crate::kube::karpenter::NodeClaim;
@@ -62,7 +63,6 @@ use autonode_shared::protocol::KubeletSettings;
 use bind::{issue_request, prepare};
 use outcome::Outcome;
 use std::sync::Arc;
-use time::OffsetDateTime;
 
 /// A join's steps, in the order they run (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,7 +111,7 @@ pub struct JoinContext {
     /// Per-node config: EC2NodeClasses and Ignition ConfigMaps and Secrets.
     pub nodeconfig: NodeConfig,
     /// Injected so tests can set the time.
-    pub clock: fn() -> OffsetDateTime,
+    pub clock: Clock,
     /// Delete the NodeClaim of an instance refused for good (see
     /// [`Refusal::dooms_instance`](crate::join::refusal::Refusal::dooms_instance)), so Karpenter replaces it now.
     pub delete_refused: bool,

@@ -23,6 +23,7 @@
 use crate::kube::karpenter::{parse_aws_provider_id, NodeClaim};
 use crate::kube::marks;
 use crate::kube::nodeclaim::NodeClaims;
+use autonode_shared::csr::Purpose;
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::ResourceExt;
@@ -57,8 +58,8 @@ pub struct Record {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CsrRef {
-    /// `client` or `serving`.
-    pub purpose: String,
+    /// Recorded as `client` or `serving`.
+    pub purpose: Purpose,
     pub name: String,
     pub uid: String,
 }
@@ -277,7 +278,7 @@ mod tests {
             client_key: "c".repeat(64),
             serving_key: "s".repeat(64),
             csrs: vec![CsrRef {
-                purpose: "client".into(),
+                purpose: Purpose::Client,
                 name: "autonode-i-1-client-x".into(),
                 uid: "u1".into(),
             }],

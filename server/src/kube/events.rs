@@ -29,11 +29,11 @@
 //! [`CACHE_ENTRIES`] entries and forgets idle ones; writes wait in a queue
 //! of [`QUEUE`] (past it they are dropped and counted, `queue_full`).
 
+use crate::kube::clock::Clock;
 use crate::kube::metrics::{EventDropLabels, Metrics};
 use crate::logfmt;
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use k8s_openapi::jiff::Timestamp;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource};
 use prometheus_client::metrics::counter::Counter;
@@ -334,7 +334,7 @@ impl Correlator {
 
     /// Counts `draft` in its Event and says whether to write it now.
     fn observe(&mut self, draft: Draft<'_>, now: Instant) -> Step {
-        let stamp = Time(Timestamp::now());
+        let stamp = Clock::SYSTEM.k8s();
         let (key, message) = self.aggregate(&draft, now);
         if let Some(seen) = self.seen.get_mut(&key, now) {
             let count = seen.event.count.unwrap_or(1).saturating_add(1);
@@ -426,7 +426,7 @@ impl Correlator {
     /// (`<object>.<hex time>`), known before the create so that updates
     /// can follow it in the queue.
     fn name(&mut self, regarding: &ObjectReference) -> String {
-        let nanos = Timestamp::now().as_nanosecond().unsigned_abs();
+        let nanos = Clock::SYSTEM.stamp().as_nanosecond().unsigned_abs();
         self.last_suffix = nanos.max(self.last_suffix + 1);
         let suffix = format!("{:x}", self.last_suffix);
         let object = regarding.name.as_deref().unwrap_or("object");

@@ -53,20 +53,10 @@ pub struct IssueRequest<'a> {
     pub approval_message: String,
 }
 
-impl IssueRequest<'_> {
-    /// `client` or `serving`: the purpose as the binding records it.
-    pub fn kind(&self) -> &'static str {
-        match self.purpose {
-            Purpose::Client => "client",
-            Purpose::Serving => "serving",
-        }
-    }
-}
-
 /// A CSR object's name and UID, as a binding records it.
-pub fn reference(kind: &str, csr: &CertificateSigningRequest) -> CsrRef {
+pub fn reference(purpose: Purpose, csr: &CertificateSigningRequest) -> CsrRef {
     CsrRef {
-        purpose: kind.to_string(),
+        purpose,
         name: csr.metadata.name.clone().unwrap_or_default(),
         uid: csr.metadata.uid.clone().unwrap_or_default(),
     }

@@ -6,6 +6,7 @@ pub mod approval;
 pub mod backoff;
 pub mod binding;
 pub mod cache;
+pub mod clock;
 pub mod events;
 pub mod issuer;
 pub mod karpenter;

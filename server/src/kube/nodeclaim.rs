@@ -12,6 +12,7 @@
 //! thousand LISTs of every NodeClaim.
 
 use crate::kube::cache::{self, Cache};
+use crate::kube::clock::{self, Clock};
 use crate::kube::karpenter::{Condition, NodeClaim};
 use crate::kube::marks;
 use kube::api::{DeleteParams, Patch, Preconditions};
@@ -257,7 +258,7 @@ impl NodeClaims {
 /// Seconds since the NodeClaim was created.
 pub fn age_seconds(claim: &NodeClaim) -> Option<f64> {
     let created = claim.metadata.creation_timestamp.as_ref()?;
-    let age = k8s_openapi::jiff::Timestamp::now().duration_since(created.0);
+    let age = Clock::SYSTEM.stamp().duration_since(created.0);
     Some(age.as_secs_f64().max(0.0))
 }
 
@@ -361,7 +362,7 @@ pub fn check(claim: &NodeClaim, pending_time: OffsetDateTime) -> Result<(), Sele
         .metadata
         .creation_timestamp
         .as_ref()
-        .and_then(|t| OffsetDateTime::from_unix_timestamp(t.0.as_second()).ok());
+        .map(clock::from_k8s);
     match created {
         // The API server stores whole seconds: compare at that resolution.
         Some(created) if pending_time.unix_timestamp() >= created.unix_timestamp() => Ok(()),

@@ -10,8 +10,10 @@ const USAGE_KEY_ENCIPHERMENT: &str = "key encipherment";
 const USAGE_CLIENT_AUTH: &str = "client auth";
 const USAGE_SERVER_AUTH: &str = "server auth";
 
-/// Which kubelet certificate a CSR is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which kubelet certificate a CSR is for. Serialized as its
+/// [`as_str`](Purpose::as_str) word, as the server's binding records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Purpose {
     /// Client certificate (signer [`CLIENT_SIGNER`]).
     Client,
@@ -20,6 +22,18 @@ pub enum Purpose {
 }
 
 impl Purpose {
+    /// Both purposes, in the order a join asks for them.
+    pub const ALL: [Purpose; 2] = [Purpose::Client, Purpose::Serving];
+
+    /// `client` or `serving`: the word in CSR object names, binding records
+    /// and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Purpose::Client => "client",
+            Purpose::Serving => "serving",
+        }
+    }
+
     /// The extended usage this purpose requires ("client auth"/"server auth").
     fn auth_usage(self) -> &'static str {
         match self {

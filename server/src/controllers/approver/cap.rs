@@ -3,9 +3,9 @@
 
 use super::store::{approved, decided};
 use super::{Context, RECENT_WINDOW};
+use crate::kube::clock::Clock;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use kube::ResourceExt;
-use std::time::SystemTime;
 
 /// CSRs from the same requester that count toward its cap, this one
 /// excluded.
@@ -48,7 +48,5 @@ pub(super) fn counts_toward_cap(
 }
 
 fn unix_now() -> i64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+    Clock::SYSTEM.unix()
 }

@@ -4,6 +4,7 @@
 use super::Context;
 use crate::controllers::nodeclass::rollout::{self, Plan, Values};
 use crate::controllers::nodeclass::userdata::Format;
+use crate::kube::clock::Clock;
 use crate::kube::karpenter::{Condition, Ec2NodeClass};
 use crate::kube::marks;
 use kube::api::Patch;
@@ -55,13 +56,7 @@ impl Context {
         }
         let since = match ours.filter(|c| c.status == status) {
             Some(c) => c.last_transition_time.clone(),
-            None => time::OffsetDateTime::now_utc()
-                .replace_nanosecond(0)
-                .ok()
-                .and_then(|t| {
-                    t.format(&time::format_description::well_known::Rfc3339)
-                        .ok()
-                }),
+            None => Some(Clock::SYSTEM.k8s().0.to_string()),
         };
         let mut next: Vec<Condition> = conditions
             .iter()

@@ -6,6 +6,7 @@ use super::{
     held, launched, outcome, outcome_when_deleted, plan, read_state, retry, under_trial, Input,
     Observed, Outcome, Plan, Settings, State, Trial, Values,
 };
+use crate::kube::clock::Clock;
 use crate::kube::events::Events;
 use crate::kube::karpenter::{Ec2NodeClass, NodeClaim};
 use crate::kube::nodeclaim::NodeClaims;
@@ -151,7 +152,7 @@ fn applied_at(class: &Ec2NodeClass) -> Option<i64> {
 
 /// Now, in Unix seconds.
 fn now() -> i64 {
-    time::OffsetDateTime::now_utc().unix_timestamp()
+    Clock::SYSTEM.unix()
 }
 
 impl Cluster<'_> {
