@@ -2,7 +2,7 @@
 //!
 //! For every NodeClaim whose instance autonode attested (it carries the key
 //! binding annotation), keeps a condition of autonode's own type,
-//! [`CONDITION`], on its status: Unknown while the machine is on its way,
+//! [`condition::BOOTSTRAPPED`], on its status: Unknown while the machine is on its way,
 //! True once its Node is Ready, False when bootstrap failed. Karpenter
 //! rewrites the whole conditions list when it writes status, which can drop
 //! ours, so the condition is re-asserted whenever it is missing or stale.
@@ -38,11 +38,13 @@ use crate::controllers::capacity;
 use crate::kube::binding;
 use crate::kube::cache::Cache;
 use crate::kube::clock::Clock;
+use crate::kube::condition::{self, set_condition, Desired};
 use crate::kube::events::Events;
-use crate::kube::karpenter::{Condition, NodeClaim};
+use crate::kube::karpenter::NodeClaim;
 use crate::kube::marks;
 use crate::kube::metrics::Metrics;
 use crate::kube::nodeclaim::{self, pending, Milestone, NodeClaims};
+use crate::kube::reason::Reason;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, NodeCondition};
 use k8s_openapi::jiff::Timestamp;
@@ -54,8 +56,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
 
-/// autonode's condition type on NodeClaims.
-pub const CONDITION: &str = "AutonodeBootstrapped";
 /// How long a NodeClaim's events must settle before it is reconciled.
 const DEBOUNCE: Duration = Duration::from_secs(1);
 
@@ -164,9 +164,11 @@ async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Action, E
         }
         None => claim,
     };
-    let desired = condition(stage, &claim);
-    if !same(claim.condition(CONDITION), &desired) {
-        match assert_condition(&ctx.claims, &claim, desired).await {
+    let conditions = claim.status.as_ref().map(|s| s.conditions.as_slice());
+    if let Some(next) = set_condition(conditions.unwrap_or_default(), desired(stage, &claim)) {
+        // Through the status subresource, only if the NodeClaim is still
+        // at the version read.
+        match ctx.claims.write_conditions(&claim, &next).await {
             // Changed under us (Karpenter wrote status): the watch brings
             // the new version, and we judge again.
             Err(kube::Error::Api(s)) if s.code == 409 => {
@@ -213,20 +215,20 @@ fn is_ready(node: &Node) -> bool {
 }
 
 /// The condition autonode wants on the NodeClaim at this stage.
-pub fn condition(stage: Stage, claim: &NodeClaim) -> Condition {
+pub fn desired(stage: Stage, claim: &NodeClaim) -> Desired {
     let (status, reason, message) = match stage {
         Stage::Attested => (
             "Unknown",
-            "Attested",
+            Reason::Attested,
             "instance attested and certificates issued; waiting for kubelet to register"
                 .to_string(),
         ),
         Stage::Registered => (
             "Unknown",
-            "NodeRegistered",
+            Reason::NodeRegistered,
             "Node registered; waiting for it to become Ready".to_string(),
         ),
-        Stage::Ready => ("True", "NodeReady", "Node is Ready".to_string()),
+        Stage::Ready => ("True", Reason::NodeReady, "Node is Ready".to_string()),
         Stage::Failed => {
             let why = claim
                 .metadata
@@ -235,55 +237,26 @@ pub fn condition(stage: Stage, claim: &NodeClaim) -> Condition {
                 .and_then(|a| a.get(marks::BOOTSTRAP_FAILED))
                 .cloned()
                 .unwrap_or_default();
-            ("False", "BootstrapFailed", why)
+            ("False", Reason::BootstrapFailed, why)
         }
     };
-    let previous = claim.condition(CONDITION);
-    let transition = match previous {
-        Some(p) if p.status == status => p.last_transition_time.clone(),
-        _ => None,
+    Desired {
+        type_: condition::BOOTSTRAPPED,
+        status,
+        reason,
+        message,
+        generation: claim.metadata.generation,
+        clock: Clock::SYSTEM,
     }
-    .unwrap_or_else(now_rfc3339);
-    Condition {
-        type_: CONDITION.into(),
-        status: status.into(),
-        reason: Some(reason.into()),
-        message: Some(message),
-        last_transition_time: Some(transition),
-        observed_generation: claim.metadata.generation,
-    }
-}
-
-fn same(current: Option<&Condition>, desired: &Condition) -> bool {
-    current.is_some_and(|c| {
-        c.status == desired.status && c.reason == desired.reason && c.message == desired.message
-    })
-}
-
-/// Writes `claim`'s conditions with ours replaced, through the status
-/// subresource, only if the NodeClaim is still at the version we read.
-async fn assert_condition(
-    claims: &NodeClaims,
-    claim: &NodeClaim,
-    condition: Condition,
-) -> Result<(), kube::Error> {
-    let mut conditions: Vec<Condition> = claim
-        .status
-        .as_ref()
-        .map(|s| s.conditions.clone())
-        .unwrap_or_default();
-    conditions.retain(|c| c.type_ != CONDITION);
-    conditions.push(condition);
-    claims.write_conditions(claim, &conditions).await
 }
 
 /// A milestone's Event, reason and note, for those this controller reports (the
 /// join's own Event covers the others).
-fn event(milestone: Milestone) -> Option<(&'static str, &'static str)> {
+fn event(milestone: Milestone) -> Option<(Reason, &'static str)> {
     match milestone {
         Milestone::Attested | Milestone::Certificates => None,
-        Milestone::Registered => Some(("NodeRegistered", "kubelet registered the Node")),
-        Milestone::Ready => Some(("NodeReady", "the Node is Ready")),
+        Milestone::Registered => Some((Reason::NodeRegistered, "kubelet registered the Node")),
+        Milestone::Ready => Some((Reason::NodeReady, "the Node is Ready")),
     }
 }
 
@@ -398,10 +371,6 @@ async fn report_milestones(
     Ok(Some(written))
 }
 
-fn now_rfc3339() -> String {
-    Clock::SYSTEM.k8s().0.to_string()
-}
-
 fn error_policy(_claim: Arc<NodeClaim>, error: &Error, _ctx: Arc<Context>) -> Action {
     tracing::warn!(%error, "NodeClaim feedback failed; retrying");
     Action::requeue(Duration::from_secs(5))
@@ -412,27 +381,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_transition_time_only_moves_when_the_status_does() {
-        let mut claim = NodeClaim::default();
-        let first = condition(Stage::Attested, &claim);
-        claim.status = Some(crate::kube::karpenter::NodeClaimStatus {
-            conditions: vec![Condition {
-                last_transition_time: Some("2026-01-01T00:00:00Z".into()),
-                ..first.clone()
-            }],
-            ..Default::default()
+    fn each_stage_sets_its_reason_and_status() {
+        let claim = NodeClaim::default();
+        let reasons = [
+            Stage::Attested,
+            Stage::Registered,
+            Stage::Ready,
+            Stage::Failed,
+        ]
+        .map(|stage| {
+            let d = desired(stage, &claim);
+            (d.status, d.reason)
         });
-        let registered = condition(Stage::Registered, &claim);
         assert_eq!(
-            registered.last_transition_time.as_deref(),
-            Some("2026-01-01T00:00:00Z")
+            reasons,
+            [
+                ("Unknown", Reason::Attested),
+                ("Unknown", Reason::NodeRegistered),
+                ("True", Reason::NodeReady),
+                ("False", Reason::BootstrapFailed),
+            ]
         );
-        let ready = condition(Stage::Ready, &claim);
-        assert_ne!(
-            ready.last_transition_time.as_deref(),
-            Some("2026-01-01T00:00:00Z")
-        );
-        assert_eq!(ready.status, "True");
     }
 
     fn at(seconds: i64) -> Timestamp {
@@ -546,13 +515,10 @@ mod tests {
     #[test]
     fn a_dropped_or_stale_condition_is_rewritten() {
         let claim = NodeClaim::default();
-        let desired = condition(Stage::Ready, &claim);
-        assert!(!same(None, &desired));
-        let stale = Condition {
-            reason: Some("Attested".into()),
-            ..desired.clone()
-        };
-        assert!(!same(Some(&stale), &desired));
-        assert!(same(Some(&desired), &desired));
+        let ready = || desired(Stage::Ready, &claim);
+        let written = set_condition(&[], ready()).expect("a dropped one is written");
+        assert_eq!(set_condition(&written, ready()), None);
+        let stale = set_condition(&written, desired(Stage::Attested, &claim)).unwrap();
+        assert!(set_condition(&stale, ready()).is_some());
     }
 }

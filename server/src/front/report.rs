@@ -28,6 +28,7 @@ use crate::kube::karpenter::{aws_provider_id, NodeClaim};
 use crate::kube::limiter::Limiter;
 use crate::kube::metrics::{Metrics, PhaseLabels, ReportRefusalLabels};
 use crate::kube::nodeclaim::{FindError, NodeClaims, SelectError};
+use crate::kube::reason::Reason;
 use autonode_shared::identity::{self, IdentityError, Policy, PolicyError, TrustStore};
 use autonode_shared::proof::{self, ProofError};
 use autonode_shared::protocol::{Outcome, ReportRequest};
@@ -288,16 +289,17 @@ async fn act(
     let message = crate::kube::marks::capped(&report.message, crate::kube::marks::MAX_MESSAGE);
     let note = format!("agent phase {phase} {outcome}: {message}");
     match (report.outcome, sender.trust) {
-        (Outcome::Succeeded, _) => ctx.events.normal(claim, "AgentProgress", note),
-        (Outcome::Retrying, _) => ctx.events.warning(claim, "AgentRetrying", note),
+        (Outcome::Succeeded, _) => ctx.events.normal(claim, Reason::AgentProgress, note),
+        (Outcome::Retrying, _) => ctx.events.warning(claim, Reason::AgentRetrying, note),
         (Outcome::Fatal, Trust::Unverified) => {
             tracing::warn!(request_id, nodeclaim = %name, "fatal agent report before the instance is bound to a key: unverified, so the NodeClaim is left alone");
             ctx.metrics.agent_reports_unverified_fatal.inc();
             let note = format!("unverified report (the instance is not bound to a key yet, so no signature can be checked), NodeClaim left alone: {note}");
-            ctx.events.warning(claim, "BootstrapFailed", note);
+            ctx.events.warning(claim, Reason::BootstrapFailed, note);
         }
         (Outcome::Fatal, Trust::Signed(_)) => {
-            ctx.events.warning(claim, "BootstrapFailed", note.clone());
+            ctx.events
+                .warning(claim, Reason::BootstrapFailed, note.clone());
             if claim.is_registered() {
                 // Its Node exists: whatever failed, the machine is a node.
             } else if ctx.delete_on_fatal {

@@ -11,6 +11,7 @@ use crate::kube::karpenter::NodeClaim;
 use crate::kube::marks;
 use crate::kube::metrics::JoinLabels;
 use crate::kube::nodeclaim::{pending, Milestone};
+use crate::kube::reason::Reason;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -136,7 +137,7 @@ fn granted(
     if let Some(claim) = claim {
         ctx.events.normal(
             claim,
-            "Attested",
+            Reason::Attested,
             format!("instance attested; certificates issued for node {node} ({result})"),
         );
     }
@@ -166,9 +167,9 @@ fn refused(
             delete_doomed(ctx, claim.clone(), request_id.to_string(), why);
         }
         let reason = if replay {
-            "PossibleReplay"
+            Reason::PossibleReplay
         } else {
-            "JoinRefused"
+            Reason::JoinRefused
         };
         ctx.events
             .warning(claim, reason, format!("{refusal} (request {request_id})"));

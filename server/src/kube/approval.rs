@@ -9,6 +9,7 @@
 //! server checks against the object it is about to change, so the approval
 //! lands on the judged object or on nothing.
 
+use crate::kube::reason::Reason;
 use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestCondition, CertificateSigningRequestStatus,
 };
@@ -36,7 +37,7 @@ pub enum ApprovalError {
 /// What an approval says: the condition's reason and message.
 #[derive(Debug, Clone, Copy)]
 pub struct Verdict<'a> {
-    pub reason: &'a str,
+    pub reason: Reason,
     pub message: &'a str,
 }
 
@@ -51,7 +52,7 @@ pub async fn approve(
         conditions: Some(vec![CertificateSigningRequestCondition {
             type_: "Approved".into(),
             status: "True".into(),
-            reason: Some(verdict.reason.into()),
+            reason: Some(verdict.reason.as_str().into()),
             message: Some(verdict.message.into()),
             ..Default::default()
         }]),

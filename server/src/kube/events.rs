@@ -31,6 +31,7 @@
 
 use crate::kube::clock::Clock;
 use crate::kube::metrics::{EventDropLabels, Metrics};
+use crate::kube::reason::Reason;
 use crate::logfmt;
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -121,13 +122,13 @@ impl Events {
     }
 
     /// A Normal event on `object` (a NodeClaim, an EC2NodeClass).
-    pub fn normal<K: Resource<DynamicType = ()>>(&self, object: &K, reason: &str, note: String) {
-        self.publish(object.object_ref(&()), "Normal", reason, &note);
+    pub fn normal<K: Resource<DynamicType = ()>>(&self, object: &K, reason: Reason, note: String) {
+        self.publish(object.object_ref(&()), "Normal", reason.as_str(), &note);
     }
 
     /// A Warning event on `object`.
-    pub fn warning<K: Resource<DynamicType = ()>>(&self, object: &K, reason: &str, note: String) {
-        self.publish(object.object_ref(&()), "Warning", reason, &note);
+    pub fn warning<K: Resource<DynamicType = ()>>(&self, object: &K, reason: Reason, note: String) {
+        self.publish(object.object_ref(&()), "Warning", reason.as_str(), &note);
     }
 
     fn publish(&self, regarding: ObjectReference, type_: &str, reason: &str, note: &str) {

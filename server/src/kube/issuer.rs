@@ -16,6 +16,7 @@ use crate::kube::approval::{self, ApprovalError};
 use crate::kube::binding::CsrRef;
 use crate::kube::cache::{self, Cache};
 use crate::kube::marks;
+use crate::kube::reason::Reason;
 use autonode_shared::csr::{self, usages_for, ParsedCsr, Purpose};
 use autonode_shared::issued::{self, IssuedError};
 use futures::StreamExt;
@@ -35,8 +36,6 @@ use tokio::sync::watch;
 /// Label on every CSR autonode creates (anyone may set it: it selects
 /// what the watch keeps, and decides nothing).
 pub const MANAGED_LABEL: &str = marks::CSR_MANAGED_LABEL;
-/// The approval condition's reason: says who approved and why.
-pub const APPROVAL_REASON: &str = "AutonodeAttested";
 
 /// What to ask for.
 pub struct IssueRequest<'a> {
@@ -274,7 +273,7 @@ impl Issuer {
     /// Approves the CSR `name`, only while it is the object with `uid`.
     async fn approve(&self, name: &str, uid: &str, message: &str) -> Result<(), IssueError> {
         let verdict = approval::Verdict {
-            reason: APPROVAL_REASON,
+            reason: Reason::AutonodeAttested,
             message,
         };
         match approval::approve(&self.api, name, uid, verdict).await {

@@ -157,7 +157,7 @@ pub struct Ec2NodeClass {
 }
 
 /// The parts of an EC2NodeClass's status autonode reads: its conditions
-/// (Karpenter's, and autonode's [`crate::controllers::nodeclass::rollout::STATUS_CONDITION`]).
+/// (Karpenter's, and autonode's [`crate::kube::condition::ROLLOUT`]).
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 pub struct Ec2NodeClassStatus {
     #[serde(default)]

@@ -292,3 +292,30 @@ fn folder_modules_are_named_by_their_folder_and_tests_are_not_modules() {
     assert_eq!(row_key(Path::new("shared/src/csr/tests.rs")), None);
     assert_eq!(row_key(Path::new("shared/README.md")), None);
 }
+
+/// The reasons docs/operations.md's table names, in its order.
+fn reasons_in_table(doc: &str) -> Vec<String> {
+    section(doc, "## Event and condition reasons")
+        .lines()
+        .filter_map(|line| {
+            line.strip_prefix("| `")?
+                .split('`')
+                .next()
+                .map(str::to_string)
+        })
+        .collect()
+}
+
+#[test]
+fn every_reason_the_server_writes_is_in_the_operators_table_and_nothing_else() {
+    use autonode_server::kube::reason::Reason;
+    let doc = fs::read_to_string(repo().join("docs/operations.md")).expect("docs/operations.md");
+    let code: Vec<String> = Reason::ALL.iter().map(|r| r.as_str().to_string()).collect();
+    assert_eq!(
+        reasons_in_table(&doc),
+        code,
+        "docs/operations.md's reasons table differs from kube::reason::Reason::ALL"
+    );
+    let dropped = "## Event and condition reasons\n\n| Reason |\n|---|\n| `Attested` |\n";
+    assert_eq!(reasons_in_table(dropped), ["Attested"], "the table is read");
+}

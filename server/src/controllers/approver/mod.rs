@@ -56,8 +56,6 @@ use std::time::Duration;
 use store::{count_pending, kubelet_csrs};
 use thiserror::Error;
 
-/// The approval condition's reason for renewals.
-pub const RENEWAL_REASON: &str = "AutonodeRenewal";
 /// CSRs one requester may have pending or approved within
 /// [`RECENT_WINDOW`] before more are left alone. A kubelet makes one client
 /// renewal and one serving CSR per rotation (now and then a retry), so a

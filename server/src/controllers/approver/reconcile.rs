@@ -3,9 +3,10 @@
 
 use super::judge::judge;
 use super::store::decided;
-use super::{kind_label, Context, Error, RENEWAL_REASON};
+use super::{kind_label, Context, Error};
 use crate::kube::approval::{self, ApprovalError};
 use crate::kube::metrics::{KindLabels, LeftPendingLabels};
+use crate::kube::reason::Reason;
 use autonode_shared::csr::{self, Purpose};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use kube::runtime::controller::Action;
@@ -93,7 +94,7 @@ pub(super) async fn approve(
          its instance's EC2 name and autonode's binding agree"
     );
     let verdict = approval::Verdict {
-        reason: RENEWAL_REASON,
+        reason: Reason::AutonodeRenewal,
         message: &message,
     };
     match approval::approve(api, &name, uid, verdict).await {

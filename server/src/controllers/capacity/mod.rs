@@ -34,6 +34,7 @@ pub use crate::kube::quantity::{Quantity, QuantityError, Resource, MAX_LEN as QU
 use crate::kube::events::Events;
 use crate::kube::karpenter::{Ec2NodeClass, NodeClaim};
 use crate::kube::metrics::{CapacityLabels, Metrics};
+use crate::kube::reason::Reason;
 use k8s_openapi::api::core::v1::Node;
 use kube::{Api, Client, Resource as _, ResourceExt};
 use std::collections::BTreeMap;
@@ -42,8 +43,6 @@ use std::fmt;
 /// The entry in a NodeClaim's [`crate::kube::marks::REPORTED`] mark once its
 /// capacity was compared (whatever the comparison found).
 pub const CHECKED: &str = "capacity";
-/// The Events' reason.
-pub const REASON: &str = "CapacityShortfall";
 /// The default of `--capacity-tolerance`, in percent.
 pub const DEFAULT_TOLERANCE_PERCENT: u32 = 5;
 
@@ -213,9 +212,13 @@ impl Check {
         let (name, node_name) = (claim.name_any(), node.name_any());
         let note = note(&found, &node_name, class);
         tracing::warn!(nodeclaim = %name, node = %node_name, ec2nodeclass = class, "{note}");
-        events.warning(claim, REASON, note.clone());
+        events.warning(claim, Reason::CapacityShortfall, note.clone());
         if let Some(class) = self.class_of(claim).await {
-            events.warning(&class, REASON, format!("NodeClaim {name}: {note}"));
+            events.warning(
+                &class,
+                Reason::CapacityShortfall,
+                format!("NodeClaim {name}: {note}"),
+            );
         }
     }
 

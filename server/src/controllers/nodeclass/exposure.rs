@@ -1,8 +1,9 @@
 //! Metadata options that let a pod read IMDS, when autonode does not keep
 //! them: found, logged and told once per change as a Warning Event.
 
-use super::{Context, EXPOSED, HOP_LIMIT};
+use super::{Context, HOP_LIMIT};
 use crate::kube::karpenter::{Ec2NodeClass, Ec2NodeClassSpec};
+use crate::kube::reason::Reason;
 use std::sync::PoisonError;
 
 /// What of `spec.metadataOptions` lets a pod on the class's nodes read IMDS
@@ -48,7 +49,7 @@ impl Context {
         );
         self.settings.events.warning(
             class,
-            EXPOSED,
+            Reason::InstanceMetadataExposed,
             format!(
                 "spec.metadataOptions: {found}. Any pod on these nodes can read the instance \
                  identity document, the credential a machine joins with, and the node's IAM \

@@ -1,9 +1,10 @@
 //! Which userData format a class asks for, by its [`FORMAT_ANNOTATION`],
 //! and the warning, once per value, when it names none.
 
-use super::{Context, FORMAT_UNKNOWN};
+use super::Context;
 use crate::controllers::nodeclass::userdata::{Format, UnknownFormat, FORMAT_ANNOTATION};
 use crate::kube::karpenter::Ec2NodeClass;
+use crate::kube::reason::Reason;
 use kube::ResourceExt;
 use std::sync::PoisonError;
 
@@ -58,7 +59,7 @@ impl Context {
         );
         self.settings.events.warning(
             class,
-            FORMAT_UNKNOWN,
+            Reason::UserDataFormatUnknown,
             format!(
                 "annotation {FORMAT_ANNOTATION}: {unknown}. autonode-server leaves this \
                  EC2NodeClass as it is (its userData and every other field) until the \

@@ -5,7 +5,8 @@ use super::Context;
 use crate::controllers::nodeclass::rollout::{self, Plan, Values};
 use crate::controllers::nodeclass::userdata::Format;
 use crate::kube::clock::Clock;
-use crate::kube::karpenter::{Condition, Ec2NodeClass};
+use crate::kube::condition::{self, set_condition, Desired};
+use crate::kube::karpenter::Ec2NodeClass;
 use crate::kube::marks;
 use kube::api::Patch;
 use serde_json::json;
@@ -29,7 +30,7 @@ impl Context {
         cluster.plan(class, name, current, desired.values(format))
     }
 
-    /// Writes the [`rollout::STATUS_CONDITION`] `plan` calls for on
+    /// Writes the [`condition::ROLLOUT`] `plan` calls for on
     /// `class`, when it differs from the one there: through the status
     /// subresource, every condition as read with ours replaced, with the
     /// resourceVersion read as a precondition (409 when the class changed
@@ -38,39 +39,18 @@ impl Context {
     /// of ours survives them. Best effort: a failure is logged.
     pub(super) async fn mark_status(&self, class: &Ec2NodeClass, name: &str, plan: &Plan) {
         let (status, reason, message) = rollout::status_condition(plan);
-        let conditions = class
-            .status
-            .as_ref()
-            .map(|s| s.conditions.as_slice())
-            .unwrap_or_default();
-        let ours = conditions
-            .iter()
-            .find(|c| c.type_ == rollout::STATUS_CONDITION);
-        let same = ours.is_some_and(|c| {
-            c.status == status
-                && c.reason.as_deref() == Some(reason)
-                && c.message.as_deref() == Some(message.as_str())
-        });
-        if same {
-            return;
-        }
-        let since = match ours.filter(|c| c.status == status) {
-            Some(c) => c.last_transition_time.clone(),
-            None => Some(Clock::SYSTEM.k8s().0.to_string()),
+        let conditions = class.status.as_ref().map(|s| s.conditions.as_slice());
+        let desired = Desired {
+            type_: condition::ROLLOUT,
+            status,
+            reason,
+            message,
+            generation: class.metadata.generation,
+            clock: Clock::SYSTEM,
         };
-        let mut next: Vec<Condition> = conditions
-            .iter()
-            .filter(|c| c.type_ != rollout::STATUS_CONDITION)
-            .cloned()
-            .collect();
-        next.push(Condition {
-            type_: rollout::STATUS_CONDITION.into(),
-            status: status.into(),
-            reason: Some(reason.into()),
-            message: Some(message),
-            last_transition_time: since,
-            observed_generation: class.metadata.generation,
-        });
+        let Some(next) = set_condition(conditions.unwrap_or_default(), desired) else {
+            return;
+        };
         let patch = json!({
             "metadata": {"resourceVersion": class.metadata.resource_version},
             "status": {"conditions": next},

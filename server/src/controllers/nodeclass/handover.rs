@@ -3,10 +3,11 @@
 //! that keeps them at their values instead of removing them.
 
 use super::fields::applied;
-use super::{Context, Desired, AMI_RELEASED, FIELD_MANAGER};
+use super::{Context, Desired, FIELD_MANAGER};
 use crate::controllers::nodeclass::userdata::Format;
 use crate::kube::events::Events;
 use crate::kube::karpenter::{Ec2NodeClass, Ec2NodeClassSpec};
+use crate::kube::reason::Reason;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -201,7 +202,7 @@ pub(super) fn report_released(
         );
         events.normal(
             class,
-            AMI_RELEASED,
+            Reason::AmiSelectionReleased,
             "autonode-server no longer manages spec.amiSelectorTerms (--ami-ids is unset); \
              they keep their values and are yours to change"
                 .to_string(),

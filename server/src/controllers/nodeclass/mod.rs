@@ -86,15 +86,6 @@ use thiserror::Error;
 pub use crate::kube::marks::{FIELD_MANAGER, HANDOVER_MANAGER};
 /// The `amiFamily` under which Karpenter passes userData verbatim.
 pub const AMI_FAMILY: &str = "Custom";
-/// The Event reason when fields were restored.
-pub const RESTORED: &str = "NodeClassRestored";
-/// The Warning Event reason when, not enforcing, a class lets pods read IMDS.
-pub const EXPOSED: &str = "InstanceMetadataExposed";
-/// The Event reason when autonode let go of a class's AMI selection.
-pub const AMI_RELEASED: &str = "AmiSelectionReleased";
-/// The Warning Event reason when a class's [`FORMAT_ANNOTATION`](userdata::FORMAT_ANNOTATION) names no
-/// format, and the class is left as it is.
-pub const FORMAT_UNKNOWN: &str = "UserDataFormatUnknown";
 
 /// `metadataOptions.httpTokens` kept: IMDSv2 only, every read needs a token.
 pub const HTTP_TOKENS: &str = "required";

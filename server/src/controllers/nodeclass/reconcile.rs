@@ -3,13 +3,12 @@
 
 use super::fields::{applied, drift, pinned};
 use super::handover::{applied_paths, handover, released, report_released, SpecPath};
-use super::{
-    Context, Desired, Error, MetadataOptionsPolicy, FIELD_MANAGER, HANDOVER_MANAGER, RESTORED,
-};
+use super::{Context, Desired, Error, MetadataOptionsPolicy, FIELD_MANAGER, HANDOVER_MANAGER};
 use crate::controllers::nodeclass::rollout::{self, Plan};
 use crate::controllers::nodeclass::userdata::Format;
 use crate::kube::events::Events;
 use crate::kube::karpenter::Ec2NodeClass;
+use crate::kube::reason::Reason;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::ResourceExt;
@@ -161,7 +160,7 @@ fn report_restored(
     tracing::info!(nodeclass = %name, %fields, %format, "EC2NodeClass restored");
     events.normal(
         class,
-        RESTORED,
+        Reason::NodeClassRestored,
         format!("autonode-server restored {fields} to {to}"),
     );
 }

@@ -40,6 +40,7 @@ use crate::join::render::{self, ClusterSettings, IgnitionError, NodeFacts};
 use crate::kube::cache::{self, Cache};
 use crate::kube::events::Events;
 use crate::kube::karpenter::{Ec2NodeClass, NodeClaim};
+use crate::kube::reason::Reason;
 use autonode_shared::ignition::Config;
 use autonode_shared::protocol::KubeletSettings;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
@@ -459,10 +460,13 @@ impl NodeConfig {
         if !self.first_in_interval(object, message.clone()) {
             return;
         }
-        const REASON: &str = "NodeConfigInvalid";
         match class {
-            Some(class) => self.events.warning(class, REASON, message),
-            None => self.events.warning(claim, REASON, message),
+            Some(class) => self
+                .events
+                .warning(class, Reason::NodeConfigInvalid, message),
+            None => self
+                .events
+                .warning(claim, Reason::NodeConfigInvalid, message),
         }
     }
 

@@ -12,11 +12,10 @@
 
 use crate::kube::events::Events;
 use crate::kube::karpenter::{Ec2NodeClass, KubeletSpec};
+use crate::kube::reason::Reason;
 use std::collections::BTreeMap;
 use std::sync::{Mutex, PoisonError};
 
-/// The Event's reason.
-pub const REASON: &str = "KubeletSettingsUnset";
 /// Classes remembered before the memory is cleared (each class then warns
 /// once more at its next join): far more than a cluster has.
 const REMEMBERED: usize = 4096;
@@ -104,7 +103,7 @@ pub fn warn_unset(events: &Events, class: Option<&Ec2NodeClass>) {
     }
     let note = note(&unset);
     tracing::warn!(ec2nodeclass = name, unset = ?unset, "{note}");
-    events.warning(class, REASON, note);
+    events.warning(class, Reason::KubeletSettingsUnset, note);
 }
 
 #[cfg(test)]

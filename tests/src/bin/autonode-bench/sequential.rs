@@ -418,7 +418,8 @@ pub(crate) async fn approve(
         .context("a CSR without a name")?;
     let uid = csr.metadata.uid.as_deref().context("a CSR without a UID")?;
     let verdict = approval::Verdict {
-        reason: "BenchApproved",
+        // The reason the server's join writes: the bench stands in for it.
+        reason: autonode_server::kube::reason::Reason::AutonodeAttested,
         message: "autonode-bench: approved by the bench itself",
     };
     approval::approve(api, name, uid, verdict).await?;

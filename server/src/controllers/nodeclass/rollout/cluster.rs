@@ -10,6 +10,7 @@ use crate::kube::clock::Clock;
 use crate::kube::events::Events;
 use crate::kube::karpenter::{Ec2NodeClass, NodeClaim};
 use crate::kube::nodeclaim::NodeClaims;
+use crate::kube::reason::Reason;
 use kube::ResourceExt;
 use std::collections::HashSet;
 use std::sync::{Mutex, PoisonError};
@@ -185,7 +186,7 @@ impl Cluster<'_> {
         );
         self.events.warning(
             class,
-            super::STATE_REJECTED,
+            Reason::RolloutStateRejected,
             format!(
                 "annotation {}: {error}. autonode-server does not use it: the rollout guard starts \
                  afresh from this class's current values (taken as good only when they are what \

@@ -38,9 +38,10 @@
 //! `tests.rs`; [`crate::controllers::nodeclass`] reads the class and the NodeClaims and
 //! writes the result together with the kept fields, in one apply.
 
-use crate::controllers::feedback::CONDITION;
+use crate::kube::condition::BOOTSTRAPPED as CONDITION;
 use crate::kube::karpenter::{Ec2NodeClass, NodeClaim};
 use crate::kube::marks;
+use crate::kube::reason::Reason;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -55,22 +56,6 @@ mod tests;
 pub use crate::kube::marks::{HOLD_ANNOTATION, RETRY_ANNOTATION, ROLLOUT_ANNOTATION};
 pub use seal::StateKey;
 
-/// Warning Event reason: new values failed and the last good ones are back.
-pub const REVERTED: &str = "RolloutReverted";
-/// Normal Event reason: new values produced a Ready node.
-pub const PROMOTED: &str = "RolloutPromoted";
-/// Normal Event reason: new values were applied and are on trial.
-pub const STARTED: &str = "RolloutStarted";
-/// Normal Event reason: the class is held; its AMI and userData stay.
-pub const HELD: &str = "RolloutHeld";
-/// Warning Event reason: the class's rollout state does not open under the
-/// key (forged, copied, or sealed under another key) and is not used.
-pub const STATE_REJECTED: &str = "RolloutStateRejected";
-/// Warning Event reason: the wanted values were reverted before and are
-/// not applied again until the operator asks.
-pub const REFUSED: &str = "RolloutRefused";
-/// The status condition autonode keeps on each class it guards.
-pub const STATUS_CONDITION: &str = "AutonodeRollout";
 /// The most NodeClaims a trial remembers (the annotation stays small).
 pub const MAX_TRACKED: usize = 64;
 /// The most rejected rollout states remembered, to warn of each once.
@@ -499,11 +484,11 @@ pub fn verdict(
     Verdict::Wait
 }
 
-/// The [`STATUS_CONDITION`] for `plan`: `False` (`Reverted`) while
+/// The [`crate::kube::condition::ROLLOUT`] condition for `plan`: `False` (`Reverted`) while
 /// values are refused, `Unknown` (`OnTrial`) while new ones are on trial,
 /// else `True` (`Settled`); `Held` as the reason while a hold stands.
 /// Status, reason, message.
-pub fn status_condition(plan: &Plan) -> (&'static str, &'static str, String) {
+pub fn status_condition(plan: &Plan) -> (&'static str, Reason, String) {
     let held = plan.notes.contains(&Note::Held);
     let (status, reason, message) = if let Some(refused) = &plan.state.refused {
         let names: Vec<&str> = refused
@@ -514,7 +499,7 @@ pub fn status_condition(plan: &Plan) -> (&'static str, &'static str, String) {
             .collect();
         (
             "False",
-            "Reverted",
+            Reason::Reverted,
             format!(
                 "new AMI/userData failed on {} NodeClaims ({}) and were reverted; they are not \
                  applied again until annotation {RETRY_ANNOTATION} gets a new value",
@@ -525,19 +510,19 @@ pub fn status_condition(plan: &Plan) -> (&'static str, &'static str, String) {
     } else if plan.state.trial.is_some() {
         (
             "Unknown",
-            "OnTrial",
+            Reason::OnTrial,
             "new AMI/userData are on trial: no NodeClaim launched under them is Ready yet".into(),
         )
     } else {
         (
             "True",
-            "Settled",
+            Reason::Settled,
             "the class runs AMI/userData that produced Ready nodes".into(),
         )
     };
     if held {
         let message = format!("held by annotation {HOLD_ANNOTATION}; {message}");
-        return (status, "Held", message);
+        return (status, Reason::Held, message);
     }
     (status, reason, message)
 }

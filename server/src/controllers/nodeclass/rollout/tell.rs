@@ -4,15 +4,13 @@
 //! every resync.
 
 use super::{Failure, Note, Plan, Settings, Values, HOLD_ANNOTATION, RETRY_ANNOTATION};
-use super::{HELD, PROMOTED, REFUSED, REVERTED, STARTED};
 use crate::kube::events::Events;
 use crate::kube::karpenter::Ec2NodeClass;
 use crate::kube::metrics::{Metrics, NodeClassLabels};
+use crate::kube::reason::Reason;
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
-/// Warning Event reason: a hold is asked for values that are not autonode's.
-pub const HOLD_IGNORED: &str = "RolloutHoldIgnored";
 /// The most failures named in one Event.
 const NAMED: usize = 10;
 
@@ -34,7 +32,7 @@ impl Teller<'_> {
                 Note::Started => self.started(class, name, plan),
                 Note::Promoted => {
                     tracing::info!(nodeclass = %name, "rollout promoted: a node launched under the new AMI/userData is Ready");
-                    self.events.normal(class, PROMOTED, "a node launched under the new AMI/userData is Ready: they are this class's last good values now".into());
+                    self.events.normal(class, Reason::RolloutPromoted, "a node launched under the new AMI/userData is Ready: they are this class's last good values now".into());
                 }
                 Note::Reverted(failed) => self.reverted(class, name, plan, failed),
                 Note::Retried(value) => {
@@ -79,7 +77,7 @@ impl Teller<'_> {
         tracing::info!(nodeclass = %name, change = %what, "rollout started");
         self.events.normal(
             class,
-            STARTED,
+            Reason::RolloutStarted,
             format!("autonode-server applied new values ({what}); the first NodeClaim launched under them that is Ready makes them the last good values; {guard}"),
         );
     }
@@ -93,7 +91,7 @@ impl Teller<'_> {
         // reasons are long; each NodeClaim's own Events say why in full.
         self.events.warning(
             class,
-            REVERTED,
+            Reason::RolloutReverted,
             format!(
                 "{} NodeClaims failed under the new values ({what}), none Ready: {}. The last \
                  good values are back; the new ones are not applied again until annotation \
@@ -116,21 +114,21 @@ impl Teller<'_> {
             Note::Refusing(failed) => {
                 let failures = named(failed);
                 tracing::warn!(nodeclass = %name, %failures, "rollout refused: the wanted AMI/userData were reverted before; keeping the last good values");
-                self.events.warning(class, REFUSED, format!(
+                self.events.warning(class, Reason::RolloutRefused, format!(
                     "the AMI/userData autonode-server renders were reverted before (failed: {failures}); \
                      the class keeps the last good values until annotation {RETRY_ANNOTATION} is set to a new value"
                 ));
             }
             Note::Held => {
                 tracing::info!(nodeclass = %name, "EC2NodeClass held: its AMI and userData stay at the values autonode applied last");
-                self.events.normal(class, HELD, format!(
+                self.events.normal(class, Reason::RolloutHeld, format!(
                     "annotation {HOLD_ANNOTATION} is set: autonode-server keeps this class's AMI and userData \
                      at the values it applied last and applies no new ones until the annotation is removed"
                 ));
             }
             Note::HoldIgnored => {
                 tracing::warn!(nodeclass = %name, "EC2NodeClass hold ignored: its AMI/userData were not applied by autonode, and there is no rollout state of autonode's");
-                self.events.warning(class, HOLD_IGNORED, format!(
+                self.events.warning(class, Reason::RolloutHoldIgnored, format!(
                     "annotation {HOLD_ANNOTATION} is set, but this class's AMI/userData were not applied by \
                      autonode-server (and it has no rollout state of autonode's): a hold keeps only autonode's \
                      own values, so the rendered values are applied"

@@ -621,14 +621,14 @@ fn the_status_condition_follows_the_state() {
     assert_eq!(status_condition(&settled_plan).0, "True");
     let mut next = input(Some(begun(trying(&old, &new))), new.clone(), new.clone());
     let on_trial = plan(next.clone());
-    assert_eq!(status_condition(&on_trial).1, "OnTrial");
+    assert_eq!(status_condition(&on_trial).1, Reason::OnTrial);
     next.observed = Some(vec![failed("a"), failed("b"), failed("c")]);
     let (status, reason, message) = status_condition(&plan(next));
-    assert_eq!((status, reason), ("False", "Reverted"));
+    assert_eq!((status, reason), ("False", Reason::Reverted));
     assert!(message.contains("a, b, c"), "{message}");
     let mut held = input(Some(settled(&old)), old.clone(), new.clone());
     held.hold = true;
-    assert_eq!(status_condition(&plan(held)).1, "Held");
+    assert_eq!(status_condition(&plan(held)).1, Reason::Held);
 }
 
 #[test]
