@@ -149,8 +149,11 @@ pub struct ServeArgs {
     )]
     pub csr_timeout_secs: u64,
 
-    /// Delete a NodeClaim whose agent reports a fatal failure, so Karpenter
-    /// replaces the machine at once.
+    /// Delete a NodeClaim whose machine failed for good (its agent's signed
+    /// fatal report, or its join refused for a reason no retry changes), so
+    /// Karpenter replaces the machine at once rather than after its
+    /// 15-minute registration timeout. `false` marks it failed instead (the
+    /// AutonodeBootstrapped condition says why) and keeps it.
     #[arg(long, env = "AUTONODE_DELETE_FAILED_NODECLAIMS", default_value = "true", action = clap::ArgAction::Set)]
     pub delete_failed_nodeclaims: bool,
 

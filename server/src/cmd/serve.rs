@@ -16,7 +16,7 @@ use autonode_server::kube::clock::Clock;
 use autonode_server::kube::events::Events;
 use autonode_server::kube::issuer::Issuer;
 use autonode_server::kube::metrics::Metrics;
-use autonode_server::kube::nodeclaim::NodeClaims;
+use autonode_server::kube::nodeclaim::{NodeClaims, OnFailure};
 use autonode_server::{controllers::approver, controllers::leader};
 use autonode_shared::identity::{Policy, TrustStore};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -73,7 +73,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         metrics: metrics.clone(),
         nodeconfig: nodeconfig.clone(),
         clock: Clock::SYSTEM,
-        delete_refused: args.delete_failed_nodeclaims,
+        on_failure: OnFailure::from_flag(args.delete_failed_nodeclaims),
     });
     let report = Arc::new(ReportContext {
         trust,
@@ -81,7 +81,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         claims: claims.clone(),
         events,
         metrics: metrics.clone(),
-        delete_on_fatal: args.delete_failed_nodeclaims,
+        on_failure: OnFailure::from_flag(args.delete_failed_nodeclaims),
         clock: Clock::SYSTEM,
         replays: Replays::default(),
     });

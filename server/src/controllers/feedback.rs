@@ -146,8 +146,11 @@ async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Action, E
     // The marks were judged, and foreign ones removed, before the claim
     // was kept (nodeclaim::strip), so a NodePool's copied annotations
     // neither start feedback nor mark a machine failed.
+    // Machines autonode joined, and those it marked failed before any
+    // binding (a join refused for good, kept by the failure policy): the
+    // condition says why they will never join.
     let bound = matches!(binding::recorded(&claim), Ok(Some(_)));
-    if !bound || claim.is_deleting() {
+    if !(bound || marked_failed(&claim)) || claim.is_deleting() {
         return Ok(Action::await_change());
     }
     let node = binding::node_of(&claim, &ctx.nodes);
@@ -186,14 +189,19 @@ async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Action, E
     Ok(Action::requeue(next))
 }
 
-/// Derives the stage from the NodeClaim and its Node (if registered).
-pub fn stage(claim: &NodeClaim, node: Option<&Node>) -> Stage {
-    if claim
+/// Whether autonode marked `claim` failed (a foreign mark was dropped when
+/// the claim was kept).
+fn marked_failed(claim: &NodeClaim) -> bool {
+    claim
         .metadata
         .annotations
         .as_ref()
         .is_some_and(|a| a.contains_key(marks::BOOTSTRAP_FAILED))
-    {
+}
+
+/// Derives the stage from the NodeClaim and its Node (if registered).
+pub fn stage(claim: &NodeClaim, node: Option<&Node>) -> Stage {
+    if marked_failed(claim) {
         return Stage::Failed;
     }
     match node {

@@ -27,7 +27,7 @@ use crate::kube::events::Events;
 use crate::kube::karpenter::{aws_provider_id, NodeClaim};
 use crate::kube::limiter::Limiter;
 use crate::kube::metrics::{Metrics, PhaseLabels, ReportRefusalLabels};
-use crate::kube::nodeclaim::{FindError, NodeClaims, SelectError};
+use crate::kube::nodeclaim::{Failed, FindError, NodeClaims, OnFailure, SelectError};
 use crate::kube::reason::Reason;
 use autonode_shared::identity::{self, IdentityError, Policy, PolicyError, TrustStore};
 use autonode_shared::proof::{self, ProofError};
@@ -96,8 +96,9 @@ pub struct ReportContext {
     pub claims: NodeClaims,
     pub events: Events,
     pub metrics: Metrics,
-    /// Delete the NodeClaim when an agent reports a fatal failure.
-    pub delete_on_fatal: bool,
+    /// What becomes of the NodeClaim when its agent reports, signed, that
+    /// it failed for good.
+    pub on_failure: OnFailure,
     /// Injected so tests can set the time.
     pub clock: Clock,
     /// Signed reports this replica accepted within the window.
@@ -300,13 +301,7 @@ async fn act(
         (Outcome::Fatal, Trust::Signed(_)) => {
             ctx.events
                 .warning(claim, Reason::BootstrapFailed, note.clone());
-            if claim.is_registered() {
-                // Its Node exists: whatever failed, the machine is a node.
-            } else if ctx.delete_on_fatal {
-                delete(ctx, claim, request_id, &note).await?;
-            } else {
-                mark_failed(ctx, claim, &note).await?;
-            }
+            failed(ctx, claim, request_id, &note).await?;
         }
     }
     Ok(())
@@ -570,41 +565,23 @@ impl Seen {
     }
 }
 
-/// Records the failure on the NodeClaim for the feedback controller's
-/// condition, when deleting is turned off.
-async fn mark_failed(
-    ctx: &ReportContext,
-    claim: &NodeClaim,
-    note: &str,
-) -> Result<(), ReportError> {
-    let name = claim.metadata.name.clone().unwrap_or_default();
-    ctx.claims.mark_failed(&name, note).await.map_err(|source| {
-        ReportError::unavailable(ClaimCall {
-            action: "marking failed",
-            name,
-            source,
-        })
-    })
-}
-
-/// Deletes the NodeClaim so Karpenter replaces the machine now.
-async fn delete(
+/// Does with the NodeClaim what the failure policy says.
+async fn failed(
     ctx: &ReportContext,
     claim: &NodeClaim,
     request_id: &str,
     why: &str,
 ) -> Result<(), ReportError> {
     let name = claim.metadata.name.clone().unwrap_or_default();
-    match ctx.claims.delete_failed(claim, why).await {
-        Ok(deleted) => {
-            if deleted {
-                tracing::warn!(request_id, nodeclaim = %name, "agent failed for good (signed report); NodeClaim deleted so Karpenter replaces the machine now");
-                ctx.metrics.nodeclaims_deleted.inc();
-            }
+    match ctx.claims.failed(claim, why, ctx.on_failure).await {
+        Ok(Failed::Deleted) => {
+            tracing::warn!(request_id, nodeclaim = %name, "agent failed for good (signed report); NodeClaim deleted so Karpenter replaces the machine now");
+            ctx.metrics.nodeclaims_deleted.inc();
             Ok(())
         }
+        Ok(Failed::Marked | Failed::Left) => Ok(()),
         Err(source) => Err(ReportError::unavailable(ClaimCall {
-            action: "deleting",
+            action: "marking failed",
             name,
             source,
         })),

@@ -53,7 +53,7 @@ use crate::kube::events::Events;
 use crate::kube::issuer::Issuer;
 use crate::kube::karpenter::NodeClaim;
 use crate::kube::metrics::{Metrics, Steps};
-use crate::kube::nodeclaim::{self, Milestone, NodeClaims};
+use crate::kube::nodeclaim::{self, Milestone, NodeClaims, OnFailure};
 use approve::approve;
 use attest::{attest, check_csrs, Attested};
 use autonode_shared::csr::Purpose;
@@ -112,9 +112,9 @@ pub struct JoinContext {
     pub nodeconfig: NodeConfig,
     /// Injected so tests can set the time.
     pub clock: Clock,
-    /// Delete the NodeClaim of an instance refused for good (see
-    /// [`Refusal::dooms_instance`](crate::join::refusal::Refusal::dooms_instance)), so Karpenter replaces it now.
-    pub delete_refused: bool,
+    /// What becomes of the NodeClaim of an instance refused for good (see
+    /// [`Refusal::dooms_instance`](crate::join::refusal::Refusal::dooms_instance)).
+    pub on_failure: OnFailure,
 }
 
 /// The steps after admit, for an admitted request holding a join

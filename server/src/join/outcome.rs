@@ -10,7 +10,7 @@ use crate::kube::binding::{self, Binding, BindingRefusal};
 use crate::kube::karpenter::NodeClaim;
 use crate::kube::marks;
 use crate::kube::metrics::JoinLabels;
-use crate::kube::nodeclaim::{pending, Milestone};
+use crate::kube::nodeclaim::{pending, Failed, Milestone};
 use crate::kube::reason::Reason;
 use std::sync::Arc;
 use std::time::Instant;
@@ -162,9 +162,9 @@ fn refused(
         ctx.metrics.possible_replays.inc();
     }
     if let Some(claim) = claim {
-        if dooms_nodeclaim(ctx.delete_refused, refusal, claim) {
+        if dooms_nodeclaim(refusal, claim) {
             let why = format!("join refused for good: {refusal}");
-            delete_doomed(ctx, claim.clone(), request_id.to_string(), why);
+            fail_doomed(ctx, claim.clone(), request_id.to_string(), why);
         }
         let reason = if replay {
             Reason::PossibleReplay
@@ -185,26 +185,29 @@ fn refused(
 /// instance itself ([`Refusal::dooms_instance`]), and the NodeClaim is
 /// neither bound (a join got through once: this may be someone else
 /// holding its document) nor Registered (the node is up).
-fn dooms_nodeclaim(delete_refused: bool, refusal: &Refusal, claim: &NodeClaim) -> bool {
-    delete_refused
-        && refusal.dooms_instance()
+fn dooms_nodeclaim(refusal: &Refusal, claim: &NodeClaim) -> bool {
+    refusal.dooms_instance()
         && !matches!(binding::recorded(claim), Ok(Some(_)))
         && !claim.is_registered()
 }
 
-/// Deletes a NodeClaim whose instance can never join, in the background.
-fn delete_doomed(ctx: &JoinContext, claim: NodeClaim, request_id: String, why: String) {
-    let (claims, metrics) = (ctx.claims.clone(), ctx.metrics.clone());
+/// Does with the NodeClaim of an instance that can never join what the
+/// failure policy says, in the background.
+fn fail_doomed(ctx: &JoinContext, claim: NodeClaim, request_id: String, why: String) {
+    let (claims, metrics, policy) = (ctx.claims.clone(), ctx.metrics.clone(), ctx.on_failure);
     tokio::spawn(async move {
         let name = claim.metadata.name.clone().unwrap_or_default();
-        match claims.delete_failed(&claim, &why).await {
-            Ok(true) => {
+        match claims.failed(&claim, &why, policy).await {
+            Ok(Failed::Deleted) => {
                 metrics.nodeclaims_deleted.inc();
                 tracing::warn!(request_id, nodeclaim = %name, "instance refused for good; NodeClaim deleted so Karpenter replaces it now");
             }
-            Ok(false) => {}
+            Ok(Failed::Marked) => {
+                tracing::warn!(request_id, nodeclaim = %name, "instance refused for good; NodeClaim marked failed and kept (--delete-failed-nodeclaims=false)");
+            }
+            Ok(Failed::Left) => {}
             Err(e) => {
-                tracing::warn!(request_id, nodeclaim = %name, error = %e, "could not delete the NodeClaim of a refused instance")
+                tracing::warn!(request_id, nodeclaim = %name, error = %e, "could not mark or delete the NodeClaim of a refused instance")
             }
         }
     });
@@ -232,9 +235,8 @@ mod tests {
     }
 
     #[test]
-    fn a_doomed_unbound_unregistered_claim_is_deleted_when_allowed() {
-        assert!(dooms_nodeclaim(true, &not_live(), &claim(json!({}))));
-        assert!(!dooms_nodeclaim(false, &not_live(), &claim(json!({}))));
+    fn a_doomed_unbound_unregistered_claim_is_failed() {
+        assert!(dooms_nodeclaim(&not_live(), &claim(json!({}))));
     }
 
     #[test]
@@ -245,7 +247,7 @@ mod tests {
             bound: "a".into(),
             offered: "b".into(),
         });
-        assert!(!dooms_nodeclaim(true, &replay, &claim(json!({}))));
+        assert!(!dooms_nodeclaim(&replay, &claim(json!({}))));
     }
 
     #[test]
@@ -254,10 +256,10 @@ mod tests {
             "name": "c1",
             "annotations": {marks::BINDING: r#"{"instanceId":"i-1","region":"r","nodeName":"n","clientKey":"c","servingKey":"s","csrs":[]}"#},
         }}));
-        assert!(!dooms_nodeclaim(true, &not_live(), &bound));
+        assert!(!dooms_nodeclaim(&not_live(), &bound));
         let registered = claim(json!({"status": {
             "conditions": [{"type": "Registered", "status": "True"}],
         }}));
-        assert!(!dooms_nodeclaim(true, &not_live(), &registered));
+        assert!(!dooms_nodeclaim(&not_live(), &registered));
     }
 }

@@ -161,7 +161,7 @@ impl NodeClaims {
     /// it failed with `why` (capped), so that the last state the watches
     /// see says why it went (the rollout guard names it): one more write,
     /// on the failure path only.
-    pub async fn delete_failed(&self, claim: &NodeClaim, why: &str) -> Result<bool, kube::Error> {
+    async fn delete_failed(&self, claim: &NodeClaim, why: &str) -> Result<bool, kube::Error> {
         let name = claim.metadata.name.clone().unwrap_or_default();
         // The uid in a patch is a precondition: a NodeClaim of the same
         // name made since is not marked (409).
@@ -188,14 +188,48 @@ impl NodeClaims {
         }
     }
 
-    /// Marks `name` failed with the agent's `note` (the [`marks::BOOTSTRAP_FAILED`]
-    /// annotation), for the feedback controller's condition, when deleting
-    /// failed NodeClaims is turned off.
-    pub async fn mark_failed(&self, name: &str, note: &str) -> Result<(), kube::Error> {
-        let note = marks::capped(note, marks::MAX_NOTE);
-        let patch =
-            serde_json::json!({"metadata": {"annotations": {marks::BOOTSTRAP_FAILED: note}}});
-        self.merge(name, &patch).await.map(|_| ())
+    /// Does with `claim`, whose machine failed for good, what `policy`
+    /// says; the one place for both ways a failure is known (a join
+    /// refused for good, an agent's signed fatal report). A registered
+    /// NodeClaim is left alone: its Node exists, so whatever failed, the
+    /// machine is a node, and its Node's conditions speak for it now.
+    pub async fn failed(
+        &self,
+        claim: &NodeClaim,
+        why: &str,
+        policy: OnFailure,
+    ) -> Result<Failed, kube::Error> {
+        if claim.is_registered() {
+            return Ok(Failed::Left);
+        }
+        let done = match policy {
+            OnFailure::Delete => self
+                .delete_failed(claim, why)
+                .await?
+                .then_some(Failed::Deleted),
+            OnFailure::Mark => self
+                .mark_failed(claim, why)
+                .await?
+                .then_some(Failed::Marked),
+        };
+        Ok(done.unwrap_or(Failed::Left))
+    }
+
+    /// Marks `claim` failed with `note` (the [`marks::BOOTSTRAP_FAILED`]
+    /// annotation), for the feedback controller's condition; only if it is
+    /// still the object judged (same uid). `Ok(false)` when it was gone or
+    /// replaced.
+    async fn mark_failed(&self, claim: &NodeClaim, note: &str) -> Result<bool, kube::Error> {
+        let name = claim.metadata.name.clone().unwrap_or_default();
+        let patch = serde_json::json!({"metadata": {
+            "uid": claim.metadata.uid,
+            "annotations": {marks::BOOTSTRAP_FAILED: marks::capped(note, marks::MAX_NOTE)},
+        }});
+        match self.merge(&name, &patch).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// Records `reported` (comma-separated milestones) as `name`'s
@@ -253,6 +287,39 @@ impl NodeClaims {
             .patch(name, &marks::patch_params(), &Patch::Merge(patch))
             .await
     }
+}
+
+/// What becomes of a NodeClaim whose machine failed for good: one policy,
+/// set by `--delete-failed-nodeclaims`, for a join refused for good and an
+/// agent's signed fatal report alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnFailure {
+    /// Marked failed, then deleted, so Karpenter replaces the machine now
+    /// rather than after its 15-minute registration timeout.
+    Delete,
+    /// Marked failed and kept (the `AutonodeBootstrapped` condition says
+    /// why), for someone to look at the machine.
+    Mark,
+}
+
+impl OnFailure {
+    /// The policy `--delete-failed-nodeclaims` asks for.
+    pub fn from_flag(delete: bool) -> Self {
+        if delete {
+            OnFailure::Delete
+        } else {
+            OnFailure::Mark
+        }
+    }
+}
+
+/// What [`NodeClaims::failed`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failed {
+    Deleted,
+    Marked,
+    /// Nothing: registered, gone, or replaced by another of its name.
+    Left,
 }
 
 /// Seconds since the NodeClaim was created.

@@ -3,7 +3,7 @@
 //! metrics, and controllers that move to another replica when the leader
 //! stops.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use autonode_shared::protocol::{Outcome, Phase, ReportRequest, REPORT_PATH};
 use autonode_tests::fakecloud::Instance;
 use autonode_tests::joiner::{self, NodeKeys};
@@ -423,4 +423,65 @@ async fn wait_leader(servers: &[&TestServer]) -> Result<usize> {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// A join refused for good (the instance is terminated in EC2) meets the one
+/// failure policy a signed fatal report meets: deleted by default, so
+/// Karpenter replaces the machine now; with
+/// `--delete-failed-nodeclaims=false`, kept and marked, its condition
+/// False/`BootstrapFailed` saying why.
+#[tokio::test]
+async fn a_join_refused_for_good_meets_the_same_failure_policy_as_a_fatal_report() -> Result<()> {
+    let world = World::start().await?;
+    let claims = karpenter::nodeclaims(&world.cp.admin().await?);
+    let (deleted, instance) = world.launch(|i| i).await?;
+    refused_for_good(&world, &world.server, &world.joiner, &instance).await?;
+    wait_deleted(&claims, &deleted)
+        .await
+        .context("the deleting server left a NodeClaim refused for good")?;
+
+    // Started second: the servers share a service account, and this one's
+    // RBAC (no NodeClaim delete) replaces the first's.
+    let settings = cloud_settings(&world.cloud, &world.ec2);
+    let marking = TestServer::start(
+        &world.cp,
+        &settings,
+        &["--delete-failed-nodeclaims=false".into()],
+    )
+    .await?;
+    let marking_joiner = joiner::Joiner::new(marking.url(), marking.ca_pem())?;
+    let (kept, instance) = world.launch(|i| i).await?;
+    refused_for_good(&world, &marking, &marking_joiner, &instance).await?;
+    wait_condition(&claims, &kept, "False", "BootstrapFailed")
+        .await
+        .context("the marking server did not mark a NodeClaim refused for good")?;
+    let object = claims.get(&kept).await?;
+    ensure!(
+        object.metadata.deletion_timestamp.is_none(),
+        "the marking server deleted {kept}"
+    );
+    Ok(())
+}
+
+/// Terminates `instance` in EC2 and has it join `server` (through
+/// `joiner`): refused as not live, a refusal no retry changes.
+async fn refused_for_good(
+    world: &World,
+    server: &TestServer,
+    joiner: &joiner::Joiner,
+    instance: &Instance,
+) -> Result<()> {
+    world.cloud.terminate(&instance.instance_id);
+    let request = joiner::honest_request(instance, world.cloud.ca(), &NodeKeys::generate()?)?;
+    let joiner::Answer::Refused(403, body) = joiner.join(&request).await? else {
+        bail!("a terminated instance's join was not refused");
+    };
+    let log = server.log();
+    ensure!(
+        log.lines()
+            .any(|l| l.contains(&body.request_id) && l.contains("instance_not_live")),
+        "no instance_not_live refusal logged for request {}",
+        body.request_id
+    );
+    Ok(())
 }
