@@ -7,6 +7,7 @@ use autonode_agent::config::LoadError;
 use autonode_agent::csr::CsrError;
 use autonode_agent::ignition::IgnitionError;
 use autonode_agent::imds::{EndpointError, ImdsError};
+use autonode_agent::join::KeepError;
 use autonode_agent::keys::KeyError;
 use autonode_agent::kubelet::KubeletError;
 use autonode_agent::server_client::JoinError;
@@ -127,6 +128,17 @@ impl ExitKind for IgnitionError {
             Kind::Refused
         } else {
             Kind::Failed
+        }
+    }
+}
+
+/// An answer that does not fit this node is the server's refusal; failing
+/// to save one is this node's failure.
+impl ExitKind for KeepError {
+    fn exit_kind(&self) -> Kind {
+        match self {
+            KeepError::Unfit(_) => Kind::Refused,
+            KeepError::Save(_) => Kind::Failed,
         }
     }
 }

@@ -4,6 +4,7 @@
 
 use crate::csr::{self, CsrError};
 use crate::imds::Identity;
+use crate::state::{StateDir, StateError};
 use autonode_shared::protocol::{InstanceIdentity, JoinRequest, JoinResponse};
 use rcgen::KeyPair;
 use std::net::IpAddr;
@@ -12,6 +13,29 @@ use std::net::IpAddr;
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct Unfit(pub String);
+
+/// Why an answer was not kept.
+#[derive(Debug, thiserror::Error)]
+pub enum KeepError {
+    #[error("the server's answer does not fit this node: {0}")]
+    Unfit(#[from] Unfit),
+    #[error("saving the join answer: {0}")]
+    Save(#[from] StateError),
+}
+
+/// Checks the server's answer against this node ([`check_answer`]), then
+/// saves it in `state`. The check comes before anything of the answer is
+/// written or used (its Ignition config runs as root later), so an answer
+/// for another instance, or with values that would change kubelet's command
+/// line, leaves nothing behind.
+pub fn keep_answer(
+    state: &StateDir,
+    identity: &Identity,
+    answer: &JoinResponse,
+) -> Result<(), KeepError> {
+    check_answer(answer, identity)?;
+    Ok(state.save_response(answer)?)
+}
 
 fn refused(reason: impl Into<String>) -> Unfit {
     Unfit(reason.into())
@@ -42,9 +66,11 @@ pub(crate) fn is_token(value: &str) -> bool {
             .all(|b| b.is_ascii_graphic() && !b"\"'\\$`,;".contains(&b))
 }
 
-/// Checks the server's answer against this node before any of it reaches
-/// kubelet: it must name this instance, and every value that ends up on
-/// kubelet's command line must be a plain token.
+/// Checks the server's answer against this node: it must name this
+/// instance, and every value that ends up on kubelet's command line must be
+/// a plain token. The join phase runs it on the answer as received, before
+/// the answer is saved or its Ignition applied; [`crate::kubelet::write`]
+/// runs it again on what it is given, as a library function must.
 pub fn check_answer(answer: &JoinResponse, identity: &Identity) -> Result<(), Unfit> {
     let settings = &answer.kubelet;
     if settings.provider_id != identity.provider_id() {
@@ -90,4 +116,30 @@ pub fn check_answer(answer: &JoinResponse, identity: &Identity) -> Result<(), Un
         return Err(refused(format!("API server URL {:?}", answer.api_server)));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kubelet::tests::{answer, identity};
+
+    #[test]
+    fn an_answer_for_another_instance_is_refused_before_anything_is_written() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let state = StateDir::new(dir.path().join("state"));
+        let (client, serving) = (
+            KeyPair::generate().expect("a key"),
+            KeyPair::generate().expect("a key"),
+        );
+        let mut other = answer(&client, &serving);
+        other.kubelet.provider_id = "aws:///us-west-2a/i-ffffffffffffffff0".into();
+        let refused = keep_answer(&state, &identity(), &other).expect_err("refused");
+        assert!(matches!(refused, KeepError::Unfit(_)), "{refused}");
+        assert!(matches!(state.load_response(), Ok(None)));
+        assert_eq!(std::fs::read_dir(dir.path()).expect("listed").count(), 0);
+
+        let mine = answer(&client, &serving);
+        keep_answer(&state, &identity(), &mine).expect("kept");
+        assert!(matches!(state.load_response(), Ok(Some(_))));
+    }
 }

@@ -10,7 +10,7 @@ use crate::fakecloud::ec2::{TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY};
 use crate::pki::Ca;
 use crate::process::Daemon;
 use anyhow::{bail, Context, Result};
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
@@ -45,13 +45,13 @@ pub const GUEST_RBAC_FILES: [(&str, &str); 5] = [
 ];
 /// `packaging/guest/kustomization.yaml`: the files the default flags need.
 pub const GUEST_KUSTOMIZATION: &str = include_str!("../../packaging/guest/kustomization.yaml");
-/// `packaging/guest/server-token.yaml`: the optional Secret the token
-/// controller fills with a long-lived token for the server's
-/// ServiceAccount. Not RBAC, and not in the kustomization.
-pub const GUEST_TOKEN_SECRET: (&str, &str) = (
-    "server-token.yaml",
-    include_str!("../../packaging/guest/server-token.yaml"),
-);
+/// Where a [`ServerToken::File`] server's kubeconfig reads its token
+/// from, in the server's directory ([`TestServer::dir`]).
+pub const TOKEN_FILE: &str = "guest.token";
+/// The object a [`ServerToken::File`] server's first token is bound to,
+/// in the server's ServiceAccount's namespace: deleting it revokes that
+/// token (a test object, holding nothing).
+pub const TOKEN_ANCHOR: &str = "autonode-test-token-anchor";
 /// The namespace and name of the server's ServiceAccount in that manifest.
 pub const SERVER_SERVICE_ACCOUNT: (&str, &str) = ("autonode-system", "autonode-server");
 
@@ -192,10 +192,11 @@ pub enum ServerToken {
     /// The TokenRequest API (works on every version; what most tests use).
     #[default]
     Requested,
-    /// The documented long-lived path: `packaging/guest/server-token.yaml`
-    /// applied, its Secret filled in by kube-controller-manager's token
-    /// controller ([`GUEST_TOKEN_SECRET`]).
-    Secret,
+    /// The documented path (docs/rbac.md): the kubeconfig names a token
+    /// file (`tokenFile`, [`TOKEN_FILE`]) that the platform renews and the
+    /// server re-reads. Its first token is bound to [`TOKEN_ANCHOR`], so a
+    /// test can revoke it.
+    File,
 }
 
 impl Default for Setup<'_> {
@@ -286,16 +287,25 @@ impl TestServer {
                 .context("applying the test's guest RBAC manifest")?,
             None => rbac.apply(&admin).await?,
         }
-        let token = match setup.token {
-            ServerToken::Requested => service_account_token(&admin, SERVER_SERVICE_ACCOUNT).await?,
-            ServerToken::Secret => secret_token(&admin).await?,
-        };
         let dir = tempfile::Builder::new()
             .prefix("autonode-server-")
             .tempdir()?;
+        let user = match setup.token {
+            ServerToken::Requested => {
+                let token = service_account_token(&admin, SERVER_SERVICE_ACCOUNT, None).await?;
+                serde_json::json!({ "token": token })
+            }
+            ServerToken::File => {
+                let anchor = Some(token_anchor(&admin).await?);
+                let token = service_account_token(&admin, SERVER_SERVICE_ACCOUNT, anchor).await?;
+                let file = dir.path().join(TOKEN_FILE);
+                std::fs::write(&file, token).context("writing the token file")?;
+                serde_json::json!({ "tokenFile": file })
+            }
+        };
         let kubeconfig = dir.path().join("guest.kubeconfig");
         let api_url = setup.api_url.unwrap_or(cp.url());
-        write_token_kubeconfig(&kubeconfig, api_url, cp.ca().cert_pem(), &token)?;
+        write_kubeconfig(&kubeconfig, api_url, cp.ca().cert_pem(), user)?;
 
         let join_ca = Ca::new("autonode-join-ca")?;
         let mut ips = vec![IpAddr::V4(Ipv4Addr::LOCALHOST)];
@@ -579,10 +589,12 @@ const TOKEN_LIFETIME: Duration = Duration::from_secs(24 * 60 * 60);
 /// (`serviceaccounts/<name>/token`), on every version: since 1.24 no token
 /// Secret is made for a ServiceAccount. The API server needs a signing
 /// key, issuer and audience for it (see the control plane's flags). The
-/// token is bound to the ServiceAccount: valid while it exists.
+/// token is bound to the ServiceAccount, and to `bound` when given: valid
+/// while they exist.
 pub async fn service_account_token(
     client: &Client,
     (namespace, name): (&str, &str),
+    bound: Option<BoundObjectReference>,
 ) -> Result<String> {
     let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
     let request = TokenRequest {
@@ -590,7 +602,7 @@ pub async fn service_account_token(
             // No audiences: the API server's own (`--api-audiences`).
             audiences: Vec::new(),
             expiration_seconds: Some(TOKEN_LIFETIME.as_secs() as i64),
-            bound_object_ref: None,
+            bound_object_ref: bound,
         },
         ..Default::default()
     };
@@ -606,32 +618,31 @@ pub async fn service_account_token(
     Ok(token)
 }
 
-/// The token of `packaging/guest/server-token.yaml`'s Secret: applies it
-/// and waits for the token controller to fill it in.
-pub async fn secret_token(client: &Client) -> Result<String> {
-    let (file, text) = GUEST_TOKEN_SECRET;
-    let manifest: Secret = serde_yaml::from_str(text).with_context(|| file.to_string())?;
-    let namespace = manifest.metadata.namespace.as_deref().context(file)?;
-    let name = manifest.metadata.name.as_deref().context(file)?;
-    apply_manifest(client, text)
+/// Creates [`TOKEN_ANCHOR`], an empty Secret in the server's
+/// ServiceAccount's namespace, for a token to be bound to.
+async fn token_anchor(client: &Client) -> Result<BoundObjectReference> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), SERVER_SERVICE_ACCOUNT.0);
+    let anchor = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(TOKEN_ANCHOR.to_string()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let created = secrets
+        .create(&PostParams::default(), &anchor)
         .await
-        .with_context(|| format!("packaging/guest/{file}"))?;
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let started = Instant::now();
-    loop {
-        let secret = secrets.get(name).await?;
-        let token = secret.data.as_ref().and_then(|d| d.get("token"));
-        if let Some(token) = token.filter(|t| !t.0.is_empty()) {
-            return String::from_utf8(token.0.clone()).context("the Secret's token is not UTF-8");
-        }
-        if started.elapsed() > Duration::from_secs(30) {
-            bail!("the token controller did not fill Secret {namespace}/{name} in 30 s");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        .context("creating the token's anchor")?;
+    Ok(BoundObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Secret".into()),
+        name: Some(TOKEN_ANCHOR.into()),
+        uid: created.metadata.uid,
+    })
 }
 
-fn write_token_kubeconfig(path: &Path, url: &str, ca_pem: &str, token: &str) -> Result<()> {
+/// A kubeconfig for `url` whose user is `user` (a token, or a token file).
+fn write_kubeconfig(path: &Path, url: &str, ca_pem: &str, user: serde_json::Value) -> Result<()> {
     use base64::Engine as _;
     let doc = serde_json::json!({
         "apiVersion": "v1",
@@ -640,7 +651,7 @@ fn write_token_kubeconfig(path: &Path, url: &str, ca_pem: &str, token: &str) -> 
             "server": url,
             "certificate-authority-data": base64::engine::general_purpose::STANDARD.encode(ca_pem),
         }}],
-        "users": [{"name": "autonode-server", "user": {"token": token}}],
+        "users": [{"name": "autonode-server", "user": user}],
         "contexts": [{"name": "guest", "context": {"cluster": "guest", "user": "autonode-server"}}],
         "current-context": "guest",
     });

@@ -270,13 +270,13 @@ fn env_file(kubelet: Kubelet<'_>, flags: &[String]) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::imds::DocumentFacts;
     use autonode_shared::protocol::KubeletSettings;
     use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer};
 
-    fn identity() -> Identity {
+    pub(crate) fn identity() -> Identity {
         Identity {
             document: DocumentFacts {
                 instance_id: "i-0123456789abcdef0".into(),
@@ -299,7 +299,7 @@ mod tests {
         version: KubeletVersion::new(1, 34, 1),
     };
 
-    fn answer(client: &KeyPair, serving: &KeyPair) -> JoinResponse {
+    pub(crate) fn answer(client: &KeyPair, serving: &KeyPair) -> JoinResponse {
         let ca_key = KeyPair::generate().unwrap();
         let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
         ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);

@@ -19,7 +19,7 @@ pub(super) async fn run(
     keys: &NodeKeys,
 ) -> Result<JoinResponse, Failure> {
     started(Phase::Join);
-    if let Some(answer) = saved_answer(run) {
+    if let Some(answer) = saved_answer(run, identity) {
         succeeded(
             Phase::Join,
             &format!("node={} (saved answer)", answer.node_name),
@@ -48,17 +48,21 @@ pub(super) async fn run(
     let answer = client.join(&request, &deadline, observe).await;
     let answer = answer.or_fail_in(Phase::Join, "joining")?;
     log::debug!("the server answered in {:?}", asked.elapsed());
-    let saved = run.state.save_response(&answer);
-    saved.or_fail_in(Phase::Join, "saving the join answer")?;
+    // Checked before it is saved, and so before its Ignition runs.
+    let kept = join::keep_answer(&run.state, identity, &answer);
+    kept.or_fail(Phase::Join)?;
     record(run, Phase::Join, Some(&answer.node_name), &[])?;
     succeeded(Phase::Join, &format!("node={}", answer.node_name));
     Ok(answer)
 }
 
-/// An earlier run's answer, while its client certificate is valid.
-fn saved_answer(run: &Run) -> Option<JoinResponse> {
+/// An earlier run's answer, while its client certificate is valid and it
+/// fits this node (checked again: the state directory is only a file).
+fn saved_answer(run: &Run, identity: &Identity) -> Option<JoinResponse> {
     let now = time::OffsetDateTime::now_utc().unix_timestamp();
     run.state.load_response().ok().flatten().filter(|answer| {
-        kubelet::not_after(answer.client_certificate.as_bytes()).is_some_and(|expiry| expiry > now)
+        join::check_answer(answer, identity).is_ok()
+            && kubelet::not_after(answer.client_certificate.as_bytes())
+                .is_some_and(|expiry| expiry > now)
     })
 }

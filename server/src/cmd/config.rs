@@ -258,6 +258,13 @@ impl ServeArgs {
         }
         autonode_server::controllers::nodeclass::ami_selector_terms(&self.nodeclasses.ami_ids)
             .context("--ami-ids")?;
+        if let Some(selector) = &self.nodeclasses.nodeclass_selector {
+            bail!(
+                "--nodeclass-selector ({selector:?}) was removed: whoever may edit an EC2NodeClass \
+                 could remove the label and so switch the upkeep of that class off. Name the \
+                 classes to keep with --nodeclass-names instead (names cannot change)"
+            );
+        }
         Ok(())
     }
 }
@@ -453,8 +460,22 @@ pub struct NodeClassArgs {
     #[arg(long, env = "AUTONODE_MANAGE_NODECLASSES", default_value = "true", action = clap::ArgAction::Set)]
     pub manage_nodeclasses: bool,
 
-    /// Label selector: keep only the EC2NodeClasses it matches (default all).
-    #[arg(long, env = "AUTONODE_NODECLASS_SELECTOR")]
+    /// Keep only the EC2NodeClasses of these names (comma-separated;
+    /// default all). Chosen by name because a name cannot change after
+    /// the class is created: whoever may edit a class cannot take it out
+    /// of the upkeep, as they could by removing a label.
+    #[arg(
+        long,
+        env = "AUTONODE_NODECLASS_NAMES",
+        value_delimiter = ',',
+        value_name = "NAMES"
+    )]
+    pub nodeclass_names: Vec<String>,
+
+    /// Removed: a label selector let whoever may edit a class switch its
+    /// upkeep off by removing the label. Refused at start, so that a
+    /// server given it never silently keeps every class instead.
+    #[arg(long, env = "AUTONODE_NODECLASS_SELECTOR", hide = true)]
     pub nodeclass_selector: Option<String>,
 
     /// AMIs with the agent, per architecture (comma-separated
@@ -573,7 +594,7 @@ impl NodeClassArgs {
                 ami_terms,
                 metadata_options,
             },
-            selector: self.nodeclass_selector.clone(),
+            names: self.nodeclass_names.iter().cloned().collect(),
             resync: Duration::from_secs(self.nodeclass_resync_secs.max(1)),
             metrics: metrics.clone(),
             events: events.clone(),

@@ -638,6 +638,10 @@ fn check_config_refuses_what_serve_refuses() -> Result<()> {
         (&["--ami-ids=amd64=ubuntu"], "--ami-ids"),
         (&["--capacity-tolerance=101"], "--capacity-tolerance"),
         (
+            &["--nodeclass-selector=autonode.dev/managed=true"],
+            "--nodeclass-selector",
+        ),
+        (
             &["--base-ignition=secret/base", "--ignition-secrets=false"],
             "--ignition-secrets=false",
         ),

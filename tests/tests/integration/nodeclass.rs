@@ -280,18 +280,14 @@ async fn a_users_class_is_restored_after_every_edit() -> Result<()> {
 }
 
 #[tokio::test]
-async fn an_unchanged_class_is_never_written_and_unselected_ones_are_left_alone() -> Result<()> {
+async fn an_unchanged_class_is_never_written_and_unnamed_ones_are_left_alone() -> Result<()> {
     let node = NodeFlags::new(&[])?;
-    let selector = "--nodeclass-selector=autonode.dev/managed=true";
-    let world = World::start_with(&serve_flags(&node, &[selector])).await?;
+    let world = World::start_with(&serve_flags(&node, &["--nodeclass-names=kept,other"])).await?;
     let rendered = node.rendered()?;
     let admin = world.cp.admin().await?;
     let api = ec2nodeclasses(&admin);
     karpenter::create_ec2nodeclass(&admin, "foreign", "mine").await?;
     karpenter::create_ec2nodeclass(&admin, "kept", "mine").await?;
-    let label = json!({"metadata": {"labels": {"autonode.dev/managed": "true"}}});
-    api.patch("kept", &PatchParams::default(), &Patch::Merge(&label))
-        .await?;
     // Restored, and the rollout guard's status condition written after
     // it: the snapshot is of the class once autonode has nothing left to
     // say, so a later write would be a real one.
@@ -796,20 +792,28 @@ async fn each_class_gets_the_userdata_format_its_annotation_names() -> Result<()
     wait_for(&api, "flatcar", "given Ignition", has(&ignition)).await?;
     wait_for(&api, "plain", "given TOML", has(&toml)).await?;
 
-    // An unknown value: warned about once, naming the value, and the class
-    // is left exactly as it is.
+    // An unknown value: ignored, warned about once naming the value; the
+    // class is kept, in the default form since its userData was no
+    // rendering of autonode's.
     let warned = wait_for_events(&world, "typo", "UserDataFormatUnknown", 1).await?;
     assert_eq!(warned[0].0, "Warning");
     assert!(warned[0].2.contains("\"Ignition\""), "{warned:?}");
-    let before = api.get("typo").await?;
+    let toml_kept = has(&toml);
+    let before = wait_for(&api, "typo", "given TOML despite the typo", |c| {
+        toml_kept(c)
+            && c.data["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "AutonodeRollout")
+    })
+    .await?;
     resyncs(&world.server, 3.0).await?;
     let after = api.get("typo").await?;
-    assert_eq!(spec(&after)["userData"], "mine");
     assert_eq!(
         after.metadata.resource_version,
         before.metadata.resource_version
     );
-    assert!(applied_fields(&after, "autonode-server").is_empty());
     let warnings = events_of(&world, "typo").await?;
     let warnings = warnings.iter().filter(|e| e.1 == "UserDataFormatUnknown");
     assert_eq!(warnings.count(), 1);
@@ -823,13 +827,86 @@ async fn each_class_gets_the_userdata_format_its_annotation_names() -> Result<()
     );
     assert_eq!(
         metric(&world.server, "autonode_nodeclass_writes_total").await?,
-        2.0
+        3.0
     );
 
-    // Fixed, the class is kept; a switch back to TOML is the operator's too.
+    // Fixed, the class gets Ignition; a typo then keeps the Ignition form
+    // it has; a switch back to TOML is the class's choice too.
     annotate_format(&api, "typo", Some("ignition")).await?;
     wait_for(&api, "typo", "given Ignition once fixed", has(&ignition)).await?;
+    annotate_format(&api, "typo", Some("ignitoin")).await?;
+    wait_for_events(&world, "typo", "UserDataFormatUnknown", 2).await?;
+    resyncs(&world.server, 2.0).await?;
+    assert_eq!(spec(&api.get("typo").await?)["userData"], ignition.as_str());
     annotate_format(&api, "flatcar", None).await?;
     wait_for(&api, "flatcar", "given TOML once unannotated", has(&toml)).await?;
+    Ok(())
+}
+
+/// A class editor's merge patch of class `name`.
+async fn merge(api: &Api<DynamicObject>, name: &str, patch: &Value) -> Result<()> {
+    api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await?;
+    Ok(())
+}
+
+/// A class editor's edit of every field the upkeep keeps: their own
+/// userData (a join server of theirs), AMI and family, and IMDS open to pods.
+fn attackers_edit() -> Value {
+    let mut edit = weakened_imds(2);
+    edit["spec"]["userData"] = "server-url = \"https://attacker.example\"".into();
+    edit["spec"]["amiFamily"] = "AL2023".into();
+    edit["spec"]["amiSelectorTerms"] = json!([{"id": "ami-0badbadbadbadbad0"}]);
+    edit
+}
+
+/// Whether `class` has every kept field back: IMDS locked, the rendered
+/// userData, the configured AMIs.
+fn fully_kept(rendered: &str) -> impl Fn(&DynamicObject) -> bool + '_ {
+    move |c| {
+        imds_locked(c)
+            && spec(c)["userData"] == rendered
+            && spec(c)["amiFamily"] == "Custom"
+            && spec(c)["amiSelectorTerms"] == json!([{"id": AMD64}, {"id": ARM64}])
+    }
+}
+
+#[tokio::test]
+async fn a_class_editors_unknown_format_annotation_does_not_keep_their_edits() -> Result<()> {
+    let node = NodeFlags::new(&[])?;
+    let (world, api, _) = world_with_class(&node, &[]).await?;
+    let rendered = node.rendered()?;
+
+    // The attack: an annotation naming no format, with the edit, in one patch.
+    let mut edit = attackers_edit();
+    edit["metadata"] = json!({"annotations": {"autonode.dev/userdata-format": "none-of-yours"}});
+    merge(&api, "default", &edit).await?;
+    wait_for(&api, "default", "fully kept again", fully_kept(&rendered)).await?;
+    let warned = wait_for_events(&world, "default", "UserDataFormatUnknown", 1).await?;
+    assert!(warned[0].2.contains("none-of-yours"), "{warned:?}");
+
+    // And it stays so: the annotation is no off switch at any later resync.
+    merge(&api, "default", &attackers_edit()).await?;
+    let kept = fully_kept(&rendered);
+    wait_for(&api, "default", "kept after a second edit", kept).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_class_editor_cannot_take_a_named_class_out_of_the_upkeep() -> Result<()> {
+    let node = NodeFlags::new(&[])?;
+    let names = "--nodeclass-names=default";
+    let (_world, api, _) = world_with_class(&node, &[names]).await?;
+    let rendered = node.rendered()?;
+
+    // Whatever labels and annotations the class carries, stripped and
+    // replaced, with the edit: the name decides, and it cannot change.
+    let mut edit = attackers_edit();
+    edit["metadata"] = json!({
+        "labels": {"autonode.dev/managed": null, "autonode.dev/unmanaged": "true"},
+        "annotations": {"autonode.dev/rollout": null},
+    });
+    merge(&api, "default", &edit).await?;
+    wait_for(&api, "default", "fully kept again", fully_kept(&rendered)).await?;
     Ok(())
 }

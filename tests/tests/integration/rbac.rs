@@ -14,8 +14,8 @@ use autonode_tests::fakecloud::FakeCloud;
 use autonode_tests::joiner::CsrShape;
 use autonode_tests::karpenter;
 use autonode_tests::server::{
-    http_get, GuestRbac, ServerToken, Setup, TestServer, GUEST_KUSTOMIZATION, GUEST_RBAC_FILES,
-    GUEST_TOKEN_SECRET, SERVER_SERVICE_ACCOUNT,
+    http_get, service_account_token, GuestRbac, ServerToken, Setup, TestServer,
+    GUEST_KUSTOMIZATION, GUEST_RBAC_FILES, SERVER_SERVICE_ACCOUNT, TOKEN_ANCHOR, TOKEN_FILE,
 };
 use autonode_tests::world::{cloud_settings, World, REGION};
 use k8s_openapi::api::certificates::v1::{
@@ -390,25 +390,10 @@ fn the_guest_rbac_tree_is_consistent() -> Result<()> {
     let mut on_disk = BTreeSet::new();
     for entry in std::fs::read_dir(&dir)? {
         let name = entry?.file_name().to_string_lossy().into_owned();
-        // The token Secret is not RBAC: checked on its own below.
-        if name.ends_with(".yaml") && name != "kustomization.yaml" && name != GUEST_TOKEN_SECRET.0 {
+        if name.ends_with(".yaml") && name != "kustomization.yaml" {
             on_disk.insert(name);
         }
     }
-    let token_secret: Value = serde_yaml::from_str(GUEST_TOKEN_SECRET.1)?;
-    assert_eq!(token_secret["type"], "kubernetes.io/service-account-token");
-    assert_eq!(
-        token_secret["metadata"]["namespace"],
-        SERVER_SERVICE_ACCOUNT.0
-    );
-    assert_eq!(
-        token_secret["metadata"]["annotations"]["kubernetes.io/service-account.name"],
-        SERVER_SERVICE_ACCOUNT.1
-    );
-    assert!(
-        !GUEST_KUSTOMIZATION.contains(&format!("- {}", GUEST_TOKEN_SECRET.0)),
-        "the token Secret is optional: not in kustomization.yaml"
-    );
     let known: BTreeSet<String> = GUEST_RBAC_FILES
         .iter()
         .map(|(n, _)| n.to_string())
@@ -546,79 +531,107 @@ fn the_flags_pick_the_files() {
     );
 }
 
-/// The documented token for clusters without auto-created ServiceAccount
-/// token Secrets (1.24 on): `packaging/guest/server-token.yaml` applied,
-/// filled in by kube-controller-manager's token controller, and a server
-/// whose kubeconfig carries that token serves a join under the shipped
-/// RBAC.
+/// The documented token path (docs/rbac.md, *The server's kubeconfig*):
+/// the kubeconfig names a token file, renewed from the control plane's
+/// side. The server keeps working once its first token is revoked, after
+/// the file was given a new one: it reads the file again.
 #[tokio::test]
-async fn the_token_secret_of_the_docs_runs_the_server() -> Result<()> {
+async fn a_server_reads_its_renewed_token_from_its_token_file() -> Result<()> {
     let setup = Setup {
-        token: ServerToken::Secret,
+        token: ServerToken::File,
         ..Setup::default()
     };
     let world = World::start_setup(&setup).await?;
+    world.join_new(|i| i).await?;
+    let admin = world.cp.admin().await?;
+    let renewed = service_account_token(&admin, SERVER_SERVICE_ACCOUNT, None).await?;
+    std::fs::write(world.server.dir().join(TOKEN_FILE), renewed)?;
+    // The file is read again at least once a minute.
+    tokio::time::sleep(Duration::from_secs(65)).await;
+    let anchors: Api<Secret> = Api::namespaced(admin, SERVER_SERVICE_ACCOUNT.0);
+    anchors
+        .delete(TOKEN_ANCHOR, &DeleteParams::default())
+        .await?;
+    // Past the API server's cache of authenticated tokens (10 s).
+    tokio::time::sleep(Duration::from_secs(12)).await;
     let joined = world.join_new(|i| i).await?;
     assert_eq!(joined.response.node_name, joined.instance.private_dns_name);
-    // The kubeconfig's token is the Secret's, not a requested one.
-    let kubeconfig = std::fs::read_to_string(world.server.dir().join("guest.kubeconfig"))?;
-    let secret: Api<Secret> = Api::namespaced(world.cp.admin().await?, SERVER_SERVICE_ACCOUNT.0);
-    let token = secret
-        .get("autonode-server-token")
-        .await?
-        .data
-        .unwrap_or_default();
-    let token = String::from_utf8(token.get("token").context("no token")?.0.clone())?;
-    assert!(
-        kubeconfig.contains(&token),
-        "the kubeconfig does not carry the Secret's token"
-    );
     Ok(())
 }
 
-/// docs/rbac.md's commands that build the server's kubeconfig (*The
-/// server's kubeconfig*), run as written against a real API server (its admin kubeconfig
-/// for `--context guest`, its URL for the placeholder), with the project's
-/// kubectl: the kubeconfig they make authenticates as the server's
-/// ServiceAccount, granted what the guest RBAC grants and nothing else.
+/// The code block of `doc` that begins with the line `first`.
+fn doc_block(doc: &str, first: &str) -> Result<String> {
+    doc.split_once(first)
+        .and_then(|(_, rest)| rest.split_once("\n```"))
+        .map(|(block, _)| format!("{first}{block}"))
+        .with_context(|| format!("docs/rbac.md: no block beginning {first:?}"))
+}
+
+/// docs/rbac.md's commands that build the server's kubeconfig and renew
+/// its token (*The server's kubeconfig*), run as written against a real
+/// API server (its admin kubeconfig for `--context guest` and for the
+/// hosted control plane's cluster, its URL for the placeholder), with the
+/// project's kubectl: the kubeconfig they make authenticates as the
+/// server's ServiceAccount through the token file, granted what the guest
+/// RBAC grants and nothing else, and no token is left in a guest Secret.
 #[tokio::test]
 async fn the_rbac_docs_kubeconfig_commands_make_the_servers_kubeconfig() -> Result<()> {
     let cp = ControlPlane::start().await?;
-    GuestRbac::default().apply(&cp.admin().await?).await?;
-    let repo = guest_dir().join("../..");
-    let doc = std::fs::read_to_string(repo.join("docs/rbac.md"))?;
-    let first = "kubectl --context guest apply -f packaging/guest/server-token.yaml";
-    let block = doc
-        .split_once(first)
-        .and_then(|(_, rest)| rest.split_once("\n```"))
-        .map(|(block, _)| format!("{first}{block}"))
-        .context("docs/rbac.md: no kubeconfig commands in The server's kubeconfig")?;
-    let admin = format!("--kubeconfig={}", cp.admin_kubeconfig().display());
-    let script = block
-        .replace("--context guest", &admin)
+    let client = cp.admin().await?;
+    GuestRbac::default().apply(&client).await?;
+    let hosted = "hosted-control-plane";
+    let namespace = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": hosted}});
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .create(&PostParams::default(), &serde_json::from_value(namespace)?)
+        .await?;
+    let doc = std::fs::read_to_string(guest_dir().join("../../docs/rbac.md"))?;
+    let kubeconfig_block = doc_block(&doc, "TOKEN_FILE=")?;
+    let renewal = doc_block(
+        &doc,
+        "kubectl --context guest -n autonode-system create token",
+    )?;
+    let dir = tempfile::tempdir()?;
+    let kubeconfig = dir.path().join("guest.kubeconfig");
+    let token_file = dir.path().join("token");
+    let script = format!("{kubeconfig_block}\n{renewal}")
+        .replace(
+            "TOKEN_FILE=/var/run/secrets/autonode/guest-token/token",
+            &format!("TOKEN_FILE={}", token_file.display()),
+        )
+        .replace("--context guest ", "")
+        .replace("HOSTED-CONTROL-PLANE-NAMESPACE", hosted)
         .replace("https://API-SERVER:6443", cp.url());
     let kube = autonode_tests::controlplane::kube_bin_dir()?;
-    let dir = tempfile::tempdir()?;
     let path = format!("{}:{}", kube.display(), std::env::var("PATH")?);
-    let run = |args: &[&str]| -> Result<String> {
-        let out = std::process::Command::new(args[0])
-            .args(&args[1..])
-            .current_dir(&repo)
-            .env("PATH", &path)
-            .env("HOME", dir.path())
-            .output()?;
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        ensure!(
-            out.status.success(),
-            "{args:?}: {text}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Ok(text)
-    };
-    let kubeconfig = dir.path().join("guest.kubeconfig");
-    let script = script.replace("guest.kubeconfig", &kubeconfig.to_string_lossy());
-    let script = script.replace("guest-ca.crt", &dir.path().join("ca.crt").to_string_lossy());
-    run(&["timeout", "60", "bash", "-euo", "pipefail", "-c", &script])?;
+    let out = std::process::Command::new("timeout")
+        .args(["60", "bash", "-euo", "pipefail", "-c", &script])
+        .current_dir(dir.path())
+        .env("PATH", &path)
+        .env("HOME", dir.path())
+        .env("KUBECONFIG", cp.admin_kubeconfig())
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "{script}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The renewed token is in the hosted control plane's namespace only.
+    let stored = Api::<Secret>::namespaced(client.clone(), hosted)
+        .get("autonode-guest-token")
+        .await?;
+    let token = stored.data.unwrap_or_default();
+    ensure!(
+        token.get("token").map(|t| t.0.clone()) == Some(std::fs::read(&token_file)?),
+        "the Secret does not hold the token the kubeconfig reads"
+    );
+    let guest: Api<Secret> = Api::namespaced(client, SERVER_SERVICE_ACCOUNT.0);
+    let left = guest.list(&Default::default()).await?.items;
+    ensure!(
+        left.is_empty(),
+        "Secrets in the guest's {}: {left:?}",
+        SERVER_SERVICE_ACCOUNT.0
+    );
     let can_i = |verb: &str, resource: &str| -> Result<bool> {
         let kubeconfig = kubeconfig.to_string_lossy();
         let args = ["auth", "can-i", verb, resource];

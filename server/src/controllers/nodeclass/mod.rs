@@ -1,8 +1,8 @@
 //! EC2NodeClass upkeep: keeps the fields that make Karpenter's instances
 //! join through autonode equal to what this server renders.
 //!
-//! For every EC2NodeClass (or those matching a label selector) these fields
-//! are autonode's: `spec.userData` (the agent's config, see
+//! For every EC2NodeClass (or those the operator names, see
+//! [`Settings::names`]) these fields are autonode's: `spec.userData` (the agent's config, see
 //! [`crate::controllers::nodeclass::userdata`], in the format the class's [`FORMAT_ANNOTATION`](userdata::FORMAT_ANNOTATION)
 //! names; see [`format_of`]), `spec.amiFamily` (`Custom`, so Karpenter passes
 //! userData verbatim), when AMI ids are configured `spec.amiSelectorTerms`
@@ -74,7 +74,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client};
 use rollout::Values;
 use serde_json::Value;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -122,8 +122,11 @@ pub struct Desired {
 #[derive(Clone)]
 pub struct Settings {
     pub desired: Desired,
-    /// Label selector limiting which classes are kept; all when `None`.
-    pub selector: Option<String>,
+    /// The names of the classes kept; all when empty. Names, not labels:
+    /// a name cannot change once the class exists, while a label is
+    /// anyone's to remove who may edit the class, the very edits the
+    /// upkeep reverts.
+    pub names: BTreeSet<String>,
     /// How often each class is compared again without a watch event.
     pub resync: Duration,
     pub metrics: Metrics,
@@ -171,6 +174,13 @@ struct Context {
     standing: Mutex<HashMap<String, String>>,
 }
 
+impl Settings {
+    /// Whether the class named `name` is kept.
+    pub fn keeps(&self, name: &str) -> bool {
+        self.names.is_empty() || self.names.contains(name)
+    }
+}
+
 impl Desired {
     /// The values the rollout guard watches, as rendered in `format`.
     pub fn values(&self, format: Format) -> Values {
@@ -187,10 +197,7 @@ impl Desired {
 /// wakes its class.
 pub async fn run(client: Client, settings: Settings, claims: NodeClaims) {
     let api: Api<Ec2NodeClass> = Api::all(client);
-    let config = match &settings.selector {
-        Some(selector) => watcher::Config::default().labels(selector),
-        None => watcher::Config::default(),
-    };
+    let config = watcher::Config::default();
     let ctx = Arc::new(Context {
         api: api.clone(),
         settings,

@@ -42,8 +42,13 @@ pub(super) async fn reconcile(
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
     let settings = &ctx.settings;
-    settings.metrics.nodeclass_checks.inc();
     let name = class.name_any();
+    if !settings.keeps(&name) {
+        // Not among the names the operator gave: a name never changes, so
+        // no later edit of this class can bring it in or take it out.
+        return Ok(Action::await_change());
+    }
+    settings.metrics.nodeclass_checks.inc();
     if ctx.superseded(&name, &class) {
         // The apply after the handover wakes the class again, with the
         // version it wrote.
@@ -52,9 +57,7 @@ pub(super) async fn reconcile(
     if settings.desired.metadata_options == MetadataOptionsPolicy::LeaveAlone {
         ctx.warn_exposures(&class, &name);
     }
-    let Some(format) = ctx.format_of(&class, &name) else {
-        return Ok(Action::requeue(settings.resync));
-    };
+    let format = ctx.format_of(&class, &name);
     let plan = ctx.guard(&class, &name, format);
     let desired = pinned(&settings.desired, &plan.target);
     let fields = drift(&class.spec, &desired, format);
