@@ -29,6 +29,7 @@
 //! [`CACHE_ENTRIES`] entries and forgets idle ones; writes wait in a queue
 //! of [`QUEUE`] (past it they are dropped and counted, `queue_full`).
 
+use crate::kube::bounded::Bounded;
 use crate::kube::clock::Clock;
 use crate::kube::metrics::{EventDropLabels, Metrics};
 use crate::kube::reason::Reason;
@@ -40,7 +41,6 @@ use kube::{Api, Client, Resource};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use std::collections::hash_map::RandomState;
-use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -74,6 +74,10 @@ pub const SIMILAR_WINDOW: Duration = Duration::from_secs(600);
 /// worst.
 pub const CACHE_ENTRIES: usize = 4096;
 
+/// How long what was told is remembered unasked (a day: a state still
+/// true is asked about at every resync, far more often).
+pub const TOLD_TTL: Duration = Duration::from_secs(24 * 3600);
+
 /// Writes waiting for the API server. Past it a write is dropped (counted)
 /// rather than making the caller wait.
 pub const QUEUE: usize = 1024;
@@ -96,6 +100,8 @@ pub struct Events {
 
 struct Inner {
     correlator: Mutex<Correlator>,
+    /// What was last told, per topic and object: see [`Events::is_news`].
+    told: Mutex<Bounded<(&'static str, String), String>>,
     /// `autonode_events_dropped_total`.
     dropped: Family<EventDropLabels, Counter>,
     queue: mpsc::Sender<Box<Write>>,
@@ -111,6 +117,7 @@ impl Events {
         Self {
             inner: Arc::new(Inner {
                 correlator: Mutex::new(Correlator::new()),
+                told: Mutex::new(Bounded::new(TOLD_TTL, CACHE_ENTRIES)),
                 dropped: metrics.events_dropped.clone(),
                 queue,
                 source: EventSource {
@@ -119,6 +126,45 @@ impl Events {
                 },
             }),
         }
+    }
+
+    /// Whether `state` of `topic` on `object` is news: not what was last
+    /// told about them. Remembers it. The one "tell once" of the server:
+    /// a warning that a resync or every join would repeat is logged and
+    /// published only when this says so. Keyed by the object's UID, so an
+    /// object deleted and made again under its name is told afresh;
+    /// bounded, so past [`CACHE_ENTRIES`] objects, or [`TOLD_TTL`] unasked,
+    /// a state is told once more.
+    pub fn is_news<K: Resource<DynamicType = ()>>(
+        &self,
+        object: &K,
+        topic: &'static str,
+        state: &str,
+    ) -> bool {
+        let key = (topic, told_key(object));
+        let mut told = self
+            .inner
+            .told
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let last = told.get_or_insert_with(key, Instant::now(), String::new);
+        if last == state {
+            return false;
+        }
+        state.clone_into(last);
+        true
+    }
+
+    /// Forgets what was told of `topic` on `object`: what it was about is
+    /// over, and is told again if it comes back.
+    pub fn settled<K: Resource<DynamicType = ()>>(&self, object: &K, topic: &'static str) {
+        let key = (topic, told_key(object));
+        let mut told = self
+            .inner
+            .told
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        told.remove(&key);
     }
 
     /// A Normal event on `object` (a NodeClaim, an EC2NodeClass).
@@ -313,9 +359,9 @@ struct Seen {
 /// Aggregates and rate-limits one source's Events; pure, the time passed
 /// in.
 struct Correlator {
-    similar: Lru<SimilarKey, Similar>,
-    seen: Lru<EventKey, Seen>,
-    buckets: Lru<ObjectKey, Bucket>,
+    similar: Bounded<SimilarKey, Similar>,
+    seen: Bounded<EventKey, Seen>,
+    buckets: Bounded<ObjectKey, Bucket>,
     hasher: RandomState,
     /// The last Event name's suffix, kept unique.
     last_suffix: u128,
@@ -324,10 +370,10 @@ struct Correlator {
 impl Correlator {
     fn new() -> Self {
         Self {
-            similar: Lru::new(SIMILAR_WINDOW),
-            seen: Lru::new(SEEN_TTL),
+            similar: Bounded::new(SIMILAR_WINDOW, CACHE_ENTRIES),
+            seen: Bounded::new(SEEN_TTL, CACHE_ENTRIES),
             // An idle bucket is full again after this: the same as new.
-            buckets: Lru::new(REFILL * BURST),
+            buckets: Bounded::new(REFILL * BURST, CACHE_ENTRIES),
             hasher: RandomState::new(),
             last_suffix: 0,
         }
@@ -499,71 +545,13 @@ impl Bucket {
     }
 }
 
-/// A map of at most [`CACHE_ENTRIES`] that forgets entries unused for
-/// `ttl`, and the least recently used ones when full.
-struct Lru<K, V> {
-    entries: HashMap<K, (V, Instant)>,
-    ttl: Duration,
-    cap: usize,
-}
-
-impl<K: Hash + Eq, V> Lru<K, V> {
-    fn new(ttl: Duration) -> Self {
-        Self::with_cap(ttl, CACHE_ENTRIES)
-    }
-
-    fn with_cap(ttl: Duration, cap: usize) -> Self {
-        Self {
-            entries: HashMap::new(),
-            ttl,
-            cap,
-        }
-    }
-
-    /// The live entry for `key`, now used.
-    fn get_mut(&mut self, key: &K, now: Instant) -> Option<&mut V> {
-        let ttl = self.ttl;
-        if self
-            .entries
-            .get(key)
-            .is_some_and(|(_, used)| now.saturating_duration_since(*used) > ttl)
-        {
-            self.entries.remove(key);
-        }
-        let (value, used) = self.entries.get_mut(key)?;
-        *used = now;
-        Some(value)
-    }
-
-    fn get_or_insert_with(&mut self, key: K, now: Instant, make: impl FnOnce() -> V) -> &mut V {
-        if self.get_mut(&key, now).is_none() && self.entries.len() >= self.cap {
-            self.evict(now);
-        }
-        let (value, used) = self.entries.entry(key).or_insert_with(|| (make(), now));
-        *used = now;
-        value
-    }
-
-    /// Forgets expired entries, then if still full the least recently
-    /// used eighth: one sort pays for that many inserts.
-    fn evict(&mut self, now: Instant) {
-        let ttl = self.ttl;
-        self.entries
-            .retain(|_, (_, used)| now.saturating_duration_since(*used) <= ttl);
-        if self.entries.len() < self.cap {
-            return;
-        }
-        let mut times: Vec<Instant> = self.entries.values().map(|(_, used)| *used).collect();
-        let victims = (self.cap / 8).max(1);
-        let (_, cutoff, _) = times.select_nth_unstable(victims - 1);
-        let cutoff = *cutoff;
-        self.entries.retain(|_, (_, used)| *used > cutoff);
-    }
-
-    #[cfg(test)]
-    fn len(&self) -> usize {
-        self.entries.len()
-    }
+/// An object's key for what was told: its UID, or its name without one.
+fn told_key<K: Resource<DynamicType = ()>>(object: &K) -> String {
+    let meta = object.meta();
+    meta.uid
+        .clone()
+        .or_else(|| meta.name.clone())
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -736,7 +724,7 @@ mod tests {
     #[test]
     fn maps_stay_bounded_and_forget_idle_entries() {
         let now = Instant::now();
-        let mut lru = Lru::with_cap(Duration::from_secs(10), 16);
+        let mut lru = Bounded::new(Duration::from_secs(10), 16);
         for i in 0..1000 {
             *lru.get_or_insert_with(i, now + Duration::from_millis(i), || 0) += 1;
             assert!(lru.len() <= 16);

@@ -5,6 +5,7 @@
 pub mod approval;
 pub mod backoff;
 pub mod binding;
+pub mod bounded;
 pub mod cache;
 pub mod clock;
 pub mod condition;
