@@ -72,6 +72,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         metrics: metrics.clone(),
         nodeconfig: nodeconfig.clone(),
         clock: time::OffsetDateTime::now_utc,
+        lifetimes: args.certificate_lifetimes(),
         delete_refused: args.delete_failed_nodeclaims,
     });
     let report = Arc::new(ReportContext {
@@ -118,6 +119,7 @@ fn leader(
             ec2: ec2.clone(),
             metrics: metrics.clone(),
             pending_cap: args.pending_csr_cap,
+            signing_duration: args.certificate_lifetimes().signing,
         }),
         nodeclasses: args
             .nodeclasses

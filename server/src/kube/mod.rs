@@ -14,3 +14,4 @@ pub mod marks;
 pub mod metrics;
 pub mod nodeclaim;
 pub mod quantity;
+pub mod reuse;

@@ -98,6 +98,9 @@ pub struct Settings {
     pub ec2: Arc<dyn InstanceLookup>,
     pub metrics: Metrics,
     pub pending_cap: usize,
+    /// kube-controller-manager's `--cluster-signing-duration`: how long a
+    /// reused node name's CSRs are left pending (see [`crate::kube::reuse`]).
+    pub signing_duration: Duration,
 }
 
 /// What each reconcile sees.
