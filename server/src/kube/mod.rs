@@ -15,3 +15,4 @@ pub mod metrics;
 pub mod nodeclaim;
 pub mod quantity;
 pub mod reuse;
+pub mod told;

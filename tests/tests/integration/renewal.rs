@@ -188,7 +188,10 @@ async fn a_local_zone_nodes_serving_certificate_is_approved() -> Result<()> {
 /// A node that makes CSRs one after another, each as soon as the last was
 /// approved. The old approver counted only undecided CSRs toward the cap,
 /// so it approved every one, and asked EC2 for every serving CSR. Now the
-/// cap counts recent approvals, and EC2 answers are cached and paced.
+/// cap counts recent approvals, and EC2 answers are cached and paced. The
+/// node's CSRs are found by an index, not a scan of every CSR, and its
+/// being over the cap is logged as a warning once, not once per CSR and
+/// look.
 #[tokio::test]
 async fn csrs_in_a_loop_get_at_most_the_cap_and_bounded_ec2_calls() -> Result<()> {
     const CAP: usize = 4;
@@ -236,6 +239,15 @@ async fn csrs_in_a_loop_get_at_most_the_cap_and_bounded_ec2_calls() -> Result<()
         calls <= u64::from(LOOKUP_BURST),
         "{calls} EC2 calls for {CSRS} CSRs"
     );
+    // The node's being over its cap is one warning, not one per CSR and
+    // look (each CSR's line is at debug).
+    let warned = world
+        .server
+        .log()
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("too_many_csrs"))
+        .count();
+    assert_eq!(warned, 1, "warnings that the node is over its cap");
     Ok(())
 }
 

@@ -3,7 +3,7 @@
 
 use super::cap::counted_toward_cap;
 use super::decline::Decline;
-use super::{Context, RECENT_WINDOW};
+use super::{over_cap_key, Context, RECENT_WINDOW};
 use crate::kube::binding;
 use crate::kube::karpenter::{parse_aws_provider_id, NodeClaim};
 use crate::kube::reuse;
@@ -35,6 +35,8 @@ pub(super) async fn judge(
             window_minutes: RECENT_WINDOW.as_secs() / 60,
         });
     }
+    // Under the cap again: a later excess is told anew.
+    ctx.told.clear(&over_cap_key(node));
     let node_obj = ctx
         .nodes
         .get(&ObjectRef::new(node))
