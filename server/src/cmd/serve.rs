@@ -84,6 +84,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         delete_on_fatal: args.delete_failed_nodeclaims,
         clock: time::OffsetDateTime::now_utc,
         replays: Replays::default(),
+        unbound_reads: autonode_server::front::report::unbound_read_limiter(),
     });
     let readiness = probes::Readiness { claims, nodeconfig };
     serve(&args, join, report, readiness, metrics).await
