@@ -61,10 +61,19 @@ pub fn last_held_by_others(
         return None;
     }
     let held_by_another = |claim: &NodeClaim| {
-        binding::recorded(claim)
-            .ok()
-            .flatten()
-            .is_some_and(|r| r.node_name == name && r.instance_id != instance_id)
+        // A substring test first: most bindings name other nodes, and this
+        // runs over every NodeClaim for each join and judgement.
+        let mentions = claim
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(marks::BINDING))
+            .is_some_and(|b| b.contains(name));
+        mentions
+            && binding::recorded(claim)
+                .ok()
+                .flatten()
+                .is_some_and(|r| r.node_name == name && r.instance_id != instance_id)
     };
     let live = claims.store().state_filter(held_by_another);
     let gone = claims.gone(held_by_another);
