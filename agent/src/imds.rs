@@ -341,34 +341,21 @@ impl Imds {
             .await
     }
 
-    /// The primary interface's private IPv4s and IPv6s, primary IP first.
+    /// The addresses the serving certificate names: the primary private
+    /// IPv4 (none on an IPv6-only instance). Not the interfaces' other
+    /// addresses: under the VPC CNI they are pods' (its ipamd attaches them
+    /// after kubelet starts, so a rebooted agent resuming its join would see
+    /// them), and the server allows only the instance's primary IPv4 and
+    /// IPv6. kubelet, started with `--node-ip`, names this one address too.
     pub async fn ips(&self) -> Result<Vec<IpAddr>, ImdsError> {
-        let (primary, mac) = tokio::try_join!(
-            self.get_text("/latest/meta-data/local-ipv4"),
-            self.get_text("/latest/meta-data/mac"),
-        )?;
-        let mut lists = vec![primary];
-        if let Some(mac) = mac {
-            let base = format!("/latest/meta-data/network/interfaces/macs/{mac}");
-            let (v4_path, v6_path) = (format!("{base}/local-ipv4s"), format!("{base}/ipv6s"));
-            let (v4, v6) = tokio::try_join!(self.get_text(&v4_path), self.get_text(&v6_path))?;
-            lists.extend([v4, v6]);
-        }
-        let mut ips: Vec<IpAddr> = Vec::new();
-        for word in lists
-            .iter()
-            .flatten()
-            .flat_map(|list| list.split_whitespace())
-        {
-            let ip = word.parse().map_err(|_| ImdsError::Invalid {
-                path: "/latest/meta-data (IPs)".into(),
-                reason: format!("{word:?} is not an IP address"),
-            })?;
-            if !ips.contains(&ip) {
-                ips.push(ip);
-            }
-        }
-        Ok(ips)
+        let Some(primary) = self.get_text("/latest/meta-data/local-ipv4").await? else {
+            return Ok(Vec::new());
+        };
+        let ip = primary.trim().parse().map_err(|_| ImdsError::Invalid {
+            path: "/latest/meta-data/local-ipv4".into(),
+            reason: format!("{primary:?} is not an IP address"),
+        })?;
+        Ok(vec![ip])
     }
 }
 

@@ -149,6 +149,31 @@ pub struct ServeArgs {
     )]
     pub csr_timeout_secs: u64,
 
+    /// Seconds the certificates a join issues last (the CSRs'
+    /// `expirationSeconds`; at least 600, the signer's floor). kubelet
+    /// renews them at 70 to 90 % of this through the renewal approver.
+    #[arg(
+        long = "join-certificate-lifetime",
+        env = "AUTONODE_JOIN_CERTIFICATE_LIFETIME",
+        default_value_t = autonode_server::kube::issuer::DEFAULT_JOIN_LIFETIME.as_secs(),
+        value_name = "SECONDS",
+        value_parser = clap::value_parser!(u64).range(600..=i32::MAX as u64)
+    )]
+    pub join_certificate_lifetime_secs: u64,
+
+    /// kube-controller-manager's `--cluster-signing-duration`, in seconds:
+    /// the longest a kubelet certificate lasts (kubelet's renewals ask for
+    /// no lifetime). A node name EC2 gave another instance within this long
+    /// has its kubelet CSRs left pending (`name_reused`).
+    #[arg(
+        long = "signing-duration",
+        env = "AUTONODE_SIGNING_DURATION",
+        default_value_t = autonode_server::kube::issuer::DEFAULT_SIGNING_DURATION.as_secs(),
+        value_name = "SECONDS",
+        value_parser = clap::value_parser!(u64).range(600..=i32::MAX as u64)
+    )]
+    pub signing_duration_secs: u64,
+
     /// Delete a NodeClaim whose machine failed for good (its agent's signed
     /// fatal report, or its join refused for a reason no retry changes), so
     /// Karpenter replaces the machine at once rather than after its
@@ -241,6 +266,12 @@ impl ServeArgs {
     }
     pub fn csr_timeout(&self) -> Duration {
         Duration::from_secs(self.csr_timeout_secs)
+    }
+    pub fn certificate_lifetimes(&self) -> autonode_server::kube::issuer::Lifetimes {
+        autonode_server::kube::issuer::Lifetimes {
+            join: Duration::from_secs(self.join_certificate_lifetime_secs),
+            signing: Duration::from_secs(self.signing_duration_secs),
+        }
     }
     pub fn capacity_tolerance(&self) -> autonode_server::controllers::capacity::Tolerance {
         autonode_server::controllers::capacity::Tolerance::percent(self.capacity_tolerance_percent)

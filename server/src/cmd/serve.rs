@@ -73,6 +73,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         metrics: metrics.clone(),
         nodeconfig: nodeconfig.clone(),
         clock: Clock::SYSTEM,
+        lifetimes: args.certificate_lifetimes(),
         on_failure: OnFailure::from_flag(args.delete_failed_nodeclaims),
     });
     let report = Arc::new(ReportContext {
@@ -84,6 +85,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         on_failure: OnFailure::from_flag(args.delete_failed_nodeclaims),
         clock: Clock::SYSTEM,
         replays: Replays::default(),
+        unbound_reads: autonode_server::front::report::unbound_read_limiter(),
     });
     let readiness = probes::Readiness { claims, nodeconfig };
     serve(&args, join, report, readiness, metrics).await
@@ -119,6 +121,7 @@ fn leader(
             ec2: ec2.clone(),
             metrics: metrics.clone(),
             pending_cap: args.pending_csr_cap,
+            signing_duration: args.certificate_lifetimes().signing,
         }),
         nodeclasses: args
             .nodeclasses

@@ -49,10 +49,9 @@ pub struct Ec2Instance {
     /// e.g. `ip-10-0-1-23.us-west-2.compute.internal`; empty once the
     /// instance is terminated.
     pub private_dns_name: String,
-    /// The primary private IPv4 first, then every private IPv4 and every
-    /// IPv6 address of every network interface, without duplicates. EC2 has
-    /// no private/public split for IPv6: an interface's IPv6 addresses are
-    /// the instance's own, and kubelet reports them as node addresses.
+    /// The addresses a serving certificate may name: the primary private
+    /// IPv4 and the primary IPv6, if any. Not the interfaces' other
+    /// addresses: under the VPC CNI those are pods' (see `xml::addresses`).
     pub private_ips: Vec<IpAddr>,
     pub tags: BTreeMap<String, String>,
 }

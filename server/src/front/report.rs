@@ -89,6 +89,23 @@ pub const REPLAY_SLOTS_PER_INSTANCE: usize = 32;
 /// (retried) rather than accepted unremembered.
 pub const REPLAY_CAPACITY: usize = 100_000;
 
+/// API reads of an unbound NodeClaim one instance's signed reports may
+/// cause at once, past which they wait [`UNBOUND_READ_PERIOD`]: anyone
+/// holding a machine's identity document can attach a proof to a report
+/// before that machine is bound, and each such report made a GET of the
+/// NodeClaim, outside the join's caps. One read settles the honest race (a
+/// report sent before the watch delivered the join's binding); a report
+/// past the budget is judged on the cache alone.
+pub const UNBOUND_READ_BURST: u32 = 2;
+
+/// One more read per instance per this long, past [`UNBOUND_READ_BURST`].
+pub const UNBOUND_READ_PERIOD: Duration = Duration::from_secs(30);
+
+/// The reads' limiter, as [`ReportContext::unbound_reads`] holds it.
+pub fn unbound_read_limiter() -> Limiter {
+    Limiter::new(UNBOUND_READ_BURST, UNBOUND_READ_PERIOD, QUOTA_INSTANCES)
+}
+
 /// What report handling needs.
 pub struct ReportContext {
     pub trust: TrustStore,
@@ -103,6 +120,9 @@ pub struct ReportContext {
     pub clock: Clock,
     /// Signed reports this replica accepted within the window.
     pub replays: Replays,
+    /// API reads of unbound NodeClaims, per instance (see
+    /// [`unbound_read_limiter`]).
+    pub unbound_reads: Limiter,
 }
 
 #[derive(Debug, Error)]
@@ -346,6 +366,10 @@ async fn bound(
         return Ok((claim, None));
     }
     let name = claim.metadata.name.clone().unwrap_or_default();
+    if let Err(retry_in) = ctx.unbound_reads.try_take(&name, Instant::now()) {
+        tracing::debug!(nodeclaim = %name, ?retry_in, "signed report for an unbound NodeClaim past its read budget: judged on the cache");
+        return Ok((claim, None));
+    }
     let fresh = ctx.claims.get_fresh(&name).await.map_err(|source| {
         ReportError::unavailable(ClaimCall {
             action: "reading",

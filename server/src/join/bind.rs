@@ -15,7 +15,9 @@ use autonode_shared::csr::ParsedCsr;
 use autonode_shared::csr::Purpose;
 use autonode_shared::protocol::KubeletSettings;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::jiff::Timestamp;
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 /// What a join has ready before anything is approved.
 pub(super) struct Prepared {
@@ -44,6 +46,7 @@ pub(super) async fn prepare(
     attested: &Attested,
     keys: Keys<'_>,
     requests: &[IssueRequest<'_>],
+    held: Option<Timestamp>,
 ) -> Result<Prepared, JoinError> {
     // Judged on the cached NodeClaim first, so a replay creates nothing;
     // the write below judges again on the version it writes over.
@@ -59,7 +62,7 @@ pub(super) async fn prepare(
     );
     let csrs = csrs?;
     let bound = match rendered {
-        Ok(rendered) => record_binding(ctx, attested, keys, &csrs, existing)
+        Ok(rendered) => record_binding(ctx, attested, (keys, held), &csrs, existing)
             .await
             .map(|binding| (binding, rendered))
             .map_err(JoinError::from),
@@ -126,7 +129,7 @@ pub(super) fn issue_request<'a>(
     attested: &Attested,
     pem: &'a str,
     judged: &'a ParsedCsr,
-    purpose: Purpose,
+    (purpose, lifetime): (Purpose, Duration),
 ) -> IssueRequest<'a> {
     let instance_id = &attested.doc.instance_id;
     let claim = attested.claim.metadata.name.clone().unwrap_or_default();
@@ -142,17 +145,20 @@ pub(super) fn issue_request<'a>(
         approval_message: format!(
             "autonode-server: instance {instance_id} attested by its AWS identity document for NodeClaim {claim}"
         ),
+        lifetime,
     }
 }
 
 /// Writes the binding: a new record, or the resumed one naming the objects
 /// this join uses if they are not the recorded ones. A new one is the
 /// attested milestone, marked reported in the same write (the join
-/// observes it). Returns the NodeClaim as written, if it was.
+/// observes it), and carries `held` (when another instance last held the
+/// node name) as [`marks::NAME_LAST_HELD`]. Returns the NodeClaim as
+/// written, if it was.
 async fn record_binding(
     ctx: &JoinContext,
     attested: &Attested,
-    keys: Keys<'_>,
+    (keys, held): (Keys<'_>, Option<Timestamp>),
     csrs: &[CsrObject],
     existing: Option<Record>,
 ) -> Result<(Binding, Option<NodeClaim>), BindingError> {
@@ -166,7 +172,7 @@ async fn record_binding(
         Some(record) if record.csrs == refs => Ok((Binding::Resumed, None)),
         Some(mut record) => {
             record.csrs = refs;
-            let written = binding::write(&ctx.claims, claim, &record, true, &[]).await?;
+            let written = binding::write(&ctx.claims, claim, &record, true, (&[], None)).await?;
             Ok((Binding::Resumed, Some(written)))
         }
         None => {
@@ -179,7 +185,9 @@ async fn record_binding(
                 csrs: refs,
             };
             let attested = [Milestone::Attested.name()];
-            let written = binding::write(&ctx.claims, claim, &record, false, &attested).await?;
+            let held = held.map(|t| t.to_string());
+            let marks = (&attested[..], held.as_deref());
+            let written = binding::write(&ctx.claims, claim, &record, false, marks).await?;
             Ok((Binding::New, Some(written)))
         }
     }

@@ -50,10 +50,11 @@ use crate::join::render::ClusterSettings;
 use crate::kube::binding::{Binding, Keys};
 use crate::kube::clock::Clock;
 use crate::kube::events::Events;
-use crate::kube::issuer::Issuer;
+use crate::kube::issuer::{Issuer, Lifetimes};
 use crate::kube::karpenter::NodeClaim;
 use crate::kube::metrics::{Metrics, Steps};
 use crate::kube::nodeclaim::{self, Milestone, NodeClaims, OnFailure};
+use crate::kube::reuse;
 use approve::approve;
 use attest::{attest, check_csrs, Attested};
 use autonode_shared::csr::Purpose;
@@ -112,6 +113,8 @@ pub struct JoinContext {
     pub nodeconfig: NodeConfig,
     /// Injected so tests can set the time.
     pub clock: Clock,
+    /// How long the join's certificates last.
+    pub lifetimes: Lifetimes,
     /// What becomes of the NodeClaim of an instance refused for good (see
     /// [`Refusal::dooms_instance`](crate::join::refusal::Refusal::dooms_instance)).
     pub on_failure: OnFailure,
@@ -169,13 +172,26 @@ async fn grant(
     steps.done(Step::Attest.name());
     // The attested milestone's time: the machine is what it says it is.
     let attested_at = nodeclaim::age_seconds(&attested.claim);
+    let held = name_held_by_others(ctx, &attested);
+    // Within a reused name's window the approver leaves this name's
+    // renewals pending: certificates of the signer's full lifetime outlast
+    // the window, so the machine's kubelet works on until they are approved.
+    let lifetime = match held {
+        Some(_) => ctx.lifetimes.signing,
+        None => ctx.lifetimes.join,
+    };
     let requests = [
-        issue_request(&attested, &request.client_csr, &client_csr, Purpose::Client),
+        issue_request(
+            &attested,
+            &request.client_csr,
+            &client_csr,
+            (Purpose::Client, lifetime),
+        ),
         issue_request(
             &attested,
             &request.serving_csr,
             &serving_csr,
-            Purpose::Serving,
+            (Purpose::Serving, lifetime),
         ),
     ];
     let (client_key, serving_key) = (
@@ -186,7 +202,7 @@ async fn grant(
         client: &client_key,
         serving: &serving_key,
     };
-    let prepared = prepare(ctx, &attested, keys, &requests).await?;
+    let prepared = prepare(ctx, &attested, keys, &requests, held).await?;
     steps.done(Step::Bind.name());
     let binding = prepared.binding;
     if binding == Binding::New {
@@ -206,6 +222,22 @@ async fn grant(
     outcome::milestones(ctx, claim, &timed).await;
     let response = answer(ctx, &attested, certificates, prepared.rendered);
     Ok(Granted { response, binding })
+}
+
+/// When another instance last held the node name EC2 gives this one, if
+/// certificates issued to it then may still be valid (see [`reuse`]).
+fn name_held_by_others(
+    ctx: &JoinContext,
+    attested: &Attested,
+) -> Option<k8s_openapi::jiff::Timestamp> {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let name = &attested.instance.private_dns_name;
+    let held = reuse::last_held_by_others(&ctx.claims, name, &attested.doc.instance_id, now)?;
+    let open = reuse::window_end(held, ctx.lifetimes.signing) > now;
+    if open {
+        tracing::warn!(node = %name, instance = %attested.doc.instance_id, last_held = %held, "this node name was another instance's within a certificate's lifetime: its kubelet CSRs stay pending until then, and this join's certificates last the signer's full lifetime");
+    }
+    open.then_some(held)
 }
 
 /// What a granted join answers, and how it relates to the binding.

@@ -218,14 +218,15 @@ pub fn judge(
 /// left to its retry, which resumes it.
 ///
 /// `reported` are added to the [`marks::REPORTED`] mark in the same write
-/// (a new binding is the attested milestone). Returns the NodeClaim as
-/// written.
+/// (a new binding is the attested milestone), and `held` written as the
+/// [`marks::NAME_LAST_HELD`] mark (see [`crate::kube::reuse`]). Returns the
+/// NodeClaim as written.
 pub async fn write(
     claims: &NodeClaims,
     claim: &NodeClaim,
     record: &Record,
     resuming: bool,
-    reported: &[&str],
+    (reported, held): (&[&str], Option<&str>),
 ) -> Result<NodeClaim, BindingError> {
     let name = claim.metadata.name.clone().unwrap_or_default();
     let version = claim.metadata.resource_version.as_deref();
@@ -235,7 +236,7 @@ pub async fn write(
             .then(|| marks::with_reported(marks::reported(&over.metadata), reported))
     };
     match claims
-        .write_binding(&name, version, &value, mark(claim).as_deref())
+        .write_binding(&name, version, &value, (mark(claim).as_deref(), held))
         .await
     {
         Ok(written) => return Ok(written),
@@ -256,7 +257,7 @@ pub async fn write(
     }
     let version = fresh.metadata.resource_version.as_deref();
     let written = claims
-        .write_binding(&name, version, &value, mark(&fresh).as_deref())
+        .write_binding(&name, version, &value, (mark(&fresh).as_deref(), held))
         .await?;
     Ok(written)
 }

@@ -72,6 +72,11 @@ impl<K: Hash + Eq, V> Bounded<K, V> {
         self.entries.remove(key).map(|(value, _)| value)
     }
 
+    /// Whether nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
     /// How many entries are held, live or not yet evicted.
     pub fn len(&self) -> usize {
         self.entries.len()

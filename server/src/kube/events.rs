@@ -33,6 +33,7 @@ use crate::kube::bounded::Bounded;
 use crate::kube::clock::Clock;
 use crate::kube::metrics::{EventDropLabels, Metrics};
 use crate::kube::reason::Reason;
+use crate::kube::told::Told;
 use crate::logfmt;
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -74,10 +75,6 @@ pub const SIMILAR_WINDOW: Duration = Duration::from_secs(600);
 /// worst.
 pub const CACHE_ENTRIES: usize = 4096;
 
-/// How long what was told is remembered unasked (a day: a state still
-/// true is asked about at every resync, far more often).
-pub const TOLD_TTL: Duration = Duration::from_secs(24 * 3600);
-
 /// Writes waiting for the API server. Past it a write is dropped (counted)
 /// rather than making the caller wait.
 pub const QUEUE: usize = 1024;
@@ -101,7 +98,7 @@ pub struct Events {
 struct Inner {
     correlator: Mutex<Correlator>,
     /// What was last told, per topic and object: see [`Events::is_news`].
-    told: Mutex<Bounded<(&'static str, String), String>>,
+    told: Told,
     /// `autonode_events_dropped_total`.
     dropped: Family<EventDropLabels, Counter>,
     queue: mpsc::Sender<Box<Write>>,
@@ -117,7 +114,7 @@ impl Events {
         Self {
             inner: Arc::new(Inner {
                 correlator: Mutex::new(Correlator::new()),
-                told: Mutex::new(Bounded::new(TOLD_TTL, CACHE_ENTRIES)),
+                told: Told::new(CACHE_ENTRIES),
                 dropped: metrics.events_dropped.clone(),
                 queue,
                 source: EventSource {
@@ -133,7 +130,7 @@ impl Events {
     /// a warning that a resync or every join would repeat is logged and
     /// published only when this says so. Keyed by the object's UID, so an
     /// object deleted and made again under its name is told afresh;
-    /// bounded, so past [`CACHE_ENTRIES`] objects, or [`TOLD_TTL`] unasked,
+    /// bounded, so past [`CACHE_ENTRIES`] objects, or [`TOLD_TTL`](crate::kube::told::TOLD_TTL) unasked,
     /// a state is told once more.
     pub fn is_news<K: Resource<DynamicType = ()>>(
         &self,
@@ -141,30 +138,13 @@ impl Events {
         topic: &'static str,
         state: &str,
     ) -> bool {
-        let key = (topic, told_key(object));
-        let mut told = self
-            .inner
-            .told
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let last = told.get_or_insert_with(key, Instant::now(), String::new);
-        if last == state {
-            return false;
-        }
-        state.clone_into(last);
-        true
+        self.inner.told.first(&told_key(object, topic), state)
     }
 
     /// Forgets what was told of `topic` on `object`: what it was about is
     /// over, and is told again if it comes back.
     pub fn settled<K: Resource<DynamicType = ()>>(&self, object: &K, topic: &'static str) {
-        let key = (topic, told_key(object));
-        let mut told = self
-            .inner
-            .told
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        told.remove(&key);
+        self.inner.told.clear(&told_key(object, topic));
     }
 
     /// A Normal event on `object` (a NodeClaim, an EC2NodeClass).
@@ -545,13 +525,16 @@ impl Bucket {
     }
 }
 
-/// An object's key for what was told: its UID, or its name without one.
-fn told_key<K: Resource<DynamicType = ()>>(object: &K) -> String {
+/// The key of what was told of `topic` on an object: the topic and the
+/// object's UID (its name without one).
+fn told_key<K: Resource<DynamicType = ()>>(object: &K, topic: &str) -> String {
     let meta = object.meta();
-    meta.uid
-        .clone()
-        .or_else(|| meta.name.clone())
-        .unwrap_or_default()
+    let id = meta
+        .uid
+        .as_deref()
+        .or(meta.name.as_deref())
+        .unwrap_or_default();
+    format!("{topic}/{id}")
 }
 
 #[cfg(test)]

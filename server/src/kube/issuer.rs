@@ -50,7 +50,30 @@ pub struct IssueRequest<'a> {
     pub labels: BTreeMap<String, String>,
     /// Why autonode approves it (shown in `kubectl describe csr`).
     pub approval_message: String,
+    /// The certificate's lifetime (`spec.expirationSeconds`); the signer
+    /// gives at most its `--cluster-signing-duration`, at least 10 minutes.
+    pub lifetime: Duration,
 }
+
+/// How long the certificates of a join last.
+#[derive(Debug, Clone, Copy)]
+pub struct Lifetimes {
+    /// What a join asks for: bounded, so a certificate taken from a machine
+    /// (or from a join's answer) is not good for the signer's year; kubelet
+    /// renews at 70 to 90 % of it through the renewal approver.
+    pub join: Duration,
+    /// kube-controller-manager's `--cluster-signing-duration`: what a
+    /// certificate gets when its CSR asks for no lifetime, as kubelet's own
+    /// renewals do. The longest a node credential can last.
+    pub signing: Duration,
+}
+
+/// A join's certificates last a week unless `--join-certificate-lifetime`
+/// says otherwise: kubelet renews them after five or six days, which leaves
+/// a day or more to ride out an approver or EC2 outage.
+pub const DEFAULT_JOIN_LIFETIME: Duration = Duration::from_secs(7 * 24 * 3600);
+/// kube-controller-manager's default `--cluster-signing-duration` (8760h).
+pub const DEFAULT_SIGNING_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// A CSR object's name and UID, as a binding records it.
 pub fn reference(purpose: Purpose, csr: &CertificateSigningRequest) -> CsrRef {
@@ -237,6 +260,9 @@ impl Issuer {
                         .iter()
                         .map(|u| u.to_string())
                         .collect(),
+                ),
+                expiration_seconds: Some(
+                    i32::try_from(request.lifetime.as_secs()).unwrap_or(i32::MAX),
                 ),
                 ..Default::default()
             },

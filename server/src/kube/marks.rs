@@ -40,10 +40,14 @@ pub const BINDING: &str = "autonode.dev/binding";
 pub const BOOTSTRAP_FAILED: &str = "autonode.dev/bootstrap-failed";
 /// Milestones already reported on a NodeClaim (comma-separated).
 pub const REPORTED: &str = "autonode.dev/reported";
+/// When another instance last held the node name this NodeClaim's binding
+/// records (RFC 3339), written with a new binding when the joining replica
+/// knew of one (see `crate::kube::reuse`).
+pub const NAME_LAST_HELD: &str = "autonode.dev/name-last-held";
 
 /// Every annotation autonode writes on NodeClaims: the only ones it reads
 /// back, and only when [`keep_own`] finds them written by autonode.
-pub const NODECLAIM_MARKS: [&str; 3] = [BINDING, BOOTSTRAP_FAILED, REPORTED];
+pub const NODECLAIM_MARKS: [&str; 4] = [BINDING, BOOTSTRAP_FAILED, REPORTED, NAME_LAST_HELD];
 
 /// Labels on the CSR objects the join creates. Anyone who may create a CSR
 /// may set them too: they help operators find objects, and decide nothing.

@@ -18,3 +18,5 @@ pub mod metrics;
 pub mod nodeclaim;
 pub mod quantity;
 pub mod reason;
+pub mod reuse;
+pub mod told;

@@ -130,18 +130,22 @@ impl NodeClaims {
     /// Writes `value` (a serialized [`crate::kube::binding::Record`]; the binding
     /// owns its format) as `name`'s binding, and `reported` as its
     /// [`marks::REPORTED`] mark when given, only if the NodeClaim is still
-    /// at `resource_version` (the API server answers 409 otherwise).
+    /// at `resource_version` (the API server answers 409 otherwise), and
+    /// `held` as its [`marks::NAME_LAST_HELD`] mark when given.
     /// Returns the NodeClaim as written, with only autonode's own marks.
     pub async fn write_binding(
         &self,
         name: &str,
         resource_version: Option<&str>,
         value: &str,
-        reported: Option<&str>,
+        (reported, held): (Option<&str>, Option<&str>),
     ) -> Result<NodeClaim, kube::Error> {
         let mut annotations = serde_json::json!({ marks::BINDING: value });
         if let Some(reported) = reported {
             annotations[marks::REPORTED] = reported.into();
+        }
+        if let Some(held) = held {
+            annotations[marks::NAME_LAST_HELD] = held.into();
         }
         // A merge patch with metadata.resourceVersion is a precondition.
         let patch = serde_json::json!({

@@ -94,6 +94,10 @@ pub struct Instance {
     /// `x86_64` or `arm64`, as EC2 spells them.
     pub architecture: String,
     pub private_ip: Ipv4Addr,
+    /// Addresses besides the primary one: the first on the primary
+    /// interface (as the VPC CNI gives pods), the rest on a second
+    /// interface (device index 1). None by default.
+    pub secondary_ips: Vec<Ipv4Addr>,
     /// `ip-10-0-1-23.us-west-2.compute.internal` (`ec2.internal` in
     /// us-east-1), the name kubelet registers the node under.
     pub private_dns_name: String,
@@ -247,6 +251,7 @@ impl InstanceBuilder {
             instance_type: self.instance_type.unwrap_or_else(|| "m5.large".into()),
             architecture: self.architecture.unwrap_or_else(|| "x86_64".into()),
             private_ip,
+            secondary_ips: Vec::new(),
             local_hostname: private_dns_name.clone(),
             private_dns_name,
             mac: random_mac(),

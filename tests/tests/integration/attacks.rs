@@ -343,6 +343,7 @@ async fn approval_is_bound_to_the_uid_the_join_created() -> Result<()> {
         judged: &judged,
         labels: BTreeMap::new(),
         approval_message: "test".into(),
+        lifetime: autonode_server::kube::issuer::DEFAULT_JOIN_LIFETIME,
     };
     let created = issuer.create(&request).await?;
     let name = created.metadata.name.clone().context("no name")?;

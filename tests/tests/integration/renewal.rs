@@ -3,6 +3,7 @@
 
 use anyhow::{Context, Result};
 use autonode_server::controllers::approver::LOOKUP_BURST;
+use autonode_shared::protocol::JoinResponse;
 use autonode_tests::fakecloud::Instance;
 use autonode_tests::joiner::CsrShape;
 use autonode_tests::world::World;
@@ -138,14 +139,7 @@ async fn a_node_pointing_at_another_instance_is_left_pending() -> Result<()> {
     register(&x.client, &x.name, &x.provider_id()).await?;
     // ...X's machine goes away, and its Node and NodeClaim with it...
     let admin = world.cp.admin().await?;
-    world.cloud.terminate(&x.instance.instance_id);
-    Api::<Node>::all(admin.clone())
-        .delete(&x.name, &DeleteParams::default())
-        .await?;
-    autonode_tests::karpenter::nodeclaims(&admin)
-        .delete(&x.claim, &DeleteParams::default())
-        .await?;
-    await_node_gone(&admin, &x.name).await?;
+    x.goes_away(&world, &admin).await?;
     // ...and the attacker, as X, creates Node X again with Y's providerID.
     register(&x.client, &x.name, &y.provider_id())
         .await
@@ -167,7 +161,7 @@ async fn a_node_pointing_at_another_instance_is_left_pending() -> Result<()> {
     let admin: Api<CertificateSigningRequest> = Api::all(world.cp.admin().await?);
     for csr in [&as_y, &via_y] {
         let line = left_pending(&world, csr).await?;
-        assert!(line.contains("not_instance_name"), "{line}");
+        assert!(line.contains("not_its_node"), "{line}");
         assert!(undecided(&admin, csr).await?, "{csr} was decided");
     }
     Ok(())
@@ -188,24 +182,16 @@ async fn a_local_zone_nodes_serving_certificate_is_approved() -> Result<()> {
     })
     .await?;
     register(&x.client, &x.name, &x.provider_id()).await?;
-    let csrs: Api<CertificateSigningRequest> = Api::all(x.client.clone());
-    let lax = [
-        serving(&csrs, "serving-lax", &CsrShape::serving(&x.instance)).await?,
-        renewal(&csrs, "renew-lax", &x.name).await?,
-    ];
-    let admin: Api<CertificateSigningRequest> = Api::all(world.cp.admin().await?);
-    for csr in &lax {
-        issued(&admin, csr)
-            .await
-            .with_context(|| format!("{csr} was not approved and signed"))?;
-    }
-    Ok(())
+    own_csrs_are_issued(&world, &x, "lax").await
 }
 
 /// A node that makes CSRs one after another, each as soon as the last was
 /// approved. The old approver counted only undecided CSRs toward the cap,
 /// so it approved every one, and asked EC2 for every serving CSR. Now the
-/// cap counts recent approvals, and EC2 answers are cached and paced.
+/// cap counts recent approvals, and EC2 answers are cached and paced. The
+/// node's CSRs are found by an index, not a scan of every CSR, and its
+/// being over the cap is logged as a warning once, not once per CSR and
+/// look.
 #[tokio::test]
 async fn csrs_in_a_loop_get_at_most_the_cap_and_bounded_ec2_calls() -> Result<()> {
     const CAP: usize = 4;
@@ -253,7 +239,172 @@ async fn csrs_in_a_loop_get_at_most_the_cap_and_bounded_ec2_calls() -> Result<()
         calls <= u64::from(LOOKUP_BURST),
         "{calls} EC2 calls for {CSRS} CSRs"
     );
+    // The node's being over its cap is one warning, not one per CSR and
+    // look (each CSR's line is at debug).
+    let warned = world
+        .server
+        .log()
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("too_many_csrs"))
+        .count();
+    assert_eq!(warned, 1, "warnings that the node is over its cap");
     Ok(())
+}
+
+/// EC2 gives a terminated machine's private address, and with it its
+/// IP-based name, to a machine launched later in the subnet. The attacker
+/// kept node X's kubelet credential; X is terminated (its Node and
+/// NodeClaim deleted, Karpenter's part) and Y gets X's address, so EC2
+/// names it as X was named: Y joins and its kubelet registers the Node of
+/// that name. Nothing in a CSR says which machine's certificate made it, so
+/// the old approver approved, for X's credential, a client renewal (a fresh
+/// key, good for the signer's year) and a serving certificate for Y's name
+/// and address. Now the name is remembered as X's until every certificate
+/// X could hold has expired: the join marks Y's NodeClaim with it (read
+/// here after a restart has emptied the server's memory), both CSRs are
+/// left pending as `name_reused`, and Y's join certificates last the
+/// signer's full lifetime, so Y's kubelet works on until the window has
+/// passed. X's own join certificates had the bounded join lifetime.
+#[tokio::test]
+async fn a_dead_nodes_credential_gets_nothing_for_the_next_machine_with_its_name() -> Result<()> {
+    // The harness's signer signs for at most a day (its CA's own
+    // validity): the server is told so, and bounds joins to an hour.
+    const SIGNING: Duration = Duration::from_secs(24 * 3600);
+    const JOIN: Duration = Duration::from_secs(3600);
+    let world = World::start_with(&[
+        format!("--signing-duration={}", SIGNING.as_secs()),
+        format!("--join-certificate-lifetime={}", JOIN.as_secs()),
+    ])
+    .await?;
+    let (x, x_answer) = Joined::with_answer(&world, |i| i).await?;
+    register(&x.client, &x.name, &x.provider_id()).await?;
+    // kube-controller-manager backdates notBefore by 5 minutes.
+    let backdated = Duration::from_secs(5 * 60);
+    let bounded = lifetime(&x_answer.client_certificate)?;
+    assert_eq!(bounded, JOIN + backdated, "X's join certificate");
+
+    let admin = world.cp.admin().await?;
+    x.goes_away(&world, &admin).await?;
+
+    let (y, y_answer) = Joined::with_answer(&world, |i| Instance {
+        private_ip: x.instance.private_ip,
+        private_dns_name: x.instance.private_dns_name.clone(),
+        local_hostname: x.instance.local_hostname.clone(),
+        ..i
+    })
+    .await?;
+    assert_eq!(y.name, x.name, "EC2 gave Y X's name");
+    for certificate in [&y_answer.client_certificate, &y_answer.serving_certificate] {
+        let full = lifetime(certificate)?;
+        assert!(
+            full >= SIGNING,
+            "Y's join certificate lasts {full:?}: it would expire inside the window"
+        );
+    }
+    register(&y.client, &y.name, &y.provider_id()).await?;
+    // Forget what this server saw of X: only the mark on Y's NodeClaim is left.
+    world.server.restart().await?;
+
+    let as_x: Api<CertificateSigningRequest> = Api::all(x.client.clone());
+    let renewed = renewal(&as_x, "renew-dead", &x.name).await?;
+    let served = serving(&as_x, "serving-dead", &CsrShape::serving(&y.instance)).await?;
+    let csrs: Api<CertificateSigningRequest> = Api::all(admin.clone());
+    for csr in [&renewed, &served] {
+        let line = left_pending_within(&world, csr, Duration::from_secs(30)).await?;
+        assert!(line.contains("name_reused"), "{line}");
+        assert!(undecided(&csrs, csr).await?, "{csr} was decided");
+    }
+
+    // A machine whose name no one held before renews as always.
+    let z = Joined::new(&world, |i| i).await?;
+    register(&z.client, &z.name, &z.provider_id()).await?;
+    own_csrs_are_issued(&world, &z, "fresh-name").await
+}
+
+/// EC2's resource-based hostnames (`i-0123456789abcdef0.<region>.compute.internal`,
+/// the subnet's `private-dns-hostname-type-on-launch: resource-name`) are
+/// never given to another instance: docs/operations.md recommends them. A
+/// machine named so joins, and its kubelet's renewal and serving
+/// certificate are approved.
+#[tokio::test]
+async fn a_machine_named_after_its_instance_joins_and_renews() -> Result<()> {
+    let world = World::start().await?;
+    let x = Joined::new(&world, |i| {
+        let name = format!("{}.us-west-2.compute.internal", i.instance_id);
+        Instance {
+            private_dns_name: name.clone(),
+            local_hostname: name,
+            ..i
+        }
+    })
+    .await?;
+    assert!(x.name.starts_with("i-"), "{}", x.name);
+    register(&x.client, &x.name, &x.provider_id()).await?;
+    own_csrs_are_issued(&world, &x, "resource-name").await
+}
+
+/// Under the VPC CNI a node's interfaces carry pods' addresses: secondary
+/// addresses of its primary interface and of further interfaces. A serving
+/// certificate naming one would let the node answer as whatever has that
+/// address later. The old approver allowed every private address of every
+/// interface; now only the primary IPv4 (and primary IPv6) count.
+#[tokio::test]
+async fn a_serving_certificate_for_a_secondary_address_stays_pending() -> Result<()> {
+    let world = World::start().await?;
+    let secondary = [
+        Ipv4Addr::new(10, 251, 0, 7),
+        Ipv4Addr::new(10, 251, 1, 8),
+        Ipv4Addr::new(10, 251, 1, 9),
+    ];
+    let x = Joined::new(&world, |i| Instance {
+        secondary_ips: secondary.to_vec(),
+        ..i
+    })
+    .await?;
+    register(&x.client, &x.name, &x.provider_id()).await?;
+    let csrs: Api<CertificateSigningRequest> = Api::all(x.client.clone());
+    let admin: Api<CertificateSigningRequest> = Api::all(world.cp.admin().await?);
+    // On the primary interface, and the second interface's primary one.
+    for ip in &secondary[..2] {
+        let mut shape = CsrShape::serving(&x.instance);
+        shape.ips.push(IpAddr::V4(*ip));
+        let csr = serving(&csrs, "serving-secondary", &shape).await?;
+        let line = left_pending(&world, &csr).await?;
+        assert!(line.contains("serving"), "{line}");
+        assert!(undecided(&admin, &csr).await?, "{csr} for {ip} was decided");
+    }
+    let own = serving(&csrs, "serving-primary", &CsrShape::serving(&x.instance)).await?;
+    issued(&admin, &own)
+        .await
+        .with_context(|| format!("{own} was not approved and signed"))?;
+    Ok(())
+}
+
+/// `x`'s kubelet asks for a serving certificate and a client renewal of
+/// its own (names starting with `prefix`): both are approved and signed.
+async fn own_csrs_are_issued(world: &World, x: &Joined, prefix: &str) -> Result<()> {
+    let csrs: Api<CertificateSigningRequest> = Api::all(x.client.clone());
+    let serving_prefix = format!("serving-{prefix}");
+    let own = [
+        serving(&csrs, &serving_prefix, &CsrShape::serving(&x.instance)).await?,
+        renewal(&csrs, &format!("renew-{prefix}"), &x.name).await?,
+    ];
+    let admin: Api<CertificateSigningRequest> = Api::all(world.cp.admin().await?);
+    for csr in &own {
+        issued(&admin, csr)
+            .await
+            .with_context(|| format!("{csr} was not approved and signed"))?;
+    }
+    Ok(())
+}
+
+/// How long the PEM certificate `pem` is valid, from its notBefore.
+fn lifetime(pem: &str) -> Result<Duration> {
+    let (_, parsed) = x509_parser::pem::parse_x509_pem(pem.as_bytes())?;
+    let cert = parsed.parse_x509()?;
+    let validity = cert.validity();
+    let seconds = validity.not_after.timestamp() - validity.not_before.timestamp();
+    Ok(Duration::from_secs(u64::try_from(seconds)?))
 }
 
 /// A node that joined through autonode, with its kubelet's credential.
@@ -266,17 +417,39 @@ struct Joined {
 
 impl Joined {
     async fn new(world: &World, customise: impl FnOnce(Instance) -> Instance) -> Result<Self> {
+        Ok(Self::with_answer(world, customise).await?.0)
+    }
+
+    /// The node, and the join's answer (its certificates).
+    async fn with_answer(
+        world: &World,
+        customise: impl FnOnce(Instance) -> Instance,
+    ) -> Result<(Self, JoinResponse)> {
         let joined = world.join_new(customise).await?;
-        Ok(Self {
+        let node = Self {
             claim: joined.claim,
             instance: joined.instance,
-            name: joined.response.node_name,
+            name: joined.response.node_name.clone(),
             client: joined.client,
-        })
+        };
+        Ok((node, joined.response))
     }
 
     fn provider_id(&self) -> String {
         self.instance.provider_id()
+    }
+
+    /// The machine is terminated, and its Node and NodeClaim deleted
+    /// (Karpenter's part, played by `admin`).
+    async fn goes_away(&self, world: &World, admin: &kube::Client) -> Result<()> {
+        world.cloud.terminate(&self.instance.instance_id);
+        Api::<Node>::all(admin.clone())
+            .delete(&self.name, &DeleteParams::default())
+            .await?;
+        autonode_tests::karpenter::nodeclaims(admin)
+            .delete(&self.claim, &DeleteParams::default())
+            .await?;
+        await_node_gone(admin, &self.name).await
     }
 }
 
@@ -313,7 +486,14 @@ async fn foreign_renewal(
 
 /// The server's log line saying `csr` was left pending, once there is one.
 async fn left_pending(world: &World, csr: &str) -> Result<String> {
-    for _ in 0..100 {
+    left_pending_within(world, csr, Duration::from_secs(10)).await
+}
+
+/// Like [`left_pending`], waiting up to `timeout` (a restarted server
+/// lists and leads first).
+async fn left_pending_within(world: &World, csr: &str, timeout: Duration) -> Result<String> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    while tokio::time::Instant::now() < deadline {
         let found = world
             .server
             .log()

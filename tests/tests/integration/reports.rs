@@ -237,6 +237,53 @@ async fn one_nodes_flood_of_signed_reports_leaves_other_nodes_reports_working() 
     Ok(())
 }
 
+/// Anyone holding a machine's identity document may attach a proof, signed
+/// by any key, to its reports before the machine is bound. The old server
+/// read the NodeClaim from the API server for each such report (to settle
+/// a race with the join's binding), outside the join's caps: a flood of
+/// reports was a flood of GETs. Now one instance's reports cause at most
+/// `UNBOUND_READ_BURST` reads before its budget refills.
+#[tokio::test]
+async fn a_flood_of_reports_for_an_unbound_machine_makes_few_api_reads() -> Result<()> {
+    const REPORTS: u64 = 40;
+    let world = World::start().await?;
+    let (_claim, instance) = world.launch(|i| i).await?;
+    let stranger = KeyPair::generate()?;
+    let before = nodeclaim_gets(&world).await?;
+    for _ in 0..REPORTS {
+        send_report(&world, &instance, Outcome::Retrying, Some(&stranger)).await?;
+    }
+    let reads = nodeclaim_gets(&world).await? - before;
+    let burst = u64::from(autonode_server::front::report::UNBOUND_READ_BURST);
+    ensure!(
+        reads <= burst,
+        "{reads} GETs of NodeClaims for {REPORTS} reports"
+    );
+    Ok(())
+}
+
+/// GETs of single NodeClaims the API server has served so far (its
+/// `apiserver_request_total`).
+async fn nodeclaim_gets(world: &World) -> Result<u64> {
+    let admin = world.cp.admin().await?;
+    let request = http::Request::get("/metrics").body(Vec::new())?;
+    let text = admin.request_text(request).await?;
+    let mut total = 0;
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+    {
+        let ours = line.contains("resource=\"nodeclaims\"")
+            && line.contains("verb=\"GET\"")
+            && line.contains("scope=\"resource\"");
+        if ours {
+            let value = line.rsplit(' ').next().unwrap_or_default();
+            total += value.parse::<f64>().context("a counter's value")? as u64;
+        }
+    }
+    Ok(total)
+}
+
 /// A machine whose agent has joined: its instance is bound to `keys.client`.
 struct Joined {
     claim: String,

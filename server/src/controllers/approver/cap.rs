@@ -8,17 +8,17 @@ use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use kube::ResourceExt;
 
 /// CSRs from the same requester that count toward its cap, this one
-/// excluded.
+/// excluded: from the requester's own entries in the index, not a scan.
 pub(super) fn counted_toward_cap(ctx: &Context, csr: &CertificateSigningRequest) -> usize {
     let now = unix_now();
-    ctx.csr_stores
+    let Some(user) = csr.spec.username.as_deref() else {
+        return 0;
+    };
+    ctx.by_node
+        .of(user, &ctx.csr_stores)
         .iter()
-        .map(|store| {
-            store
-                .state_filter(|other| counts_toward_cap(other, csr, now))
-                .len()
-        })
-        .sum()
+        .filter(|other| counts_toward_cap(other, csr, now))
+        .count()
 }
 
 /// Whether `other` counts toward `csr`'s requester's cap at `now` (Unix

@@ -19,12 +19,6 @@ pub enum Decline {
     NoNodeClaim(String),
     #[error("{count} NodeClaims have providerID {provider_id}")]
     ManyNodeClaims { provider_id: String, count: usize },
-    #[error("NodeClaim {nodeclaim} is for node {claimed}, not {node}")]
-    OtherNode {
-        nodeclaim: String,
-        claimed: String,
-        node: String,
-    },
     #[error("NodeClaim {0} is not bound by autonode")]
     NotBound(String),
     #[error("NodeClaim {nodeclaim}: {source}")]
@@ -32,12 +26,26 @@ pub enum Decline {
         nodeclaim: String,
         source: Unreadable,
     },
-    #[error("NodeClaim {nodeclaim} is bound to instance {bound}, node {node} names {named}")]
-    OtherInstance {
+    /// [`crate::kube::binding::is_its_node`] says no.
+    #[error(
+        "node {node} (providerID {provider_id}) is not NodeClaim {nodeclaim}'s: it is bound to \
+         instance {bound} as node {bound_name}"
+    )]
+    NotItsNode {
+        node: String,
+        provider_id: String,
         nodeclaim: String,
         bound: String,
-        named: String,
+        bound_name: String,
+    },
+    #[error(
+        "another instance held the name {node} until {last_held}: a certificate issued to it \
+         may be valid until {until}, and nothing in a CSR tells its machine from this one"
+    )]
+    NameReused {
         node: String,
+        last_held: String,
+        until: String,
     },
     #[error("node {node} is not instance {instance_id}'s name ({according_to} says {name:?})")]
     NotItsName {
@@ -81,10 +89,10 @@ impl Decline {
             Self::NoProviderId(_) => "no_provider_id",
             Self::NoNodeClaim(_) => "no_nodeclaim",
             Self::ManyNodeClaims { .. } => "many_nodeclaims",
-            Self::OtherNode { .. } => "nodeclaim_other_node",
             Self::NotBound(_) => "not_bound",
             Self::UnreadableBinding { .. } => "unreadable_binding",
-            Self::OtherInstance { .. } => "bound_other_instance",
+            Self::NotItsNode { .. } => "not_its_node",
+            Self::NameReused { .. } => "name_reused",
             Self::NotItsName { .. } => "not_instance_name",
             Self::NotLive { .. } => "instance_not_live",
             Self::Csr(e) => e.reason(),

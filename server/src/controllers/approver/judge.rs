@@ -3,11 +3,13 @@
 
 use super::cap::counted_toward_cap;
 use super::decline::Decline;
-use super::{Context, RECENT_WINDOW};
+use super::{over_cap_key, Context, RECENT_WINDOW};
 use crate::kube::binding;
 use crate::kube::karpenter::{parse_aws_provider_id, NodeClaim};
+use crate::kube::reuse;
 use autonode_shared::csr::{self, Purpose};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::jiff::Timestamp;
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 use std::sync::Arc;
@@ -33,6 +35,8 @@ pub(super) async fn judge(
             window_minutes: RECENT_WINDOW.as_secs() / 60,
         });
     }
+    // Under the cap again: a later excess is told anew.
+    ctx.told.clear(&over_cap_key(node));
     let node_obj = ctx
         .nodes
         .get(&ObjectRef::new(node))
@@ -45,7 +49,18 @@ pub(super) async fn judge(
     let (_zone, instance_id) = parse_aws_provider_id(&provider_id)
         .ok_or_else(|| Decline::NoProviderId(node.to_string()))?;
     let claims = ctx.settings.claims.by_provider_id(&provider_id);
-    let region = bound_region(claims, &provider_id, instance_id, node)?;
+    let (claim, record) = bound_claim(claims, &provider_id)?;
+    if !binding::is_its_node(&claim, &record, &node_obj) {
+        return Err(Decline::NotItsNode {
+            node: node.to_string(),
+            provider_id,
+            nodeclaim: claim.name_any(),
+            bound: record.instance_id,
+            bound_name: record.node_name,
+        });
+    }
+    not_reused(ctx, &claim, node, instance_id)?;
+    let region = record.region;
     let parsed = csr::parse_csr(&csr.spec.request.0)?;
     csr::check_usages(
         csr.spec.usages.as_deref().unwrap_or_default(),
@@ -70,15 +85,13 @@ pub(super) async fn judge(
     Ok(())
 }
 
-/// The region of the instance behind `provider_id`, from the binding on its
-/// one NodeClaim (`claims` are those with that providerID), once that
-/// NodeClaim is shown to be `node`'s.
-pub(super) fn bound_region(
+/// The one NodeClaim of the instance behind `provider_id` (`claims` are
+/// those with that providerID) and the binding autonode recorded on it;
+/// whether it is the Node's is [`binding::is_its_node`]'s to say.
+pub(super) fn bound_claim(
     mut claims: Vec<Arc<NodeClaim>>,
     provider_id: &str,
-    instance_id: &str,
-    node: &str,
-) -> Result<String, Decline> {
+) -> Result<(Arc<NodeClaim>, binding::Record), Decline> {
     let claim = match claims.len() {
         1 => claims.pop(),
         0 => None,
@@ -91,32 +104,38 @@ pub(super) fn bound_region(
     }
     .ok_or_else(|| Decline::NoNodeClaim(provider_id.to_string()))?;
     let nodeclaim = claim.name_any();
-    if let Some(claimed) = claim.status.as_ref().and_then(|s| s.node_name.as_deref()) {
-        if claimed != node {
-            return Err(Decline::OtherNode {
-                nodeclaim,
-                claimed: claimed.to_string(),
-                node: node.to_string(),
-            });
-        }
+    match binding::recorded(&claim) {
+        Ok(Some(record)) => Ok((claim, record)),
+        Ok(None) => Err(Decline::NotBound(nodeclaim)),
+        Err(source) => Err(Decline::UnreadableBinding { nodeclaim, source }),
     }
-    let record = match binding::recorded(&claim) {
-        Ok(Some(record)) => record,
-        Ok(None) => return Err(Decline::NotBound(nodeclaim)),
-        Err(source) => return Err(Decline::UnreadableBinding { nodeclaim, source }),
+}
+
+/// Refuses while another instance than `instance_id` held the name `node`
+/// within a certificate's lifetime (see [`crate::kube::reuse`]): a
+/// credential issued to that instance may still be valid, and nothing in
+/// a CSR says which of the two machines made it.
+fn not_reused(
+    ctx: &Context,
+    claim: &NodeClaim,
+    node: &str,
+    instance_id: &str,
+) -> Result<(), Decline> {
+    let now = Timestamp::now();
+    let remembered = reuse::last_held_by_others(&ctx.settings.claims, node, instance_id, now);
+    let held = remembered.max(reuse::marked(claim).filter(|_| reuse::is_ip_based(node)));
+    let Some(held) = held else {
+        return Ok(());
     };
-    if record.instance_id != instance_id {
-        return Err(Decline::OtherInstance {
-            nodeclaim,
-            bound: record.instance_id,
-            named: instance_id.to_string(),
-            node: node.to_string(),
-        });
+    let until = reuse::window_end(held, ctx.settings.signing_duration);
+    if until <= now {
+        return Ok(());
     }
-    // What EC2 said at join time; EC2 is asked again below, but a node that
-    // fails here need not cost a call.
-    its_name(node, instance_id, "the binding", &record.node_name)?;
-    Ok(record.region)
+    Err(Decline::NameReused {
+        node: node.to_string(),
+        last_held: held.to_string(),
+        until: until.to_string(),
+    })
 }
 
 /// Whether `node` is `name`, the name `according_to` gives `instance_id`.

@@ -30,6 +30,7 @@
 //! [`LOOKUP_BURST`] (the account's EC2 API budget is Karpenter's too).
 mod cap;
 mod decline;
+mod index;
 mod judge;
 mod reconcile;
 mod store;
@@ -43,8 +44,10 @@ use crate::kube::approval::ApprovalError;
 use crate::kube::limiter::Limiter;
 use crate::kube::metrics::Metrics;
 use crate::kube::nodeclaim::NodeClaims;
+use crate::kube::told::Told;
 use autonode_shared::csr::{self, Purpose};
 use futures::{Stream, StreamExt};
+use index::ByNode;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::controller::{self, applier, trigger_self, Action};
@@ -85,6 +88,9 @@ pub const LOOKUP_PERIOD: Duration = Duration::from_secs(30);
 pub const LIMITER_CAPACITY: usize = 10_000;
 /// The most usages a kubelet CSR is kept with: a kubelet asks for three.
 pub const MAX_USAGES: usize = 16;
+/// CSRs and nodes whose standing warning is remembered at most (see
+/// [`Told`]).
+const TOLD_CAPACITY: usize = 10_000;
 /// When to look at a CSR left pending again: its node or NodeClaim may
 /// appear, or an older CSR drop out of the cap's window.
 const RETRY_DECLINED: Duration = Duration::from_secs(30);
@@ -96,6 +102,9 @@ pub struct Settings {
     pub ec2: Arc<dyn InstanceLookup>,
     pub metrics: Metrics,
     pub pending_cap: usize,
+    /// kube-controller-manager's `--cluster-signing-duration`: how long a
+    /// reused node name's CSRs are left pending (see [`crate::kube::reuse`]).
+    pub signing_duration: Duration,
 }
 
 /// What each reconcile sees.
@@ -105,6 +114,11 @@ struct Context {
     /// The controller's own view of the kubelet signers' CSRs, one store
     /// per signer (for the cap).
     csr_stores: [Store<CertificateSigningRequest>; 2],
+    /// Those CSRs by requester, kept from the watches' changes.
+    by_node: ByNode,
+    /// Standing reasons already logged as warnings: per CSR its reason for
+    /// being left pending, per node being over its cap.
+    told: Told,
     /// EC2 answers, reused for [`LOOKUP_TTL`].
     lookups: LookupCache,
     /// Real EC2 lookups per node.
@@ -139,6 +153,8 @@ pub async fn run(client: Client, settings: Settings, nodes: Store<Node>) {
         csrs,
         nodes,
         csr_stores: [client_store.clone(), serving_store.clone()],
+        by_node: ByNode::default(),
+        told: Told::new(TOLD_CAPACITY),
         lookups: LookupCache::new(settings.ec2.clone(), LOOKUP_TTL, LOOKUP_CACHE_CAPACITY),
         limiter: Limiter::new(LOOKUP_BURST, LOOKUP_PERIOD, LIMITER_CAPACITY),
         settings,
@@ -150,8 +166,8 @@ pub async fn run(client: Client, settings: Settings, nodes: Store<Node>) {
         ],
         ctx.settings.metrics.clone(),
     );
-    let client_side = judging(client_store, client_csrs, ctx.clone());
-    let serving_side = judging(serving_store, serving_csrs, ctx);
+    let client_side = judging((0, client_store), client_csrs, ctx.clone());
+    let serving_side = judging((1, serving_store), serving_csrs, ctx);
     let judge = futures::stream::select(client_side, serving_side).for_each(|result| {
         if let Err(error) = result {
             tracing::debug!(%error, "kubelet CSR approver");
@@ -166,12 +182,20 @@ pub async fn run(client: Client, settings: Settings, nodes: Store<Node>) {
     }
 }
 
-/// Reconciles every CSR `csrs` brings, reading it from `store`.
+/// Reconciles every CSR `csrs` brings, reading it from `store` (the one
+/// at `signer` in [`Context::csr_stores`]), and keeps the index by node.
 fn judging(
-    store: Store<CertificateSigningRequest>,
+    (signer, store): (usize, Store<CertificateSigningRequest>),
     csrs: impl Stream<Item = Result<Arc<CertificateSigningRequest>, Infallible>> + Send + 'static,
     ctx: Arc<Context>,
 ) -> impl Stream<Item = Result<(), String>> {
+    let indexing = (ctx.clone(), store.clone());
+    let csrs = csrs.inspect(move |csr| {
+        let (ctx, store) = &indexing;
+        if let Ok(csr) = csr {
+            ctx.by_node.observe(signer, csr, store);
+        }
+    });
     applier(
         |csr, ctx| Box::pin(reconcile::reconcile(csr, ctx)),
         error_policy,
@@ -186,6 +210,11 @@ fn judging(
 fn error_policy(_csr: Arc<CertificateSigningRequest>, error: &Error, _ctx: Arc<Context>) -> Action {
     tracing::warn!(%error, "approver reconcile failed; retrying");
     Action::requeue(Duration::from_secs(5))
+}
+
+/// The key under which a node's being over its cap is told.
+pub(super) fn over_cap_key(node: &str) -> String {
+    format!("node/{node}")
 }
 
 pub(super) fn kind_label(purpose: Purpose) -> &'static str {

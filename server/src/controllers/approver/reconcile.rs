@@ -1,9 +1,10 @@
 //! One reconcile of a kubelet CSR: whether it is one to judge, the
 //! judgement, and the approval or the CSR left pending, counted and logged.
 
+use super::decline::Decline;
 use super::judge::judge;
 use super::store::decided;
-use super::{kind_label, Context, Error};
+use super::{kind_label, over_cap_key, Context, Error};
 use crate::kube::approval::{self, ApprovalError};
 use crate::kube::metrics::{KindLabels, LeftPendingLabels};
 use crate::kube::reason::Reason;
@@ -31,6 +32,8 @@ pub(super) async fn reconcile(
                 .approvals
                 .get_or_create(&KindLabels { kind })
                 .inc();
+            ctx.told.clear(&csr.name_any());
+            ctx.told.clear(&over_cap_key(&node));
             tracing::info!(csr = %csr.name_any(), %node, kind, "kubelet CSR approved");
             Ok(Action::await_change())
         }
@@ -46,11 +49,27 @@ pub(super) async fn reconcile(
                 .csr_left_pending
                 .get_or_create(&LeftPendingLabels { kind, reason })
                 .inc();
-            tracing::warn!(csr = %csr.name_any(), %node, kind, reason, detail = %decline, "kubelet CSR left pending");
+            tell(&ctx, &csr.name_any(), &node, (kind, &decline));
             Ok(decline
                 .retry_in()
                 .map_or_else(Action::await_change, Action::requeue))
         }
+    }
+}
+
+/// Logs why `csr` was left pending: as a warning when the reason is new
+/// for it, and a node's being over its cap once for the node, not per CSR
+/// and look; at debug otherwise (the metric counts every time).
+fn tell(ctx: &Context, csr: &str, node: &str, (kind, decline): (&str, &Decline)) {
+    let reason = decline.reason();
+    let first = match decline {
+        Decline::TooMany { .. } => ctx.told.first(&over_cap_key(node), reason),
+        _ => ctx.told.first(csr, reason),
+    };
+    if first {
+        tracing::warn!(%csr, %node, kind, reason, detail = %decline, "kubelet CSR left pending");
+    } else {
+        tracing::debug!(%csr, %node, kind, reason, detail = %decline, "kubelet CSR left pending");
     }
 }
 

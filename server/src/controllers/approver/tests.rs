@@ -1,7 +1,8 @@
 use super::cap::counts_toward_cap;
-use super::judge::bound_region;
+use super::judge::bound_claim;
 use super::store::{approved, decided};
 use super::*;
+use crate::kube::binding;
 use crate::kube::karpenter::NodeClaim;
 use crate::kube::marks;
 use serde_json::json;
@@ -164,37 +165,23 @@ fn record(instance_id: &str, node_name: &str) -> serde_json::Value {
     })
 }
 
-fn region_for(claims: Vec<Arc<NodeClaim>>) -> Result<String, Decline> {
-    bound_region(claims, PID, ID, NODE)
+fn bound(claims: Vec<Arc<NodeClaim>>) -> Result<binding::Record, Decline> {
+    bound_claim(claims, PID).map(|(_, record)| record)
 }
 
 #[test]
 fn the_region_comes_from_the_binding_not_the_zone() {
-    let bound = claim(None, Some(record(ID, NODE)));
-    assert_eq!(region_for(vec![bound.clone()]).unwrap(), "us-west-2");
-    let registered = claim(Some(NODE), Some(record(ID, NODE)));
-    assert_eq!(region_for(vec![registered]).unwrap(), "us-west-2");
+    let bound_claim = claim(None, Some(record(ID, NODE)));
+    assert_eq!(bound(vec![bound_claim]).unwrap().region, "us-west-2");
 }
 
 #[test]
-fn the_nodeclaim_must_be_one_bound_and_this_nodes() {
-    let reason = |claims| region_for(claims).unwrap_err().reason();
+fn the_nodeclaim_must_be_one_and_bound() {
+    let reason = |claims| bound(claims).unwrap_err().reason();
     let good = claim(None, Some(record(ID, NODE)));
     assert_eq!(reason(vec![]), "no_nodeclaim");
     assert_eq!(reason(vec![good.clone(), good]), "many_nodeclaims");
     assert_eq!(reason(vec![claim(None, None)]), "not_bound");
-    assert_eq!(
-        reason(vec![claim(Some("ip-10-9-9-9"), Some(record(ID, NODE)))]),
-        "nodeclaim_other_node"
-    );
-    assert_eq!(
-        reason(vec![claim(None, Some(record("i-1234abcd", NODE)))]),
-        "bound_other_instance"
-    );
-    assert_eq!(
-        reason(vec![claim(None, Some(record(ID, "ip-10-9-9-9")))]),
-        "not_instance_name"
-    );
     assert_eq!(
         reason(vec![claim(None, Some(json!("not a record")))]),
         "unreadable_binding"

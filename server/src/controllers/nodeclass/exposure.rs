@@ -4,7 +4,6 @@
 use super::{Context, HOP_LIMIT};
 use crate::kube::karpenter::{Ec2NodeClass, Ec2NodeClassSpec};
 use crate::kube::reason::Reason;
-use std::sync::PoisonError;
 
 /// What of `spec.metadataOptions` lets a pod on the class's nodes read IMDS
 /// (empty: nothing). Absent keys are Karpenter's defaults, which are safe.
@@ -25,23 +24,23 @@ pub fn exposures(spec: &Ec2NodeClassSpec) -> Vec<String> {
     found
 }
 
+/// What [`Events::is_news`](crate::kube::events::Events::is_news) tells once
+/// per change: the ways a class exposes IMDS to pods.
+const EXPOSED_TOPIC: &str = "instance-metadata-exposed";
+
 impl Context {
     /// Logs and records a Warning Event when `class` exposes IMDS to pods
     /// and that exposure was not already reported.
     pub(super) fn warn_exposures(&self, class: &Ec2NodeClass, name: &str) {
         let found = exposures(&class.spec);
-        let mut warned = self.warned.lock().unwrap_or_else(PoisonError::into_inner);
         if found.is_empty() {
-            warned.remove(name);
+            self.settings.events.settled(class, EXPOSED_TOPIC);
             return;
         }
         let found = found.join("; ");
-        let key = format!("{}/{found}", class.metadata.uid.as_deref().unwrap_or(""));
-        if warned.get(name) == Some(&key) {
+        if !self.settings.events.is_news(class, EXPOSED_TOPIC, &found) {
             return;
         }
-        warned.insert(name.to_string(), key);
-        drop(warned);
         tracing::warn!(
             nodeclass = %name,
             exposures = %found,

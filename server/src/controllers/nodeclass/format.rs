@@ -6,7 +6,6 @@ use crate::controllers::nodeclass::userdata::{Format, UnknownFormat, FORMAT_ANNO
 use crate::kube::karpenter::Ec2NodeClass;
 use crate::kube::reason::Reason;
 use kube::ResourceExt;
-use std::sync::PoisonError;
 
 /// The userData format `class` asks for with [`FORMAT_ANNOTATION`], as
 /// the class is now: [`Format::Toml`] when it is absent, an error naming
@@ -21,6 +20,10 @@ pub fn format_of(class: &Ec2NodeClass) -> Result<Format, UnknownFormat> {
     }
 }
 
+/// What [`Events::is_news`](crate::kube::events::Events::is_news) tells once
+/// per value: an unknown format annotation.
+const FORMAT_UNKNOWN_TOPIC: &str = "userdata-format-unknown";
+
 impl Context {
     /// The format `class` is kept in. An annotation naming no format is
     /// ignored, with a warning once per value: the class keeps the
@@ -28,28 +31,21 @@ impl Context {
     /// never stops the upkeep, or whoever may edit the class could keep
     /// their own userData, AMI and metadata options by adding a bad value.
     pub(super) fn format_of(&self, class: &Ec2NodeClass, name: &str) -> Format {
-        let mut refused = self
-            .refused_format
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
         let unknown = match format_of(class) {
             Ok(format) => {
-                refused.remove(name);
+                self.settings.events.settled(class, FORMAT_UNKNOWN_TOPIC);
                 return format;
             }
             Err(unknown) => unknown,
         };
         let format = self.format_kept(class);
-        let key = format!(
-            "{}/{}",
-            class.metadata.uid.as_deref().unwrap_or(""),
-            unknown.0
-        );
-        if refused.get(name) == Some(&key) {
+        if !self
+            .settings
+            .events
+            .is_news(class, FORMAT_UNKNOWN_TOPIC, &unknown.0)
+        {
             return format;
         }
-        refused.insert(name.to_string(), key);
-        drop(refused);
         tracing::warn!(
             nodeclass = %name,
             annotation = FORMAT_ANNOTATION,

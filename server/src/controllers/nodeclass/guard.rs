@@ -77,7 +77,6 @@ impl Context {
         let teller = rollout::tell::Teller {
             events: &self.settings.events,
             metrics: &self.settings.metrics,
-            standing: &self.standing,
             settings: self.settings.rollout,
         };
         teller.announce(class, name, plan);

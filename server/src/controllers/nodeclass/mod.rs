@@ -156,22 +156,13 @@ pub enum Error {
 struct Context {
     api: Api<Ec2NodeClass>,
     settings: Settings,
-    /// Per class name, the exposure last warned about (with the class's
-    /// uid), so a class is warned about once per change, not every resync.
-    warned: Mutex<HashMap<String, String>>,
     /// Per class name, the resourceVersion its last handover wrote. That
     /// version is followed at once by autonode's own apply, but its watch
     /// event wakes the class again: read from a store that has not seen the
     /// apply yet, it would look released again and be written twice.
     handed_over: Mutex<HashMap<String, String>>,
-    /// Per class name, the unknown format last warned about (with the
-    /// class's uid), so it is warned about once per value, not every resync.
-    refused_format: Mutex<HashMap<String, String>>,
     /// The NodeClaims the rollout guard judges (the join path's cache).
     claims: NodeClaims,
-    /// Per class name, the standing rollout note last told (held, refusing,
-    /// with the class's uid), so it is told once, not every resync.
-    standing: Mutex<HashMap<String, String>>,
 }
 
 impl Settings {
@@ -201,11 +192,8 @@ pub async fn run(client: Client, settings: Settings, claims: NodeClaims) {
     let ctx = Arc::new(Context {
         api: api.clone(),
         settings,
-        warned: Mutex::new(HashMap::new()),
         handed_over: Mutex::new(HashMap::new()),
-        refused_format: Mutex::new(HashMap::new()),
         claims: claims.clone(),
-        standing: Mutex::new(HashMap::new()),
     });
     // A cache, not kube-runtime's Controller: it lists again after a
     // failed watch (see `crate::kube::cache`), and runs only while polled here.

@@ -84,36 +84,43 @@ fn instance(item: Node) -> Result<Ec2Instance, LookupError> {
     })
 }
 
-/// The primary private IPv4, then each interface's private IPv4s and IPv6
-/// addresses, in EC2's order, each once.
+/// The addresses that are the node's own: the instance's primary private
+/// IPv4 and its primary IPv6, if it has one (the instance's `ipv6Address`,
+/// else the primary interface's IPv6 marked `isPrimaryIpv6`, else its
+/// first). Never the other addresses of its interfaces: under the VPC CNI
+/// the secondary IPv4s of every interface are pods' addresses, and a node
+/// can assign and unassign such addresses itself, so a serving certificate
+/// naming them would let the node (or a pod's owner) stand in for
+/// whatever later has that address. kubelet reports only these as node
+/// addresses (`--node-ip`), so its serving CSRs ask for no more.
 fn addresses(item: Node) -> Result<Vec<IpAddr>, LookupError> {
     let mut texts: Vec<&str> = Vec::new();
     texts.extend(text(item, &["privateIpAddress"]));
-    texts.extend(text(item, &["ipv6Address"]));
-    let interfaces = child(item, "networkInterfaceSet")
+    let primary_interface = child(item, "networkInterfaceSet")
         .into_iter()
-        .flat_map(|set| children(set, "item"));
-    for interface in interfaces {
-        texts.extend(text(interface, &["privateIpAddress"]));
-        let private = child(interface, "privateIpAddressesSet")
+        .flat_map(|set| children(set, "item"))
+        .find(|i| text(*i, &["attachment", "deviceIndex"]) == Some("0"));
+    let interface_ipv6 = || {
+        let ipv6: Vec<Node> = primary_interface
+            .and_then(|i| child(i, "ipv6AddressesSet"))
             .into_iter()
-            .flat_map(|s| children(s, "item"));
-        texts.extend(private.filter_map(|a| text(a, &["privateIpAddress"])));
-        let ipv6 = child(interface, "ipv6AddressesSet")
-            .into_iter()
-            .flat_map(|s| children(s, "item"));
-        texts.extend(ipv6.filter_map(|a| text(a, &["ipv6Address"])));
-    }
-    let mut ips: Vec<IpAddr> = Vec::new();
-    for t in texts {
-        let ip: IpAddr = t
-            .parse()
-            .map_err(|_| malformed(format!("bad address {t:?}")))?;
-        if !ips.contains(&ip) {
-            ips.push(ip);
-        }
-    }
-    Ok(ips)
+            .flat_map(|s| children(s, "item"))
+            .collect();
+        let marked = ipv6
+            .iter()
+            .find(|a| text(**a, &["isPrimaryIpv6"]) == Some("true"));
+        marked
+            .or(ipv6.first())
+            .and_then(|a| text(*a, &["ipv6Address"]))
+    };
+    texts.extend(text(item, &["ipv6Address"]).or_else(interface_ipv6));
+    texts
+        .into_iter()
+        .map(|t| {
+            t.parse()
+                .map_err(|_| malformed(format!("bad address {t:?}")))
+        })
+        .collect()
 }
 
 /// `tagSet/item/{key,value}`; AWS leaves `tagSet` out when there are none.

@@ -135,16 +135,10 @@ fn running_instance_with_every_address() {
         .iter()
         .map(ToString::to_string)
         .collect();
-    // Public addresses (ipAddress, association/publicIp) are not the node's.
-    assert_eq!(
-        ips,
-        [
-            "10.0.1.23",
-            "10.0.1.24",
-            "2600:1f14:abc:de00::17",
-            "10.0.2.99"
-        ]
-    );
+    // Public addresses (ipAddress, association/publicIp) are not the node's,
+    // nor the secondary addresses of its interfaces (pods' under the VPC
+    // CNI): the primary IPv4 and the primary interface's IPv6 only.
+    assert_eq!(ips, ["10.0.1.23", "2600:1f14:abc:de00::17"]);
     let tags: Vec<(&str, &str)> = instance
         .tags
         .iter()
@@ -158,6 +152,44 @@ fn running_instance_with_every_address() {
             ("note", "a<b & c")
         ]
     );
+}
+
+#[test]
+fn the_primary_ipv6_is_the_instances_or_the_one_marked_primary() {
+    let ips = |xml: &str| -> Vec<String> {
+        let instance = parse(xml).expect("parses").expect("holds the instance");
+        instance
+            .private_ips
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    };
+    let two = RUNNING.replace(
+        "<item><ipv6Address>2600:1f14:abc:de00::17</ipv6Address></item>",
+        "<item><ipv6Address>2600:1f14:abc:de00::17</ipv6Address></item>\
+         <item><ipv6Address>2600:1f14:abc:de00::18</ipv6Address><isPrimaryIpv6>true</isPrimaryIpv6></item>",
+    );
+    assert_eq!(ips(&two), ["10.0.1.23", "2600:1f14:abc:de00::18"]);
+    let instance_level = RUNNING.replace(
+        "<ipAddress>54.0.0.1</ipAddress>",
+        "<ipAddress>54.0.0.1</ipAddress><ipv6Address>2600:1f14:abc:de00::99</ipv6Address>",
+    );
+    assert_ne!(instance_level, RUNNING, "the fixture changed");
+    assert_eq!(
+        ips(&instance_level),
+        ["10.0.1.23", "2600:1f14:abc:de00::99"]
+    );
+    // A second interface's addresses never count, IPv6 included.
+    let only_second = RUNNING.replace(
+        "<item><ipv6Address>2600:1f14:abc:de00::17</ipv6Address></item>",
+        "",
+    );
+    let only_second = only_second.replacen(
+        "<ipv6AddressesSet/>",
+        "<ipv6AddressesSet><item><ipv6Address>2600:1f14:abc:de00::20</ipv6Address></item></ipv6AddressesSet>",
+        1,
+    );
+    assert_eq!(ips(&only_second), ["10.0.1.23"]);
 }
 
 #[test]
@@ -196,7 +228,7 @@ fn unreadable_responses_are_malformed() {
             "{xml:?}"
         );
     }
-    let bad_ip = RUNNING.replace("10.0.1.24", "10.0.1.300");
+    let bad_ip = RUNNING.replace("2600:1f14:abc:de00::17", "2600:1f14:abc:de00::zz");
     assert!(matches!(parse(&bad_ip), Err(LookupError::Malformed(_))));
     let no_state = TERMINATED.replace("<name>terminated</name>", "");
     assert!(matches!(parse(&no_state), Err(LookupError::Malformed(_))));

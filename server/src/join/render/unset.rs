@@ -13,39 +13,6 @@
 use crate::kube::events::Events;
 use crate::kube::karpenter::{Ec2NodeClass, KubeletSpec};
 use crate::kube::reason::Reason;
-use std::collections::BTreeMap;
-use std::sync::{Mutex, PoisonError};
-
-/// Classes remembered before the memory is cleared (each class then warns
-/// once more at its next join): far more than a cluster has.
-const REMEMBERED: usize = 4096;
-
-/// The generation each class (by UID) was last warned about, in this
-/// process: every join renders, and the joins of one class must not each
-/// warn.
-static WARNED: Warned = Warned::new();
-
-/// Which class generations were warned about.
-struct Warned(Mutex<BTreeMap<String, i64>>);
-
-impl Warned {
-    const fn new() -> Self {
-        Warned(Mutex::new(BTreeMap::new()))
-    }
-
-    /// Whether `generation` of the class `key` is new here; remembers it.
-    fn first(&self, key: &str, generation: i64) -> bool {
-        let mut warned = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        if warned.get(key) == Some(&generation) {
-            return false;
-        }
-        if warned.len() >= REMEMBERED {
-            warned.clear();
-        }
-        warned.insert(key.to_string(), generation);
-        true
-    }
-}
 
 /// The `spec.kubelet` fields whose absence makes nodes differ from
 /// Karpenter's plan, as the operator would write them.
@@ -97,8 +64,9 @@ pub fn warn_unset(events: &Events, class: Option<&Ec2NodeClass>) {
     }
     let meta = &class.metadata;
     let name = meta.name.as_deref().unwrap_or_default();
-    let key = meta.uid.as_deref().unwrap_or(name);
-    if !WARNED.first(key, meta.generation.unwrap_or_default()) {
+    // Once per class generation: every join renders.
+    let generation = meta.generation.unwrap_or_default().to_string();
+    if !events.is_news(class, "kubelet-settings-unset", &generation) {
         return;
     }
     let note = note(&unset);
@@ -139,15 +107,5 @@ mod tests {
             note.contains("spec.kubelet.kubeReserved is unset"),
             "{note}"
         );
-    }
-
-    #[test]
-    fn a_class_is_warned_about_once_per_generation() {
-        let warned = Warned::new();
-        assert!(warned.first("uid-1", 1));
-        assert!(!warned.first("uid-1", 1));
-        assert!(warned.first("uid-2", 1));
-        assert!(warned.first("uid-1", 2));
-        assert!(!warned.first("uid-1", 2));
     }
 }

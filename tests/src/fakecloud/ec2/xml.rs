@@ -150,6 +150,11 @@ pub(crate) fn instance_item(xml: &mut Xml, i: &Instance) {
         .leaf("name", i.state.name())
         .close("instanceState")
         .leaf("privateDnsName", &dns)
+        .open("privateDnsNameOptions")
+        .leaf("hostnameType", hostname_type(&i.private_dns_name))
+        .leaf("enableResourceNameDnsARecord", "false")
+        .leaf("enableResourceNameDnsAAAARecord", "false")
+        .close("privateDnsNameOptions")
         .leaf("dnsName", "")
         .leaf("reason", "")
         .leaf("amiLaunchIndex", "0")
@@ -180,6 +185,15 @@ pub(crate) fn instance_item(xml: &mut Xml, i: &Instance) {
         .leaf("platformDetails", "Linux/UNIX")
         .leaf("usageOperation", "RunInstances")
         .close("item");
+}
+
+/// `resource-name` for a name made of the instance ID, `ip-name` else.
+fn hostname_type(private_dns_name: &str) -> &'static str {
+    if private_dns_name.starts_with("i-") {
+        "resource-name"
+    } else {
+        "ip-name"
+    }
 }
 
 pub(crate) fn tag_set(xml: &mut Xml, tags: &[(String, String)]) {
@@ -226,10 +240,52 @@ pub(crate) fn network_interfaces(xml: &mut Xml, i: &Instance, gone: bool) {
         .leaf("privateIpAddress", &ip)
         .leaf("privateDnsName", &i.private_dns_name)
         .leaf("primary", "true")
-        .close("item")
-        .close("privateIpAddressesSet")
+        .close("item");
+    let (on_primary, on_second) = i.secondary_ips.split_at(i.secondary_ips.len().min(1));
+    secondary_items(xml, on_primary);
+    xml.close("privateIpAddressesSet")
         .leaf("ipv6AddressesSet", "")
         .leaf("interfaceType", "interface")
-        .close("item")
-        .close("networkInterfaceSet");
+        .close("item");
+    if let Some((first, rest)) = on_second.split_first() {
+        second_interface(xml, i, *first, rest);
+    }
+    xml.close("networkInterfaceSet");
+}
+
+/// `privateIpAddressesSet` items for addresses that are not the primary.
+fn secondary_items(xml: &mut Xml, ips: &[std::net::Ipv4Addr]) {
+    for ip in ips {
+        xml.open("item")
+            .leaf("privateIpAddress", &ip.to_string())
+            .leaf("primary", "false")
+            .close("item");
+    }
+}
+
+/// A second interface (device index 1), as the VPC CNI attaches for pods.
+fn second_interface(
+    xml: &mut Xml,
+    i: &Instance,
+    primary: std::net::Ipv4Addr,
+    more: &[std::net::Ipv4Addr],
+) {
+    xml.open("item")
+        .leaf("networkInterfaceId", &crate::fakecloud::aws_id("eni"))
+        .leaf("subnetId", &i.subnet_id)
+        .leaf("status", "in-use")
+        .leaf("privateIpAddress", &primary.to_string())
+        .open("attachment")
+        .leaf("deviceIndex", "1")
+        .leaf("status", "attached")
+        .close("attachment")
+        .open("privateIpAddressesSet")
+        .open("item")
+        .leaf("privateIpAddress", &primary.to_string())
+        .leaf("primary", "true")
+        .close("item");
+    secondary_items(xml, more);
+    xml.close("privateIpAddressesSet")
+        .leaf("ipv6AddressesSet", "")
+        .close("item");
 }

@@ -12,8 +12,6 @@ use crate::kube::karpenter::{Ec2NodeClass, NodeClaim};
 use crate::kube::nodeclaim::NodeClaims;
 use crate::kube::reason::Reason;
 use kube::ResourceExt;
-use std::collections::HashSet;
-use std::sync::{Mutex, PoisonError};
 
 /// Where the guard reads NodeClaims from.
 pub struct Cluster<'a> {
@@ -22,9 +20,9 @@ pub struct Cluster<'a> {
     pub events: &'a Events,
 }
 
-/// Per class uid and resourceVersion, that its state was ignored, so the
-/// warning is told once per version of the class, not every resync.
-static IGNORED: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+/// What [`Events::is_news`] tells once per version of the class, not every
+/// resync: that its rollout state was ignored.
+const IGNORED_TOPIC: &str = "rollout-state-rejected";
 
 impl Cluster<'_> {
     /// The plan for `class` (named `name`), whose kept values are
@@ -160,22 +158,11 @@ impl Cluster<'_> {
     /// Logs and records a Warning Event, once per class version, that its
     /// state is not used.
     fn warn_ignored(&self, class: &Ec2NodeClass, name: &str, error: &super::StateError) {
-        let key = format!(
-            "{}/{}",
-            class.metadata.uid.as_deref().unwrap_or_default(),
-            class
-                .metadata
-                .resource_version
-                .as_deref()
-                .unwrap_or_default()
-        );
-        let mut ignored = IGNORED.lock().unwrap_or_else(PoisonError::into_inner);
-        let ignored = ignored.get_or_insert_with(HashSet::new);
-        // Bounded: whoever may annotate the class makes new versions.
-        if ignored.len() >= super::MAX_IGNORED {
-            ignored.clear();
-        }
-        if !ignored.insert(key) {
+        let version = class.metadata.resource_version.as_deref();
+        if !self
+            .events
+            .is_news(class, IGNORED_TOPIC, version.unwrap_or_default())
+        {
             return;
         }
         tracing::warn!(

@@ -58,9 +58,6 @@ pub use seal::StateKey;
 
 /// The most NodeClaims a trial remembers (the annotation stays small).
 pub const MAX_TRACKED: usize = 64;
-/// The most rejected rollout states remembered, to warn of each once.
-pub const MAX_IGNORED: usize = 1024;
-
 /// How the guard judges a trial.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Settings {

@@ -8,18 +8,17 @@ use crate::kube::events::Events;
 use crate::kube::karpenter::Ec2NodeClass;
 use crate::kube::metrics::{Metrics, NodeClassLabels};
 use crate::kube::reason::Reason;
-use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
 
 /// The most failures named in one Event.
 const NAMED: usize = 10;
+
+/// What [`Events::is_news`] tells once: the standing note (held, refusing).
+const STANDING_TOPIC: &str = "rollout-standing";
 
 /// Where the guard tells what happened.
 pub struct Teller<'a> {
     pub events: &'a Events,
     pub metrics: &'a Metrics,
-    /// Per class name, the standing note last told (with the class's uid).
-    pub standing: &'a Mutex<HashMap<String, String>>,
     pub settings: Settings,
 }
 
@@ -51,17 +50,13 @@ impl Teller<'_> {
     }
 
     /// Whether `note` (or none) is not what was last told for the class.
-    fn stands_new(&self, class: &Ec2NodeClass, name: &str, note: Option<&Note>) -> bool {
-        let mut told = self.standing.lock().unwrap_or_else(PoisonError::into_inner);
+    fn stands_new(&self, class: &Ec2NodeClass, _name: &str, note: Option<&Note>) -> bool {
         let Some(note) = note else {
-            told.remove(name);
+            self.events.settled(class, STANDING_TOPIC);
             return false;
         };
-        let key = format!(
-            "{}/{note:?}",
-            class.metadata.uid.as_deref().unwrap_or_default()
-        );
-        told.insert(name.to_string(), key.clone()) != Some(key)
+        self.events
+            .is_news(class, STANDING_TOPIC, &format!("{note:?}"))
     }
 
     fn started(&self, class: &Ec2NodeClass, name: &str, plan: &Plan) {
