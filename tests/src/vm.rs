@@ -434,19 +434,10 @@ fn qemu_args(image: &Image, console: &Path, forwards: &[Forward]) -> Vec<String>
 /// Merges `entries` under `key` into the JSON object at
 /// `target/bench/vm.json` (other keys are kept: each scenario writes its own).
 pub fn record_bench(key: &str, entries: serde_json::Value) -> Result<PathBuf> {
-    let dir = repo_root().join("target/bench");
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let path = dir.join("vm.json");
-    let mut all: serde_json::Map<String, serde_json::Value> = std::fs::read(&path)
-        .ok()
-        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
-        .unwrap_or_default();
-    all.insert(key.to_string(), entries);
-    let partial = dir.join("vm.json.partial");
-    std::fs::write(&partial, serde_json::to_string_pretty(&all)? + "\n")
-        .with_context(|| format!("writing {}", partial.display()))?;
-    std::fs::rename(&partial, &path).with_context(|| format!("writing {}", path.display()))?;
-    Ok(path)
+    crate::bench::merge(
+        "vm.json",
+        [(key.to_string(), entries)].into_iter().collect(),
+    )
 }
 
 /// The cluster side of a VM test: a [`World`] whose API server and
