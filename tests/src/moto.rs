@@ -62,8 +62,9 @@ const START_TIMEOUT: Duration = Duration::from_secs(90);
 /// Karpenter found every NodeClaim `Drifted` (SecurityGroupDrift) within a
 /// second of its launch, its instance cache keeping it so for minutes.
 /// The fix gives each template version a `GroupSet` of its
-/// `SecurityGroupIds` when it has none (moto resolves either by name or
-/// id), so fleet instances carry the template's groups as on EC2.
+/// `SecurityGroupIds` (or of its primary network interface's `Groups`)
+/// when it has none (moto resolves either by name or id), so fleet
+/// instances carry the template's groups as on EC2.
 const SERVER_MAIN: &str = r#"
 import sys
 import moto.ec2.models.launch_templates as templates
@@ -71,8 +72,12 @@ import moto.ec2.models.launch_templates as templates
 _version_init = templates.LaunchTemplateVersion.__init__
 
 def _with_group_set(self, template, number, data, description):
-    if data.get("SecurityGroupIds") and not data.get("GroupSet"):
-        data = dict(data, GroupSet=list(data["SecurityGroupIds"]))
+    groups = list(data.get("SecurityGroupIds") or [])
+    for interface in data.get("NetworkInterfaces") or []:
+        if str(interface.get("DeviceIndex", "0")) == "0":
+            groups += list(interface.get("Groups") or [])
+    if groups and not data.get("GroupSet"):
+        data = dict(data, GroupSet=groups)
     _version_init(self, template, number, data, description)
 
 templates.LaunchTemplateVersion.__init__ = _with_group_set

@@ -741,7 +741,12 @@ async fn drifted_after_upkeep(
             claim.metadata.name
         );
         if condition(claim, "Drifted").is_some_and(|c| c["status"] == "True") {
-            eprintln!("Drifted: {:#}", claim.data["status"]);
+            eprintln!(
+                "Drifted: {:#}\nclass's groups: {:#}\nmoto: {:#?}",
+                claim.data["status"],
+                class.data["status"]["securityGroups"],
+                cluster.moto.instances().await?
+            );
             drifted += 1;
         }
     }
