@@ -122,18 +122,7 @@ impl KarpenterCluster {
     /// userData an operator puts in a class the server does not manage,
     /// and the server's upkeep keeps.
     pub fn rendered_user_data(&self) -> Result<String> {
-        let output = std::process::Command::new(server::binary("autonode-server")?)
-            .arg("render-userdata")
-            .args(self.upkeep_args())
-            .output()
-            .context("running autonode-server render-userdata")?;
-        if !output.status.success() {
-            bail!(
-                "render-userdata: {}",
-                String::from_utf8_lossy(&output.stderr)
-            );
-        }
-        Ok(String::from_utf8(output.stdout)?)
+        server::render_user_data(&self.upkeep_args())
     }
 
     /// The class (with the rendered userData) and the pool, once Karpenter

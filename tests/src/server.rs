@@ -509,6 +509,22 @@ pub fn server_binary() -> Result<PathBuf> {
     }
 }
 
+/// What `autonode-server render-userdata` prints with `args`.
+pub fn render_user_data(args: &[String]) -> Result<String> {
+    let output = std::process::Command::new(binary("autonode-server")?)
+        .arg("render-userdata")
+        .args(args)
+        .output()
+        .context("running autonode-server render-userdata")?;
+    if !output.status.success() {
+        bail!(
+            "render-userdata failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok(String::from_utf8(output.stdout)?)
+}
+
 /// Where cargo put a workspace binary (built by `cargo build --workspace`,
 /// which `tests/run` does before the tests).
 pub fn binary(name: &str) -> Result<PathBuf> {

@@ -23,7 +23,6 @@ use crate::fakecloud::{private_dns_name, Imds, Instance};
 use crate::karpenter::ec2nodeclasses;
 use crate::pki::Ca;
 use crate::process::Daemon;
-use crate::server::binary;
 use crate::world::World;
 use anyhow::{bail, Context, Result};
 use kube::api::DynamicObject;
@@ -624,18 +623,7 @@ fn render_user_data(world: &World) -> Result<String> {
     let dir = tempfile::tempdir()?;
     let ca = dir.path().join("join-ca.crt");
     std::fs::write(&ca, world.server.ca_pem())?;
-    let output = std::process::Command::new(binary("autonode-server")?)
-        .arg("render-userdata")
-        .args(user_data_args(&ca))
-        .output()
-        .context("running autonode-server render-userdata")?;
-    if !output.status.success() {
-        bail!(
-            "render-userdata failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-    Ok(String::from_utf8(output.stdout)?)
+    crate::server::render_user_data(&user_data_args(&ca))
 }
 
 #[cfg(test)]

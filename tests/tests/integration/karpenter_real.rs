@@ -348,6 +348,17 @@ async fn follow(cluster: &KarpenterCluster, skip: &[String], t0: Instant) -> Res
     Ok(journey)
 }
 
+/// A cluster whose server runs with `server_args`, its class and pool,
+/// and a pending pod followed to its node ([`follow`]).
+async fn pending_pod_to_node(server_args: &[String]) -> Result<(KarpenterCluster, Journey)> {
+    let cluster = KarpenterCluster::start(server_args).await?;
+    cluster.create_class_and_pool().await?;
+    let t0 = Instant::now();
+    create_pending_pod(&cluster.cp.admin().await?).await?;
+    let journey = follow(&cluster, &[], t0).await?;
+    Ok((cluster, journey))
+}
+
 /// Merges `entries` and the versions they ran with into
 /// `target/bench/karpenter.json`.
 fn record(cluster: &KarpenterCluster, entries: serde_json::Value) -> Result<()> {
@@ -405,12 +416,8 @@ async fn wait_autonode_condition(
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pending_pod_becomes_a_node_that_karpenter_initializes_and_the_pod_is_bound_to_it(
 ) -> Result<()> {
-    let cluster = KarpenterCluster::start(&[]).await?;
+    let (cluster, journey) = pending_pod_to_node(&[]).await?;
     let admin = cluster.cp.admin().await?;
-    cluster.create_class_and_pool().await?;
-    let t0 = Instant::now();
-    create_pending_pod(&admin).await?;
-    let journey = follow(&cluster, &[], t0).await?;
 
     // Karpenter took the Node for its NodeClaim's and finished with it:
     // its taint gone, its labels on.
@@ -487,12 +494,8 @@ fn status_writes(cluster: &KarpenterCluster, claim: &str) -> Result<Vec<(String,
 #[tokio::test(flavor = "multi_thread")]
 async fn autonodes_condition_and_events_survive_karpenters_status_writes_without_a_write_storm(
 ) -> Result<()> {
-    let cluster = KarpenterCluster::start(&[]).await?;
+    let (cluster, journey) = pending_pod_to_node(&[]).await?;
     let admin = cluster.cp.admin().await?;
-    cluster.create_class_and_pool().await?;
-    let t0 = Instant::now();
-    create_pending_pod(&admin).await?;
-    let journey = follow(&cluster, &[], t0).await?;
     wait_autonode_condition(&cluster, &journey.claim, "True", "NodeReady").await?;
 
     // Every write to the NodeClaim's status, in order. A write of
@@ -758,11 +761,8 @@ async fn a_no_op_upkeep_drifts_no_nodeclaim_on_its_first_reconcile_nor_after_a_r
 ) -> Result<()> {
     // The operator's class, userData from render-userdata, kept by no one:
     // Karpenter launches from it and the machine joins.
-    let cluster = KarpenterCluster::start(&["--manage-nodeclasses=false".into()]).await?;
+    let (cluster, journey) = pending_pod_to_node(&["--manage-nodeclasses=false".into()]).await?;
     let admin = cluster.cp.admin().await?;
-    cluster.create_class_and_pool().await?;
-    create_pending_pod(&admin).await?;
-    let journey = follow(&cluster, &[], Instant::now()).await?;
     let rendered = cluster.rendered_user_data()?;
 
     // Then the server is upgraded to one that keeps the class: its first
