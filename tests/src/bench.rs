@@ -3,14 +3,14 @@
 //! keys in.
 
 use anyhow::{Context, Result};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Merges `entries` into the JSON object in `target/bench/<file>`, keeping
 /// the keys other tests wrote. Tests run as parallel processes: the read,
 /// merge and write happen under an exclusive lock on `<file>.lock`, and
 /// the file is replaced by a rename, so a reader never sees half of it.
 pub fn merge(file: &str, entries: serde_json::Map<String, serde_json::Value>) -> Result<PathBuf> {
-    let dir = crate::vm::repo_root().join("target/bench");
+    let dir = repo_root().join("target/bench");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let path = dir.join(file);
     let lock_path = dir.join(format!("{file}.lock"));
@@ -28,4 +28,12 @@ pub fn merge(file: &str, entries: serde_json::Map<String, serde_json::Value>) ->
         .with_context(|| format!("writing {}", partial.display()))?;
     std::fs::rename(&partial, &path).with_context(|| format!("writing {}", path.display()))?;
     Ok(path)
+}
+
+/// The repository's root (the tests crate's parent).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
 }

@@ -182,10 +182,7 @@ impl Image {
 
 /// The repository's root (the tests crate is one level down).
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("."))
+    crate::bench::repo_root()
 }
 
 /// A TCP forward from an address in the guest's network to host loopback.
