@@ -235,7 +235,8 @@ impl ControlPlane {
         write_kubeconfig(path, &self.url, self.ca.cert_pem(), pair)
     }
 
-    /// The API server's audit events so far (see [`AUDIT_POLICY`]), in
+    /// The API server's audit events so far (writes to NodeClaims; status
+    /// writes with the objects written and returned), in
     /// the order it logged them.
     pub fn audit_events(&self) -> Result<Vec<serde_json::Value>> {
         let path = self.dir.path().join(AUDIT_LOG);

@@ -1,6 +1,6 @@
 //! autonode's test harness.
 //!
-//! - [`bench`]: figures the tests write to `target/bench/`.
+//! - [`bench`](mod@bench): figures the tests write to `target/bench/`.
 //! - [`barenode`]: an instance with IMDS (IPv4 or IPv6) and no server, for
 //!   the agent binary's IMDS and proxy behaviour.
 //! - [`blip`]: a loopback relay whose connections a test can cut.
