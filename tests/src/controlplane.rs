@@ -65,7 +65,7 @@ impl ControlPlane {
     /// valid for `extra_ips`: the addresses a machine that is not this host
     /// (a VM) uses to reach it through a forward.
     pub async fn start_reachable_at(extra_ips: &[IpAddr]) -> Result<Self> {
-        let cp = Self::start_bare(extra_ips, false).await?;
+        let cp = Self::start_bare(extra_ips, Extra::None).await?;
         install_crds(&cp.admin().await?, &KARPENTER_CRDS).await?;
         Ok(cp)
     }
@@ -76,25 +76,30 @@ impl ControlPlane {
     /// place). Off by default: most tests schedule nothing, and it is one
     /// more process per test.
     pub async fn start_with_scheduler() -> Result<Self> {
-        let cp = Self::start_bare(&[], true).await?;
+        let cp = Self::start_bare(&[], Extra::Scheduler).await?;
         install_crds(&cp.admin().await?, &KARPENTER_CRDS).await?;
         Ok(cp)
     }
 
     /// For the real Karpenter: kube-scheduler running (Karpenter provisions
-    /// for the pods it could not place), and no CRDs (the controller's own,
-    /// from its module, are installed by `karpenter_controller`).
+    /// for the pods it could not place), kube-controller-manager's node
+    /// lifecycle controller too (it lifts the `node.kubernetes.io/not-ready`
+    /// taint the API server puts on every new Node once the Node is Ready,
+    /// which Karpenter waits for before it calls a node Initialized; nodes
+    /// must then renew their Lease), and no CRDs (the controller's own, from
+    /// its module, are installed by `karpenter_controller`).
     pub async fn start_for_karpenter() -> Result<Self> {
-        Self::start_bare(&[], true).await
+        Self::start_bare(&[], Extra::SchedulerAndNodeLifecycle).await
     }
 
     /// Like [`ControlPlane::start`], without the Karpenter CRDs (for
     /// installing them some other way).
     pub async fn start_without_crds() -> Result<Self> {
-        Self::start_bare(&[], false).await
+        Self::start_bare(&[], Extra::None).await
     }
 
-    async fn start_bare(extra_ips: &[IpAddr], scheduler: bool) -> Result<Self> {
+    async fn start_bare(extra_ips: &[IpAddr], extra: Extra) -> Result<Self> {
+        let scheduler = extra != Extra::None;
         let bin = kube_bin_dir()?;
         let version = binary_version(&bin.join("kube-apiserver"))?;
         let kcm_version = binary_version(&bin.join("kube-controller-manager"))?;
@@ -133,7 +138,7 @@ impl ControlPlane {
         // On an early return, the locals drop in reverse order: processes
         // are killed before their directory is removed.
         let controller_manager =
-            start_controller_manager(&bin, kcm_version, &files, &kcm_kubeconfig)?;
+            start_controller_manager(&bin, kcm_version, &files, &kcm_kubeconfig, extra)?;
         let scheduler = if scheduler {
             let kubeconfig = dir.path().join("scheduler.kubeconfig");
             write_kubeconfig(&kubeconfig, &url, ca.cert_pem(), &files.scheduler)?;
@@ -230,6 +235,23 @@ impl ControlPlane {
         write_kubeconfig(path, &self.url, self.ca.cert_pem(), pair)
     }
 
+    /// The API server's audit events so far (writes to NodeClaims; status
+    /// writes with the objects written and returned), in
+    /// the order it logged them.
+    pub fn audit_events(&self) -> Result<Vec<serde_json::Value>> {
+        let path = self.dir.path().join(AUDIT_LOG);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+        };
+        // The last line may be half written.
+        Ok(text
+            .lines()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .collect())
+    }
+
     /// The last lines of each component's log, for a failing test's output.
     pub fn log_tails(&self, lines: usize) -> String {
         [&self.etcd, &self.apiserver, &self.controller_manager]
@@ -315,6 +337,26 @@ pub fn controller_manager_version_args(version: KubeVersion) -> Vec<String> {
     args
 }
 
+/// The API server's audit log, in the control plane's directory.
+const AUDIT_LOG: &str = "audit.log";
+
+/// What the API server audits: writes to NodeClaims' status with the
+/// objects written and returned (who wrote what, and what a write dropped:
+/// [`ControlPlane::audit_events`]); writes to NodeClaims
+/// themselves by who and when; nothing else. A few lines per machine.
+const AUDIT_POLICY: &str = r#"apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: RequestResponse
+  verbs: [update, patch]
+  resources: [{group: karpenter.sh, resources: [nodeclaims/status]}]
+- level: Metadata
+  verbs: [create, update, patch, delete]
+  resources: [{group: karpenter.sh, resources: [nodeclaims]}]
+- level: None
+"#;
+
 /// Certificates and keys the components read, written into the directory.
 struct Files {
     dir: PathBuf,
@@ -338,6 +380,7 @@ impl Files {
         put("apiserver.key", &serving.key_pem)?;
         put("sa.key", &service_accounts.serialize_pem())?;
         put("sa.pub", &service_accounts.public_key_pem())?;
+        put("audit-policy.yaml", AUDIT_POLICY)?;
         Ok(Self {
             dir: dir.to_path_buf(),
             admin: ca.client("autonode-test-admin", Some("system:masters"))?,
@@ -410,6 +453,9 @@ fn start_apiserver(
         "--service-account-issuer=https://kubernetes.default.svc".into(),
         "--api-audiences=https://kubernetes.default.svc".into(),
         "--service-cluster-ip-range=10.96.0.0/16".into(),
+        format!("--audit-policy-file={}", files.path("audit-policy.yaml")),
+        format!("--audit-log-path={}", files.path(AUDIT_LOG)),
+        "--audit-log-format=json".into(),
         "--profiling=false".into(),
         "--v=1".into(),
     ];
@@ -439,12 +485,28 @@ fn component_args(kubeconfig: &Path) -> Result<Vec<String>> {
     ])
 }
 
+/// What runs besides etcd, kube-apiserver and the controllers every test
+/// relies on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Extra {
+    None,
+    Scheduler,
+    SchedulerAndNodeLifecycle,
+}
+
 fn start_controller_manager(
     bin: &Path,
     version: KubeVersion,
     files: &Files,
     kubeconfig: &Path,
+    extra: Extra,
 ) -> Result<Daemon> {
+    let mut controllers =
+        "csrsigning,csrcleaner,serviceaccount,serviceaccount-token,namespace,garbagecollector"
+            .to_string();
+    if extra == Extra::SchedulerAndNodeLifecycle {
+        controllers.push_str(",nodelifecycle");
+    }
     let mut args = component_args(kubeconfig)?;
     args.extend([
         // Each controller acts as its own service account, as kubeadm runs
@@ -452,7 +514,9 @@ fn start_controller_manager(
         "--use-service-account-credentials=true".into(),
         // Only what the tests rely on: CSR signing and cleanup, service
         // accounts and their tokens, namespace deletion, garbage collection.
-        "--controllers=csrsigning,csrcleaner,serviceaccount,serviceaccount-token,namespace,garbagecollector".into(),
+        // (and, for the real Karpenter, the node lifecycle: see
+        // `ControlPlane::start_for_karpenter`).
+        format!("--controllers={controllers}"),
         // The default client limit (20 requests/s, burst 30) caps CSR
         // signing at about 20 certificates a second, 50 s for a 500-node
         // scale-out; control planes sized for such scale-outs raise it.

@@ -1,5 +1,6 @@
 //! autonode's test harness.
 //!
+//! - [`bench`](mod@bench): figures the tests write to `target/bench/`.
 //! - [`barenode`]: an instance with IMDS (IPv4 or IPv6) and no server, for
 //!   the agent binary's IMDS and proxy behaviour.
 //! - [`blip`]: a loopback relay whose connections a test can cut.
@@ -19,6 +20,10 @@
 //! - [`node`]: a simulated instance (netns, IMDS, root dir) for the agent binary.
 //! - [`karpenter`]: playing Karpenter's part (NodeClaims and friends).
 //! - [`karpenter_controller`]: the real Karpenter controller, against moto.
+//! - [`karpenter_cluster`]: one scenario's cluster around the real
+//!   Karpenter: control plane, moto, autonode-server, launcher.
+//! - [`launcher`]: each instance Karpenter launches into moto becomes a
+//!   machine running the agent, then a registering kubelet stand-in.
 //! - [`kubeversion`]: the Kubernetes version of a binary, for flags that
 //!   differ between versions.
 //! - [`moto`]: moto, a third-party EC2, for the real Karpenter.
@@ -34,6 +39,7 @@
 //! The cloud is the only stand-in; everything Kubernetes is real.
 
 pub mod barenode;
+pub mod bench;
 pub mod blip;
 pub mod cache;
 pub mod controlplane;
@@ -44,8 +50,10 @@ pub mod ignition;
 pub mod ignition_oracle;
 pub mod joiner;
 pub mod karpenter;
+pub mod karpenter_cluster;
 pub mod karpenter_controller;
 pub mod kubeversion;
+pub mod launcher;
 pub mod moto;
 pub mod netns;
 pub mod node;

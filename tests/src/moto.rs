@@ -54,6 +54,39 @@ pub const ARM64_AMI: &str = "ami-0a1b2c3d4e5f60002";
 
 const START_TIMEOUT: Duration = Duration::from_secs(90);
 
+/// How moto's server is started: its `main`, after one fix.
+///
+/// EC2 gives a fleet's instances their launch template's security groups.
+/// moto's CreateFleet reads the template's `GroupSet` only, and Karpenter's
+/// templates carry `SecurityGroupIds`: the instances got no group, and
+/// Karpenter found every NodeClaim `Drifted` (SecurityGroupDrift) within a
+/// second of its launch, its instance cache keeping it so for minutes.
+/// The fix gives each template version a `GroupSet` of its
+/// `SecurityGroupIds` (or of its primary network interface's `Groups`)
+/// when it has none (moto resolves either by name or id), so fleet
+/// instances carry the template's groups as on EC2.
+const SERVER_MAIN: &str = r#"
+import sys
+import moto.ec2.models.launch_templates as templates
+
+_version_init = templates.LaunchTemplateVersion.__init__
+
+def _with_group_set(self, template, number, data, description):
+    groups = list(data.get("SecurityGroupIds") or [])
+    for interface in data.get("NetworkInterfaces") or []:
+        if str(interface.get("DeviceIndex", "0")) == "0":
+            groups += list(interface.get("Groups") or [])
+    if groups and not data.get("GroupSet"):
+        data = dict(data, GroupSet=groups)
+    _version_init(self, template, number, data, description)
+
+templates.LaunchTemplateVersion.__init__ = _with_group_set
+
+from moto.server import main
+sys.argv[0] = "moto_server"
+sys.exit(main())
+"#;
+
 /// The EC2 Query API version moto answers for.
 const API_VERSION: &str = "2016-11-15";
 
@@ -88,6 +121,28 @@ pub struct MotoInstance {
     pub private_dns_name: String,
     pub security_groups: Vec<String>,
     pub tags: BTreeMap<String, String>,
+    /// `x86_64` or `arm64`.
+    pub architecture: String,
+    /// When it was launched (`launchTime`, RFC 3339): the identity
+    /// document's `pendingTime`.
+    pub launch_time: String,
+    /// The account it runs in (its reservation's `ownerId`).
+    pub owner_id: String,
+    pub reservation_id: String,
+    pub vpc: String,
+    /// The primary network interface's MAC and id.
+    pub mac: String,
+    pub network_interface_id: String,
+}
+
+/// What a version of a launch template gives an instance that the harness
+/// needs.
+#[derive(Clone, Debug)]
+pub struct TemplateData {
+    pub image_id: String,
+    /// Decoded; empty when the template has none.
+    pub user_data: Vec<u8>,
+    pub security_groups: Vec<String>,
 }
 
 /// The venv `tests/setup/install-moto` fills.
@@ -131,18 +186,15 @@ impl Moto {
         for attempt in 1.. {
             let port = free_port()?;
             let args = vec![
+                "-c".into(),
+                SERVER_MAIN.into(),
                 "-H".into(),
                 "127.0.0.1".into(),
                 "-p".into(),
                 port.to_string(),
             ];
-            let daemon = Daemon::spawn_with_env(
-                "moto",
-                &venv.join("bin/moto_server"),
-                &args,
-                dir.path(),
-                &env,
-            )?;
+            let daemon =
+                Daemon::spawn_with_env("moto", &venv.join("bin/python"), &args, dir.path(), &env)?;
             let moto = Self {
                 daemon,
                 url: format!("http://127.0.0.1:{port}"),
@@ -206,12 +258,16 @@ impl Moto {
     /// (without one, a POST to `/` is taken for S3), and checks no
     /// signature unless told to.
     pub async fn call(&self, action: &str, params: &[(&str, &str)]) -> Result<String> {
-        let mut form = form_urlencoded::Serializer::new(String::new());
-        form.append_pair("Action", action);
-        form.append_pair("Version", API_VERSION);
-        for (k, v) in params {
-            form.append_pair(k, v);
-        }
+        // Built before any await: the serializer is not Send.
+        let form = {
+            let mut form = form_urlencoded::Serializer::new(String::new());
+            form.append_pair("Action", action);
+            form.append_pair("Version", API_VERSION);
+            for (k, v) in params {
+                form.append_pair(k, v);
+            }
+            form.finish()
+        };
         let scope = format!(
             "AWS4-HMAC-SHA256 Credential=autonode-test/20260101/{REGION}/ec2/aws4_request, \
              SignedHeaders=host, Signature=0"
@@ -219,7 +275,7 @@ impl Moto {
         let request = hyper::Request::post(format!("{}/", self.url))
             .header("content-type", "application/x-www-form-urlencoded")
             .header("authorization", scope)
-            .body(Full::new(Bytes::from(form.finish())))?;
+            .body(Full::new(Bytes::from(form)))?;
         let response = self
             .http
             .request(request)
@@ -340,10 +396,77 @@ impl Moto {
     pub async fn instances(&self) -> Result<Vec<MotoInstance>> {
         let xml = self.call("DescribeInstances", &[]).await?;
         let doc = roxmltree::Document::parse(&xml).context("DescribeInstances")?;
-        let items = doc.descendants().filter(|n| {
-            n.has_tag_name("item") && n.parent().is_some_and(|p| p.has_tag_name("instancesSet"))
+        let reservations = doc.descendants().filter(|n| {
+            n.has_tag_name("item") && n.parent().is_some_and(|p| p.has_tag_name("reservationSet"))
         });
-        Ok(items.map(instance_of).collect())
+        let mut instances = Vec::new();
+        for reservation in reservations {
+            let items = reservation
+                .children()
+                .filter(|c| c.has_tag_name("instancesSet"))
+                .flat_map(|set| set.children().filter(|c| c.has_tag_name("item")));
+            instances.extend(items.map(|item| instance_of(reservation, item)));
+        }
+        Ok(instances)
+    }
+
+    /// The launch template (id, version) a fleet launched `instance_id`
+    /// from, as DescribeFleets reports it; `None` for an instance no fleet
+    /// launched.
+    pub async fn template_of(&self, instance_id: &str) -> Result<Option<(String, String)>> {
+        let xml = self.call("DescribeFleets", &[]).await?;
+        let doc = roxmltree::Document::parse(&xml).context("DescribeFleets")?;
+        let launched = doc.descendants().filter(|n| {
+            n.has_tag_name("item")
+                && n.parent()
+                    .is_some_and(|p| p.has_tag_name("fleetInstanceSet"))
+        });
+        for item in launched {
+            let ids = item.descendants().filter(|n| {
+                n.has_tag_name("item") && n.parent().is_some_and(|p| p.has_tag_name("instanceIds"))
+            });
+            if !ids.into_iter().any(|id| id.text() == Some(instance_id)) {
+                continue;
+            }
+            let spec = item
+                .descendants()
+                .find(|n| n.has_tag_name("launchTemplateSpecification"))
+                .with_context(|| format!("DescribeFleets: no template for {instance_id}"))?;
+            let id = child_text(spec, "launchTemplateId");
+            let version = child_text(spec, "version");
+            return Ok(Some((id, version)));
+        }
+        Ok(None)
+    }
+
+    /// One version of a launch template (DescribeLaunchTemplateVersions).
+    pub async fn template_data(&self, template_id: &str, version: &str) -> Result<TemplateData> {
+        let xml = self
+            .call(
+                "DescribeLaunchTemplateVersions",
+                &[
+                    ("LaunchTemplateId", template_id),
+                    ("LaunchTemplateVersion.1", version),
+                ],
+            )
+            .await?;
+        let doc = roxmltree::Document::parse(&xml).context("DescribeLaunchTemplateVersions")?;
+        let data = doc
+            .descendants()
+            .find(|n| n.has_tag_name("launchTemplateData"))
+            .with_context(|| format!("no data for {template_id} version {version}: {xml}"))?;
+        let user_data = decode_base64(&child_text(data, "userData"))?;
+        let security_groups = data
+            .children()
+            .filter(|c| c.has_tag_name("securityGroupIdSet"))
+            .flat_map(|set| set.children().filter(|c| c.has_tag_name("item")))
+            .filter_map(|item| item.text().map(str::to_string))
+            .collect();
+        Ok(TemplateData {
+            image_id: child_text(data, "imageId"),
+            user_data,
+            security_groups,
+        })
     }
 
     /// The instance's userData as EC2 hands it to the machine (decoded),
@@ -361,14 +484,7 @@ impl Moto {
             .find(|n| n.has_tag_name("userData"))
             .and_then(|n| n.children().find(|c| c.has_tag_name("value")))
             .and_then(|n| n.text());
-        value
-            .map(|b64| {
-                use base64::Engine as _;
-                base64::engine::general_purpose::STANDARD
-                    .decode(b64.trim())
-                    .context("userData is not base64")
-            })
-            .transpose()
+        value.map(decode_base64).transpose()
     }
 
     /// How many fleets were requested (CreateFleet calls moto kept).
@@ -391,8 +507,16 @@ fn child_text(node: roxmltree::Node, name: &str) -> String {
         .to_string()
 }
 
-/// An `instancesSet/item` of DescribeInstances.
-fn instance_of(item: roxmltree::Node) -> MotoInstance {
+/// Base64 as EC2 carries userData (empty for empty).
+fn decode_base64(b64: &str) -> Result<Vec<u8>> {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD
+        .decode(b64.trim())
+        .context("userData is not base64")
+}
+
+/// An `instancesSet/item` of DescribeInstances, in its reservation.
+fn instance_of(reservation: roxmltree::Node, item: roxmltree::Node) -> MotoInstance {
     let nested = |outer: &str, inner: &str| {
         item.children()
             .find(|c| c.has_tag_name(outer))
@@ -422,7 +546,23 @@ fn instance_of(item: roxmltree::Node) -> MotoInstance {
             .into_iter()
             .map(|t| (child_text(t, "key"), child_text(t, "value")))
             .collect(),
+        architecture: child_text(item, "architecture"),
+        launch_time: child_text(item, "launchTime"),
+        owner_id: child_text(reservation, "ownerId"),
+        reservation_id: child_text(reservation, "reservationId"),
+        vpc: child_text(item, "vpcId"),
+        mac: primary_interface(item, "macAddress"),
+        network_interface_id: primary_interface(item, "networkInterfaceId"),
     }
+}
+
+/// A field of the instance's first network interface, empty when none.
+fn primary_interface(item: roxmltree::Node, name: &str) -> String {
+    item.children()
+        .find(|c| c.has_tag_name("networkInterfaceSet"))
+        .and_then(|set| set.children().find(|c| c.has_tag_name("item")))
+        .map(|eni| child_text(eni, name))
+        .unwrap_or_default()
 }
 
 /// moto's `MOTO_AMIS_PATH` entries (keyword arguments of its image model):

@@ -4,7 +4,7 @@
 //! standing in for the machine's root filesystem.
 
 use crate::fakecloud::imds::{Imds, IMDS_ADDR};
-use crate::fakecloud::Instance;
+use crate::fakecloud::{Instance, TestCa};
 use crate::netns::{self, Forward, NetNs};
 use crate::server::binary;
 use crate::world::World;
@@ -70,8 +70,6 @@ pub struct SimulatedNode {
 impl SimulatedNode {
     /// Boots the "machine" for `instance` (whose userData must be set).
     pub fn boot(world: &World, instance: &Instance) -> Result<Self> {
-        let netns = NetNs::new()?;
-        let imds = Imds::start_on(netns.bind(IMDS_ADDR)?, instance, world.cloud.ca(), None)?;
         let server: SocketAddr = world
             .server
             .url()
@@ -79,7 +77,21 @@ impl SimulatedNode {
             .parse()
             .context("server URL is not ip:port")?;
         // The same address inside, so the userData URL works unchanged.
-        let forward = netns::forward(&netns, server, server)?;
+        Self::boot_at(instance, world.cloud.ca(), server, server)
+    }
+
+    /// Boots the machine for `instance`, its identity signed by `ca`, with
+    /// `server_inside` (the address its userData names) forwarded to the
+    /// server at `server_host` on host loopback.
+    pub fn boot_at(
+        instance: &Instance,
+        ca: &TestCa,
+        server_inside: SocketAddr,
+        server_host: SocketAddr,
+    ) -> Result<Self> {
+        let netns = NetNs::new()?;
+        let imds = Imds::start_on(netns.bind(IMDS_ADDR)?, instance, ca, None)?;
+        let forward = netns::forward(&netns, server_inside, server_host)?;
         // A node has a disk of its own: `$AUTONODE_NODE_DISK` names a
         // directory on another filesystem than the control plane's (the
         // benchmark mounts one), so the agent's syncs wait for its own
@@ -88,7 +100,7 @@ impl SimulatedNode {
         let root = tempfile::Builder::new()
             .prefix("autonode-node-")
             .tempdir_in(parent.unwrap_or_else(std::env::temp_dir))?;
-        write_fake_systemctl(root.path())?;
+        write_fake_systemctl(root.path(), 0)?;
         write_kubelet_unit(root.path())?;
         // Stands in for /dev/console, which exists on every machine.
         std::fs::write(root.path().join("console.log"), "")?;
@@ -99,6 +111,13 @@ impl SimulatedNode {
             netns,
             instance: instance.clone(),
         })
+    }
+
+    /// Makes every later systemctl call fail (still recorded), as on a
+    /// machine whose image cannot start kubelet: the agent's start phase
+    /// fails for good.
+    pub fn break_systemctl(&self) -> Result<()> {
+        write_fake_systemctl(self.root.path(), 1)
     }
 
     /// Runs the agent binary inside the namespace with [`Self::agent_args`]
@@ -181,16 +200,22 @@ pub fn registration(instance: &Instance) -> Node {
     }
 }
 
-/// A systemctl that only records its arguments.
-fn write_fake_systemctl(root: &Path) -> Result<()> {
+/// A systemctl that only records its arguments and exits with `status`.
+fn write_fake_systemctl(root: &Path, status: u8) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     let path = root.join("fake-systemctl");
     let log = root.join("systemctl.log");
+    // Written aside and renamed: the agent may be running it.
+    let partial = root.join("fake-systemctl.partial");
     std::fs::write(
-        &path,
-        format!("#!/bin/sh\necho \"$@\" >> '{}'\n", log.display()),
+        &partial,
+        format!(
+            "#!/bin/sh\necho \"$@\" >> '{}'\nexit {status}\n",
+            log.display()
+        ),
     )?;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))?;
+    std::fs::set_permissions(&partial, std::fs::Permissions::from_mode(0o755))?;
+    std::fs::rename(&partial, &path)?;
     Ok(())
 }
 

@@ -184,6 +184,10 @@ pub struct Setup<'a> {
     pub rbac_manifest: Option<&'a str>,
     /// Where the server's token comes from.
     pub token: ServerToken,
+    /// The CA the join API's certificate chains to; `None`: a new one.
+    /// Given, a test can render userData (which pins it) before the
+    /// server starts, and a second server can serve the same machines.
+    pub join_ca: Option<&'a Ca>,
 }
 
 /// How the harness gets the server's ServiceAccount token.
@@ -209,6 +213,7 @@ impl Default for Setup<'_> {
             rbac: None,
             rbac_manifest: None,
             token: ServerToken::Requested,
+            join_ca: None,
         }
     }
 }
@@ -307,7 +312,14 @@ impl TestServer {
         let api_url = setup.api_url.unwrap_or(cp.url());
         write_kubeconfig(&kubeconfig, api_url, cp.ca().cert_pem(), user)?;
 
-        let join_ca = Ca::new("autonode-join-ca")?;
+        let made;
+        let join_ca = match setup.join_ca {
+            Some(ca) => ca,
+            None => {
+                made = Ca::new("autonode-join-ca")?;
+                &made
+            }
+        };
         let mut ips = vec![IpAddr::V4(Ipv4Addr::LOCALHOST)];
         ips.extend_from_slice(setup.extra_ips);
         let serving = join_ca.server(&["localhost"], &ips)?;
@@ -505,6 +517,22 @@ pub fn server_binary() -> Result<PathBuf> {
         Some(path) => Ok(PathBuf::from(path)),
         None => binary("autonode-server"),
     }
+}
+
+/// What `autonode-server render-userdata` prints with `args`.
+pub fn render_user_data(args: &[String]) -> Result<String> {
+    let output = std::process::Command::new(binary("autonode-server")?)
+        .arg("render-userdata")
+        .args(args)
+        .output()
+        .context("running autonode-server render-userdata")?;
+    if !output.status.success() {
+        bail!(
+            "render-userdata failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok(String::from_utf8(output.stdout)?)
 }
 
 /// Where cargo put a workspace binary (built by `cargo build --workspace`,

@@ -23,7 +23,6 @@ use crate::fakecloud::{private_dns_name, Imds, Instance};
 use crate::karpenter::ec2nodeclasses;
 use crate::pki::Ca;
 use crate::process::Daemon;
-use crate::server::binary;
 use crate::world::World;
 use anyhow::{bail, Context, Result};
 use kube::api::DynamicObject;
@@ -183,10 +182,7 @@ impl Image {
 
 /// The repository's root (the tests crate is one level down).
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("."))
+    crate::bench::repo_root()
 }
 
 /// A TCP forward from an address in the guest's network to host loopback.
@@ -434,19 +430,10 @@ fn qemu_args(image: &Image, console: &Path, forwards: &[Forward]) -> Vec<String>
 /// Merges `entries` under `key` into the JSON object at
 /// `target/bench/vm.json` (other keys are kept: each scenario writes its own).
 pub fn record_bench(key: &str, entries: serde_json::Value) -> Result<PathBuf> {
-    let dir = repo_root().join("target/bench");
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let path = dir.join("vm.json");
-    let mut all: serde_json::Map<String, serde_json::Value> = std::fs::read(&path)
-        .ok()
-        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
-        .unwrap_or_default();
-    all.insert(key.to_string(), entries);
-    let partial = dir.join("vm.json.partial");
-    std::fs::write(&partial, serde_json::to_string_pretty(&all)? + "\n")
-        .with_context(|| format!("writing {}", partial.display()))?;
-    std::fs::rename(&partial, &path).with_context(|| format!("writing {}", path.display()))?;
-    Ok(path)
+    crate::bench::merge(
+        "vm.json",
+        [(key.to_string(), entries)].into_iter().collect(),
+    )
 }
 
 /// The cluster side of a VM test: a [`World`] whose API server and
@@ -633,18 +620,7 @@ fn render_user_data(world: &World) -> Result<String> {
     let dir = tempfile::tempdir()?;
     let ca = dir.path().join("join-ca.crt");
     std::fs::write(&ca, world.server.ca_pem())?;
-    let output = std::process::Command::new(binary("autonode-server")?)
-        .arg("render-userdata")
-        .args(user_data_args(&ca))
-        .output()
-        .context("running autonode-server render-userdata")?;
-    if !output.status.success() {
-        bail!(
-            "render-userdata failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-    Ok(String::from_utf8(output.stdout)?)
+    crate::server::render_user_data(&user_data_args(&ca))
 }
 
 #[cfg(test)]

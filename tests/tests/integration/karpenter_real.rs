@@ -9,25 +9,24 @@ use anyhow::{bail, Context, Result};
 use autonode_server::ec2::{Credentials, Ec2Client, Ec2Settings, InstanceState, RetryPolicy};
 use autonode_tests::controlplane::ControlPlane;
 use autonode_tests::karpenter::{ec2nodeclasses, nodeclaims};
-use autonode_tests::karpenter_controller::{install_karpenter_crds, KarpenterController};
-use autonode_tests::moto::{
-    Moto, MotoInstance, AMD64_AMI, DISCOVERY_TAG, INSTANCE_TYPE, REGION, ZONE,
+use autonode_tests::karpenter_cluster::{
+    create_class, create_pending_pod, create_pool, CLASS, LAUNCH_TIMEOUT, POOL,
 };
+use autonode_tests::karpenter_controller::{install_karpenter_crds, KarpenterController};
+use autonode_tests::moto::{Moto, MotoInstance, AMD64_AMI, INSTANCE_TYPE, REGION, ZONE};
 use autonode_tests::pki::Ca;
 use autonode_tests::server;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
-use kube::Client;
-use serde_json::json;
+use kube::api::ListParams;
 use std::time::{Duration, Instant};
 
-const CLASS: &str = "autonode";
-const POOL: &str = "autonode";
-
-/// How long a launch may take here: Karpenter batches pending pods for a
-/// second or more, then resolves the class and calls moto, all on two
-/// shared cores.
-const LAUNCH_TIMEOUT: Duration = Duration::from_secs(180);
+use autonode_tests::karpenter_cluster::{
+    condition, is_ready, list_nodeclaims, KarpenterCluster, CLUSTER_NAME, POD,
+};
+use autonode_tests::karpenter_controller::KARPENTER_VERSION;
+use autonode_tests::moto::MOTO_VERSION;
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use kube::api::Api;
+use kube::Client;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pending_pod_makes_karpenter_launch_an_instance_with_the_classes_user_data_verbatim(
@@ -151,91 +150,6 @@ fn rendered_user_data() -> Result<(String, tempfile::TempDir)> {
     Ok((String::from_utf8(output.stdout)?, dir))
 }
 
-/// An `amiFamily: Custom` class selecting moto's seeded resources by tag,
-/// with an instance profile (no IAM role for Karpenter to resolve).
-async fn create_class(client: &Client, user_data: &str) -> Result<()> {
-    let by_tag = json!([{"tags": {DISCOVERY_TAG.0: DISCOVERY_TAG.1}}]);
-    let class: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "karpenter.k8s.aws/v1",
-        "kind": "EC2NodeClass",
-        "metadata": {"name": CLASS},
-        "spec": {
-            "amiFamily": "Custom",
-            "amiSelectorTerms": by_tag,
-            "subnetSelectorTerms": by_tag,
-            "securityGroupSelectorTerms": by_tag,
-            "instanceProfile": "autonode-test-nodes",
-            "userData": user_data,
-        },
-    }))?;
-    ec2nodeclasses(client)
-        .create(&PostParams::default(), &class)
-        .await
-        .context("creating the EC2NodeClass")?;
-    Ok(())
-}
-
-/// A NodePool of the class, pinned to moto's one launchable instance type.
-///
-/// Its disruption budget is 0 nodes: moto's fleets drop the launch
-/// template's security groups, so Karpenter would find every node drifted
-/// (SecurityGroupDrift) and replace it; this scenario is about the launch.
-async fn create_pool(client: &Client) -> Result<()> {
-    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk("karpenter.sh", "v1", "NodePool"));
-    let pool: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "karpenter.sh/v1",
-        "kind": "NodePool",
-        "metadata": {"name": POOL},
-        "spec": {
-            "template": {"spec": {
-                "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": CLASS},
-                "requirements": [
-                    {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": [INSTANCE_TYPE]},
-                    {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]},
-                    {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]},
-                ],
-            }},
-            "disruption": {"budgets": [{"nodes": "0"}]},
-        },
-    }))?;
-    Api::<DynamicObject>::all_with(client.clone(), &resource)
-        .create(&PostParams::default(), &pool)
-        .await
-        .context("creating the NodePool")?;
-    Ok(())
-}
-
-/// A pod no node can take yet. The namespace's default ServiceAccount is
-/// made by kube-controller-manager shortly after start; until then the
-/// API server refuses pods, so the create is retried.
-async fn create_pending_pod(client: &Client) -> Result<()> {
-    let pod: Pod = serde_json::from_value(json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "waits-for-a-node", "namespace": "default"},
-        "spec": {
-            "automountServiceAccountToken": false,
-            "containers": [{
-                "name": "pause",
-                "image": "registry.k8s.io/pause:3.10",
-                "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
-            }],
-        },
-    }))?;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        match pods.create(&PostParams::default(), &pod).await {
-            Ok(_) => return Ok(()),
-            Err(e) if Instant::now() < deadline => {
-                eprintln!("pod not created yet: {e}");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-            Err(e) => return Err(e).context("creating the pending pod"),
-        }
-    }
-}
-
 /// Polls `probe` until it yields a value, failing with Karpenter's log if
 /// it has exited or [`LAUNCH_TIMEOUT`] passes.
 async fn wait_for<T, F, Fut>(karpenter: &KarpenterController, what: &str, probe: F) -> Result<T>
@@ -317,4 +231,567 @@ async fn the_servers_ec2_lookup_reads_a_moto_instance_as_moto_describes_it() -> 
     let gone = client.describe(REGION, &id).await?;
     assert_eq!(gone.state, InstanceState::Terminated);
     Ok(())
+}
+
+/// autonode's condition type on NodeClaims.
+const AUTONODE_CONDITION: &str = "AutonodeBootstrapped";
+
+/// The user the server's writes come as (its ServiceAccount).
+const SERVER_USER: &str = "system:serviceaccount:autonode-system:autonode-server";
+
+/// Karpenter's annotation of an EC2NodeClass's (and a NodeClaim's) hash,
+/// which its static drift check compares.
+const CLASS_HASH: &str = "karpenter.k8s.aws/ec2nodeclass-hash";
+
+/// How a pending pod became a node, each step timed from the pod's creation.
+#[derive(Debug)]
+struct Journey {
+    claim: String,
+    node: String,
+    claim_s: f64,
+    launched_s: f64,
+    registered_s: f64,
+    initialized_s: f64,
+    bound_s: f64,
+}
+
+/// Follows the pending pod created at `t0` through a NodeClaim not in
+/// `skip`: Karpenter launches it, the machine's agent joins, the Node
+/// registers, Karpenter marks it Launched, Registered and Initialized, and
+/// kube-scheduler binds the pod to it.
+async fn follow(cluster: &KarpenterCluster, skip: &[String], t0: Instant) -> Result<Journey> {
+    let admin = cluster.cp.admin().await?;
+    let claims = nodeclaims(&admin);
+    let claim = cluster
+        .wait_for(
+            "a NodeClaim for the pending pod",
+            LAUNCH_TIMEOUT,
+            || async {
+                let all = list_nodeclaims(&admin).await?;
+                Ok(all
+                    .into_iter()
+                    .filter_map(|c| c.metadata.name)
+                    .find(|name| !skip.contains(name)))
+            },
+        )
+        .await?;
+    let claim_s = t0.elapsed().as_secs_f64();
+    let provider_id = cluster
+        .wait_for("a launched NodeClaim", LAUNCH_TIMEOUT, || async {
+            let c = claims.get(&claim).await?;
+            let launched = condition(&c, "Launched").is_some_and(|c| c["status"] == "True");
+            Ok(c.data["status"]["providerID"]
+                .as_str()
+                .filter(|id| launched && !id.is_empty())
+                .map(str::to_string))
+        })
+        .await?;
+    let launched_s = t0.elapsed().as_secs_f64();
+    let instance_id = provider_id
+        .rsplit('/')
+        .next()
+        .context("providerID without an instance id")?
+        .to_string();
+    let machine = cluster
+        .wait_for("the machine's Node", LAUNCH_TIMEOUT, || async {
+            let Some(machine) = cluster.launcher.machine(&instance_id) else {
+                return Ok(None);
+            };
+            if let Some(error) = &machine.error {
+                bail!("machine {instance_id}: {error}");
+            }
+            if let Some(agent) = machine.agent.as_ref().filter(|a| a.code != Some(0)) {
+                bail!("the agent on {instance_id} failed: {agent:#?}");
+            }
+            Ok(machine.registered.map(|_| machine))
+        })
+        .await?;
+    let registered_s = t0.elapsed().as_secs_f64();
+    let initialized = cluster
+        .wait_for("an Initialized NodeClaim", LAUNCH_TIMEOUT, || async {
+            let c = claims.get(&claim).await?;
+            let all_true = ["Launched", "Registered", "Initialized"]
+                .iter()
+                .all(|t| condition(&c, t).is_some_and(|c| c["status"] == "True"));
+            Ok((all_true && is_ready(&c)).then_some(()))
+        })
+        .await;
+    if let Err(e) = initialized {
+        let c = claims.get(&claim).await?;
+        let node = Api::<Node>::all(admin.clone())
+            .get_opt(&machine.node_name)
+            .await?;
+        bail!(
+            "{e:#}\nNodeClaim status: {:#}\nNode: {node:#?}",
+            c.data["status"]
+        );
+    }
+    let initialized_s = t0.elapsed().as_secs_f64();
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    cluster
+        .wait_for("the pod bound to the node", LAUNCH_TIMEOUT, || async {
+            let pod = pods.get(POD).await?;
+            let bound = pod.spec.and_then(|s| s.node_name);
+            Ok(bound.filter(|n| *n == machine.node_name).map(drop))
+        })
+        .await?;
+    let journey = Journey {
+        claim,
+        node: machine.node_name,
+        claim_s,
+        launched_s,
+        registered_s,
+        initialized_s,
+        bound_s: t0.elapsed().as_secs_f64(),
+    };
+    eprintln!("{journey:#?}");
+    Ok(journey)
+}
+
+/// A cluster whose server runs with `server_args`, its class and pool,
+/// and a pending pod followed to its node ([`follow`]).
+async fn pending_pod_to_node(server_args: &[String]) -> Result<(KarpenterCluster, Journey)> {
+    let cluster = KarpenterCluster::start(server_args).await?;
+    cluster.create_class_and_pool().await?;
+    let t0 = Instant::now();
+    create_pending_pod(&cluster.cp.admin().await?).await?;
+    let journey = follow(&cluster, &[], t0).await?;
+    Ok((cluster, journey))
+}
+
+/// Merges `entries` and the versions they ran with into
+/// `target/bench/karpenter.json`.
+fn record(cluster: &KarpenterCluster, entries: serde_json::Value) -> Result<()> {
+    let mut all = match entries {
+        serde_json::Value::Object(map) => map,
+        other => bail!("not an object: {other}"),
+    };
+    all.insert("karpenter_version".into(), KARPENTER_VERSION.into());
+    all.insert("moto_version".into(), MOTO_VERSION.into());
+    all.insert(
+        "kubernetes_version".into(),
+        cluster.cp.version().to_string().into(),
+    );
+    let path = autonode_tests::bench::merge("karpenter.json", all)?;
+    eprintln!("recorded in {}", path.display());
+    Ok(())
+}
+
+/// The reasons of the Events on NodeClaim `claim`.
+async fn event_reasons(admin: &Client, claim: &str) -> Result<Vec<String>> {
+    let events: Api<Event> = Api::namespaced(admin.clone(), "default");
+    let selector = format!("involvedObject.name={claim}");
+    Ok(events
+        .list(&ListParams::default().fields(&selector))
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|e| e.reason)
+        .collect())
+}
+
+/// Waits for autonode's condition on `claim` to be `status`/`reason`.
+async fn wait_autonode_condition(
+    cluster: &KarpenterCluster,
+    claim: &str,
+    status: &str,
+    reason: &str,
+) -> Result<()> {
+    let claims = nodeclaims(&cluster.cp.admin().await?);
+    cluster
+        .wait_for(
+            &format!("{AUTONODE_CONDITION}={status}/{reason} on {claim}"),
+            Duration::from_secs(60),
+            || async {
+                let c = claims.get(claim).await?;
+                let ours = condition(&c, AUTONODE_CONDITION);
+                Ok(ours
+                    .is_some_and(|c| c["status"] == status && c["reason"] == reason)
+                    .then_some(()))
+            },
+        )
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pending_pod_becomes_a_node_that_karpenter_initializes_and_the_pod_is_bound_to_it(
+) -> Result<()> {
+    let (cluster, journey) = pending_pod_to_node(&[]).await?;
+    let admin = cluster.cp.admin().await?;
+
+    // Karpenter took the Node for its NodeClaim's and finished with it:
+    // its taint gone, its labels on.
+    let node = Api::<Node>::all(admin.clone()).get(&journey.node).await?;
+    let taints = node.spec.and_then(|s| s.taints).unwrap_or_default();
+    assert!(
+        !taints.iter().any(|t| t.key == "karpenter.sh/unregistered"),
+        "{taints:?}"
+    );
+    let labels = node.metadata.labels.unwrap_or_default();
+    for label in ["karpenter.sh/registered", "karpenter.sh/initialized"] {
+        assert_eq!(
+            labels.get(label).map(String::as_str),
+            Some("true"),
+            "{labels:?}"
+        );
+    }
+    let claim = nodeclaims(&admin).get(&journey.claim).await?;
+    assert_eq!(claim.data["status"]["nodeName"], journey.node.as_str());
+    // And autonode told its own story on the same NodeClaim.
+    wait_autonode_condition(&cluster, &journey.claim, "True", "NodeReady").await?;
+    let reasons = event_reasons(&admin, &journey.claim).await?;
+    for reason in ["Attested", "NodeRegistered", "NodeReady"] {
+        assert!(reasons.iter().any(|r| r == reason), "{reasons:?}");
+    }
+    record(
+        &cluster,
+        serde_json::json!({
+            "pending_to_ready_s": round(journey.initialized_s),
+            "pending_to_ready_steps_s": {
+                "nodeclaim": round(journey.claim_s),
+                "launched": round(journey.launched_s),
+                "node_registered": round(journey.registered_s),
+                "initialized": round(journey.initialized_s),
+                "pod_bound": round(journey.bound_s),
+            },
+            "pending_to_ready_kubelet": "stand-in (the harness registers the Node Ready)",
+        }),
+    )
+}
+
+fn round(seconds: f64) -> f64 {
+    (seconds * 10.0).round() / 10.0
+}
+
+/// The server's and everyone else's writes to `claim`'s status, from the
+/// API server's audit log: (user, HTTP code, whether the object written
+/// back carries autonode's condition).
+fn status_writes(cluster: &KarpenterCluster, claim: &str) -> Result<Vec<(String, i64, bool)>> {
+    let events = cluster.cp.audit_events()?;
+    Ok(events
+        .iter()
+        .filter(|e| {
+            e["objectRef"]["name"] == claim
+                && e["objectRef"]["subresource"] == "status"
+                && e["stage"] == "ResponseComplete"
+        })
+        .map(|e| {
+            let user = e["user"]["username"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            let code = e["responseStatus"]["code"].as_i64().unwrap_or_default();
+            let ours = e["responseObject"]["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == AUTONODE_CONDITION);
+            (user, code, ours)
+        })
+        .collect())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn autonodes_condition_and_events_survive_karpenters_status_writes_without_a_write_storm(
+) -> Result<()> {
+    let (cluster, journey) = pending_pod_to_node(&[]).await?;
+    let admin = cluster.cp.admin().await?;
+    wait_autonode_condition(&cluster, &journey.claim, "True", "NodeReady").await?;
+
+    // Every write to the NodeClaim's status, in order. A write of
+    // Karpenter's that leaves our condition out after the server had put
+    // it there dropped it; the server must put it back, each time.
+    let writes = status_writes(&cluster, &journey.claim)?;
+    let mut present = false;
+    let (mut dropped, mut restored) = (0, 0);
+    for (user, code, ours) in &writes {
+        if *code != 200 {
+            continue;
+        }
+        if present && !ours {
+            dropped += 1;
+        }
+        if !present && *ours && user == SERVER_USER && dropped > restored {
+            restored += 1;
+        }
+        present = *ours;
+    }
+    let server_writes: Vec<_> = writes.iter().filter(|(u, _, _)| u == SERVER_USER).collect();
+    let server_ok = server_writes.iter().filter(|(_, c, _)| *c == 200).count();
+    let karpenter_writes = writes.len() - server_writes.len();
+    eprintln!(
+        "status writes: server {} ({server_ok} applied), others {karpenter_writes}; \
+         ours dropped {dropped} times, put back {restored}:\n{writes:#?}",
+        server_writes.len()
+    );
+    assert!(present, "the last write left our condition out");
+    assert_eq!(dropped, restored, "a drop was not put back: {writes:#?}");
+    // One write per stage (attested, registered, ready), one per drop, and
+    // a conflict's retry each: anything more is a storm.
+    let bound = 3 + 2 * dropped + 3;
+    assert!(
+        server_writes.len() <= bound,
+        "{} server writes (bound {bound}): {writes:#?}",
+        server_writes.len()
+    );
+
+    // Karpenter's own conditions are all still there beside ours.
+    let claim = nodeclaims(&admin).get(&journey.claim).await?;
+    for t in ["Launched", "Registered", "Initialized", "Ready"] {
+        assert!(
+            condition(&claim, t).is_some_and(|c| c["status"] == "True"),
+            "{t}: {:#}",
+            claim.data["status"]
+        );
+    }
+    let reasons = event_reasons(&admin, &journey.claim).await?;
+    for reason in ["Attested", "AgentProgress", "NodeRegistered", "NodeReady"] {
+        assert!(reasons.iter().any(|r| r == reason), "{reasons:?}");
+    }
+    record(
+        &cluster,
+        serde_json::json!({
+            "status_writes": {
+                "server": server_writes.len(),
+                "others": karpenter_writes,
+                "autonode_condition_dropped": dropped,
+                "autonode_condition_restored": restored,
+            },
+        }),
+    )
+}
+
+/// Karpenter's own registration timeout (`lifecycle/liveness.go`): how
+/// long a machine that never registers holds its NodeClaim without autonode.
+const KARPENTER_REGISTRATION_TIMEOUT_S: f64 = 900.0;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_machine_whose_agent_fails_for_good_is_replaced_in_seconds_not_after_fifteen_minutes(
+) -> Result<()> {
+    let cluster = KarpenterCluster::start(&[]).await?;
+    let admin = cluster.cp.admin().await?;
+    // The first machine's image cannot start kubelet: its agent joins,
+    // then fails for good and says so, signed with its new key.
+    cluster.launcher.break_next(1);
+    cluster.create_class_and_pool().await?;
+    create_pending_pod(&admin).await?;
+    let claims = nodeclaims(&admin);
+
+    let (failed_claim, failed) = cluster
+        .wait_for(
+            "the broken machine's agent to fail",
+            LAUNCH_TIMEOUT,
+            || async {
+                let broken = cluster.launcher.machines().into_values().find(|m| m.broken);
+                let Some(machine) = broken else {
+                    return Ok(None);
+                };
+                if let Some(error) = &machine.error {
+                    bail!("machine {}: {error}", machine.instance_id);
+                }
+                if machine.agent.is_none() {
+                    return Ok(None);
+                }
+                let all = list_nodeclaims(&admin).await?;
+                let claim = all.into_iter().find(|c| {
+                    c.data["status"]["providerID"]
+                        .as_str()
+                        .is_some_and(|p| p.ends_with(&machine.instance_id))
+                });
+                Ok(claim.and_then(|c| c.metadata.name).map(|n| (n, machine)))
+            },
+        )
+        .await?;
+    let agent = failed.agent.clone().context("the agent ran")?;
+    assert_ne!(agent.code, Some(0), "{agent:#?}");
+    assert!(failed.registered.is_none(), "{failed:#?}");
+
+    // The server deletes the NodeClaim; Karpenter terminates the instance
+    // (the machine stops) and launches another for the pod.
+    cluster
+        .wait_for(
+            "the failed NodeClaim gone",
+            Duration::from_secs(120),
+            || async { Ok(claims.get_opt(&failed_claim).await?.is_none().then_some(())) },
+        )
+        .await?;
+    let deleted_s = agent.at.elapsed().as_secs_f64();
+    let replacement = cluster
+        .wait_for(
+            "a replacement NodeClaim",
+            Duration::from_secs(120),
+            || async {
+                let all = list_nodeclaims(&admin).await?;
+                Ok(all
+                    .into_iter()
+                    .filter_map(|c| c.metadata.name)
+                    .find(|n| *n != failed_claim))
+            },
+        )
+        .await?;
+    let replaced_s = agent.at.elapsed().as_secs_f64();
+    eprintln!(
+        "agent failed → NodeClaim {failed_claim} deleted {deleted_s:.1} s, → {replacement} created {replaced_s:.1} s"
+    );
+    cluster
+        .wait_for(
+            "the failed machine stopped",
+            Duration::from_secs(120),
+            || async {
+                let machine = cluster.launcher.machine(&failed.instance_id);
+                Ok(machine.and_then(|m| m.stopped).map(drop))
+            },
+        )
+        .await?;
+
+    // The reason is on the NodeClaim's record for whoever looks.
+    let events: Api<Event> = Api::namespaced(admin.clone(), "default");
+    let selector = format!("involvedObject.name={failed_claim},reason=BootstrapFailed");
+    let messages: Vec<String> = events
+        .list(&ListParams::default().fields(&selector))
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|e| e.message)
+        .collect();
+    assert!(
+        messages.iter().any(|m| m.contains("starting kubelet")),
+        "the Event says what failed: {messages:?}"
+    );
+
+    // The replacement, on a working image, joins and takes the pod.
+    let t0 = Instant::now();
+    let journey = follow(&cluster, std::slice::from_ref(&failed_claim), t0).await?;
+    assert_eq!(journey.claim, replacement);
+    assert!(
+        replaced_s < 60.0,
+        "replaced after {replaced_s:.1} s (Karpenter alone: {KARPENTER_REGISTRATION_TIMEOUT_S} s)"
+    );
+    record(
+        &cluster,
+        serde_json::json!({
+            "failed_join_replaced_s": round(replaced_s),
+            "failed_join_nodeclaim_deleted_s": round(deleted_s),
+            "karpenter_registration_timeout_s": KARPENTER_REGISTRATION_TIMEOUT_S,
+        }),
+    )
+}
+
+/// The server's metric `name` (0 when it has not been set yet).
+async fn server_metric(server: &server::TestServer, name: &str) -> Result<f64> {
+    let metrics = server::http_get(&format!("{}/metrics", server.metrics_url()))
+        .await?
+        .1;
+    let prefix = format!("{name} ");
+    Ok(metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str())?.trim().parse().ok())
+        .unwrap_or(0.0))
+}
+
+/// Waits for `server`'s upkeep to have compared the class, then for
+/// Karpenter to have hashed the class as it now is; returns how many
+/// NodeClaims are `Drifted`, after checking that each carries the class's
+/// hash (no static drift possible).
+async fn drifted_after_upkeep(
+    cluster: &KarpenterCluster,
+    server: &server::TestServer,
+) -> Result<usize> {
+    cluster
+        .wait_for(
+            "the upkeep's check of the class",
+            Duration::from_secs(60),
+            || async {
+                let checks = server_metric(server, "autonode_nodeclass_checks_total").await?;
+                Ok((checks >= 1.0).then_some(()))
+            },
+        )
+        .await?;
+    let admin = cluster.cp.admin().await?;
+    let class = cluster
+        .wait_for(
+            "Karpenter's view of the class now",
+            Duration::from_secs(60),
+            || async {
+                let class = ec2nodeclasses(&admin).get(CLASS).await?;
+                let generation = class.metadata.generation;
+                let seen = condition(&class, "Ready")
+                    .and_then(|c| c["observedGeneration"].as_i64())
+                    .is_some_and(|g| Some(g) == generation);
+                Ok(seen.then_some(class))
+            },
+        )
+        .await?;
+    let class_hash = class
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(CLASS_HASH))
+        .cloned()
+        .context("Karpenter has not hashed the class")?;
+    let claims = list_nodeclaims(&admin).await?;
+    let mut drifted = 0;
+    for claim in &claims {
+        let hash = claim
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(CLASS_HASH));
+        assert_eq!(
+            hash,
+            Some(&class_hash),
+            "NodeClaim {:?} was launched from another class spec",
+            claim.metadata.name
+        );
+        if condition(claim, "Drifted").is_some_and(|c| c["status"] == "True") {
+            eprintln!(
+                "Drifted: {:#}\nclass's groups: {:#}\nmoto: {:#?}",
+                claim.data["status"],
+                class.data["status"]["securityGroups"],
+                cluster.moto.instances().await?
+            );
+            drifted += 1;
+        }
+    }
+    Ok(drifted)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_no_op_upkeep_drifts_no_nodeclaim_on_its_first_reconcile_nor_after_a_restart(
+) -> Result<()> {
+    // The operator's class, userData from render-userdata, kept by no one:
+    // Karpenter launches from it and the machine joins.
+    let (cluster, journey) = pending_pod_to_node(&["--manage-nodeclasses=false".into()]).await?;
+    let admin = cluster.cp.admin().await?;
+    let rendered = cluster.rendered_user_data()?;
+
+    // Then the server is upgraded to one that keeps the class: its first
+    // reconcile finds a class Karpenter already launched from.
+    cluster.server.kill();
+    let mut args = cluster.upkeep_args();
+    args.push("--leader-lease=3".into());
+    let upkeep = cluster.start_server(&args).await?;
+    let first = drifted_after_upkeep(&cluster, &upkeep).await?;
+    let writes = server_metric(&upkeep, "autonode_nodeclass_writes_total").await?;
+
+    // And restarted.
+    upkeep.restart().await?;
+    let restarted = drifted_after_upkeep(&cluster, &upkeep).await?;
+
+    let class = ec2nodeclasses(&admin).get(CLASS).await?;
+    assert_eq!(class.data["spec"]["userData"], rendered.as_str());
+    let claim = nodeclaims(&admin).get(&journey.claim).await?;
+    assert!(is_ready(&claim), "{:#}", claim.data["status"]);
+    eprintln!(
+        "drifted after the first reconcile: {first}; after a restart: {restarted}; \
+         class writes by the upkeep: {writes}; cluster {CLUSTER_NAME}"
+    );
+    assert_eq!(first + restarted, 0, "a no-op upkeep drifted NodeClaims");
+    record(
+        &cluster,
+        serde_json::json!({
+            "drifted_by_noop_upkeep": first + restarted,
+            "noop_upkeep_class_writes": writes,
+        }),
+    )
 }

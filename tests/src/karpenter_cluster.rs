@@ -1,0 +1,321 @@
+//! One test's cluster around the real Karpenter: a control plane with
+//! kube-scheduler, moto as EC2, the real Karpenter controller, autonode-server
+//! reading moto for its EC2 checks, and the [`Launcher`] turning each
+//! instance Karpenter launches into a machine that runs the agent.
+//!
+//! The userData names the server at [`SERVER_INSIDE`], an address on
+//! each machine's own loopback that the machine forwards to wherever the
+//! server listens, so the class (and so Karpenter's drift hash) does not
+//! depend on the port a test's server got, and a second server can take
+//! over the same machines.
+
+use crate::controlplane::ControlPlane;
+use crate::fakecloud::TestCa;
+use crate::karpenter::{ec2nodeclasses, nodeclaims};
+use crate::karpenter_controller::{install_karpenter_crds, KarpenterController};
+use crate::launcher::{Cluster, Launcher};
+use crate::moto::{Moto, Seeded, DISCOVERY_TAG, INSTANCE_TYPE, REGION};
+use crate::pki::Ca;
+use crate::server::{self, CloudSettings, Setup, TestServer};
+use anyhow::{bail, Context, Result};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
+use kube::Client;
+use serde_json::json;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tempfile::TempDir;
+
+/// The EC2NodeClass and NodePool the scenarios use.
+pub const CLASS: &str = "autonode";
+pub const POOL: &str = "autonode";
+
+/// The account moto runs everything in (its default `ownerId`).
+pub const MOTO_ACCOUNT: &str = "123456789012";
+
+/// The server as a machine reaches it: its own loopback, forwarded.
+pub const SERVER_INSIDE: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 8443);
+
+/// The cluster name userData carries.
+pub const CLUSTER_NAME: &str = "autonode-test";
+
+/// The pending pod's name, in `default`.
+pub const POD: &str = "waits-for-a-node";
+
+/// Everything one scenario runs. Field order is drop order: machines stop
+/// first, the control plane last.
+pub struct KarpenterCluster {
+    pub launcher: Launcher,
+    pub karpenter: KarpenterController,
+    pub server: TestServer,
+    pub moto: Arc<Moto>,
+    pub seeded: Seeded,
+    pub cp: ControlPlane,
+    pub identity_ca: Arc<TestCa>,
+    pub join_ca: Ca,
+    dir: TempDir,
+}
+
+impl KarpenterCluster {
+    /// Starts it all; the server with [`Self::upkeep_args`] (the class's
+    /// upkeep on), a 3 s leader lease and `server_args`. No class, pool
+    /// or pod yet.
+    pub async fn start(server_args: &[String]) -> Result<Self> {
+        let cp = ControlPlane::start_for_karpenter().await?;
+        if !cp.version().at_least(1, 26) {
+            bail!(
+                "the real Karpenter needs Kubernetes 1.26 or later, this is {}",
+                cp.version()
+            );
+        }
+        install_karpenter_crds(&cp).await?;
+        let moto = Arc::new(Moto::start().await?);
+        let seeded = moto.seed().await?;
+        let karpenter = KarpenterController::start(&cp, &moto).await?;
+        let dir = tempfile::Builder::new()
+            .prefix("autonode-kcluster-")
+            .tempdir()?;
+        let join_ca = Ca::new("autonode-join-ca")?;
+        std::fs::write(dir.path().join("join-ca.pem"), join_ca.cert_pem())?;
+        let identity_ca = Arc::new(TestCa::generate()?);
+        let mut args = upkeep_args(dir.path());
+        args.push("--leader-lease=3".into());
+        args.extend_from_slice(server_args);
+        let server = start_server(&cp, &moto, &identity_ca, &join_ca, &args).await?;
+        let launcher = Launcher::start(
+            moto.clone(),
+            Cluster {
+                identity_ca: identity_ca.clone(),
+                server_inside: SERVER_INSIDE,
+                server_host: host_addr(&server)?,
+            },
+        );
+        Ok(Self {
+            launcher,
+            karpenter,
+            server,
+            moto,
+            seeded,
+            cp,
+            identity_ca,
+            join_ca,
+            dir,
+        })
+    }
+
+    /// The flags the class's userData is rendered from (`serve` and
+    /// `render-userdata` alike).
+    pub fn upkeep_args(&self) -> Vec<String> {
+        upkeep_args(self.dir.path())
+    }
+
+    /// Another server of this cluster (same join CA, identity CA and
+    /// moto) with `args` and nothing else.
+    pub async fn start_server(&self, args: &[String]) -> Result<TestServer> {
+        start_server(&self.cp, &self.moto, &self.identity_ca, &self.join_ca, args).await
+    }
+
+    /// What `autonode-server render-userdata` prints for this cluster: the
+    /// userData an operator puts in a class the server does not manage,
+    /// and the server's upkeep keeps.
+    pub fn rendered_user_data(&self) -> Result<String> {
+        server::render_user_data(&self.upkeep_args())
+    }
+
+    /// The class (with the rendered userData) and the pool, once Karpenter
+    /// has the class Ready.
+    pub async fn create_class_and_pool(&self) -> Result<()> {
+        let client = self.cp.admin().await?;
+        create_class(&client, &self.rendered_user_data()?).await?;
+        create_pool(&client).await?;
+        self.wait_for("a Ready EC2NodeClass", LAUNCH_TIMEOUT, || async {
+            Ok(is_ready(&ec2nodeclasses(&client).get(CLASS).await?).then_some(()))
+        })
+        .await
+    }
+
+    /// Polls `probe` until it yields a value; fails with what the
+    /// Karpenter, the server and the machines did if `timeout` passes or
+    /// Karpenter exits.
+    pub async fn wait_for<T, F, Fut>(&self, what: &str, timeout: Duration, probe: F) -> Result<T>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<Option<T>>>,
+    {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.karpenter.check_alive()?;
+            if let Some(value) = probe().await? {
+                return Ok(value);
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "no {what} after {timeout:?}\n--- Karpenter ---\n{}\n--- server ---\n{}\n--- machines ---\n{:#?}",
+                    self.karpenter.log_tail(30),
+                    tail(&self.server.log(), 30),
+                    self.launcher.machines()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+}
+
+/// How long a step of Karpenter's may take here: it batches pending pods
+/// for a second or more, resolves the class, calls moto, all on two
+/// shared cores.
+pub const LAUNCH_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// The last `lines` lines of `text`.
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+fn upkeep_args(dir: &std::path::Path) -> Vec<String> {
+    vec![
+        format!("--public-url=https://{SERVER_INSIDE}"),
+        format!("--join-ca-file={}", dir.join("join-ca.pem").display()),
+        format!("--cluster-name={CLUSTER_NAME}"),
+    ]
+}
+
+/// A server trusting `identity_ca` for identity documents and asking
+/// moto about instances, for moto's account and region.
+async fn start_server(
+    cp: &ControlPlane,
+    moto: &Moto,
+    identity_ca: &TestCa,
+    join_ca: &Ca,
+    args: &[String],
+) -> Result<TestServer> {
+    let cloud = CloudSettings {
+        identity_ca_pem: identity_ca.ca_pem(),
+        ec2_endpoint: moto.url().to_string(),
+        accounts: vec![MOTO_ACCOUNT.into()],
+        regions: vec![REGION.into()],
+    };
+    let setup = Setup {
+        extra_args: args,
+        join_ca: Some(join_ca),
+        ..Setup::default()
+    };
+    TestServer::launch(cp, &cloud, &setup).await
+}
+
+/// The server's join address on host loopback.
+pub fn host_addr(server: &TestServer) -> Result<SocketAddr> {
+    server
+        .url()
+        .trim_start_matches("https://")
+        .parse()
+        .context("server URL is not https://ip:port")
+}
+
+/// Whether an object's `Ready` status condition is True.
+pub fn is_ready(object: &DynamicObject) -> bool {
+    condition(object, "Ready").is_some_and(|c| c["status"] == "True")
+}
+
+/// An object's status condition of `type_`.
+pub fn condition<'a>(object: &'a DynamicObject, type_: &str) -> Option<&'a serde_json::Value> {
+    object.data["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == type_)
+}
+
+/// An `amiFamily: Custom` class selecting moto's seeded resources by tag,
+/// with an instance profile (no IAM role for Karpenter to resolve).
+pub async fn create_class(client: &Client, user_data: &str) -> Result<()> {
+    let by_tag = json!([{"tags": {DISCOVERY_TAG.0: DISCOVERY_TAG.1}}]);
+    let class: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "karpenter.k8s.aws/v1",
+        "kind": "EC2NodeClass",
+        "metadata": {"name": CLASS},
+        "spec": {
+            "amiFamily": "Custom",
+            "amiSelectorTerms": by_tag,
+            "subnetSelectorTerms": by_tag,
+            "securityGroupSelectorTerms": by_tag,
+            "instanceProfile": "autonode-test-nodes",
+            "userData": user_data,
+        },
+    }))?;
+    ec2nodeclasses(client)
+        .create(&PostParams::default(), &class)
+        .await
+        .context("creating the EC2NodeClass")?;
+    Ok(())
+}
+
+/// A NodePool of the class, pinned to moto's one launchable instance type.
+///
+/// Its disruption budget is 0 nodes: no scenario here is about Karpenter
+/// replacing nodes it finds drifted or underused, and a replacement in the
+/// middle of one would make its counts wrong. (Drift itself is still
+/// computed and shown on the NodeClaims.)
+pub async fn create_pool(client: &Client) -> Result<()> {
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk("karpenter.sh", "v1", "NodePool"));
+    let pool: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "karpenter.sh/v1",
+        "kind": "NodePool",
+        "metadata": {"name": POOL},
+        "spec": {
+            "template": {"spec": {
+                "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": CLASS},
+                "requirements": [
+                    {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": [INSTANCE_TYPE]},
+                    {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]},
+                    {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]},
+                ],
+            }},
+            "disruption": {"budgets": [{"nodes": "0"}]},
+        },
+    }))?;
+    Api::<DynamicObject>::all_with(client.clone(), &resource)
+        .create(&PostParams::default(), &pool)
+        .await
+        .context("creating the NodePool")?;
+    Ok(())
+}
+
+/// A pod no node can take yet ([`POD`]). The namespace's default
+/// ServiceAccount is made by kube-controller-manager shortly after start;
+/// until then the API server refuses pods, so the create is retried.
+pub async fn create_pending_pod(client: &Client) -> Result<()> {
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": POD, "namespace": "default"},
+        "spec": {
+            "automountServiceAccountToken": false,
+            "containers": [{
+                "name": "pause",
+                "image": "registry.k8s.io/pause:3.10",
+                "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
+            }],
+        },
+    }))?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match pods.create(&PostParams::default(), &pod).await {
+            Ok(_) => return Ok(()),
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("pod not created yet: {e}");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(e).context("creating the pending pod"),
+        }
+    }
+}
+
+/// The NodeClaims there are now.
+pub async fn list_nodeclaims(client: &Client) -> Result<Vec<DynamicObject>> {
+    Ok(nodeclaims(client).list(&Default::default()).await?.items)
+}

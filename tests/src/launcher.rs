@@ -1,0 +1,413 @@
+//! The launcher: every instance the real Karpenter launches into moto
+//! becomes a machine.
+//!
+//! moto keeps instances as records; nothing boots. The launcher watches
+//! moto and, for each running instance a fleet launched, does what EC2 and
+//! the AMI would:
+//!
+//! - reads the launch template version the fleet used
+//!   (DescribeFleets, DescribeLaunchTemplateVersions) for its userData;
+//! - boots a [`SimulatedNode`]: a network namespace where IMDS answers for
+//!   that instance (the id, zone, addresses, DNS name and launch time moto
+//!   reports, an identity document signed by the test cloud's key, the
+//!   template's userData byte for byte), and the server's address the
+//!   userData names forwarded to autonode-server;
+//! - runs the real agent binary there, as systemd would at boot;
+//! - once the agent has started kubelet (the machine's systemctl records
+//!   it), registers the Node as kubelet would, with the credentials the
+//!   agent wrote: the providerID, the `karpenter.sh/unregistered` taint,
+//!   kubelet's labels, and a Ready status with the instance type's capacity
+//!   ([`kubelet_node`]); then renews the node's Lease every
+//!   [`LEASE_RENEWAL`], kubelet's heartbeat, which kube-controller-manager's
+//!   node lifecycle controller reads.
+//!
+//! An instance moto reports terminated (Karpenter deleted its NodeClaim)
+//! has its machine stopped: the agent killed, IMDS and the forward closed,
+//! the namespace deleted. [`Launcher::break_next`] gives the next machines
+//! an image whose kubelet cannot start, so their agent fails for good.
+
+use crate::fakecloud::{Instance, InstanceState, TestCa};
+use crate::moto::{Moto, MotoInstance, REGION};
+use crate::node::{registration, SimulatedNode};
+use anyhow::{Context, Result};
+use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition, NodeStatus};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, PostParams};
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use tokio::task::JoinHandle;
+
+/// How often moto is asked for new and terminated instances.
+const POLL: Duration = Duration::from_millis(500);
+
+/// Where machines find autonode-server, and who signs their identity.
+#[derive(Clone)]
+pub struct Cluster {
+    /// The CA that plays AWS's identity-signing role (the server trusts it).
+    pub identity_ca: Arc<TestCa>,
+    /// The server's address as the userData names it (inside a machine).
+    pub server_inside: SocketAddr,
+    /// Where the server listens on host loopback.
+    pub server_host: SocketAddr,
+}
+
+/// What happened to one machine, for the tests to read.
+#[derive(Clone, Debug)]
+pub struct Machine {
+    pub instance_id: String,
+    /// The Node name (the instance's private DNS name).
+    pub node_name: String,
+    pub booted: Instant,
+    /// Whether it was given an image whose kubelet cannot start.
+    pub broken: bool,
+    /// When the agent exited, and with what.
+    pub agent: Option<AgentExit>,
+    /// When the kubelet stand-in created the Node.
+    pub registered: Option<Instant>,
+    /// When the machine was stopped (its instance terminated).
+    pub stopped: Option<Instant>,
+    /// Why the launcher could not boot it or register its Node.
+    pub error: Option<String>,
+}
+
+/// The agent's run on a machine.
+#[derive(Clone, Debug)]
+pub struct AgentExit {
+    pub at: Instant,
+    pub code: Option<i32>,
+    /// The end of its standard error (its log).
+    pub log_tail: String,
+}
+
+#[derive(Default)]
+struct Shared {
+    machines: Mutex<BTreeMap<String, Machine>>,
+    /// How many of the next machines get a broken image.
+    broken_next: Mutex<usize>,
+}
+
+impl Shared {
+    fn machines(&self) -> MutexGuard<'_, BTreeMap<String, Machine>> {
+        self.machines.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn update(&self, id: &str, f: impl FnOnce(&mut Machine)) {
+        if let Some(machine) = self.machines().get_mut(id) {
+            f(machine);
+        }
+    }
+
+    fn take_broken(&self) -> bool {
+        let mut left = self.broken_next.lock().unwrap_or_else(|e| e.into_inner());
+        let broken = *left > 0;
+        *left = left.saturating_sub(1);
+        broken
+    }
+}
+
+/// The running launcher; dropping it stops every machine.
+pub struct Launcher {
+    shared: Arc<Shared>,
+    task: JoinHandle<()>,
+}
+
+impl Launcher {
+    /// Starts watching `moto` for instances (a tokio task).
+    pub fn start(moto: Arc<Moto>, cluster: Cluster) -> Self {
+        let shared = Arc::new(Shared::default());
+        let task = tokio::spawn(watch(moto, cluster, shared.clone()));
+        Self { shared, task }
+    }
+
+    /// Gives the next `count` machines an image whose kubelet cannot be
+    /// started (systemctl fails): their agent joins, then fails for good.
+    pub fn break_next(&self, count: usize) {
+        *self
+            .shared
+            .broken_next
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = count;
+    }
+
+    /// Every machine booted so far, by instance id.
+    pub fn machines(&self) -> BTreeMap<String, Machine> {
+        self.shared.machines().clone()
+    }
+
+    /// One machine, by instance id.
+    pub fn machine(&self, instance_id: &str) -> Option<Machine> {
+        self.shared.machines().get(instance_id).cloned()
+    }
+}
+
+impl Drop for Launcher {
+    fn drop(&mut self) {
+        // Aborting the watch drops its machines' tasks' handles; each
+        // machine is stopped by aborting its own task.
+        self.task.abort();
+        if std::thread::panicking() || std::env::var_os("AUTONODE_TEST_LOGS").is_some() {
+            for machine in self.shared.machines().values() {
+                eprintln!("machine {machine:#?}");
+            }
+        }
+    }
+}
+
+/// The watch loop: boots a machine for each new running fleet instance,
+/// stops the machine of each terminated one.
+async fn watch(moto: Arc<Moto>, cluster: Cluster, shared: Arc<Shared>) {
+    let mut running: BTreeMap<String, MachineTask> = BTreeMap::new();
+    let mut seen: BTreeSet<String> = BTreeSet::new();
+    loop {
+        match moto.instances().await {
+            Ok(instances) => {
+                for instance in instances {
+                    if instance.state == "running" && seen.insert(instance.id.clone()) {
+                        let id = instance.id.clone();
+                        let task = boot(moto.clone(), cluster.clone(), shared.clone(), instance);
+                        running.insert(id, task);
+                    } else if instance.state != "running" {
+                        if let Some(task) = running.remove(&instance.id) {
+                            task.stop(&shared, &instance.id);
+                        }
+                    }
+                }
+            }
+            Err(e) => eprintln!("launcher: moto: {e:#}"),
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// A machine's task; aborting it drops the machine.
+struct MachineTask(JoinHandle<()>);
+
+impl MachineTask {
+    fn stop(self, shared: &Shared, id: &str) {
+        self.0.abort();
+        shared.update(id, |m| m.stopped = Some(Instant::now()));
+    }
+}
+
+impl Drop for MachineTask {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Records the machine and starts its task.
+fn boot(
+    moto: Arc<Moto>,
+    cluster: Cluster,
+    shared: Arc<Shared>,
+    described: MotoInstance,
+) -> MachineTask {
+    let id = described.id.clone();
+    let broken = shared.take_broken();
+    shared.machines().insert(
+        id.clone(),
+        Machine {
+            instance_id: id.clone(),
+            node_name: described.private_dns_name.clone(),
+            booted: Instant::now(),
+            broken,
+            agent: None,
+            registered: None,
+            stopped: None,
+            error: None,
+        },
+    );
+    let task_shared = shared.clone();
+    let task = tokio::spawn(async move {
+        let id = described.id.clone();
+        if let Err(e) = live(&moto, &cluster, &task_shared, described, broken).await {
+            task_shared.update(&id, |m| m.error = Some(format!("{e:#}")));
+        }
+    });
+    MachineTask(task)
+}
+
+/// One machine's life: boot, the agent, kubelet's registration; then it
+/// runs until its task is aborted.
+async fn live(
+    moto: &Moto,
+    cluster: &Cluster,
+    shared: &Shared,
+    described: MotoInstance,
+    broken: bool,
+) -> Result<()> {
+    let id = described.id.clone();
+    let (template, version) = moto
+        .template_of(&id)
+        .await?
+        .with_context(|| format!("{id} was not launched by a fleet"))?;
+    let data = moto.template_data(&template, &version).await?;
+    let instance = instance(&described, data.user_data)?;
+    let node = SimulatedNode::boot_at(
+        &instance,
+        &cluster.identity_ca,
+        cluster.server_inside,
+        cluster.server_host,
+    )?;
+    if broken {
+        node.break_systemctl()?;
+    }
+    let run = node.run_agent(&[]).await?;
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    let log_tail: Vec<&str> = stderr.lines().rev().take(15).collect();
+    let exit = AgentExit {
+        at: Instant::now(),
+        code: run.status.code(),
+        log_tail: log_tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
+    };
+    shared.update(&id, |m| m.agent = Some(exit));
+    if run.status.success() && node.systemctl_calls().contains("kubelet.service") {
+        let kubelet = node.kubelet_client().await?;
+        Api::<Node>::all(kubelet.clone())
+            .create(&PostParams::default(), &kubelet_node(&instance))
+            .await
+            .context("kubelet's registration")?;
+        shared.update(&id, |m| m.registered = Some(Instant::now()));
+        // The machine lives on (its namespace, IMDS) until it is stopped.
+        loop {
+            renew_lease(&kubelet, &instance.private_dns_name).await?;
+            tokio::time::sleep(LEASE_RENEWAL).await;
+        }
+    }
+    std::future::pending::<()>().await;
+    drop(node);
+    Ok(())
+}
+
+/// How often the kubelet stand-in renews its Lease (kubelet's default).
+pub const LEASE_RENEWAL: Duration = Duration::from_secs(10);
+
+/// Creates or renews the node's Lease in `kube-node-lease`, as kubelet.
+async fn renew_lease(kubelet: &kube::Client, node: &str) -> Result<()> {
+    use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    let leases: Api<Lease> = Api::namespaced(kubelet.clone(), "kube-node-lease");
+    let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
+    match leases.get_opt(node).await? {
+        Some(mut lease) => {
+            lease.spec.get_or_insert_with(LeaseSpec::default).renew_time = Some(now);
+            leases
+                .replace(node, &PostParams::default(), &lease)
+                .await
+                .context("renewing the node's Lease")?;
+        }
+        None => {
+            let lease = Lease {
+                metadata: kube::api::ObjectMeta {
+                    name: Some(node.to_string()),
+                    ..Default::default()
+                },
+                spec: Some(LeaseSpec {
+                    holder_identity: Some(node.to_string()),
+                    lease_duration_seconds: Some(40),
+                    renew_time: Some(now),
+                    ..Default::default()
+                }),
+            };
+            leases
+                .create(&PostParams::default(), &lease)
+                .await
+                .context("creating the node's Lease")?;
+        }
+    }
+    Ok(())
+}
+
+/// The instance as IMDS describes it, from what moto reports.
+fn instance(described: &MotoInstance, user_data: Vec<u8>) -> Result<Instance> {
+    use time::format_description::well_known::Rfc3339;
+    let pending_time = time::OffsetDateTime::parse(&described.launch_time, &Rfc3339)
+        .with_context(|| format!("launchTime {:?}", described.launch_time))?;
+    Ok(Instance {
+        instance_id: described.id.clone(),
+        account_id: described.owner_id.clone(),
+        region: REGION.into(),
+        availability_zone: described.zone.clone(),
+        image_id: described.image_id.clone(),
+        instance_type: described.instance_type.clone(),
+        architecture: described.architecture.clone(),
+        private_ip: described
+            .private_ip
+            .parse()
+            .with_context(|| format!("privateIpAddress {:?}", described.private_ip))?,
+        private_dns_name: described.private_dns_name.clone(),
+        local_hostname: described.private_dns_name.clone(),
+        mac: described.mac.clone(),
+        pending_time,
+        state: InstanceState::Running,
+        user_data,
+        reservation_id: described.reservation_id.clone(),
+        network_interface_id: described.network_interface_id.clone(),
+        subnet_id: described.subnet.clone(),
+        vpc_id: described.vpc.clone(),
+        tags: described
+            .tags
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+    })
+}
+
+/// The Node kubelet registers on `instance`: [`registration`]'s providerID
+/// and taint, the labels kubelet sets itself, and a Ready status with an
+/// m5.large's capacity (Karpenter calls a node Initialized only once it
+/// is Ready and has every resource its NodeClaim requested).
+pub fn kubelet_node(instance: &Instance) -> Node {
+    let mut node = registration(instance);
+    let arch = match instance.architecture.as_str() {
+        "arm64" => "arm64",
+        _ => "amd64",
+    };
+    node.metadata.labels = Some(
+        [
+            ("kubernetes.io/hostname", instance.private_dns_name.as_str()),
+            ("kubernetes.io/os", "linux"),
+            ("kubernetes.io/arch", arch),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect(),
+    );
+    let resources: BTreeMap<String, Quantity> = [
+        ("cpu", "2"),
+        ("memory", "7901060Ki"),
+        ("pods", "29"),
+        ("ephemeral-storage", "20959212Ki"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+    .collect();
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    node.status = Some(NodeStatus {
+        capacity: Some(resources.clone()),
+        allocatable: Some(resources),
+        addresses: Some(vec![
+            NodeAddress {
+                type_: "InternalIP".into(),
+                address: instance.private_ip.to_string(),
+            },
+            NodeAddress {
+                type_: "Hostname".into(),
+                address: instance.private_dns_name.clone(),
+            },
+        ]),
+        conditions: Some(vec![NodeCondition {
+            type_: "Ready".into(),
+            status: "True".into(),
+            reason: Some("KubeletReady".into()),
+            message: Some("kubelet is posting ready status".into()),
+            last_heartbeat_time: Some(now.clone()),
+            last_transition_time: Some(now),
+        }]),
+        ..Default::default()
+    });
+    node
+}
