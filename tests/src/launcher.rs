@@ -338,6 +338,8 @@ fn instance(described: &MotoInstance, user_data: Vec<u8>) -> Result<Instance> {
             .private_ip
             .parse()
             .with_context(|| format!("privateIpAddress {:?}", described.private_ip))?,
+        // Karpenter's launch templates ask for one address per instance.
+        secondary_ips: Vec::new(),
         private_dns_name: described.private_dns_name.clone(),
         local_hostname: described.private_dns_name.clone(),
         mac: described.mac.clone(),
