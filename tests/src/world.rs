@@ -51,6 +51,16 @@ pub struct World {
 }
 
 impl World {
+    /// A second server on this world's control plane, started with `args`,
+    /// and a joiner for it. The servers share a service account: the RBAC
+    /// of the later one (as its flags ask) replaces the earlier one's.
+    pub async fn second_server(&self, args: &[String]) -> Result<(TestServer, Joiner)> {
+        let settings = cloud_settings(&self.cloud, &self.ec2);
+        let server = TestServer::start(&self.cp, &settings, args).await?;
+        let joiner = Joiner::new(server.url(), server.ca_pem())?;
+        Ok((server, joiner))
+    }
+
     pub async fn start() -> Result<Self> {
         Self::start_with(&[]).await
     }

@@ -442,14 +442,9 @@ async fn a_join_refused_for_good_meets_the_same_failure_policy_as_a_fatal_report
 
     // Started second: the servers share a service account, and this one's
     // RBAC (no NodeClaim delete) replaces the first's.
-    let settings = cloud_settings(&world.cloud, &world.ec2);
-    let marking = TestServer::start(
-        &world.cp,
-        &settings,
-        &["--delete-failed-nodeclaims=false".into()],
-    )
-    .await?;
-    let marking_joiner = joiner::Joiner::new(marking.url(), marking.ca_pem())?;
+    let (marking, marking_joiner) = world
+        .second_server(&["--delete-failed-nodeclaims=false".into()])
+        .await?;
     let (kept, instance) = world.launch(|i| i).await?;
     refused_for_good(&world, &marking, &marking_joiner, &instance).await?;
     wait_condition(&claims, &kept, "False", "BootstrapFailed")

@@ -8,8 +8,7 @@ use autonode_shared::protocol::{Outcome, ReportRequest};
 use autonode_tests::fakecloud::Instance;
 use autonode_tests::joiner::NodeKeys;
 use autonode_tests::karpenter;
-use autonode_tests::server::TestServer;
-use autonode_tests::world::{cloud_settings, in_region, World};
+use autonode_tests::world::{in_region, World};
 use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, ListParams};
 use rcgen::KeyPair;
@@ -24,14 +23,9 @@ const FAILED_MARK: &str = "autonode.dev/bootstrap-failed";
 #[tokio::test]
 async fn a_fatal_report_before_the_binding_leaves_the_nodeclaim_alone() -> Result<()> {
     let world = World::start().await?;
-    let settings = cloud_settings(&world.cloud, &world.ec2);
-    let marking = TestServer::start(
-        &world.cp,
-        &settings,
-        &["--delete-failed-nodeclaims=false".into()],
-    )
-    .await?;
-    let marking_joiner = autonode_tests::joiner::Joiner::new(marking.url(), marking.ca_pem())?;
+    let (_marking, marking_joiner) = world
+        .second_server(&["--delete-failed-nodeclaims=false".into()])
+        .await?;
     let (claim, instance) = world.launch(|i| i).await?;
     let stranger = KeyPair::generate()?;
 
