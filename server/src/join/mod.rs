@@ -230,7 +230,7 @@ fn name_held_by_others(
     ctx: &JoinContext,
     attested: &Attested,
 ) -> Option<k8s_openapi::jiff::Timestamp> {
-    let now = k8s_openapi::jiff::Timestamp::now();
+    let now = ctx.clock.stamp();
     let name = &attested.instance.private_dns_name;
     let held = reuse::last_held_by_others(&ctx.claims, name, &attested.doc.instance_id, now)?;
     let open = reuse::window_end(held, ctx.lifetimes.signing) > now;
