@@ -9,6 +9,7 @@
 
 use crate::retry::{Deadline, RetryPolicy};
 use crate::server_client::ServerClient;
+use autonode_shared::clock::Clock;
 use autonode_shared::protocol::{
     InstanceIdentity, KeyProof, Outcome, Phase, ReportRequest, REPORT_PATH,
 };
@@ -100,11 +101,16 @@ fn sign(key: &KeyPair, bytes: &[u8]) -> Option<KeyProof> {
 pub struct Reporter {
     client: ServerClient,
     rsa2048: String,
+    clock: Clock,
 }
 
 impl Reporter {
-    pub fn new(client: ServerClient, rsa2048: String) -> Self {
-        Reporter { client, rsa2048 }
+    pub fn new(client: ServerClient, rsa2048: String, clock: Clock) -> Self {
+        Reporter {
+            client,
+            rsa2048,
+            clock,
+        }
     }
 
     /// Sends one report without waiting for it: the task goes onto
@@ -129,7 +135,7 @@ impl Reporter {
 
     /// Sends one report; logs and forgets a failure.
     pub async fn send(&self, phase: Phase, outcome: Outcome, message: &str, key: Option<&KeyPair>) {
-        let timestamp = time::OffsetDateTime::now_utc().unix_timestamp();
+        let timestamp = self.clock.unix();
         let report = build(&self.rsa2048, phase, outcome, message, timestamp, key);
         let body = match serde_json::to_vec(&report) {
             Ok(body) => body,

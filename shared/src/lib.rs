@@ -29,6 +29,7 @@
 
 pub mod agentconfig;
 pub mod backoff;
+pub mod clock;
 pub mod contract;
 pub mod csr;
 pub mod identity;

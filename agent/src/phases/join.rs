@@ -59,7 +59,7 @@ pub(super) async fn run(
 /// An earlier run's answer, while its client certificate is valid and it
 /// fits this node (checked again: the state directory is only a file).
 fn saved_answer(run: &Run, identity: &Identity) -> Option<JoinResponse> {
-    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let now = run.clock.unix();
     run.state.load_response().ok().flatten().filter(|answer| {
         join::check_answer(answer, identity).is_ok()
             && kubelet::not_after(answer.client_certificate.as_bytes())

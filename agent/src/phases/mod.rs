@@ -22,6 +22,7 @@ use autonode_agent::report::{Reporter, REPORT_BUDGET};
 use autonode_agent::retry::Deadline;
 use autonode_agent::server_client::ServerClient;
 use autonode_agent::state::StateDir;
+use autonode_shared::clock::Clock;
 use autonode_shared::protocol::{Outcome, Phase};
 use std::path::{Path, PathBuf};
 use tokio::task::JoinSet;
@@ -38,6 +39,8 @@ struct Run {
     resumed: Option<Phase>,
     /// Reports sent in the background, waited for before exit.
     reports: JoinSet<()>,
+    /// Where "now" comes from (certificate expiry, report timestamps).
+    clock: Clock,
 }
 
 /// The whole join, from the flags to kubelet started.
@@ -58,6 +61,7 @@ pub async fn run(flags: &Flags, root: Root) -> Result<(), Failure> {
         state_dir,
         resumed: None,
         reports: JoinSet::new(),
+        clock: Clock::SYSTEM,
     };
     if already_joined(&mut run)? {
         return Ok(());
@@ -66,7 +70,7 @@ pub async fn run(flags: &Flags, root: Root) -> Result<(), Failure> {
     let client =
         ServerClient::new(&run.settings.config).or_fail_in(Phase::Config, "server trust")?;
     log_route(&run.settings);
-    let reporter = Reporter::new(client.clone(), identity.rsa2048.clone());
+    let reporter = Reporter::new(client.clone(), identity.rsa2048.clone(), run.clock);
     // kubelet's version is probed while the agent makes keys and waits on
     // the server.
     let prepared = apply::probe_kubelet(&run).and_then(|probe| Ok((probe, keys::run(&run)?)));
@@ -148,8 +152,7 @@ fn already_joined(run: &mut Run) -> Result<bool, Failure> {
         }
         return Ok(false);
     }
-    let now = time::OffsetDateTime::now_utc().unix_timestamp();
-    match kubelet::verify_joined(&run.root, now) {
+    match kubelet::verify_joined(&run.root, run.clock.unix()) {
         Ok(()) => {
             log::info!(
                 "already joined as {}; nothing to do",

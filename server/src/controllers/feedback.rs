@@ -37,7 +37,7 @@
 use crate::controllers::capacity;
 use crate::kube::binding;
 use crate::kube::cache::Cache;
-use crate::kube::clock::Clock;
+use crate::kube::clock::{Clock, KubeTime};
 use crate::kube::condition::{self, set_condition, Desired};
 use crate::kube::events::Events;
 use crate::kube::karpenter::NodeClaim;

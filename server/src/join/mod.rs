@@ -48,7 +48,7 @@ use crate::join::refusal::JoinError;
 use crate::join::render::inputs::NodeConfig;
 use crate::join::render::ClusterSettings;
 use crate::kube::binding::{Binding, Keys};
-use crate::kube::clock::Clock;
+use crate::kube::clock::{Clock, KubeTime};
 use crate::kube::events::Events;
 use crate::kube::issuer::{Issuer, Lifetimes};
 use crate::kube::karpenter::NodeClaim;

@@ -1,61 +1,36 @@
-//! The server's one wall clock.
+//! The server's side of the one wall clock ([`autonode_shared::clock`]).
 //!
-//! Wall time is read here and nowhere else, with the `time` library (the
-//! one the identity document's `pendingTime` and the certificates are
-//! parsed with). Kubernetes objects carry their timestamps as
+//! Kubernetes objects carry their timestamps as
 //! `k8s_openapi`'s `Time`, a `jiff` timestamp: [`to_k8s`] and
 //! [`from_k8s`] are the only crossings, so the rest of the server does its
-//! arithmetic in one library. Elapsed time (timeouts, token buckets) is
-//! `std::time::Instant`, which is not a clock of this kind.
-//!
-//! A [`Clock`] is a plain function, so tests inject one that reads a fixed
-//! or shifted time (a `pendingTime` in the future, a report from the past)
-//! without the server's code knowing.
+//! arithmetic in one library.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use time::OffsetDateTime;
 
-/// Where "now" comes from: the system's clock, or a test's.
-#[derive(Debug, Clone, Copy)]
-pub struct Clock(fn() -> OffsetDateTime);
+pub use autonode_shared::clock::Clock;
 
-impl Clock {
-    /// The system's clock, in UTC.
-    pub const SYSTEM: Clock = Clock(OffsetDateTime::now_utc);
-
-    /// A clock that reads `now` (a test's fixed or shifted time).
-    pub const fn reading(now: fn() -> OffsetDateTime) -> Self {
-        Clock(now)
-    }
-
-    /// Now.
-    pub fn now(self) -> OffsetDateTime {
-        (self.0)()
-    }
-
-    /// Now, in whole Unix seconds.
-    pub fn unix(self) -> i64 {
-        self.now().unix_timestamp()
-    }
-
+/// The crossings of [`Clock`]'s "now" into Kubernetes' timestamps.
+pub trait KubeTime {
     /// Now, as `k8s_openapi` counts time (full precision: a Lease's
     /// `MicroTime`, a unique Event name).
-    pub fn stamp(self) -> Timestamp {
-        to_k8s(self.now()).0
-    }
+    fn stamp(self) -> Timestamp;
 
     /// Now, as a Kubernetes timestamp in whole seconds (what the API
     /// server stores of a `Time` anyway, so a value written and read back
     /// compares equal).
-    pub fn k8s(self) -> Time {
-        to_k8s(self.now().replace_nanosecond(0).unwrap_or(self.now()))
-    }
+    fn k8s(self) -> Time;
 }
 
-impl Default for Clock {
-    fn default() -> Self {
-        Clock::SYSTEM
+impl KubeTime for Clock {
+    fn stamp(self) -> Timestamp {
+        to_k8s(self.now()).0
+    }
+
+    fn k8s(self) -> Time {
+        let now = self.now();
+        to_k8s(now.replace_nanosecond(0).unwrap_or(now))
     }
 }
 

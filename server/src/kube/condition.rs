@@ -8,7 +8,7 @@
 //! object). `lastTransitionTime` moves only when the status does, as the
 //! API conventions ask.
 
-use crate::kube::clock::Clock;
+use crate::kube::clock::{Clock, KubeTime};
 use crate::kube::karpenter::Condition;
 use crate::kube::reason::Reason;
 

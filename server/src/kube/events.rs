@@ -30,7 +30,7 @@
 //! of [`QUEUE`] (past it they are dropped and counted, `queue_full`).
 
 use crate::kube::bounded::Bounded;
-use crate::kube::clock::Clock;
+use crate::kube::clock::{Clock, KubeTime};
 use crate::kube::metrics::{EventDropLabels, Metrics};
 use crate::kube::reason::Reason;
 use crate::kube::told::Told;

@@ -12,7 +12,7 @@
 //! thousand LISTs of every NodeClaim.
 
 use crate::kube::cache::{self, Cache};
-use crate::kube::clock::{self, Clock};
+use crate::kube::clock::{self, Clock, KubeTime};
 use crate::kube::karpenter::{Condition, NodeClaim};
 use crate::kube::marks;
 use kube::api::{DeleteParams, Patch, Preconditions};

@@ -319,3 +319,65 @@ fn every_reason_the_server_writes_is_in_the_operators_table_and_nothing_else() {
     let dropped = "## Event and condition reasons\n\n| Reason |\n|---|\n| `Attested` |\n";
     assert_eq!(reasons_in_table(dropped), ["Attested"], "the table is read");
 }
+
+/// How wall time can be read without the one clock.
+const WALL_CLOCK_READS: &[&str] = &["now_utc(", "Timestamp::now(", "SystemTime::now("];
+
+/// Each line of `text` before its `#[cfg(test)]` module that reads wall
+/// time directly (tests may fix their own times).
+fn wall_clock_reads(text: &str) -> Vec<String> {
+    text.lines()
+        .take_while(|line| line.trim() != "#[cfg(test)]")
+        .filter(|line| !line.trim_start().starts_with("//"))
+        .filter(|line| WALL_CLOCK_READS.iter().any(|read| line.contains(read)))
+        .map(|line| line.trim().to_string())
+        .collect()
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in fs::read_dir(dir).unwrap_or_else(|e| panic!("reading {}: {e}", dir.display())) {
+        let path = entry.expect("a directory entry").path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") && !path.ends_with("tests.rs") {
+            out.push(path);
+        }
+    }
+}
+
+#[test]
+fn wall_time_is_read_through_the_one_clock_only() {
+    let root = repo();
+    let mut files = Vec::new();
+    for source in SOURCE_ROOTS {
+        rust_files(&root.join(source), &mut files);
+    }
+    let clock = root.join("shared/src/clock.rs");
+    let reads: Vec<String> = files
+        .iter()
+        .filter(|path| **path != clock)
+        .flat_map(|path| {
+            let text = fs::read_to_string(path).unwrap_or_default();
+            let shown = path
+                .strip_prefix(&root)
+                .unwrap_or(path)
+                .display()
+                .to_string();
+            wall_clock_reads(&text)
+                .into_iter()
+                .map(move |line| format!("{shown}: {line}"))
+        })
+        .collect();
+    assert!(
+        reads.is_empty(),
+        "wall time read outside shared/src/clock.rs (take a Clock instead):\n{}",
+        reads.join("\n")
+    );
+    let sample = "let a = Clock::SYSTEM.unix();\nlet b = time::OffsetDateTime::now_utc();\n\
+                  #[cfg(test)]\nlet c = OffsetDateTime::now_utc();\n";
+    assert_eq!(
+        wall_clock_reads(sample),
+        ["let b = time::OffsetDateTime::now_utc();"],
+        "direct reads are found, test modules skipped"
+    );
+}

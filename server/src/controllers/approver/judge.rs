@@ -5,7 +5,7 @@ use super::cap::counted_toward_cap;
 use super::decline::Decline;
 use super::{over_cap_key, Context, RECENT_WINDOW};
 use crate::kube::binding;
-use crate::kube::clock::Clock;
+use crate::kube::clock::{Clock, KubeTime};
 use crate::kube::karpenter::{parse_aws_provider_id, NodeClaim};
 use crate::kube::reuse;
 use autonode_shared::csr::{self, Purpose};
