@@ -210,8 +210,9 @@ impl World {
         Ok(())
     }
 
-    /// The reasons of the Events on NodeClaim `claim`, once one with
-    /// `awaited` has arrived (Events are published in the background).
+    /// The reasons of the Events on the cluster-scoped object named `claim`
+    /// (a NodeClaim, a CSR), once one with `awaited` has arrived (Events
+    /// are published in the background).
     pub async fn event_reasons(&self, claim: &str, awaited: &str) -> Result<Vec<String>> {
         use k8s_openapi::api::core::v1::Event;
         let api: Api<Event> = Api::namespaced(self.cp.admin().await?, "default");
@@ -229,7 +230,7 @@ impl World {
             }
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         }
-        anyhow::bail!("no {awaited} Event on NodeClaim {claim}")
+        anyhow::bail!("no {awaited} Event on {claim}")
     }
 }
 

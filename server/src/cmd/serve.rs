@@ -118,6 +118,7 @@ fn leader(
         metrics: metrics.clone(),
         approver: args.approve_kubelet_csrs.then(|| approver::Settings {
             claims: claims.clone(),
+            events: events.clone(),
             ec2: ec2.clone(),
             metrics: metrics.clone(),
             pending_cap: args.pending_csr_cap,

@@ -1,7 +1,7 @@
 //! The approve step: both CSR objects approved, kube-controller-manager's
 //! certificates awaited and checked against the CSRs that were judged.
 
-use super::bind::CsrObject;
+use super::bind::Prepared;
 use super::JoinContext;
 use crate::join::refusal::JoinError;
 use crate::kube::issuer::{IssueError, IssueRequest};
@@ -12,13 +12,13 @@ use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 /// the requests.
 pub(super) async fn approve(
     ctx: &JoinContext,
-    requests: &[IssueRequest<'_>],
-    csrs: Vec<CsrObject>,
+    prepared: &Prepared<'_>,
 ) -> Result<[String; 2], JoinError> {
-    let issued = requests
+    let issued = prepared
+        .requests
         .iter()
-        .zip(csrs)
-        .map(|(r, csr)| finish(ctx, r, csr.object));
+        .zip(&prepared.csrs)
+        .map(|(r, csr)| finish(ctx, r, csr.object.clone()));
     let certificates = futures::future::try_join_all(issued).await?;
     <[String; 2]>::try_from(certificates)
         .map_err(|_| JoinError::unavailable("expected two certificates"))

@@ -1,14 +1,18 @@
 //! The attest step: the instance's one NodeClaim passes its rules, EC2
-//! says the instance is live and runs the signed image, and the CSRs ask
-//! for nothing but the names and addresses EC2 gives the machine.
+//! says the instance is live and runs the signed image, the CSRs ask for
+//! nothing but the names and addresses EC2 gives the machine, and whether
+//! that name was another instance's lately ([`reuse`]).
 
+use super::admit::Admitted;
 use super::JoinContext;
 use crate::ec2::{Ec2Instance, LookupError};
 use crate::join::refusal::{JoinError, Refusal};
+use crate::kube::clock::KubeTime;
 use crate::kube::karpenter::NodeClaim;
-use crate::kube::nodeclaim;
+use crate::kube::{nodeclaim, reuse};
 use autonode_shared::csr::{self, ParsedCsr};
 use autonode_shared::identity::IdentityDocument;
+use k8s_openapi::jiff::Timestamp;
 use std::sync::Arc;
 
 /// What attestation established about the machine.
@@ -17,24 +21,57 @@ pub(super) struct Attested {
     pub(super) claim: Arc<NodeClaim>,
     pub(super) instance: Ec2Instance,
     pub(super) provider_id: String,
+    /// The two CSRs, as sent and as judged against EC2's answer.
+    pub(super) csrs: Csrs,
+    /// When another instance last held this node name, if certificates
+    /// issued to it then may still be valid.
+    pub(super) held: Option<Timestamp>,
+    /// The NodeClaim's age when the machine was attested (the attested
+    /// milestone's time).
+    pub(super) attested_at: Option<f64>,
+}
+
+/// A join's two CSRs: PEM as sent, and parsed.
+pub(super) struct Csrs {
+    pub(super) client_pem: String,
+    pub(super) serving_pem: String,
+    pub(super) client: ParsedCsr,
+    pub(super) serving: ParsedCsr,
 }
 
 /// The NodeClaim's rules (the one found by
 /// [`NodeClaims::one_for`](crate::kube::nodeclaim::NodeClaims::one_for)), then
-/// EC2.
+/// EC2, then the CSRs against EC2's answer.
 pub(super) async fn attest(
     ctx: &JoinContext,
-    doc: IdentityDocument,
-    provider_id: String,
+    admitted: Admitted,
     claim: Arc<NodeClaim>,
 ) -> Result<Attested, JoinError> {
+    let Admitted {
+        request,
+        client_csr,
+        serving_csr,
+        doc,
+        provider_id,
+        ..
+    } = admitted;
     nodeclaim::check(&claim, doc.pending_time)?;
     let instance = lookup(ctx, &doc).await?;
+    check_csrs(&client_csr, &serving_csr, &instance)?;
+    let held = name_held_by_others(ctx, &instance, &doc.instance_id);
     Ok(Attested {
+        attested_at: nodeclaim::age_seconds(&claim, ctx.clock),
         doc,
         claim,
         instance,
         provider_id,
+        csrs: Csrs {
+            client_pem: request.client_csr,
+            serving_pem: request.serving_csr,
+            client: client_csr,
+            serving: serving_csr,
+        },
+        held,
     })
 }
 
@@ -81,14 +118,30 @@ async fn lookup(ctx: &JoinContext, doc: &IdentityDocument) -> Result<Ec2Instance
 }
 
 /// The CSRs against what EC2 says this machine is.
-pub(super) fn check_csrs(
+fn check_csrs(
     client: &ParsedCsr,
     serving: &ParsedCsr,
-    attested: &Attested,
+    instance: &Ec2Instance,
 ) -> Result<(), Refusal> {
-    let node = &attested.instance.private_dns_name;
+    let node = &instance.private_dns_name;
     csr::check_client_csr(client, node).map_err(Refusal::ClientCsr)?;
     let dns = [node.clone()];
-    csr::check_serving_csr(serving, node, &dns, &attested.instance.private_ips)
-        .map_err(Refusal::ServingCsr)
+    csr::check_serving_csr(serving, node, &dns, &instance.private_ips).map_err(Refusal::ServingCsr)
+}
+
+/// When another instance last held the node name EC2 gives this one, if
+/// certificates issued to it then may still be valid (see [`reuse`]).
+fn name_held_by_others(
+    ctx: &JoinContext,
+    instance: &Ec2Instance,
+    instance_id: &str,
+) -> Option<Timestamp> {
+    let now = ctx.clock.stamp();
+    let name = &instance.private_dns_name;
+    let held = reuse::last_held_by_others(&ctx.claims, name, instance_id, now)?;
+    let open = reuse::window_end(held, ctx.lifetimes.signing) > now;
+    if open {
+        tracing::warn!(node = %name, instance = %instance_id, last_held = %held, "this node name was another instance's within a certificate's lifetime: its kubelet CSRs stay pending until then, and this join's certificates last the signer's full lifetime");
+    }
+    open.then_some(held)
 }

@@ -15,12 +15,14 @@ use autonode_shared::csr::ParsedCsr;
 use autonode_shared::csr::Purpose;
 use autonode_shared::protocol::KubeletSettings;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
-use k8s_openapi::jiff::Timestamp;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// What a join has ready before anything is approved.
-pub(super) struct Prepared {
+pub(super) struct Prepared<'a> {
+    /// What is asked of kube-controller-manager: the client, then the
+    /// serving certificate.
+    pub(super) requests: [IssueRequest<'a>; 2],
     pub(super) binding: Binding,
     /// The NodeClaim as this join's binding write left it (none when a
     /// resumed join wrote nothing).
@@ -41,13 +43,19 @@ pub(super) struct CsrObject {
 /// objects. Rendering and the objects need only what attestation
 /// established, so they run together; nothing is approved until all of it
 /// stands, and a join that fails on the way deletes the objects it created.
-pub(super) async fn prepare(
+pub(super) async fn bind<'a>(
     ctx: &JoinContext,
-    attested: &Attested,
-    keys: Keys<'_>,
-    requests: &[IssueRequest<'_>],
-    held: Option<Timestamp>,
-) -> Result<Prepared, JoinError> {
+    attested: &'a Attested,
+) -> Result<Prepared<'a>, JoinError> {
+    let requests = requests(ctx, attested);
+    let (client_key, serving_key) = (
+        attested.csrs.client.public_key_fingerprint(),
+        attested.csrs.serving.public_key_fingerprint(),
+    );
+    let keys = Keys {
+        client: &client_key,
+        serving: &serving_key,
+    };
     // Judged on the cached NodeClaim first, so a replay creates nothing;
     // the write below judges again on the version it writes over.
     let existing = binding::judge(&attested.claim, &attested.doc.instance_id, keys)?;
@@ -58,11 +66,11 @@ pub(super) async fn prepare(
     };
     let (rendered, csrs) = tokio::join!(
         ctx.nodeconfig.render(&ctx.cluster.settings, &facts),
-        csr_objects(ctx, requests, existing.as_ref()),
+        csr_objects(ctx, &requests, existing.as_ref()),
     );
     let csrs = csrs?;
     let bound = match rendered {
-        Ok(rendered) => record_binding(ctx, attested, (keys, held), &csrs, existing)
+        Ok(rendered) => record_binding(ctx, attested, keys, &csrs, existing)
             .await
             .map(|binding| (binding, rendered))
             .map_err(JoinError::from),
@@ -70,6 +78,7 @@ pub(super) async fn prepare(
     };
     match bound {
         Ok(((binding, claim), rendered)) => Ok(Prepared {
+            requests,
             binding,
             claim,
             rendered,
@@ -123,12 +132,35 @@ async fn abandon_created(ctx: &JoinContext, csrs: &[CsrObject]) {
     }
 }
 
+/// The client and serving requests. Within a reused name's window the
+/// approver leaves this name's renewals pending: certificates of the
+/// signer's full lifetime outlast the window, so the machine's kubelet
+/// works on until they are approved.
+fn requests<'a>(ctx: &JoinContext, attested: &'a Attested) -> [IssueRequest<'a>; 2] {
+    let lifetime = match attested.held {
+        Some(_) => ctx.lifetimes.signing,
+        None => ctx.lifetimes.join,
+    };
+    let csrs = &attested.csrs;
+    [
+        issue_request(
+            attested,
+            (&csrs.client_pem, &csrs.client),
+            (Purpose::Client, lifetime),
+        ),
+        issue_request(
+            attested,
+            (&csrs.serving_pem, &csrs.serving),
+            (Purpose::Serving, lifetime),
+        ),
+    ]
+}
+
 /// What to ask kube-controller-manager for (the CSR objects this step
 /// creates).
-pub(super) fn issue_request<'a>(
+fn issue_request<'a>(
     attested: &Attested,
-    pem: &'a str,
-    judged: &'a ParsedCsr,
+    (pem, judged): (&'a str, &'a ParsedCsr),
     (purpose, lifetime): (Purpose, Duration),
 ) -> IssueRequest<'a> {
     let instance_id = &attested.doc.instance_id;
@@ -158,7 +190,7 @@ pub(super) fn issue_request<'a>(
 async fn record_binding(
     ctx: &JoinContext,
     attested: &Attested,
-    (keys, held): (Keys<'_>, Option<Timestamp>),
+    keys: Keys<'_>,
     csrs: &[CsrObject],
     existing: Option<Record>,
 ) -> Result<(Binding, Option<NodeClaim>), BindingError> {
@@ -184,9 +216,9 @@ async fn record_binding(
                 serving_key: keys.serving.to_string(),
                 csrs: refs,
             };
-            let attested = [Milestone::Attested.name()];
-            let held = held.map(|t| t.to_string());
-            let marks = (&attested[..], held.as_deref());
+            let held = attested.held.map(|t| t.to_string());
+            let reported = [Milestone::Attested.name()];
+            let marks = (&reported[..], held.as_deref());
             let written = binding::write(&ctx.claims, claim, &record, false, marks).await?;
             Ok((Binding::New, Some(written)))
         }

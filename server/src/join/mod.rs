@@ -47,21 +47,19 @@ use crate::ec2::InstanceLookup;
 use crate::join::refusal::JoinError;
 use crate::join::render::inputs::NodeConfig;
 use crate::join::render::ClusterSettings;
-use crate::kube::binding::{Binding, Keys};
-use crate::kube::clock::{Clock, KubeTime};
+use crate::kube::binding::Binding;
+use crate::kube::clock::Clock;
 use crate::kube::events::Events;
 use crate::kube::issuer::{Issuer, Lifetimes};
 use crate::kube::karpenter::NodeClaim;
 use crate::kube::metrics::{Metrics, Steps};
-use crate::kube::nodeclaim::{self, Milestone, NodeClaims, OnFailure};
-use crate::kube::reuse;
+use crate::kube::nodeclaim::{Milestone, NodeClaims, OnFailure};
 use approve::approve;
-use attest::{attest, check_csrs, Attested};
-use autonode_shared::csr::Purpose;
+use attest::{attest, Attested};
 use autonode_shared::identity::{Policy, TrustStore};
 use autonode_shared::protocol::JoinResponse;
 use autonode_shared::protocol::KubeletSettings;
-use bind::{issue_request, prepare};
+use bind::bind;
 use outcome::Outcome;
 use std::sync::Arc;
 
@@ -159,85 +157,21 @@ async fn grant(
     claim: Arc<NodeClaim>,
     steps: &mut Steps<'_>,
 ) -> Result<Granted, JoinError> {
-    let Admitted {
-        request,
-        client_csr,
-        serving_csr,
-        doc,
-        provider_id,
-        ..
-    } = admitted;
-    let attested = attest(ctx, doc, provider_id, claim).await?;
-    check_csrs(&client_csr, &serving_csr, &attested)?;
+    let attested = attest(ctx, admitted, claim).await?;
     steps.done(Step::Attest.name());
-    // The attested milestone's time: the machine is what it says it is.
-    let attested_at = nodeclaim::age_seconds(&attested.claim);
-    let held = name_held_by_others(ctx, &attested);
-    // Within a reused name's window the approver leaves this name's
-    // renewals pending: certificates of the signer's full lifetime outlast
-    // the window, so the machine's kubelet works on until they are approved.
-    let lifetime = match held {
-        Some(_) => ctx.lifetimes.signing,
-        None => ctx.lifetimes.join,
-    };
-    let requests = [
-        issue_request(
-            &attested,
-            &request.client_csr,
-            &client_csr,
-            (Purpose::Client, lifetime),
-        ),
-        issue_request(
-            &attested,
-            &request.serving_csr,
-            &serving_csr,
-            (Purpose::Serving, lifetime),
-        ),
-    ];
-    let (client_key, serving_key) = (
-        client_csr.public_key_fingerprint(),
-        serving_csr.public_key_fingerprint(),
-    );
-    let keys = Keys {
-        client: &client_key,
-        serving: &serving_key,
-    };
-    let prepared = prepare(ctx, &attested, keys, &requests, held).await?;
+    let prepared = bind(ctx, &attested).await?;
     steps.done(Step::Bind.name());
-    let binding = prepared.binding;
-    if binding == Binding::New {
+    if prepared.binding == Binding::New {
         // Marked reported by the binding's own write.
-        outcome::milestone(ctx, Milestone::Attested, attested_at);
+        outcome::milestone(ctx, Milestone::Attested, attested.attested_at);
     }
-    let certificates = approve(ctx, &requests, prepared.csrs).await?;
+    let certificates = approve(ctx, &prepared).await?;
     steps.done(Step::Approve.name());
-    let certified_at = nodeclaim::age_seconds(&attested.claim);
-    // Once per NodeClaim, whichever join gets here first: a join resumed
-    // after one that failed at approval records them now.
-    let claim = prepared.claim.as_ref().unwrap_or(&attested.claim);
-    let timed = [
-        (Milestone::Attested, attested_at),
-        (Milestone::Certificates, certified_at),
-    ];
-    outcome::milestones(ctx, claim, &timed).await;
-    let response = answer(ctx, &attested, certificates, prepared.rendered);
-    Ok(Granted { response, binding })
-}
-
-/// When another instance last held the node name EC2 gives this one, if
-/// certificates issued to it then may still be valid (see [`reuse`]).
-fn name_held_by_others(
-    ctx: &JoinContext,
-    attested: &Attested,
-) -> Option<k8s_openapi::jiff::Timestamp> {
-    let now = ctx.clock.stamp();
-    let name = &attested.instance.private_dns_name;
-    let held = reuse::last_held_by_others(&ctx.claims, name, &attested.doc.instance_id, now)?;
-    let open = reuse::window_end(held, ctx.lifetimes.signing) > now;
-    if open {
-        tracing::warn!(node = %name, instance = %attested.doc.instance_id, last_held = %held, "this node name was another instance's within a certificate's lifetime: its kubelet CSRs stay pending until then, and this join's certificates last the signer's full lifetime");
-    }
-    open.then_some(held)
+    outcome::certified(ctx, &attested, prepared.claim.as_ref()).await;
+    Ok(Granted {
+        binding: prepared.binding,
+        response: answer(ctx, &attested, certificates, prepared.rendered),
+    })
 }
 
 /// What a granted join answers, and how it relates to the binding.

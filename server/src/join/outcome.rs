@@ -4,13 +4,14 @@
 //! happens; each of those is a small function of its own, and whether to
 //! delete is a pure decision ([`dooms_nodeclaim`]).
 
+use super::attest::Attested;
 use super::{Granted, JoinContext};
 use crate::join::refusal::{JoinError, Refusal};
 use crate::kube::binding::{self, Binding, BindingRefusal};
 use crate::kube::karpenter::NodeClaim;
 use crate::kube::marks;
 use crate::kube::metrics::JoinLabels;
-use crate::kube::nodeclaim::{pending, Failed, Milestone};
+use crate::kube::nodeclaim::{self, pending, Failed, Milestone};
 use crate::kube::reason::Reason;
 use std::sync::Arc;
 use std::time::Instant;
@@ -67,6 +68,20 @@ pub(super) fn milestone(ctx: &JoinContext, milestone: Milestone, seconds: Option
     }
 }
 
+/// The certificates milestone, with the attested one if it is still
+/// unreported: once per NodeClaim, whichever join gets here first, so a
+/// join resumed after one that failed at approval records them now.
+/// `written` is the NodeClaim as this join's binding write left it.
+pub(super) async fn certified(ctx: &JoinContext, attested: &Attested, written: Option<&NodeClaim>) {
+    let certified_at = nodeclaim::age_seconds(&attested.claim, ctx.clock);
+    let claim = written.unwrap_or(&attested.claim);
+    let timed = [
+        (Milestone::Attested, attested.attested_at),
+        (Milestone::Certificates, certified_at),
+    ];
+    milestones(ctx, claim, &timed).await;
+}
+
 /// Records those of the join's `timed` milestones that the NodeClaim's
 /// [`marks::REPORTED`] mark does not have yet ([`pending`]
 /// decides, as for the feedback controller's): first marked, only on the
@@ -75,11 +90,7 @@ pub(super) fn milestone(ctx: &JoinContext, milestone: Milestone, seconds: Option
 /// time. So a join resumed after one that failed before its end records
 /// what that one could not, and a join resumed after a granted one
 /// records nothing again. A failed write records nothing (logged).
-pub(super) async fn milestones(
-    ctx: &JoinContext,
-    claim: &NodeClaim,
-    timed: &[(Milestone, Option<f64>)],
-) {
+async fn milestones(ctx: &JoinContext, claim: &NodeClaim, timed: &[(Milestone, Option<f64>)]) {
     let candidates: Vec<Milestone> = timed.iter().map(|(m, _)| *m).collect();
     let mut fresh = None;
     for attempt in 0..2 {

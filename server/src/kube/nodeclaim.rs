@@ -327,9 +327,9 @@ pub enum Failed {
 }
 
 /// Seconds since the NodeClaim was created.
-pub fn age_seconds(claim: &NodeClaim) -> Option<f64> {
+pub fn age_seconds(claim: &NodeClaim, clock: Clock) -> Option<f64> {
     let created = claim.metadata.creation_timestamp.as_ref()?;
-    let age = Clock::SYSTEM.stamp().duration_since(created.0);
+    let age = clock.stamp().duration_since(created.0);
     Some(age.as_secs_f64().max(0.0))
 }
 

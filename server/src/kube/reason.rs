@@ -30,6 +30,9 @@ pub enum Reason {
     /// Approval of a kubelet's renewal or serving CSR (the CSR's Approved
     /// condition).
     AutonodeRenewal,
+    /// A kubelet CSR left pending because its node name was another
+    /// instance's within a certificate's lifetime (Event, on the CSR).
+    NodeNameReused,
 
     // The agent's reports.
     /// An agent finished a phase (Event).
@@ -86,7 +89,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, for the docs' check and the tests.
-    pub const ALL: [Reason; 28] = [
+    pub const ALL: [Reason; 29] = [
         Reason::Attested,
         Reason::JoinRefused,
         Reason::PossibleReplay,
@@ -94,6 +97,7 @@ impl Reason {
         Reason::KubeletSettingsUnset,
         Reason::AutonodeAttested,
         Reason::AutonodeRenewal,
+        Reason::NodeNameReused,
         Reason::AgentProgress,
         Reason::AgentRetrying,
         Reason::BootstrapFailed,
@@ -127,6 +131,7 @@ impl Reason {
             Reason::KubeletSettingsUnset => "KubeletSettingsUnset",
             Reason::AutonodeAttested => "AutonodeAttested",
             Reason::AutonodeRenewal => "AutonodeRenewal",
+            Reason::NodeNameReused => "NodeNameReused",
             Reason::AgentProgress => "AgentProgress",
             Reason::AgentRetrying => "AgentRetrying",
             Reason::BootstrapFailed => "BootstrapFailed",

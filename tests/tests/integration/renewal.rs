@@ -313,6 +313,8 @@ async fn a_dead_nodes_credential_gets_nothing_for_the_next_machine_with_its_name
         let line = left_pending_within(&world, csr, Duration::from_secs(30)).await?;
         assert!(line.contains("name_reused"), "{line}");
         assert!(undecided(&csrs, csr).await?, "{csr} was decided");
+        // Said where `kubectl describe csr` shows it, not only in a log.
+        world.event_reasons(csr, "NodeNameReused").await?;
     }
 
     // A machine whose name no one held before renews as always.

@@ -41,6 +41,7 @@ pub use store::keep_for_judging;
 
 use crate::ec2::{InstanceLookup, LookupCache};
 use crate::kube::approval::ApprovalError;
+use crate::kube::events::Events;
 use crate::kube::limiter::Limiter;
 use crate::kube::metrics::Metrics;
 use crate::kube::nodeclaim::NodeClaims;
@@ -99,6 +100,9 @@ const RETRY_DECLINED: Duration = Duration::from_secs(30);
 #[derive(Clone)]
 pub struct Settings {
     pub claims: NodeClaims,
+    /// For the one Warning the approver writes: a reused name's CSR left
+    /// pending (the other reasons are logs and metrics).
+    pub events: Events,
     pub ec2: Arc<dyn InstanceLookup>,
     pub metrics: Metrics,
     pub pending_cap: usize,

@@ -49,7 +49,7 @@ pub(super) async fn reconcile(
                 .csr_left_pending
                 .get_or_create(&LeftPendingLabels { kind, reason })
                 .inc();
-            tell(&ctx, &csr.name_any(), &node, (kind, &decline));
+            tell(&ctx, &csr, &node, (kind, &decline));
             Ok(decline
                 .retry_in()
                 .map_or_else(Action::await_change, Action::requeue))
@@ -59,13 +59,27 @@ pub(super) async fn reconcile(
 
 /// Logs why `csr` was left pending: as a warning when the reason is new
 /// for it, and a node's being over its cap once for the node, not per CSR
-/// and look; at debug otherwise (the metric counts every time).
-fn tell(ctx: &Context, csr: &str, node: &str, (kind, decline): (&str, &Decline)) {
+/// and look; at debug otherwise (the metric counts every time). A reused
+/// name is also a Warning Event on the CSR, where `kubectl describe csr`
+/// shows whoever wonders why their node's CSR waits.
+fn tell(
+    ctx: &Context,
+    object: &CertificateSigningRequest,
+    node: &str,
+    (kind, decline): (&str, &Decline),
+) {
     let reason = decline.reason();
+    let csr = object.name_any();
     let first = match decline {
         Decline::TooMany { .. } => ctx.told.first(&over_cap_key(node), reason),
-        _ => ctx.told.first(csr, reason),
+        _ => ctx.told.first(&csr, reason),
     };
+    if first && matches!(decline, Decline::NameReused { .. }) {
+        let note = format!("left pending: {decline}");
+        ctx.settings
+            .events
+            .warning(object, Reason::NodeNameReused, note);
+    }
     if first {
         tracing::warn!(%csr, %node, kind, reason, detail = %decline, "kubelet CSR left pending");
     } else {
