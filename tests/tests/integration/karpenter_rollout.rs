@@ -25,14 +25,16 @@
 //! setting; the scenarios are short because Karpenter reacts to events.
 
 use anyhow::{bail, Context, Result};
+use autonode_tests::blip::Blip;
 use autonode_tests::karpenter::{ec2nodeclasses, nodeclaims};
 use autonode_tests::karpenter_cluster::{
     condition, create_class, host_addr, list_nodeclaims, KarpenterCluster, CLASS, LAUNCH_TIMEOUT,
-    POOL, SERVER_INSIDE,
+    MOTO_ACCOUNT, POOL, SERVER_INSIDE,
 };
 use autonode_tests::karpenter_controller::KARPENTER_VERSION;
 use autonode_tests::moto::{Moto, AMD64_AMI, INSTANCE_TYPE, MOTO_VERSION, REGION};
-use autonode_tests::server::{self, TestServer};
+use autonode_tests::pki::Ca;
+use autonode_tests::server::{self, CloudSettings, Setup, TestServer};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::core::v1::{Event, Pod};
@@ -79,7 +81,7 @@ struct Scenario {
     cluster: KarpenterCluster,
     config: PathBuf,
     key: PathBuf,
-    _dir: TempDir,
+    dir: TempDir,
 }
 
 impl Scenario {
@@ -99,7 +101,7 @@ impl Scenario {
             cluster,
             config,
             key,
-            _dir: dir,
+            dir,
         };
         scenario.create_fleet(fleet).await?;
         Ok(scenario)
@@ -123,14 +125,16 @@ impl Scenario {
         wait_rollout(cluster, "True", "Settled").await
     }
 
-    /// The userData flags with `--public-url` set to `public_url`.
-    fn upkeep_args_with_url(&self, public_url: &str) -> Vec<String> {
+    /// The userData flags with `flag` (`--public-url`, `--join-ca-file`)
+    /// set to `value`.
+    fn upkeep_args_with(&self, flag: &str, value: &str) -> Vec<String> {
+        let prefix = format!("{flag}=");
         self.cluster
             .upkeep_args()
             .into_iter()
             .map(|a| {
-                if a.starts_with("--public-url=") {
-                    format!("--public-url={public_url}")
+                if a.starts_with(&prefix) {
+                    format!("{prefix}{value}")
                 } else {
                     a
                 }
@@ -138,9 +142,9 @@ impl Scenario {
             .collect()
     }
 
-    /// Flags for another server generation with `public_url`.
-    fn flags_with_url(&self, public_url: &str) -> Vec<String> {
-        let mut args = self.upkeep_args_with_url(public_url);
+    /// Flags for another server generation with `flag` set to `value`.
+    fn flags_with(&self, flag: &str, value: &str) -> Vec<String> {
+        let mut args = self.upkeep_args_with(flag, value);
         args.push("--leader-lease=3".into());
         args.extend(own_flags(&self.config, &self.key));
         args
@@ -177,7 +181,12 @@ fn own_flags(config: &std::path::Path, key: &std::path::Path) -> Vec<String> {
 }
 
 fn write_ami(config: &std::path::Path, ami: &str) -> Result<()> {
-    std::fs::write(config, format!("ami-ids = [\"amd64={ami}\"]\n"))
+    write_config(config, ami, "")
+}
+
+/// The server's config file: `--ami-ids amd64=<ami>` and `more` (TOML).
+fn write_config(config: &std::path::Path, ami: &str, more: &str) -> Result<()> {
+    std::fs::write(config, format!("ami-ids = [\"amd64={ami}\"]\n{more}"))
         .with_context(|| format!("writing {}", config.display()))
 }
 
@@ -645,53 +654,100 @@ async fn class_user_data(client: &Client) -> Result<String> {
         .to_string())
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_new_join_url_changes_the_user_data_and_drifts_the_fleet_at_the_budgets_pace(
-) -> Result<()> {
-    let scenario = Scenario::start(FLEET).await?;
+/// A server generation that renders `rendered` takes over from the
+/// cluster's (behind its address, as a Deployment's rolling restart behind
+/// its Service); the class gets the new userData and Karpenter replaces
+/// the fleet for its hash, at the budget's pace, each replacement booting
+/// with the new userData byte for byte and joining through `next`.
+async fn new_user_data_rolls(
+    scenario: &Scenario,
+    next: TestServer,
+    rendered: &str,
+) -> Result<Replaced> {
     let cluster = &scenario.cluster;
     let admin = cluster.cp.admin().await?;
     let old = scenario.claim_names().await?;
-    let before = class_user_data(&admin).await?;
+    assert_ne!(class_user_data(&admin).await?, rendered, "nothing to roll");
     let watch = DisruptionWatch::start(&admin);
-
-    // The join API gets another name: `localhost`, which the serving
-    // certificate names too, on each machine's same forward. The server is
-    // replaced by one with the new --public-url, behind the old one's
-    // address, as a Deployment's rolling restart behind its Service.
-    let url = format!("https://localhost:{}", SERVER_INSIDE.port());
-    let rendered = server::render_user_data(&scenario.upkeep_args_with_url(&url))?;
-    assert_ne!(rendered, before, "a new URL must render other userData");
     let t0 = Instant::now();
-    let next: TestServer = cluster.start_server(&scenario.flags_with_url(&url)).await?;
     cluster.server.kill();
     let _front = Front::start(host_addr(&cluster.server)?, host_addr(&next)?).await?;
     cluster
-        .wait_for("the class's userData with the new URL", LAUNCH_TIMEOUT, || async {
+        .wait_for("the class's new userData", LAUNCH_TIMEOUT, || async {
             Ok((class_user_data(&admin).await? == rendered).then_some(()))
         })
         .await?;
-
-    let replaced = replaced_at_the_budgets_pace(&scenario, &watch, &old, AMD64_AMI, t0).await?;
+    let replaced = replaced_at_the_budgets_pace(scenario, &watch, &old, AMD64_AMI, t0).await?;
     assert_eq!(replaced.max, BUDGET, "the budget was never used");
     assert_eq!(
         replaced.reasons,
         BTreeSet::from(["NodeClassDrift".to_string()]),
         "the drift was the class's hash (its userData)"
     );
-    // Each replacement booted with the new userData, byte for byte, and
-    // joined at the new URL.
     for claim in &replaced.fleet {
         let id = instance_of(claim).context("no providerID")?;
         let on_instance = cluster.moto.user_data(id).await?.context("no userData")?;
         assert!(on_instance == rendered.as_bytes(), "{id}'s userData");
     }
+    // The first replacement Ready promoted the new userData.
     wait_rollout(cluster, "True", "Settled").await?;
+    Ok(replaced)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_join_url_changes_the_user_data_and_drifts_the_fleet_at_the_budgets_pace(
+) -> Result<()> {
+    let scenario = Scenario::start(FLEET).await?;
+    let cluster = &scenario.cluster;
+    // The join API gets another name: `localhost`, which the serving
+    // certificate names too, on each machine's same forward.
+    let url = format!("https://localhost:{}", SERVER_INSIDE.port());
+    let rendered = server::render_user_data(&scenario.upkeep_args_with("--public-url", &url))?;
+    let next = cluster
+        .start_server(&scenario.flags_with("--public-url", &url))
+        .await?;
+    let replaced = new_user_data_rolls(&scenario, next, &rendered).await?;
     record(
         cluster,
         json!({
             "join_url_change_max_disrupted_at_once": replaced.max,
             "join_url_change_replaced_s": round(replaced.seconds),
+        }),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_join_ca_changes_the_pin_in_user_data_and_drifts_the_fleet_at_the_budgets_pace(
+) -> Result<()> {
+    let scenario = Scenario::start(FLEET).await?;
+    let cluster = &scenario.cluster;
+    // A new root: userData pins the CA by its SHA-256, so the pin changes,
+    // and the next server serves a certificate of the new CA only.
+    let ca = Ca::new("autonode-join-ca-next")?;
+    let ca_file = scenario.dir.path().join("join-ca-next.pem");
+    std::fs::write(&ca_file, ca.cert_pem())?;
+    let ca_file = ca_file.display().to_string();
+    let rendered =
+        server::render_user_data(&scenario.upkeep_args_with("--join-ca-file", &ca_file))?;
+    let cloud = CloudSettings {
+        identity_ca_pem: cluster.identity_ca.ca_pem(),
+        ec2_endpoint: cluster.moto.url().to_string(),
+        accounts: vec![MOTO_ACCOUNT.into()],
+        regions: vec![REGION.into()],
+    };
+    let flags = scenario.flags_with("--join-ca-file", &ca_file);
+    let setup = Setup {
+        extra_args: &flags,
+        join_ca: Some(&ca),
+        ..Setup::default()
+    };
+    let next = TestServer::launch(&cluster.cp, &cloud, &setup).await?;
+    let replaced = new_user_data_rolls(&scenario, next, &rendered).await?;
+    record(
+        cluster,
+        json!({
+            "join_ca_change_max_disrupted_at_once": replaced.max,
+            "join_ca_change_replaced_s": round(replaced.seconds),
         }),
     )
 }
@@ -753,7 +809,8 @@ async fn the_rollout_guard_puts_a_failing_ami_back_before_karpenter_has_replaced
                     && c.metadata.deletion_timestamp.is_none()
                     && image_of(c) == AMD64_AMI
             });
-            let names: BTreeSet<String> = claims.into_iter().filter_map(|c| c.metadata.name).collect();
+            let names: BTreeSet<String> =
+                claims.into_iter().filter_map(|c| c.metadata.name).collect();
             Ok(calm.then(|| names.intersection(&old).count()))
         })
         .await?;
@@ -768,7 +825,10 @@ async fn the_rollout_guard_puts_a_failing_ami_back_before_karpenter_has_replaced
         "reverted after {reverted_s:.1} s and {failed} failed NodeClaims ({broken} broken machines); \
          {survivors} of {FLEET} old NodeClaims survived; most disrupted at once {max}; drifted {drifted:?}"
     );
-    assert!(failed >= 3, "reverted after {failed} failures, not the guard's 3");
+    assert!(
+        failed >= 3,
+        "reverted after {failed} failures, not the guard's 3"
+    );
     assert!(max <= BUDGET, "{max} disrupted at once");
     assert!(
         old.iter().any(|name| drifted.contains_key(name)),
@@ -932,5 +992,54 @@ async fn a_new_serving_certificate_under_the_same_join_ca_drifts_nothing_and_new
             "serving_cert_rotation_drifted": drifted + ever_drifted,
             "serving_cert_reloaded_s": round(reloaded_s),
         }),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_api_server_url_reaches_new_machines_in_their_join_answer_and_drifts_nothing(
+) -> Result<()> {
+    let scenario = Scenario::start(1).await?;
+    let cluster = &scenario.cluster;
+    let admin = cluster.cp.admin().await?;
+    let old = scenario.claim_names().await?;
+    let before = class_fingerprint(&admin).await?;
+    let watch = DisruptionWatch::start(&admin);
+
+    // Another address of the same API server (a relay; the API server's
+    // certificate names 127.0.0.1), given to nodes with --api-server-url.
+    // The join answer carries it, userData does not.
+    let relay = Blip::start(cluster.cp.url()).await?;
+    let more = format!("api-server-url = \"{}\"\n", relay.url());
+    write_config(&scenario.config, AMD64_AMI, &more)?;
+    cluster.server.restart().await?;
+
+    // A machine launched now joins, and its kubelet reaches the API server
+    // at the new URL: cutting the relay's connections finds it there.
+    scale_workload(&admin, 2).await?;
+    let fleet = wait_fleet(cluster, AMD64_AMI, &BTreeSet::new(), 2).await?;
+    let joined: Vec<DynamicObject> = fleet
+        .into_iter()
+        .filter(|c| !old.contains(c.metadata.name.as_deref().unwrap_or_default()))
+        .collect();
+    assert_eq!(joined.len(), 1);
+    assert_joined_on(cluster, &joined, AMD64_AMI).await?;
+    cluster
+        .wait_for(
+            "the new node's kubelet connected through the new URL",
+            LAUNCH_TIMEOUT,
+            || async { Ok((relay.cut() >= 1).then_some(())) },
+        )
+        .await?;
+
+    // The class is as it was: nothing for Karpenter to drift on.
+    let after = class_fingerprint(&admin).await?;
+    assert_eq!(after, before, "the class changed");
+    let claims = list_nodeclaims(&admin).await?;
+    let drifted = claims.iter().filter(|c| is_true(c, "Drifted")).count();
+    let (max, ever_drifted) = watch.seen(|s| (s.max, s.drifted.len()));
+    assert_eq!(drifted + ever_drifted + max, 0, "{claims:#?}");
+    record(
+        cluster,
+        json!({ "api_server_url_change_drifted": drifted + ever_drifted }),
     )
 }
