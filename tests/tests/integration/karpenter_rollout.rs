@@ -441,10 +441,7 @@ impl DisruptionWatch {
                     watcher::Event::Apply(claim) | watcher::Event::InitApply(claim) => {
                         seen.observe(&claim, began)
                     }
-                    watcher::Event::Delete(claim) => {
-                        let name = claim.metadata.name.unwrap_or_default();
-                        seen.now.remove(&name);
-                    }
+                    watcher::Event::Delete(claim) => seen.forget(&claim, began),
                     watcher::Event::Init | watcher::Event::InitDone => {}
                 }
             }
@@ -471,10 +468,23 @@ impl Seen {
             self.now.remove(&name)
         };
         if changed {
-            self.max = self.max.max(self.now.len());
-            let at = (began.elapsed().as_secs_f64() * 10.0).round() / 10.0;
-            self.timeline.push((at, self.now.len()));
+            self.changed(began);
         }
+    }
+
+    fn forget(&mut self, claim: &DynamicObject, began: Instant) {
+        if self
+            .now
+            .remove(claim.metadata.name.as_deref().unwrap_or_default())
+        {
+            self.changed(began);
+        }
+    }
+
+    fn changed(&mut self, began: Instant) {
+        self.max = self.max.max(self.now.len());
+        self.timeline
+            .push((round(began.elapsed().as_secs_f64()), self.now.len()));
     }
 }
 
