@@ -21,8 +21,11 @@
 //! EC2NodeClass's watch events (and a 5-minute requeue); a drifted
 //! candidate is tainted, its replacement launched, and it is deleted only
 //! once the replacement is Initialized; a replacement deleted meanwhile
-//! fails the command and the candidate is untainted. None of these has a
-//! setting; the scenarios are short because Karpenter reacts to events.
+//! fails the command and the candidate is untainted; a replacement is
+//! created by the disruption queue itself, not batched by the provisioner
+//! (`BATCH_IDLE_DURATION` does not apply); a drain lasts at least 5 s.
+//! None of these has a setting; the scenarios are short because Karpenter
+//! reacts to events.
 
 use anyhow::{bail, Context, Result};
 use autonode_tests::blip::Blip;
