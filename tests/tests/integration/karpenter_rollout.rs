@@ -68,6 +68,10 @@ const WORKLOAD: &str = "fleet";
 /// drift compares with each NodeClaim's.
 const CLASS_HASH: &str = "karpenter.k8s.aws/ec2nodeclass-hash";
 
+/// The rollout guard's failures before it puts values back (the server's
+/// default `--rollout-failures`).
+const ROLLOUT_FAILURES: usize = 3;
+
 /// The rollout guard's condition type on the class.
 const ROLLOUT_CONDITION: &str = "AutonodeRollout";
 
@@ -785,6 +789,27 @@ fn class_ami(class: &DynamicObject) -> &str {
         .unwrap_or_default()
 }
 
+/// Waits until Karpenter has taken `ami` back: no NodeClaim Drifted or
+/// being disrupted, every one on `ami` (the failed replacements gone);
+/// returns how many of `old` are still there.
+async fn calm_on(cluster: &KarpenterCluster, ami: &str, old: &BTreeSet<String>) -> Result<usize> {
+    let admin = cluster.cp.admin().await?;
+    cluster
+        .wait_for("the fleet no longer drifted", FLEET_TIMEOUT, || async {
+            let claims = list_nodeclaims(&admin).await?;
+            let calm = claims.iter().all(|c| {
+                !is_true(c, "Drifted")
+                    && !is_true(c, "DisruptionReason")
+                    && c.metadata.deletion_timestamp.is_none()
+                    && image_of(c) == ami
+            });
+            let names: BTreeSet<String> =
+                claims.into_iter().filter_map(|c| c.metadata.name).collect();
+            Ok(calm.then(|| names.intersection(old).count()))
+        })
+        .await
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_rollout_guard_puts_a_failing_ami_back_before_karpenter_has_replaced_the_fleet(
 ) -> Result<()> {
@@ -810,23 +835,7 @@ async fn the_rollout_guard_puts_a_failing_ami_back_before_karpenter_has_replaced
         .map(Vec::len)
         .unwrap_or_default();
 
-    // Karpenter takes the old AMI back: no NodeClaim is Drifted any more,
-    // none is being disrupted, the failed replacements are gone, and the
-    // old NodeClaims that were never disrupted for good are all there.
-    let survivors = cluster
-        .wait_for("the fleet no longer drifted", FLEET_TIMEOUT, || async {
-            let claims = list_nodeclaims(&admin).await?;
-            let calm = claims.iter().all(|c| {
-                !is_true(c, "Drifted")
-                    && !is_true(c, "DisruptionReason")
-                    && c.metadata.deletion_timestamp.is_none()
-                    && image_of(c) == AMD64_AMI
-            });
-            let names: BTreeSet<String> =
-                claims.into_iter().filter_map(|c| c.metadata.name).collect();
-            Ok(calm.then(|| names.intersection(&old).count()))
-        })
-        .await?;
+    let survivors = calm_on(cluster, AMD64_AMI, &old).await?;
     let broken = cluster
         .launcher
         .machines()
@@ -839,8 +848,8 @@ async fn the_rollout_guard_puts_a_failing_ami_back_before_karpenter_has_replaced
          {survivors} of {FLEET} old NodeClaims survived; most disrupted at once {max}; drifted {drifted:?}"
     );
     assert!(
-        failed >= 3,
-        "reverted after {failed} failures, not the guard's 3"
+        failed >= ROLLOUT_FAILURES,
+        "reverted after {failed} failures, not the guard's {ROLLOUT_FAILURES}"
     );
     assert!(max <= BUDGET, "{max} disrupted at once");
     assert!(
@@ -858,7 +867,7 @@ async fn the_rollout_guard_puts_a_failing_ami_back_before_karpenter_has_replaced
             "rollout_reverted_s": round(reverted_s),
             "rollout_reverted_old_survived": survivors,
             "rollout_reverted_fleet": FLEET,
-            "rollout_reverted_failures_threshold": 3,
+            "rollout_reverted_failures_threshold": ROLLOUT_FAILURES,
         }),
     )
 }
@@ -935,19 +944,10 @@ async fn class_fingerprint(client: &Client) -> Result<(String, Option<String>, O
     Ok((user_data, hash, class.metadata.generation))
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_new_serving_certificate_under_the_same_join_ca_drifts_nothing_and_new_machines_still_join(
-) -> Result<()> {
-    let scenario = Scenario::start(1).await?;
-    let cluster = &scenario.cluster;
-    let admin = cluster.cp.admin().await?;
-    let old = scenario.claim_names().await?;
-    let before = class_fingerprint(&admin).await?;
-    let watch = DisruptionWatch::start(&admin);
-
-    // cert-manager's renewal: a new key and certificate from the same CA,
-    // written over the files the server was started with. userData pins
-    // the CA (its SHA-256), never the serving certificate.
+/// cert-manager's renewal: a new key and certificate from the cluster's
+/// join CA written over the files the server was started with. Returns
+/// how long after the write the server served it.
+async fn rotate_serving_certificate(cluster: &KarpenterCluster) -> Result<f64> {
     let addr = host_addr(&cluster.server)?;
     let first = served_leaf(addr)?;
     let loopback = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
@@ -962,18 +962,54 @@ async fn a_new_serving_certificate_under_the_same_join_ca_drifts_nothing_and_new
             Ok(same_pem(&served_leaf(addr)?, &serving.cert_pem).then_some(()))
         })
         .await?;
-    let reloaded_s = t0.elapsed().as_secs_f64();
     assert!(!same_pem(&first, &serving.cert_pem));
+    Ok(t0.elapsed().as_secs_f64())
+}
 
-    // A machine launched now joins against the new certificate.
-    scale_workload(&admin, 2).await?;
-    let fleet = wait_fleet(cluster, AMD64_AMI, &BTreeSet::new(), 2).await?;
+/// Scales the workload by one pod: Karpenter launches a machine, which
+/// joins through autonode and is Initialized beside the `old` NodeClaims.
+async fn one_more_machine_joins(cluster: &KarpenterCluster, old: &BTreeSet<String>) -> Result<()> {
+    let admin = cluster.cp.admin().await?;
+    scale_workload(&admin, old.len() + 1).await?;
+    let fleet = wait_fleet(cluster, AMD64_AMI, &BTreeSet::new(), old.len() + 1).await?;
     let joined: Vec<DynamicObject> = fleet
         .into_iter()
         .filter(|c| !old.contains(c.metadata.name.as_deref().unwrap_or_default()))
         .collect();
     assert_eq!(joined.len(), 1);
-    assert_joined_on(cluster, &joined, AMD64_AMI).await?;
+    assert_joined_on(cluster, &joined, AMD64_AMI).await
+}
+
+/// Checks the class is as `before` (userData, hash, generation: nothing
+/// for Karpenter to drift on) and no NodeClaim is or was `Drifted` or
+/// disrupted; returns the NodeClaims Drifted (0).
+async fn nothing_drifted(
+    admin: &Client,
+    watch: &DisruptionWatch,
+    before: &(String, Option<String>, Option<i64>),
+) -> Result<usize> {
+    let after = class_fingerprint(admin).await?;
+    assert_eq!(&after, before, "the class changed");
+    let claims = list_nodeclaims(admin).await?;
+    let drifted = claims.iter().filter(|c| is_true(c, "Drifted")).count();
+    let (max, ever_drifted) = watch.seen(|s| (s.max, s.drifted.len()));
+    assert_eq!(drifted + ever_drifted + max, 0, "{claims:#?}");
+    Ok(drifted + ever_drifted)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_serving_certificate_under_the_same_join_ca_drifts_nothing_and_new_machines_still_join(
+) -> Result<()> {
+    let scenario = Scenario::start(1).await?;
+    let cluster = &scenario.cluster;
+    let admin = cluster.cp.admin().await?;
+    let old = scenario.claim_names().await?;
+    let before = class_fingerprint(&admin).await?;
+    let watch = DisruptionWatch::start(&admin);
+
+    let reloaded_s = rotate_serving_certificate(cluster).await?;
+    // A machine launched now joins against the new certificate.
+    one_more_machine_joins(cluster, &old).await?;
 
     // A restart (a new pod reads the new pair at start) changes nothing
     // either: the same userData, so the same class hash, and no spec
@@ -985,12 +1021,7 @@ async fn a_new_serving_certificate_under_the_same_join_ca_drifts_nothing_and_new
             Ok((checks >= 1.0).then_some(()))
         })
         .await?;
-    let after = class_fingerprint(&admin).await?;
-    assert_eq!(after, before, "the class changed");
-    let claims = list_nodeclaims(&admin).await?;
-    let drifted = claims.iter().filter(|c| is_true(c, "Drifted")).count();
-    let (max, ever_drifted) = watch.seen(|s| (s.max, s.drifted.len()));
-    assert_eq!(drifted + ever_drifted + max, 0, "{claims:#?}");
+    let drifted = nothing_drifted(&admin, &watch, &before).await?;
     // The state key is its own file, not derived from the TLS key just
     // rotated, so the guard kept its state through the restart.
     let reasons = class_event_reasons(&admin).await?;
@@ -1002,7 +1033,7 @@ async fn a_new_serving_certificate_under_the_same_join_ca_drifts_nothing_and_new
     record(
         cluster,
         json!({
-            "serving_cert_rotation_drifted": drifted + ever_drifted,
+            "serving_cert_rotation_drifted": drifted,
             "serving_cert_reloaded_s": round(reloaded_s),
         }),
     )
@@ -1028,14 +1059,7 @@ async fn a_new_api_server_url_reaches_new_machines_in_their_join_answer_and_drif
 
     // A machine launched now joins, and its kubelet reaches the API server
     // at the new URL: cutting the relay's connections finds it there.
-    scale_workload(&admin, 2).await?;
-    let fleet = wait_fleet(cluster, AMD64_AMI, &BTreeSet::new(), 2).await?;
-    let joined: Vec<DynamicObject> = fleet
-        .into_iter()
-        .filter(|c| !old.contains(c.metadata.name.as_deref().unwrap_or_default()))
-        .collect();
-    assert_eq!(joined.len(), 1);
-    assert_joined_on(cluster, &joined, AMD64_AMI).await?;
+    one_more_machine_joins(cluster, &old).await?;
     cluster
         .wait_for(
             "the new node's kubelet connected through the new URL",
@@ -1045,14 +1069,6 @@ async fn a_new_api_server_url_reaches_new_machines_in_their_join_answer_and_drif
         .await?;
 
     // The class is as it was: nothing for Karpenter to drift on.
-    let after = class_fingerprint(&admin).await?;
-    assert_eq!(after, before, "the class changed");
-    let claims = list_nodeclaims(&admin).await?;
-    let drifted = claims.iter().filter(|c| is_true(c, "Drifted")).count();
-    let (max, ever_drifted) = watch.seen(|s| (s.max, s.drifted.len()));
-    assert_eq!(drifted + ever_drifted + max, 0, "{claims:#?}");
-    record(
-        cluster,
-        json!({ "api_server_url_change_drifted": drifted + ever_drifted }),
-    )
+    let drifted = nothing_drifted(&admin, &watch, &before).await?;
+    record(cluster, json!({ "api_server_url_change_drifted": drifted }))
 }
