@@ -505,7 +505,9 @@ fn start_controller_manager(
         "csrsigning,csrcleaner,serviceaccount,serviceaccount-token,namespace,garbagecollector"
             .to_string();
     if extra == Extra::SchedulerAndNodeLifecycle {
-        controllers.push_str(",nodelifecycle");
+        // replicaset: a drifted node's pods come back on its replacement,
+        // as a workload's would (the rollout scenarios).
+        controllers.push_str(",nodelifecycle,replicaset");
     }
     let mut args = component_args(kubeconfig)?;
     args.extend([
