@@ -3,6 +3,7 @@
 //! Karpenter to take it away again, what of autonode's that leaves behind,
 //! and what someone who kept the machine's disk can still do with it.
 
+use crate::fakecloud::Instance;
 use crate::karpenter::nodeclaims;
 use crate::karpenter_cluster::{
     condition, host_addr, is_ready, KarpenterCluster, LAUNCH_TIMEOUT, SERVER_INSIDE,
@@ -66,18 +67,41 @@ pub async fn follow_claim(cluster: &KarpenterCluster, claim: &str) -> Result<Mac
     Ok(machine)
 }
 
-/// A copy of a running machine's disk: what whoever takes the disk (or the
-/// machine) holds: the agent's keys, kubelet's credential and config.
-pub fn steal_disk(machine: &Machine) -> Result<TempDir> {
+/// What whoever takes a running machine (or its disk) holds: a copy of
+/// its disk (the agent's keys, kubelet's credential and config) and what
+/// its IMDS tells (the instance, whose identity document the test cloud
+/// signs as it did at launch, and its userData).
+pub struct Stolen {
+    pub disk: TempDir,
+    pub instance: Instance,
+}
+
+/// Takes `machine` while it runs (moto still describes its fleet then).
+pub async fn steal(cluster: &KarpenterCluster, machine: &Machine) -> Result<Stolen> {
+    let id = &machine.instance_id;
     let root = machine
         .root
         .as_ref()
-        .with_context(|| format!("machine {} has no disk yet", machine.instance_id))?;
-    let copy = tempfile::Builder::new()
+        .with_context(|| format!("machine {id} has no disk yet"))?;
+    let disk = tempfile::Builder::new()
         .prefix("autonode-stolen-")
         .tempdir()?;
-    copy_tree(root, copy.path())?;
-    Ok(copy)
+    copy_tree(root, disk.path())?;
+    let described = cluster
+        .moto
+        .instances()
+        .await?
+        .into_iter()
+        .find(|i| i.id == *id)
+        .with_context(|| format!("moto does not know {id}"))?;
+    let (template, version) = cluster
+        .moto
+        .template_of(id)
+        .await?
+        .with_context(|| format!("{id} was not launched by a fleet"))?;
+    let data = cluster.moto.template_data(&template, &version).await?;
+    let instance = crate::launcher::instance(&described, data.user_data)?;
+    Ok(Stolen { disk, instance })
 }
 
 fn copy_tree(from: &Path, to: &Path) -> Result<()> {
@@ -88,7 +112,12 @@ fn copy_tree(from: &Path, to: &Path) -> Result<()> {
         if kind.is_dir() {
             std::fs::create_dir_all(&target)?;
             copy_tree(&entry.path(), &target)?;
-        } else if kind.is_file() {
+        } else if kind.is_symlink() && std::fs::metadata(entry.path()).is_err() {
+            // Absolute on the machine (a systemd unit's link): kept as is.
+            std::os::unix::fs::symlink(std::fs::read_link(entry.path())?, &target)?;
+        } else if kind.is_file() || kind.is_symlink() {
+            // A link that resolves here (kubelet's `-current.pem` files,
+            // relative) is copied as what it points to.
             std::fs::copy(entry.path(), &target)
                 .with_context(|| format!("copying {}", entry.path().display()))?;
         }
@@ -99,7 +128,11 @@ fn copy_tree(from: &Path, to: &Path) -> Result<()> {
 /// Waits until Karpenter has removed `machine` whose NodeClaim is `claim`:
 /// the NodeClaim and the Node gone, the instance terminated in moto, and
 /// the machine stopped (the launcher stops it once moto says terminated).
-pub async fn wait_removed(cluster: &KarpenterCluster, claim: &str, machine: &Machine) -> Result<()> {
+pub async fn wait_removed(
+    cluster: &KarpenterCluster,
+    claim: &str,
+    machine: &Machine,
+) -> Result<()> {
     let admin = cluster.cp.admin().await?;
     let claims = nodeclaims(&admin);
     let nodes: Api<Node> = Api::all(admin.clone());
@@ -166,7 +199,9 @@ pub fn server_writes(cluster: &KarpenterCluster) -> Result<Vec<ServerWrite>> {
         .filter(|e| {
             e["user"]["username"] == user.as_str()
                 && e["stage"] == "ResponseComplete"
-                && e["responseStatus"]["code"].as_i64().is_some_and(|c| c < 300)
+                && e["responseStatus"]["code"]
+                    .as_i64()
+                    .is_some_and(|c| c < 300)
         })
         .map(|e| ServerWrite {
             verb: text(&e["verb"]),
@@ -196,7 +231,21 @@ pub async fn leftovers(
 ) -> Result<Vec<String>> {
     let admin = cluster.cp.admin().await?;
     let mut left = Vec::new();
-    for write in server_writes(cluster)? {
+    let writes = server_writes(cluster)?;
+    // The audit log must hold the server's writes, or this sees nothing:
+    // every join creates CSRs.
+    if !writes
+        .iter()
+        .any(|w| w.resource == "certificatesigningrequests")
+    {
+        bail!("no CSR the server created is in the audit log: {writes:#?}");
+    }
+    let kinds: std::collections::BTreeSet<_> = writes
+        .iter()
+        .map(|w| format!("{} {}/{}", w.verb, w.resource, w.subresource))
+        .collect();
+    eprintln!("the server's writes: {kinds:?}");
+    for write in writes {
         match write.resource.as_str() {
             "events" | "ec2nodeclasses" | "customresourcedefinitions" => {}
             "leases" if write.namespace == SERVER_SERVICE_ACCOUNT.0 => {}
@@ -258,34 +307,17 @@ pub fn is_undecided(csr: &CertificateSigningRequest) -> bool {
     status.conditions.unwrap_or_default().is_empty() && status.certificate.is_none()
 }
 
-/// Boots the machine of terminated instance `instance_id` again, with what
-/// was taken from it: IMDS answering for that instance (the same identity
-/// document, signed by the same key as at launch), the same userData, and
-/// on its disk the agent's keys the server bound to it (`stolen`, a copy
-/// of its disk; without the agent's record of its join, so that the agent
-/// joins again with those keys as after a crash). Runs the agent there;
-/// returns its output.
+/// Boots the machine of `stolen` again after its instance is gone: IMDS
+/// answering as it did (the same identity document, signed by the same
+/// key), and on its disk the agent's keys the server bound to it, without
+/// the agent's record of its join, so that the agent joins again with
+/// those keys as after a crash. Runs the agent there; returns its output.
 pub async fn replay_join(
     cluster: &KarpenterCluster,
-    instance_id: &str,
-    stolen: &Path,
+    stolen: &Stolen,
 ) -> Result<std::process::Output> {
-    let described = cluster
-        .moto
-        .instances()
-        .await?
-        .into_iter()
-        .find(|i| i.id == instance_id)
-        .with_context(|| format!("moto does not know {instance_id}"))?;
-    let (template, version) = cluster
-        .moto
-        .template_of(instance_id)
-        .await?
-        .with_context(|| format!("{instance_id} was not launched by a fleet"))?;
-    let data = cluster.moto.template_data(&template, &version).await?;
-    let instance = crate::launcher::instance(&described, data.user_data)?;
     let node = SimulatedNode::boot_at(
-        &instance,
+        &stolen.instance,
         &cluster.identity_ca,
         SERVER_INSIDE,
         host_addr(&cluster.server)?,
@@ -293,7 +325,7 @@ pub async fn replay_join(
     let keys = node.path("/var/lib/autonode");
     std::fs::create_dir_all(&keys)?;
     for key in ["client.key", "serving.key"] {
-        let from = stolen.join("var/lib/autonode").join(key);
+        let from = stolen.disk.path().join("var/lib/autonode").join(key);
         std::fs::copy(&from, keys.join(key))
             .with_context(|| format!("copying {}", from.display()))?;
     }
@@ -317,13 +349,17 @@ pub async fn join_refused_line(cluster: &KarpenterCluster, instance_id: &str) ->
 /// The server's log line leaving kubelet CSR `csr` pending, once there is one.
 pub async fn left_pending_line(cluster: &KarpenterCluster, csr: &str) -> Result<String> {
     cluster
-        .wait_for("the approver's verdict", Duration::from_secs(30), || async {
-            Ok(cluster
-                .server
-                .log()
-                .lines()
-                .find(|l| l.contains(csr) && l.contains("left pending"))
-                .map(str::to_string))
-        })
+        .wait_for(
+            "the approver's verdict",
+            Duration::from_secs(30),
+            || async {
+                Ok(cluster
+                    .server
+                    .log()
+                    .lines()
+                    .find(|l| l.contains(csr) && l.contains("left pending"))
+                    .map(str::to_string))
+            },
+        )
         .await
 }

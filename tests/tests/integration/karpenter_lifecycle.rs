@@ -4,7 +4,7 @@
 //! machine's disk, in anyone's hands, must get nothing more: its identity
 //! document and keys cannot join again, its kubelet credential cannot renew.
 
-use crate::karpenter_real::{follow, record, round, Journey};
+use crate::karpenter_real::{follow, record, round, wait_autonode_condition, Journey};
 use anyhow::{Context, Result};
 use autonode_server::kube::marks::CSR_INSTANCE_LABEL;
 use autonode_tests::joiner::CsrShape;
@@ -15,7 +15,7 @@ use autonode_tests::karpenter_cluster::{
 };
 use autonode_tests::karpenter_journey::{
     follow_claim, is_undecided, join_refused_line, left_pending_line, leftovers, replay_join,
-    steal_disk, wait_deleting, wait_removed,
+    steal, wait_deleting, wait_removed, Stolen,
 };
 use autonode_tests::launcher::Machine;
 use autonode_tests::moto::ZONE;
@@ -26,11 +26,10 @@ use k8s_openapi::api::certificates::v1::{
 use k8s_openapi::api::core::v1::{Event, Node, NodeSpec, Pod};
 use k8s_openapi::ByteString;
 use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, ObjectMeta,
-    Patch, PatchParams, PostParams,
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, ObjectMeta, Patch,
+    PatchParams, PostParams,
 };
 use serde_json::json;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 #[tokio::test(flavor = "multi_thread")]
@@ -46,7 +45,7 @@ async fn an_emptied_node_is_consolidated_away_and_its_machine_can_never_join_or_
     });
     class_and_pools(&cluster, &[(POOL, json!({ "disruption": disruption }))]).await?;
     let (journey, machine) = pending_pod_to_machine(&cluster).await?;
-    let stolen = steal_disk(&machine)?;
+    let stolen = steal(&cluster, &machine).await?;
 
     // The pod goes and the node is empty. Deleted at once: the kubelet
     // stand-in runs no pod, so nothing would confirm a graceful end.
@@ -57,9 +56,11 @@ async fn an_emptied_node_is_consolidated_away_and_its_machine_can_never_join_or_
     Api::<Pod>::namespaced(admin.clone(), "default")
         .delete(POD, &at_once)
         .await?;
+    let emptied = Instant::now();
     let deleting = wait_deleting(&cluster, &journey.claim).await?;
-    let cleaned_s = removed_for_good(&cluster, &journey.claim, &machine, stolen.path(), deleting)
-        .await?;
+    let decided_s = deleting.duration_since(emptied).as_secs_f64();
+    eprintln!("pod deleted → NodeClaim deleting: {decided_s:.1} s");
+    let cleaned_s = removed_for_good(&cluster, &journey.claim, &machine, &stolen, deleting).await?;
 
     // It was Karpenter's consolidation that took it.
     let told = karpenter_events(&admin, &journey.claim).await?;
@@ -70,20 +71,23 @@ async fn an_emptied_node_is_consolidated_away_and_its_machine_can_never_join_or_
     );
     record(
         &cluster,
-        json!({ "scale_down_cleaned_s": round(cleaned_s) }),
+        json!({
+            "scale_down_cleaned_s": round(cleaned_s),
+            "scale_down_empty_to_deleting_s": round(decided_s),
+        }),
     )
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_deleted_nodeclaims_machine_is_terminated_and_can_never_join_or_renew_again(
-) -> Result<()> {
+async fn a_deleted_nodeclaims_machine_is_terminated_and_can_never_join_or_renew_again() -> Result<()>
+{
     let cluster = KarpenterCluster::start(&[]).await?;
     let admin = cluster.cp.admin().await?;
     // No disruption of Karpenter's own: only the deletion below removes it.
     let disruption = json!({"budgets": [{"nodes": "0"}]});
     class_and_pools(&cluster, &[(POOL, json!({ "disruption": disruption }))]).await?;
     let (journey, machine) = pending_pod_to_machine(&cluster).await?;
-    let stolen = steal_disk(&machine)?;
+    let stolen = steal(&cluster, &machine).await?;
 
     // Without its pod (see above), as an operator would: `kubectl delete nodeclaim`.
     let at_once = DeleteParams {
@@ -97,8 +101,7 @@ async fn a_deleted_nodeclaims_machine_is_terminated_and_can_never_join_or_renew_
     nodeclaims(&admin)
         .delete(&journey.claim, &DeleteParams::default())
         .await?;
-    let cleaned_s = removed_for_good(&cluster, &journey.claim, &machine, stolen.path(), deleting)
-        .await?;
+    let cleaned_s = removed_for_good(&cluster, &journey.claim, &machine, &stolen, deleting).await?;
     record(
         &cluster,
         json!({ "nodeclaim_deleted_cleaned_s": round(cleaned_s) }),
@@ -146,7 +149,7 @@ async fn removed_for_good(
     cluster: &KarpenterCluster,
     claim: &str,
     machine: &Machine,
-    stolen: &Path,
+    stolen: &Stolen,
     deleting: Instant,
 ) -> Result<f64> {
     wait_removed(cluster, claim, machine).await?;
@@ -169,7 +172,7 @@ async fn removed_for_good(
 async fn its_identity_cannot_join_again(
     cluster: &KarpenterCluster,
     machine: &Machine,
-    stolen: &Path,
+    stolen: &Stolen,
 ) -> Result<()> {
     let admin = cluster.cp.admin().await?;
     let csrs: Api<CertificateSigningRequest> = Api::all(admin.clone());
@@ -177,12 +180,12 @@ async fn its_identity_cannot_join_again(
     let of_instance = ListParams::default().labels(&selector);
     let before = csrs.list(&of_instance).await?.items.len();
 
-    let run = replay_join(cluster, &machine.instance_id, stolen).await?;
+    let run = replay_join(cluster, stolen).await?;
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert_eq!(run.status.code(), Some(2), "the replayed agent: {stderr}");
     let line = join_refused_line(cluster, &machine.instance_id).await?;
     eprintln!("replayed join: {line}");
-    assert!(line.contains("no_nodeclaim"), "{line}");
+    assert!(line.contains(r#"reason="no_nodeclaim""#), "{line}");
 
     let after = csrs.list(&of_instance).await?.items.len();
     assert_eq!(after, before, "the refused join created CSRs");
@@ -204,17 +207,23 @@ async fn its_identity_cannot_join_again(
 async fn its_credential_cannot_renew(
     cluster: &KarpenterCluster,
     machine: &Machine,
-    stolen: &Path,
+    stolen: &Stolen,
 ) -> Result<()> {
-    let kubelet = kubelet_client_under(stolen).await?;
+    let kubelet = kubelet_client_under(stolen.disk.path()).await?;
     let name = &machine.node_name;
     // The credential still works: only the approver stands in the way.
     let nodes: Api<Node> = Api::all(kubelet.clone());
     assert!(nodes.get_opt(name).await?.is_none());
     let as_node: Api<CertificateSigningRequest> = Api::all(kubelet.clone());
-    let no_node = submit(&as_node, "renew-gone", CLIENT_SIGNER, &CsrShape::client(name)).await?;
+    let no_node = submit(
+        &as_node,
+        "renew-gone",
+        CLIENT_SIGNER,
+        &CsrShape::client(name),
+    )
+    .await?;
     let line = left_pending_line(cluster, &no_node).await?;
-    assert!(line.contains("no_node"), "{line}");
+    assert!(line.contains(r#"reason="no_node""#), "{line}");
 
     let provider_id = format!("aws:///{ZONE}/{}", machine.instance_id);
     let again = Node {
@@ -238,7 +247,13 @@ async fn its_credential_cannot_renew(
         dns: vec![name.clone()],
         ips: vec![],
     };
-    let renewed = submit(&as_node, "renew-again", CLIENT_SIGNER, &CsrShape::client(name)).await?;
+    let renewed = submit(
+        &as_node,
+        "renew-again",
+        CLIENT_SIGNER,
+        &CsrShape::client(name),
+    )
+    .await?;
     let served = submit(&as_node, "serving-again", SERVING_SIGNER, &serving_shape).await?;
     for csr in [&renewed, &served] {
         // The approver may judge before its Node cache has the new Node
@@ -249,7 +264,11 @@ async fn its_credential_cannot_renew(
     let admin: Api<CertificateSigningRequest> = Api::all(cluster.cp.admin().await?);
     for csr in [&no_node, &renewed, &served] {
         let object = admin.get(csr).await?;
-        assert!(is_undecided(&object), "{csr} was decided: {:?}", object.status);
+        assert!(
+            is_undecided(&object),
+            "{csr} was decided: {:?}",
+            object.status
+        );
     }
     Ok(())
 }
@@ -265,7 +284,11 @@ async fn verdict(cluster: &KarpenterCluster, csr: &str, reason: &str) -> Result<
                     .server
                     .log()
                     .lines()
-                    .find(|l| l.contains(csr) && l.contains("left pending") && l.contains(reason))
+                    .find(|l| {
+                        l.contains(csr)
+                            && l.contains("left pending")
+                            && l.contains(&format!("reason=\"{reason}\""))
+                    })
                     .map(str::to_string))
             },
         )
@@ -366,7 +389,10 @@ async fn a_static_nodepools_machines_join_and_its_replicas_scale_up_and_down_cle
     set_replicas(&admin, STATIC_POOL, 3).await?;
     let three = follow_pool(&cluster, STATIC_POOL, 3).await?;
     let scaled_up_s = t_up.elapsed().as_secs_f64();
-    assert!(two.keys().all(|c| three.contains_key(c)), "{two:?} → {three:?}");
+    assert!(
+        two.keys().all(|c| three.contains_key(c)),
+        "{two:?} → {three:?}"
+    );
 
     // Down to 1: two NodeClaims go, their machines are terminated, and
     // nothing of autonode's is left of them.
@@ -392,7 +418,10 @@ async fn a_static_nodepools_machines_join_and_its_replicas_scale_up_and_down_cle
 
     // The one left and the dynamic node beside it are as they were.
     let claims = nodeclaims(&admin);
-    for claim in one.iter().chain(std::iter::once(&dynamic_claim(&admin).await?)) {
+    for claim in one
+        .iter()
+        .chain(std::iter::once(&dynamic_claim(&admin).await?))
+    {
         let c = claims.get(claim).await?;
         assert!(is_ready(&c), "{claim}: {:#}", c.data["status"]);
     }
@@ -405,7 +434,7 @@ async fn a_static_nodepools_machines_join_and_its_replicas_scale_up_and_down_cle
         &cluster,
         json!({
             "static_pool_scaled_s": {
-                "created_2_initialized": round(up_s),
+                "class_and_pools_created_to_2_initialized": round(up_s),
                 "up_2_to_3_initialized": round(scaled_up_s),
                 "down_3_to_1_cleaned": round(scaled_down_s),
             },
@@ -461,6 +490,8 @@ async fn follow_pool(
     let mut machines = std::collections::BTreeMap::new();
     for claim in claims {
         let machine = follow_claim(cluster, &claim).await?;
+        // autonode told its story on each, static or not.
+        wait_autonode_condition(cluster, &claim, "True", "NodeReady").await?;
         machines.insert(claim, machine);
     }
     let now = pool_claims(&admin, pool).await?;

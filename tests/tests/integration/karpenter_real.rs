@@ -259,7 +259,11 @@ pub(crate) struct Journey {
 /// `skip`: Karpenter launches it, the machine's agent joins, the Node
 /// registers, Karpenter marks it Launched, Registered and Initialized, and
 /// kube-scheduler binds the pod to it.
-pub(crate) async fn follow(cluster: &KarpenterCluster, skip: &[String], t0: Instant) -> Result<Journey> {
+pub(crate) async fn follow(
+    cluster: &KarpenterCluster,
+    skip: &[String],
+    t0: Instant,
+) -> Result<Journey> {
     let admin = cluster.cp.admin().await?;
     let claims = nodeclaims(&admin);
     let claim = cluster
@@ -391,7 +395,7 @@ pub(crate) async fn event_reasons(admin: &Client, claim: &str) -> Result<Vec<Str
 }
 
 /// Waits for autonode's condition on `claim` to be `status`/`reason`.
-async fn wait_autonode_condition(
+pub(crate) async fn wait_autonode_condition(
     cluster: &KarpenterCluster,
     claim: &str,
     status: &str,
