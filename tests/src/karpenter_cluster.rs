@@ -330,8 +330,9 @@ pub async fn list_nodeclaims(client: &Client) -> Result<Vec<DynamicObject>> {
 }
 
 /// A NodePool `name` of the class, pinned like [`create_pool`]'s, with
-/// `spec`'s keys set in its spec (its `disruption`, `replicas`...). [`create_pool`]'s budget of 0 nodes is not set here: a pool
-/// made with this one is for scenarios about Karpenter removing nodes.
+/// `spec`'s keys set in its spec (its `disruption`, `replicas`...).
+/// [`create_pool`]'s budget of 0 nodes is not set here: a pool made with
+/// this one is for scenarios about Karpenter removing nodes.
 pub async fn create_pool_named(client: &Client, name: &str, spec: serde_json::Value) -> Result<()> {
     let resource = ApiResource::from_gvk(&GroupVersionKind::gvk("karpenter.sh", "v1", "NodePool"));
     let mut pool = json!({

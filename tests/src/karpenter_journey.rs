@@ -346,18 +346,25 @@ pub async fn join_refused_line(cluster: &KarpenterCluster, instance_id: &str) ->
         .await
 }
 
-/// The server's log line leaving kubelet CSR `csr` pending, once there is one.
-pub async fn left_pending_line(cluster: &KarpenterCluster, csr: &str) -> Result<String> {
+/// The server's log line leaving kubelet CSR `csr` pending for `reason`
+/// (its metric label), once there is one. The approver looks at a CSR
+/// left pending again every 30 s and logs a new reason anew.
+pub async fn left_pending_as(
+    cluster: &KarpenterCluster,
+    csr: &str,
+    reason: &str,
+) -> Result<String> {
+    let label = format!("reason=\"{reason}\"");
     cluster
         .wait_for(
-            "the approver's verdict",
-            Duration::from_secs(30),
+            &format!("{csr} left pending as {reason}"),
+            Duration::from_secs(75),
             || async {
                 Ok(cluster
                     .server
                     .log()
                     .lines()
-                    .find(|l| l.contains(csr) && l.contains("left pending"))
+                    .find(|l| l.contains(csr) && l.contains("left pending") && l.contains(&label))
                     .map(str::to_string))
             },
         )

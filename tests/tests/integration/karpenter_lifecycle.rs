@@ -14,8 +14,8 @@ use autonode_tests::karpenter_cluster::{
     KarpenterCluster, CLASS, LAUNCH_TIMEOUT, POD, POOL,
 };
 use autonode_tests::karpenter_journey::{
-    follow_claim, is_undecided, join_refused_line, left_pending_line, leftovers, replay_join,
-    steal, wait_deleting, wait_removed, Stolen,
+    follow_claim, is_undecided, join_refused_line, left_pending_as, leftovers, replay_join, steal,
+    wait_deleting, wait_removed, Stolen,
 };
 use autonode_tests::launcher::Machine;
 use autonode_tests::moto::ZONE;
@@ -30,6 +30,7 @@ use kube::api::{
     PatchParams, PostParams,
 };
 use serde_json::json;
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 #[tokio::test(flavor = "multi_thread")]
@@ -215,84 +216,46 @@ async fn its_credential_cannot_renew(
     let nodes: Api<Node> = Api::all(kubelet.clone());
     assert!(nodes.get_opt(name).await?.is_none());
     let as_node: Api<CertificateSigningRequest> = Api::all(kubelet.clone());
-    let no_node = submit(
-        &as_node,
-        "renew-gone",
-        CLIENT_SIGNER,
-        &CsrShape::client(name),
-    )
-    .await?;
-    let line = left_pending_line(cluster, &no_node).await?;
-    assert!(line.contains(r#"reason="no_node""#), "{line}");
+    let client = CsrShape::client(name);
+    let no_node = submit(&as_node, "renew-gone", CLIENT_SIGNER, &client).await?;
+    left_pending_as(cluster, &no_node, "no_node").await?;
 
     let provider_id = format!("aws:///{ZONE}/{}", machine.instance_id);
-    let again = Node {
-        metadata: ObjectMeta {
-            name: Some(name.clone()),
-            ..Default::default()
-        },
-        spec: Some(NodeSpec {
-            provider_id: Some(provider_id),
-            ..Default::default()
-        }),
-        status: None,
-    };
     nodes
-        .create(&PostParams::default(), &again)
+        .create(&PostParams::default(), &bare_node(name, &provider_id))
         .await
         .context("the dead node re-creating its Node")?;
-    let serving_shape = CsrShape {
-        common_name: format!("system:node:{name}"),
-        organisation: Some("system:nodes"),
-        dns: vec![name.clone()],
-        ips: vec![],
-    };
-    let renewed = submit(
-        &as_node,
-        "renew-again",
-        CLIENT_SIGNER,
-        &CsrShape::client(name),
-    )
-    .await?;
-    let served = submit(&as_node, "serving-again", SERVING_SIGNER, &serving_shape).await?;
+    let serving = CsrShape::serving(&stolen.instance);
+    let renewed = submit(&as_node, "renew-again", CLIENT_SIGNER, &client).await?;
+    let served = submit(&as_node, "serving-again", SERVING_SIGNER, &serving).await?;
     for csr in [&renewed, &served] {
         // The approver may judge before its Node cache has the new Node
         // (`no_node`); it looks again within 30 s and says why anew.
-        let line = verdict(cluster, csr, "no_nodeclaim").await?;
+        let line = left_pending_as(cluster, csr, "no_nodeclaim").await?;
         eprintln!("dead node's CSR: {line}");
     }
     let admin: Api<CertificateSigningRequest> = Api::all(cluster.cp.admin().await?);
     for csr in [&no_node, &renewed, &served] {
         let object = admin.get(csr).await?;
-        assert!(
-            is_undecided(&object),
-            "{csr} was decided: {:?}",
-            object.status
-        );
+        let status = &object.status;
+        assert!(is_undecided(&object), "{csr} was decided: {status:?}");
     }
     Ok(())
 }
 
-/// The approver's log line leaving `csr` pending for `reason`.
-async fn verdict(cluster: &KarpenterCluster, csr: &str, reason: &str) -> Result<String> {
-    cluster
-        .wait_for(
-            &format!("{csr} left pending as {reason}"),
-            Duration::from_secs(75),
-            || async {
-                Ok(cluster
-                    .server
-                    .log()
-                    .lines()
-                    .find(|l| {
-                        l.contains(csr)
-                            && l.contains("left pending")
-                            && l.contains(&format!("reason=\"{reason}\""))
-                    })
-                    .map(str::to_string))
-            },
-        )
-        .await
+/// The Node a kubelet registers, with only its name and providerID.
+fn bare_node(name: &str, provider_id: &str) -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            ..Default::default()
+        },
+        spec: Some(NodeSpec {
+            provider_id: Some(provider_id.to_string()),
+            ..Default::default()
+        }),
+        status: None,
+    }
 }
 
 const CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
@@ -376,9 +339,9 @@ async fn a_static_nodepools_machines_join_and_its_replicas_scale_up_and_down_cle
 
     let two = follow_pool(&cluster, STATIC_POOL, 2).await?;
     let up_s = t0.elapsed().as_secs_f64();
-    let [dynamic]: [Machine; 1] = follow_pool(&cluster, DYNAMIC_POOL, 1)
+    let [dynamic]: [(String, Machine); 1] = follow_pool(&cluster, DYNAMIC_POOL, 1)
         .await?
-        .into_values()
+        .into_iter()
         .collect::<Vec<_>>()
         .try_into()
         .map_err(|all| anyhow::anyhow!("not one dynamic node: {all:?}"))?;
@@ -394,39 +357,20 @@ async fn a_static_nodepools_machines_join_and_its_replicas_scale_up_and_down_cle
         "{two:?} → {three:?}"
     );
 
-    // Down to 1: two NodeClaims go, their machines are terminated, and
-    // nothing of autonode's is left of them.
+    // Down to 1: two NodeClaims go with their machines, cleanly.
     let t_down = Instant::now();
-    set_replicas(&admin, STATIC_POOL, 1).await?;
-    let one = cluster
-        .wait_for("the static pool at 1", LAUNCH_TIMEOUT, || async {
-            let live = pool_claims(&admin, STATIC_POOL).await?;
-            Ok((live.len() == 1).then_some(live))
-        })
-        .await?;
-    let removed: Vec<(&String, &Machine)> =
-        three.iter().filter(|(c, _)| !one.contains(c)).collect();
-    assert_eq!(removed.len(), 2, "{one:?} of {three:?}");
-    for (claim, machine) in &removed {
-        wait_removed(&cluster, claim, machine).await?;
-    }
+    let one = scale_down(&cluster, &three, 1).await?;
     let scaled_down_s = t_down.elapsed().as_secs_f64();
-    for (claim, machine) in &removed {
-        let left = leftovers(&cluster, claim, machine).await?;
-        assert!(left.is_empty(), "left behind by {claim}: {left:#?}");
-    }
 
     // The one left and the dynamic node beside it are as they were.
     let claims = nodeclaims(&admin);
-    for claim in one
-        .iter()
-        .chain(std::iter::once(&dynamic_claim(&admin).await?))
-    {
+    assert_eq!(dynamic_claim(&admin).await?, dynamic.0);
+    for claim in one.iter().chain([&dynamic.0]) {
         let c = claims.get(claim).await?;
         assert!(is_ready(&c), "{claim}: {:#}", c.data["status"]);
     }
     let dynamic_node = Api::<Node>::all(admin.clone())
-        .get_opt(&dynamic.node_name)
+        .get_opt(&dynamic.1.node_name)
         .await?;
     assert!(dynamic_node.is_some(), "the dynamic pool's node went");
     eprintln!("static 2 → 3: {scaled_up_s:.1} s; 3 → 1 (all gone): {scaled_down_s:.1} s");
@@ -440,6 +384,40 @@ async fn a_static_nodepools_machines_join_and_its_replicas_scale_up_and_down_cle
             },
         }),
     )
+}
+
+/// Scales the static pool, whose machines are `before` (by NodeClaim),
+/// down to `replicas`; waits until the NodeClaims it drops are gone with
+/// their Nodes, instances and machines, and checks that nothing of
+/// autonode's is left of them. Returns the NodeClaims left.
+async fn scale_down(
+    cluster: &KarpenterCluster,
+    before: &BTreeMap<String, Machine>,
+    replicas: usize,
+) -> Result<Vec<String>> {
+    let admin = cluster.cp.admin().await?;
+    set_replicas(&admin, STATIC_POOL, replicas).await?;
+    let left = cluster
+        .wait_for("the static pool scaled down", LAUNCH_TIMEOUT, || async {
+            let live = pool_claims(&admin, STATIC_POOL).await?;
+            Ok((live.len() == replicas).then_some(live))
+        })
+        .await?;
+    let removed: Vec<(&String, &Machine)> =
+        before.iter().filter(|(c, _)| !left.contains(c)).collect();
+    assert_eq!(
+        removed.len(),
+        before.len() - replicas,
+        "{left:?} of {before:?}"
+    );
+    for (claim, machine) in &removed {
+        wait_removed(cluster, claim, machine).await?;
+    }
+    for (claim, machine) in &removed {
+        let behind = leftovers(cluster, claim, machine).await?;
+        assert!(behind.is_empty(), "left behind by {claim}: {behind:#?}");
+    }
+    Ok(left)
 }
 
 /// The NodeClaims of `pool` not being deleted, by name.
@@ -475,7 +453,7 @@ async fn follow_pool(
     cluster: &KarpenterCluster,
     pool: &str,
     count: usize,
-) -> Result<std::collections::BTreeMap<String, Machine>> {
+) -> Result<BTreeMap<String, Machine>> {
     let admin = cluster.cp.admin().await?;
     let claims = cluster
         .wait_for(
@@ -487,7 +465,7 @@ async fn follow_pool(
             },
         )
         .await?;
-    let mut machines = std::collections::BTreeMap::new();
+    let mut machines = BTreeMap::new();
     for claim in claims {
         let machine = follow_claim(cluster, &claim).await?;
         // autonode told its story on each, static or not.
@@ -504,7 +482,7 @@ async fn follow_pool(
 }
 
 /// Sets `pool`'s `spec.replicas`.
-async fn set_replicas(admin: &kube::Client, pool: &str, replicas: i64) -> Result<()> {
+async fn set_replicas(admin: &kube::Client, pool: &str, replicas: usize) -> Result<()> {
     let resource = ApiResource::from_gvk(&GroupVersionKind::gvk("karpenter.sh", "v1", "NodePool"));
     Api::<DynamicObject>::all_with(admin.clone(), &resource)
         .patch(
