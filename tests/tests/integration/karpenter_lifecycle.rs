@@ -14,8 +14,8 @@ use autonode_tests::karpenter_cluster::{
     KarpenterCluster, CLASS, LAUNCH_TIMEOUT, POD, POOL,
 };
 use autonode_tests::karpenter_journey::{
-    follow_claim, is_undecided, join_refused_line, left_pending_as, leftovers, replay_join, steal,
-    wait_deleting, wait_removed, Stolen,
+    follow_claim, is_issued, is_undecided, join_refused_line, left_pending_as, leftovers,
+    replay_join, steal, wait_deleting, wait_removed, Stolen,
 };
 use autonode_tests::launcher::Machine;
 use autonode_tests::moto::ZONE;
@@ -47,6 +47,7 @@ async fn an_emptied_node_is_consolidated_away_and_its_machine_can_never_join_or_
     class_and_pools(&cluster, &[(POOL, json!({ "disruption": disruption }))]).await?;
     let (journey, machine) = pending_pod_to_machine(&cluster).await?;
     let stolen = steal(&cluster, &machine).await?;
+    renews_while_it_lives(&cluster, &machine, &stolen).await?;
 
     // The pod goes and the node is empty. Deleted at once: the kubelet
     // stand-in runs no pod, so nothing would confirm a graceful end.
@@ -89,6 +90,7 @@ async fn a_deleted_nodeclaims_machine_is_terminated_and_can_never_join_or_renew_
     class_and_pools(&cluster, &[(POOL, json!({ "disruption": disruption }))]).await?;
     let (journey, machine) = pending_pod_to_machine(&cluster).await?;
     let stolen = steal(&cluster, &machine).await?;
+    renews_while_it_lives(&cluster, &machine, &stolen).await?;
 
     // Without its pod (see above), as an operator would: `kubectl delete nodeclaim`.
     let at_once = DeleteParams {
@@ -161,6 +163,31 @@ async fn removed_for_good(
     its_identity_cannot_join_again(cluster, machine, stolen).await?;
     its_credential_cannot_renew(cluster, machine, stolen).await?;
     Ok(cleaned_s)
+}
+
+/// While the machine lives, its kubelet's renewal and serving certificate,
+/// made as below with the same credential, are approved and issued: what
+/// is left pending after its removal is so because of the removal.
+async fn renews_while_it_lives(
+    cluster: &KarpenterCluster,
+    machine: &Machine,
+    stolen: &Stolen,
+) -> Result<()> {
+    let kubelet = kubelet_client_under(stolen.disk.path()).await?;
+    let as_node: Api<CertificateSigningRequest> = Api::all(kubelet);
+    let client = CsrShape::client(&machine.node_name);
+    let serving = CsrShape::serving(&stolen.instance);
+    let renewed = submit(&as_node, "renew-alive", CLIENT_SIGNER, &client).await?;
+    let served = submit(&as_node, "serving-alive", SERVING_SIGNER, &serving).await?;
+    let admin: Api<CertificateSigningRequest> = Api::all(cluster.cp.admin().await?);
+    for csr in [renewed, served] {
+        cluster
+            .wait_for(&format!("{csr} issued"), LAUNCH_TIMEOUT, || async {
+                Ok(is_issued(&admin.get(&csr).await?).then_some(()))
+            })
+            .await?;
+    }
+    Ok(())
 }
 
 /// The attacker boots the terminated instance's identity again: IMDS
