@@ -236,7 +236,8 @@ impl ControlPlane {
     }
 
     /// The API server's audit events so far (writes to NodeClaims; status
-    /// writes with the objects written and returned), in
+    /// writes with the objects written and returned; the server's other
+    /// writes), in
     /// the order it logged them.
     pub fn audit_events(&self) -> Result<Vec<serde_json::Value>> {
         let path = self.dir.path().join(AUDIT_LOG);
@@ -343,7 +344,9 @@ const AUDIT_LOG: &str = "audit.log";
 /// What the API server audits: writes to NodeClaims' status with the
 /// objects written and returned (who wrote what, and what a write dropped:
 /// [`ControlPlane::audit_events`]); writes to NodeClaims
-/// themselves by who and when; nothing else. A few lines per machine.
+/// themselves by who and when; every other write of autonode-server's
+/// ServiceAccount by what and when (what a machine may leave behind);
+/// nothing else. A few lines per machine.
 const AUDIT_POLICY: &str = r#"apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [RequestReceived]
@@ -354,6 +357,9 @@ rules:
 - level: Metadata
   verbs: [create, update, patch, delete]
   resources: [{group: karpenter.sh, resources: [nodeclaims]}]
+- level: Metadata
+  users: ["system:serviceaccount:autonode-system:autonode-server"]
+  verbs: [create, update, patch, delete]
 - level: None
 "#;
 

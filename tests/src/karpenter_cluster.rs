@@ -64,6 +64,15 @@ impl KarpenterCluster {
     /// upkeep on), a 3 s leader lease and `server_args`. No class, pool
     /// or pod yet.
     pub async fn start(server_args: &[String]) -> Result<Self> {
+        Self::start_with(server_args, &[]).await
+    }
+
+    /// Like [`Self::start`], with `karpenter_env` added to Karpenter's
+    /// environment (its feature gates, say).
+    pub async fn start_with(
+        server_args: &[String],
+        karpenter_env: &[(&str, &str)],
+    ) -> Result<Self> {
         let cp = ControlPlane::start_for_karpenter().await?;
         if !cp.version().at_least(1, 26) {
             bail!(
@@ -74,7 +83,7 @@ impl KarpenterCluster {
         install_karpenter_crds(&cp).await?;
         let moto = Arc::new(Moto::start().await?);
         let seeded = moto.seed().await?;
-        let karpenter = KarpenterController::start(&cp, &moto).await?;
+        let karpenter = KarpenterController::start_with_env(&cp, &moto, karpenter_env).await?;
         let dir = tempfile::Builder::new()
             .prefix("autonode-kcluster-")
             .tempdir()?;
@@ -318,4 +327,39 @@ pub async fn create_pending_pod(client: &Client) -> Result<()> {
 /// The NodeClaims there are now.
 pub async fn list_nodeclaims(client: &Client) -> Result<Vec<DynamicObject>> {
     Ok(nodeclaims(client).list(&Default::default()).await?.items)
+}
+
+/// A NodePool `name` of the class, pinned like [`create_pool`]'s, with
+/// `spec`'s keys set in its spec (its `disruption`, `replicas`...).
+/// [`create_pool`]'s budget of 0 nodes is not set here: a pool made with
+/// this one is for scenarios about Karpenter removing nodes.
+pub async fn create_pool_named(client: &Client, name: &str, spec: serde_json::Value) -> Result<()> {
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk("karpenter.sh", "v1", "NodePool"));
+    let mut pool = json!({
+        "apiVersion": "karpenter.sh/v1",
+        "kind": "NodePool",
+        "metadata": {"name": name},
+        "spec": {
+            "template": {"spec": {
+                "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": CLASS},
+                "requirements": [
+                    {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": [INSTANCE_TYPE]},
+                    {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]},
+                    {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]},
+                ],
+            }},
+        },
+    });
+    let serde_json::Value::Object(extra) = spec else {
+        bail!("a NodePool spec that is not an object: {spec}");
+    };
+    for (key, value) in extra {
+        pool["spec"][key] = value;
+    }
+    let pool: DynamicObject = serde_json::from_value(pool)?;
+    Api::<DynamicObject>::all_with(client.clone(), &resource)
+        .create(&PostParams::default(), &pool)
+        .await
+        .with_context(|| format!("creating the NodePool {name}"))?;
+    Ok(())
 }

@@ -98,6 +98,16 @@ impl KarpenterController {
     /// readiness probe answers. The CRDs must be installed first
     /// ([`install_karpenter_crds`]): without them it exits.
     pub async fn start(cp: &ControlPlane, moto: &Moto) -> Result<Self> {
+        Self::start_with_env(cp, moto, &[]).await
+    }
+
+    /// Like [`Self::start`], with `extra` added to the controller's
+    /// environment (e.g. `FEATURE_GATES`).
+    pub async fn start_with_env(
+        cp: &ControlPlane,
+        moto: &Moto,
+        extra: &[(&str, &str)],
+    ) -> Result<Self> {
         let controller = cache_dir()?.join("controller");
         let dir = tempfile::Builder::new()
             .prefix("autonode-karpenter-")
@@ -124,6 +134,7 @@ impl KarpenterController {
             ("HEALTH_PROBE_PORT", health_port.as_str()),
             ("LOG_LEVEL", "debug"),
         ];
+        let env: Vec<(&str, &str)> = env.iter().chain(extra).copied().collect();
         let daemon = Daemon::spawn_with_env("karpenter", &controller, &[], dir.path(), &env)?;
         let karpenter = Self { daemon, dir };
         karpenter.wait_ready(health).await?;

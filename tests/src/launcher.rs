@@ -71,6 +71,8 @@ pub struct Machine {
     pub stopped: Option<Instant>,
     /// Why the launcher could not boot it or register its Node.
     pub error: Option<String>,
+    /// Its root directory (its disk) while it runs: deleted when it stops.
+    pub root: Option<std::path::PathBuf>,
 }
 
 /// The agent's run on a machine.
@@ -218,6 +220,7 @@ fn boot(
             registered: None,
             stopped: None,
             error: None,
+            root: None,
         },
     );
     let task_shared = shared.clone();
@@ -255,6 +258,7 @@ async fn live(
     if broken {
         node.break_systemctl()?;
     }
+    shared.update(&id, |m| m.root = Some(node.root.path().to_path_buf()));
     let run = node.run_agent(&[]).await?;
     let stderr = String::from_utf8_lossy(&run.stderr);
     let log_tail: Vec<&str> = stderr.lines().rev().take(15).collect();
@@ -322,7 +326,7 @@ async fn renew_lease(kubelet: &kube::Client, node: &str) -> Result<()> {
 }
 
 /// The instance as IMDS describes it, from what moto reports.
-fn instance(described: &MotoInstance, user_data: Vec<u8>) -> Result<Instance> {
+pub fn instance(described: &MotoInstance, user_data: Vec<u8>) -> Result<Instance> {
     use time::format_description::well_known::Rfc3339;
     let pending_time = time::OffsetDateTime::parse(&described.launch_time, &Rfc3339)
         .with_context(|| format!("launchTime {:?}", described.launch_time))?;

@@ -22,6 +22,8 @@
 //! - [`karpenter_controller`]: the real Karpenter controller, against moto.
 //! - [`karpenter_cluster`]: one scenario's cluster around the real
 //!   Karpenter: control plane, moto, autonode-server, launcher.
+//! - [`karpenter_journey`]: a machine's life under the real Karpenter, to
+//!   its removal: what it leaves behind, what its disk can still do.
 //! - [`launcher`]: each instance Karpenter launches into moto becomes a
 //!   machine running the agent, then a registering kubelet stand-in.
 //! - [`kubeversion`]: the Kubernetes version of a binary, for flags that
@@ -52,6 +54,7 @@ pub mod joiner;
 pub mod karpenter;
 pub mod karpenter_cluster;
 pub mod karpenter_controller;
+pub mod karpenter_journey;
 pub mod kubeversion;
 pub mod launcher;
 pub mod moto;

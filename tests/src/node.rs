@@ -160,23 +160,30 @@ impl SimulatedNode {
     /// A client from the kubeconfig the agent wrote for kubelet, its file
     /// references resolved under the machine's root.
     pub async fn kubelet_client(&self) -> Result<kube::Client> {
-        let text = std::fs::read_to_string(self.path("/var/lib/kubelet/kubeconfig"))?;
-        let mut doc: serde_json::Value = serde_json::from_str(&text)?;
-        for pointer in [
-            "/clusters/0/cluster/certificate-authority",
-            "/users/0/user/client-certificate",
-            "/users/0/user/client-key",
-        ] {
-            if let Some(value) = doc.pointer_mut(pointer) {
-                let on_node = value.as_str().context("kubeconfig path is not a string")?;
-                *value = self.path(on_node).display().to_string().into();
-            }
-        }
-        let kubeconfig: Kubeconfig = serde_json::from_value(doc)?;
-        let config =
-            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
-        Ok(kube::Client::try_from(config)?)
+        kubelet_client_under(self.root.path()).await
     }
+}
+
+/// A client from the kubeconfig the agent wrote for kubelet on the disk
+/// at `root` (a machine's, or a copy of one), its files read under `root`.
+pub async fn kubelet_client_under(root: &Path) -> Result<kube::Client> {
+    let on = |absolute: &str| root.join(absolute.trim_start_matches('/'));
+    let text = std::fs::read_to_string(on("/var/lib/kubelet/kubeconfig"))?;
+    let mut doc: serde_json::Value = serde_json::from_str(&text)?;
+    for pointer in [
+        "/clusters/0/cluster/certificate-authority",
+        "/users/0/user/client-certificate",
+        "/users/0/user/client-key",
+    ] {
+        if let Some(value) = doc.pointer_mut(pointer) {
+            let on_node = value.as_str().context("kubeconfig path is not a string")?;
+            *value = on(on_node).display().to_string().into();
+        }
+    }
+    let kubeconfig: Kubeconfig = serde_json::from_value(doc)?;
+    let config =
+        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+    Ok(kube::Client::try_from(config)?)
 }
 
 /// The Node kubelet registers for `instance`: its name, its providerID and

@@ -245,9 +245,9 @@ const CLASS_HASH: &str = "karpenter.k8s.aws/ec2nodeclass-hash";
 
 /// How a pending pod became a node, each step timed from the pod's creation.
 #[derive(Debug)]
-struct Journey {
-    claim: String,
-    node: String,
+pub(crate) struct Journey {
+    pub(crate) claim: String,
+    pub(crate) node: String,
     claim_s: f64,
     launched_s: f64,
     registered_s: f64,
@@ -259,7 +259,11 @@ struct Journey {
 /// `skip`: Karpenter launches it, the machine's agent joins, the Node
 /// registers, Karpenter marks it Launched, Registered and Initialized, and
 /// kube-scheduler binds the pod to it.
-async fn follow(cluster: &KarpenterCluster, skip: &[String], t0: Instant) -> Result<Journey> {
+pub(crate) async fn follow(
+    cluster: &KarpenterCluster,
+    skip: &[String],
+    t0: Instant,
+) -> Result<Journey> {
     let admin = cluster.cp.admin().await?;
     let claims = nodeclaims(&admin);
     let claim = cluster
@@ -361,7 +365,7 @@ async fn pending_pod_to_node(server_args: &[String]) -> Result<(KarpenterCluster
 
 /// Merges `entries` and the versions they ran with into
 /// `target/bench/karpenter.json`.
-fn record(cluster: &KarpenterCluster, entries: serde_json::Value) -> Result<()> {
+pub(crate) fn record(cluster: &KarpenterCluster, entries: serde_json::Value) -> Result<()> {
     let mut all = match entries {
         serde_json::Value::Object(map) => map,
         other => bail!("not an object: {other}"),
@@ -378,7 +382,7 @@ fn record(cluster: &KarpenterCluster, entries: serde_json::Value) -> Result<()> 
 }
 
 /// The reasons of the Events on NodeClaim `claim`.
-async fn event_reasons(admin: &Client, claim: &str) -> Result<Vec<String>> {
+pub(crate) async fn event_reasons(admin: &Client, claim: &str) -> Result<Vec<String>> {
     let events: Api<Event> = Api::namespaced(admin.clone(), "default");
     let selector = format!("involvedObject.name={claim}");
     Ok(events
@@ -391,7 +395,7 @@ async fn event_reasons(admin: &Client, claim: &str) -> Result<Vec<String>> {
 }
 
 /// Waits for autonode's condition on `claim` to be `status`/`reason`.
-async fn wait_autonode_condition(
+pub(crate) async fn wait_autonode_condition(
     cluster: &KarpenterCluster,
     claim: &str,
     status: &str,
@@ -459,7 +463,7 @@ async fn a_pending_pod_becomes_a_node_that_karpenter_initializes_and_the_pod_is_
     )
 }
 
-fn round(seconds: f64) -> f64 {
+pub(crate) fn round(seconds: f64) -> f64 {
     (seconds * 10.0).round() / 10.0
 }
 

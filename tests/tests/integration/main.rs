@@ -24,6 +24,7 @@ mod ignition_check;
 mod ignition_oracle;
 mod imports;
 mod join;
+mod karpenter_lifecycle;
 mod karpenter_real;
 mod karpenter_rollout;
 mod layout;
