@@ -269,28 +269,8 @@ pub async fn create_class(client: &Client, user_data: &str) -> Result<()> {
 /// middle of one would make its counts wrong. (Drift itself is still
 /// computed and shown on the NodeClaims.)
 pub async fn create_pool(client: &Client) -> Result<()> {
-    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk("karpenter.sh", "v1", "NodePool"));
-    let pool: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "karpenter.sh/v1",
-        "kind": "NodePool",
-        "metadata": {"name": POOL},
-        "spec": {
-            "template": {"spec": {
-                "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": CLASS},
-                "requirements": [
-                    {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": [INSTANCE_TYPE]},
-                    {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]},
-                    {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]},
-                ],
-            }},
-            "disruption": {"budgets": [{"nodes": "0"}]},
-        },
-    }))?;
-    Api::<DynamicObject>::all_with(client.clone(), &resource)
-        .create(&PostParams::default(), &pool)
-        .await
-        .context("creating the NodePool")?;
-    Ok(())
+    let budget_none = json!({"disruption": {"budgets": [{"nodes": "0"}]}});
+    create_pool_named(client, POOL, budget_none).await
 }
 
 /// A pod no node can take yet ([`POD`]). The namespace's default

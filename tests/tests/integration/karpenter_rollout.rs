@@ -27,23 +27,21 @@
 //! None of these has a setting; the scenarios are short because Karpenter
 //! reacts to events.
 
-use anyhow::{bail, Context, Result};
+use crate::karpenter_real::{record, round};
+use anyhow::{Context, Result};
 use autonode_tests::blip::Blip;
 use autonode_tests::karpenter::{ec2nodeclasses, nodeclaims};
 use autonode_tests::karpenter_cluster::{
-    condition, create_class, host_addr, list_nodeclaims, KarpenterCluster, CLASS, LAUNCH_TIMEOUT,
-    MOTO_ACCOUNT, POOL, SERVER_INSIDE,
+    condition, create_class, create_pool_named, host_addr, list_nodeclaims, KarpenterCluster,
+    CLASS, LAUNCH_TIMEOUT, MOTO_ACCOUNT, POOL, SERVER_INSIDE,
 };
-use autonode_tests::karpenter_controller::KARPENTER_VERSION;
-use autonode_tests::moto::{Moto, AMD64_AMI, INSTANCE_TYPE, MOTO_VERSION, REGION};
+use autonode_tests::moto::{Moto, AMD64_AMI, REGION};
 use autonode_tests::pki::Ca;
 use autonode_tests::server::{self, CloudSettings, Setup, TestServer};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::core::v1::{Event, Pod};
-use kube::api::{
-    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
-};
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::Client;
 use serde_json::json;
@@ -201,31 +199,11 @@ fn write_config(config: &std::path::Path, ami: &str, more: &str) -> Result<()> {
 /// budget `nodes` and consolidation off: drift is the only reason a node
 /// is disrupted.
 async fn create_pool_with_budget(client: &Client, nodes: usize) -> Result<()> {
-    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk("karpenter.sh", "v1", "NodePool"));
-    let pool: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "karpenter.sh/v1",
-        "kind": "NodePool",
-        "metadata": {"name": POOL},
-        "spec": {
-            "template": {"spec": {
-                "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": CLASS},
-                "requirements": [
-                    {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": [INSTANCE_TYPE]},
-                    {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]},
-                    {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]},
-                ],
-            }},
-            "disruption": {
-                "consolidateAfter": "Never",
-                "budgets": [{"nodes": nodes.to_string()}],
-            },
-        },
-    }))?;
-    Api::<DynamicObject>::all_with(client.clone(), &resource)
-        .create(&PostParams::default(), &pool)
-        .await
-        .context("creating the NodePool")?;
-    Ok(())
+    let disruption = json!({"disruption": {
+        "consolidateAfter": "Never",
+        "budgets": [{"nodes": nodes.to_string()}],
+    }});
+    create_pool_named(client, POOL, disruption).await
 }
 
 /// The fleet's workload: `replicas` pods of 1.5 CPU (an m5.large holds
@@ -499,28 +477,6 @@ impl Drop for DisruptionWatch {
     fn drop(&mut self) {
         self.task.abort();
     }
-}
-
-/// Merges `entries` and the versions they ran with into
-/// `target/bench/karpenter.json`.
-fn record(cluster: &KarpenterCluster, entries: serde_json::Value) -> Result<()> {
-    let mut all = match entries {
-        serde_json::Value::Object(map) => map,
-        other => bail!("not an object: {other}"),
-    };
-    all.insert("karpenter_version".into(), KARPENTER_VERSION.into());
-    all.insert("moto_version".into(), MOTO_VERSION.into());
-    all.insert(
-        "kubernetes_version".into(),
-        cluster.cp.version().to_string().into(),
-    );
-    let path = autonode_tests::bench::merge("karpenter.json", all)?;
-    eprintln!("recorded in {}", path.display());
-    Ok(())
-}
-
-fn round(seconds: f64) -> f64 {
-    (seconds * 10.0).round() / 10.0
 }
 
 /// How a fleet was replaced.
