@@ -92,11 +92,12 @@ impl KarpenterCluster {
         let join_ca = Ca::new("autonode-join-ca")?;
         std::fs::write(dir.path().join("join-ca.pem"), join_ca.cert_pem())?;
         let identity_ca = Arc::new(TestCa::generate()?);
-        kind.prepare(&cp.admin().await?).await?;
         let mut args = upkeep_args(dir.path(), kind);
         args.push("--leader-lease=3".into());
         args.extend_from_slice(server_args);
         let server = start_server(&cp, &moto, &identity_ca, &join_ca, kind, &args).await?;
+        // In the namespace the server's RBAC made.
+        kind.prepare(&cp.admin().await?).await?;
         let launcher = Launcher::start(
             moto.clone(),
             Cluster {

@@ -25,6 +25,7 @@ mod ignition_oracle;
 mod imports;
 mod join;
 mod karpenter_real;
+mod karpenter_vm;
 mod layout;
 mod limits;
 mod memory;
