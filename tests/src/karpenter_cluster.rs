@@ -349,3 +349,75 @@ pub async fn create_pending_pod(client: &Client) -> Result<()> {
 pub async fn list_nodeclaims(client: &Client) -> Result<Vec<DynamicObject>> {
     Ok(nodeclaims(client).list(&Default::default()).await?.items)
 }
+
+impl KarpenterCluster {
+    /// Waits for Karpenter to launch NodeClaim `claim` (Launched, a
+    /// providerID set); returns the providerID and the instance id in it.
+    pub async fn launched(&self, claim: &str) -> Result<(String, String)> {
+        let claims = nodeclaims(&self.cp.admin().await?);
+        let provider_id = self
+            .wait_for("a launched NodeClaim", LAUNCH_TIMEOUT, || async {
+                let c = claims.get(claim).await?;
+                let launched = condition(&c, "Launched").is_some_and(|c| c["status"] == "True");
+                Ok(c.data["status"]["providerID"]
+                    .as_str()
+                    .filter(|id| launched && !id.is_empty())
+                    .map(str::to_string))
+            })
+            .await?;
+        let instance_id = provider_id
+            .rsplit('/')
+            .next()
+            .context("providerID without an instance id")?
+            .to_string();
+        Ok((provider_id, instance_id))
+    }
+
+    /// Waits for Karpenter to call NodeClaim `claim` Launched, Registered,
+    /// Initialized and Ready.
+    pub async fn initialized(&self, claim: &str) -> Result<()> {
+        let claims = nodeclaims(&self.cp.admin().await?);
+        self.wait_for("an Initialized NodeClaim", LAUNCH_TIMEOUT, || async {
+            let c = claims.get(claim).await?;
+            let all_true = ["Launched", "Registered", "Initialized"]
+                .iter()
+                .all(|t| condition(&c, t).is_some_and(|c| c["status"] == "True"));
+            Ok((all_true && is_ready(&c)).then_some(()))
+        })
+        .await
+    }
+}
+
+/// Whether Karpenter has finished registering `node`: its
+/// `karpenter.sh/unregistered` taint gone, its `registered` and
+/// `initialized` labels on; an error says what is not.
+pub fn karpenter_finished_with(node: &k8s_openapi::api::core::v1::Node) -> Result<()> {
+    let taints = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default();
+    if taints.iter().any(|t| t.key == "karpenter.sh/unregistered") {
+        bail!("Karpenter's registration taint is still on: {taints:?}");
+    }
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    for label in ["karpenter.sh/registered", "karpenter.sh/initialized"] {
+        if labels.get(label).map(String::as_str) != Some("true") {
+            bail!("no {label}=true on the Node: {labels:?}");
+        }
+    }
+    Ok(())
+}
+
+/// The reasons of the Events on NodeClaim `claim`.
+pub async fn event_reasons(admin: &Client, claim: &str) -> Result<Vec<String>> {
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(admin.clone(), "default");
+    let selector = format!("involvedObject.name={claim}");
+    Ok(events
+        .list(&kube::api::ListParams::default().fields(&selector))
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|e| e.reason)
+        .collect())
+}

@@ -5,8 +5,8 @@
 //!
 //! [`MachineKind::Vm`]: crate::launcher::MachineKind::Vm
 
-use crate::karpenter::nodeclaims;
-use crate::karpenter_cluster::{condition, list_nodeclaims, KarpenterCluster, LAUNCH_TIMEOUT};
+use crate::karpenter_cluster::{list_nodeclaims, KarpenterCluster, LAUNCH_TIMEOUT};
+use crate::moto::MotoInstance;
 use crate::vm::LOCAL_IMAGE;
 use anyhow::{bail, Context, Result};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -96,22 +96,6 @@ impl Journey {
             .find(|s| s.name == name)
             .map(|s| s.after.as_secs_f64())
     }
-
-    fn note(
-        &mut self,
-        t0: Instant,
-        name: &'static str,
-        detail: String,
-        tell: &mut impl FnMut(&Step),
-    ) {
-        let step = Step {
-            name,
-            after: t0.elapsed(),
-            detail,
-        };
-        tell(&step);
-        self.steps.push(step);
-    }
 }
 
 /// Follows the Deployment scaled up at `t0` to its pod running on a VM:
@@ -122,187 +106,204 @@ impl Journey {
 pub async fn follow(
     cluster: &KarpenterCluster,
     t0: Instant,
-    mut tell: impl FnMut(&Step),
+    tell: impl FnMut(&Step),
 ) -> Result<Journey> {
-    let admin = cluster.cp.admin().await?;
-    let mut journey = Journey::default();
-    let pod = pending_pod(cluster, &admin).await?;
-    journey.note(
+    let mut follower = Follower {
+        cluster,
+        admin: cluster.cp.admin().await?,
         t0,
-        "pod_pending",
-        format!("pod {pod} is Pending: no node can take it"),
-        &mut tell,
-    );
-    journey.pod = pod;
-    launched(cluster, &admin, &mut journey, t0, &mut tell).await?;
-    joined(cluster, &mut journey, t0, &mut tell).await?;
-    node_ready(cluster, &admin, &mut journey, t0, &mut tell).await?;
-    initialized(cluster, &admin, &journey.claim).await?;
-    journey.note(
-        t0,
-        "initialized",
-        format!(
-            "NodeClaim {} is Launched, Registered and Initialized",
-            journey.claim
-        ),
-        &mut tell,
-    );
-    let detail = running(cluster, &admin, &journey).await?;
-    journey.note(t0, "pod_running", detail, &mut tell);
-    Ok(journey)
-}
-
-/// The Deployment's pod, once the ReplicaSet has made it.
-async fn pending_pod(cluster: &KarpenterCluster, admin: &Client) -> Result<String> {
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
-    let selector = ListParams::default().labels(&format!("app={DEPLOYMENT}"));
-    cluster
-        .wait_for("the Deployment's pod", LAUNCH_TIMEOUT, || async {
-            let list = pods.list(&selector).await?;
-            Ok(list.items.into_iter().find_map(|p| p.metadata.name))
-        })
-        .await
-}
-
-/// Karpenter's NodeClaim, then its launch (CreateFleet on moto).
-async fn launched(
-    cluster: &KarpenterCluster,
-    admin: &Client,
-    journey: &mut Journey,
-    t0: Instant,
-    tell: &mut impl FnMut(&Step),
-) -> Result<()> {
-    let claims = nodeclaims(admin);
-    let claim = cluster
-        .wait_for(
-            "a NodeClaim for the pending pod",
-            LAUNCH_TIMEOUT,
-            || async { Ok(list_nodeclaims(admin).await?.into_iter().next()) },
-        )
-        .await?;
-    journey.claim = claim
-        .metadata
-        .name
-        .clone()
-        .context("a NodeClaim without a name")?;
-    let requests = &claim.data["spec"]["resources"]["requests"];
-    journey.note(
-        t0,
-        "nodeclaim",
-        format!(
-            "Karpenter made NodeClaim {} (requests {requests})",
-            journey.claim
-        ),
         tell,
+        journey: Journey::default(),
+    };
+    follower.pending_pod().await?;
+    follower.launched().await?;
+    follower.joined().await?;
+    follower.node_ready().await?;
+    cluster.initialized(&follower.journey.claim).await?;
+    let detail = format!(
+        "NodeClaim {} is Launched, Registered and Initialized",
+        follower.journey.claim
     );
-    journey.provider_id = cluster
-        .wait_for("a launched NodeClaim", LAUNCH_TIMEOUT, || async {
-            let c = claims.get(&journey.claim).await?;
-            let launched = condition(&c, "Launched").is_some_and(|c| c["status"] == "True");
-            Ok(c.data["status"]["providerID"]
-                .as_str()
-                .filter(|id| launched && !id.is_empty())
-                .map(str::to_string))
-        })
-        .await?;
-    journey.instance_id = journey
-        .provider_id
-        .rsplit('/')
-        .next()
-        .context("a providerID without an instance id")?
-        .to_string();
-    let instance = cluster
+    follower.note("initialized", detail);
+    let detail = follower.running().await?;
+    follower.note("pod_running", detail);
+    Ok(follower.journey)
+}
+
+/// The moto instance `id`, as moto describes it now.
+pub async fn moto_instance(cluster: &KarpenterCluster, id: &str) -> Result<MotoInstance> {
+    cluster
         .moto
         .instances()
         .await?
         .into_iter()
-        .find(|i| i.id == journey.instance_id)
-        .with_context(|| format!("moto does not know {}", journey.instance_id))?;
-    let detail = format!(
-        "CreateFleet: moto runs {} ({}, {}, {} in {}); NodeClaim Launched, providerID {}",
-        instance.id,
-        instance.instance_type,
-        instance.image_id,
-        instance.private_ip,
-        instance.zone,
-        journey.provider_id
-    );
-    journey.note(t0, "launched", detail, tell);
-    Ok(())
+        .find(|i| i.id == id)
+        .with_context(|| format!("moto does not know {id}"))
 }
 
-/// The VM booted and its agent ran (exited 0): the agent's log.
-async fn joined(
-    cluster: &KarpenterCluster,
-    journey: &mut Journey,
+/// One journey being followed.
+struct Follower<'a, F> {
+    cluster: &'a KarpenterCluster,
+    admin: Client,
     t0: Instant,
-    tell: &mut impl FnMut(&Step),
-) -> Result<()> {
-    let id = journey.instance_id.clone();
-    let agent = cluster
-        .wait_for("the agent's run in the VM", VM_STEP_TIMEOUT, || async {
-            let Some(machine) = cluster.launcher.machine(&id) else {
-                return Ok(None);
-            };
-            if let Some(error) = &machine.error {
-                bail!("machine {id}: {error}");
-            }
-            Ok(machine.agent)
-        })
-        .await?;
-    if agent.code != Some(0) {
-        bail!(
-            "the agent on {id} failed ({:?}):\n{}",
-            agent.code,
-            agent.log_tail
-        );
+    tell: F,
+    journey: Journey,
+}
+
+impl<F: FnMut(&Step)> Follower<'_, F> {
+    fn note(&mut self, name: &'static str, detail: String) {
+        let step = Step {
+            name,
+            after: self.t0.elapsed(),
+            detail,
+        };
+        (self.tell)(&step);
+        self.journey.steps.push(step);
     }
-    journey.note(t0, "agent_joined", agent.log_tail, tell);
-    Ok(())
-}
 
-/// The Node kubelet registered for the instance (by providerID, as
-/// Karpenter matches it), then Ready.
-async fn node_ready(
-    cluster: &KarpenterCluster,
-    admin: &Client,
-    journey: &mut Journey,
-    t0: Instant,
-    tell: &mut impl FnMut(&Step),
-) -> Result<()> {
-    let nodes: Api<Node> = Api::all(admin.clone());
-    let provider_id = journey.provider_id.clone();
-    let node = cluster
-        .wait_for("the instance's Node", VM_STEP_TIMEOUT, || async {
-            let list = nodes.list(&ListParams::default()).await?;
-            Ok(list.items.into_iter().find(|n| {
-                n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(provider_id.as_str())
-            }))
-        })
-        .await?;
-    journey.node = node
-        .metadata
-        .name
-        .clone()
-        .context("a Node without a name")?;
-    journey.kubelet_version = node
-        .status
-        .and_then(|s| s.node_info)
-        .map(|i| i.kubelet_version)
-        .unwrap_or_default();
-    let detail = format!(
-        "kubelet {} registered Node {} (providerID {provider_id})",
-        journey.kubelet_version, journey.node
-    );
-    journey.note(t0, "node_registered", detail, tell);
-    let name = journey.node.clone();
-    cluster
-        .wait_for("the Node Ready", VM_STEP_TIMEOUT, || async {
-            Ok(nodes.get_opt(&name).await?.filter(is_node_ready).map(drop))
-        })
-        .await?;
-    journey.note(t0, "node_ready", format!("Node {name} is Ready"), tell);
-    Ok(())
+    /// The Deployment's pod, once the ReplicaSet has made it.
+    async fn pending_pod(&mut self) -> Result<()> {
+        let pods: Api<Pod> = Api::namespaced(self.admin.clone(), "default");
+        let selector = ListParams::default().labels(&format!("app={DEPLOYMENT}"));
+        self.journey.pod = self
+            .cluster
+            .wait_for("the Deployment's pod", LAUNCH_TIMEOUT, || async {
+                let list = pods.list(&selector).await?;
+                Ok(list.items.into_iter().find_map(|p| p.metadata.name))
+            })
+            .await?;
+        let detail = format!("pod {} is Pending: no node can take it", self.journey.pod);
+        self.note("pod_pending", detail);
+        Ok(())
+    }
+
+    /// Karpenter's NodeClaim, then its launch (CreateFleet on moto).
+    async fn launched(&mut self) -> Result<()> {
+        let admin = &self.admin;
+        let claim = self
+            .cluster
+            .wait_for(
+                "a NodeClaim for the pending pod",
+                LAUNCH_TIMEOUT,
+                || async { Ok(list_nodeclaims(admin).await?.into_iter().next()) },
+            )
+            .await?;
+        let name = claim
+            .metadata
+            .name
+            .clone()
+            .context("a NodeClaim without a name")?;
+        let requests = &claim.data["spec"]["resources"]["requests"];
+        self.note(
+            "nodeclaim",
+            format!("Karpenter made NodeClaim {name} (requests {requests})"),
+        );
+        let (provider_id, instance_id) = self.cluster.launched(&name).await?;
+        let instance = moto_instance(self.cluster, &instance_id).await?;
+        let detail = format!(
+            "CreateFleet: moto runs {instance_id} ({}, {}, {} in {}); NodeClaim Launched, providerID {provider_id}",
+            instance.instance_type, instance.image_id, instance.private_ip, instance.zone,
+        );
+        self.journey.claim = name;
+        self.journey.provider_id = provider_id;
+        self.journey.instance_id = instance_id;
+        self.note("launched", detail);
+        Ok(())
+    }
+
+    /// The VM booted and its agent ran (exited 0): the agent's log.
+    async fn joined(&mut self) -> Result<()> {
+        let id = self.journey.instance_id.clone();
+        let launcher = &self.cluster.launcher;
+        let agent = self
+            .cluster
+            .wait_for("the agent's run in the VM", VM_STEP_TIMEOUT, || async {
+                let Some(machine) = launcher.machine(&id) else {
+                    return Ok(None);
+                };
+                if let Some(error) = &machine.error {
+                    bail!("machine {id}: {error}");
+                }
+                Ok(machine.agent)
+            })
+            .await?;
+        if agent.code != Some(0) {
+            bail!(
+                "the agent on {id} failed ({:?}):\n{}",
+                agent.code,
+                agent.log_tail
+            );
+        }
+        self.note("agent_joined", agent.log_tail);
+        Ok(())
+    }
+
+    /// The Node kubelet registered for the instance (by providerID, as
+    /// Karpenter matches it), then Ready.
+    async fn node_ready(&mut self) -> Result<()> {
+        let nodes: Api<Node> = Api::all(self.admin.clone());
+        let provider_id = self.journey.provider_id.clone();
+        let node = self
+            .cluster
+            .wait_for("the instance's Node", VM_STEP_TIMEOUT, || async {
+                let list = nodes.list(&ListParams::default()).await?;
+                Ok(list.items.into_iter().find(|n| {
+                    n.spec.as_ref().and_then(|s| s.provider_id.as_deref())
+                        == Some(provider_id.as_str())
+                }))
+            })
+            .await?;
+        let name = node
+            .metadata
+            .name
+            .clone()
+            .context("a Node without a name")?;
+        let version = node
+            .status
+            .and_then(|s| s.node_info)
+            .map(|i| i.kubelet_version)
+            .unwrap_or_default();
+        let detail = format!("kubelet {version} registered Node {name} (providerID {provider_id})");
+        self.journey.node = name.clone();
+        self.journey.kubelet_version = version;
+        self.note("node_registered", detail);
+        self.cluster
+            .wait_for("the Node Ready", VM_STEP_TIMEOUT, || async {
+                Ok(nodes.get_opt(&name).await?.filter(is_node_ready).map(drop))
+            })
+            .await?;
+        self.note("node_ready", format!("Node {name} is Ready"));
+        Ok(())
+    }
+
+    /// Waits for the pod to run on the journey's Node, every container
+    /// running; says when its container started.
+    async fn running(&self) -> Result<String> {
+        let pods: Api<Pod> = Api::namespaced(self.admin.clone(), "default");
+        let journey = &self.journey;
+        let pod = self
+            .cluster
+            .wait_for("the pod Running on the Node", VM_STEP_TIMEOUT, || async {
+                let pod = pods.get(&journey.pod).await?;
+                Ok(is_running_on(&pod, &journey.node).then_some(pod))
+            })
+            .await?;
+        let status = pod.status.unwrap_or_default();
+        let started = status
+            .container_statuses
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|c| c.state?.running?.started_at)
+            .map(|t| t.0.to_string())
+            .collect::<Vec<_>>();
+        Ok(format!(
+            "pod {} is Running on {} (IP {}), its container started at {}",
+            journey.pod,
+            journey.node,
+            status.pod_ip.unwrap_or_default(),
+            started.join(", ")
+        ))
+    }
 }
 
 /// Whether a Node's Ready condition is True.
@@ -311,47 +312,6 @@ pub fn is_node_ready(node: &Node) -> bool {
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-/// Waits for Karpenter to call `claim` Launched, Registered and Initialized.
-async fn initialized(cluster: &KarpenterCluster, admin: &Client, claim: &str) -> Result<()> {
-    let claims = nodeclaims(admin);
-    cluster
-        .wait_for("an Initialized NodeClaim", LAUNCH_TIMEOUT, || async {
-            let c = claims.get(claim).await?;
-            let all_true = ["Launched", "Registered", "Initialized"]
-                .iter()
-                .all(|t| condition(&c, t).is_some_and(|c| c["status"] == "True"));
-            Ok(all_true.then_some(()))
-        })
-        .await
-}
-
-/// Waits for the pod to run on the journey's Node, every container
-/// running; says when its container started.
-async fn running(cluster: &KarpenterCluster, admin: &Client, journey: &Journey) -> Result<String> {
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
-    let pod = cluster
-        .wait_for("the pod Running on the Node", VM_STEP_TIMEOUT, || async {
-            let pod = pods.get(&journey.pod).await?;
-            Ok(is_running_on(&pod, &journey.node).then_some(pod))
-        })
-        .await?;
-    let status = pod.status.unwrap_or_default();
-    let started = status
-        .container_statuses
-        .unwrap_or_default()
-        .into_iter()
-        .filter_map(|c| c.state?.running?.started_at)
-        .map(|t| t.0.to_string())
-        .collect::<Vec<_>>();
-    Ok(format!(
-        "pod {} is Running on {} (IP {}), its container started at {}",
-        journey.pod,
-        journey.node,
-        status.pod_ip.unwrap_or_default(),
-        started.join(", ")
-    ))
 }
 
 /// Whether `pod` runs on `node`: phase Running, every container running.

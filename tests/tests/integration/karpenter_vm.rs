@@ -8,16 +8,16 @@
 //! `.config/nextest.toml`, one at a time. Needs the agent's amd64 package
 //! (`packaging/build`), as the VM tests do.
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{ensure, Result};
 use autonode_tests::karpenter::nodeclaims;
-use autonode_tests::karpenter_cluster::KarpenterCluster;
+use autonode_tests::karpenter_cluster::{event_reasons, karpenter_finished_with, KarpenterCluster};
 use autonode_tests::karpenter_controller::KARPENTER_VERSION;
-use autonode_tests::karpenter_vm::{create_deployment, follow, scale, Journey};
+use autonode_tests::karpenter_vm::{create_deployment, follow, moto_instance, scale, Journey};
 use autonode_tests::launcher::MachineKind;
 use autonode_tests::moto::MOTO_VERSION;
 use autonode_tests::vm::LOCAL_IMAGE;
-use k8s_openapi::api::core::v1::{Event, Node, Pod};
-use kube::api::{Api, ListParams};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::Api;
 use kube::Client;
 use serde_json::json;
 use std::time::Instant;
@@ -63,13 +63,7 @@ async fn a_pending_pod_runs_on_a_vm_that_karpenter_launched_and_autonode_joined(
 /// The Node is the instance's, as moto describes it, registered by the
 /// kubelet of the version under test, and Karpenter finished with it.
 async fn check_node(cluster: &KarpenterCluster, admin: &Client, journey: &Journey) -> Result<()> {
-    let instance = cluster
-        .moto
-        .instances()
-        .await?
-        .into_iter()
-        .find(|i| i.id == journey.instance_id)
-        .context("the instance is gone from moto")?;
+    let instance = moto_instance(cluster, &journey.instance_id).await?;
     ensure!(
         journey.node == instance.private_dns_name,
         "Node {} for an instance named {} by moto",
@@ -83,6 +77,7 @@ async fn check_node(cluster: &KarpenterCluster, admin: &Client, journey: &Journe
         journey.kubelet_version
     );
     let node = Api::<Node>::all(admin.clone()).get(&journey.node).await?;
+    karpenter_finished_with(&node)?;
     let addresses = node.status.and_then(|s| s.addresses).unwrap_or_default();
     ensure!(
         addresses
@@ -91,18 +86,6 @@ async fn check_node(cluster: &KarpenterCluster, admin: &Client, journey: &Journe
         "the Node's addresses {addresses:?} lack moto's {}",
         instance.private_ip
     );
-    let taints = node.spec.and_then(|s| s.taints).unwrap_or_default();
-    ensure!(
-        !taints.iter().any(|t| t.key == "karpenter.sh/unregistered"),
-        "Karpenter's registration taint is still on: {taints:?}"
-    );
-    let labels = node.metadata.labels.unwrap_or_default();
-    for label in ["karpenter.sh/registered", "karpenter.sh/initialized"] {
-        ensure!(
-            labels.get(label).map(String::as_str) == Some("true"),
-            "no {label}=true on the Node: {labels:?}"
-        );
-    }
     Ok(())
 }
 
@@ -122,18 +105,6 @@ async fn check_pod(admin: &Client, journey: &Journey) -> Result<()> {
         "the pod's containers: {statuses:#?}"
     );
     Ok(())
-}
-
-/// The reasons of the Events on NodeClaim `claim`.
-async fn event_reasons(admin: &Client, claim: &str) -> Result<Vec<String>> {
-    let selector = format!("involvedObject.name={claim}");
-    Ok(Api::<Event>::namespaced(admin.clone(), "default")
-        .list(&ListParams::default().fields(&selector))
-        .await?
-        .items
-        .into_iter()
-        .filter_map(|e| e.reason)
-        .collect())
 }
 
 /// Writes the journey's figures under `vm` in `target/bench/karpenter.json`
