@@ -65,7 +65,7 @@ pub struct Cluster {
     /// Where the server listens on host loopback.
     pub server_host: SocketAddr,
     /// Where the API server listens on host loopback (VMs reach it
-    /// through a forward; simulated machines' kubelet stand-in from here).
+    /// through a forward).
     pub api_host: SocketAddr,
     /// What each instance becomes.
     pub kind: MachineKind,
