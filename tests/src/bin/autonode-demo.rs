@@ -45,7 +45,7 @@ async fn main() -> Result<()> {
     step(&format!(
         "scaling Deployment {DEPLOYMENT} to 1 replica: no node can take its pod"
     ));
-    println!("    The machine is a VM emulated in software (QEMU without KVM): from here to the pod Running takes about 3 to 6 minutes.");
+    println!("    The machine is a VM emulated in software (QEMU without KVM): from here to the pod Running takes about 2 to 5 minutes.");
     println!("    (Its serial console will be target/vm/console/karpenter-<instance id>.log.)");
     let t0 = Instant::now();
     scale(&admin, 1).await?;
