@@ -92,6 +92,12 @@ impl ControlPlane {
         Self::start_bare(&[], Extra::SchedulerAndNodeLifecycle).await
     }
 
+    /// Like [`ControlPlane::start_for_karpenter`], the API server's
+    /// certificate also valid for `extra_ips` (where VMs reach it).
+    pub async fn start_for_karpenter_reachable_at(extra_ips: &[IpAddr]) -> Result<Self> {
+        Self::start_bare(extra_ips, Extra::SchedulerAndNodeLifecycle).await
+    }
+
     /// Like [`ControlPlane::start`], without the Karpenter CRDs (for
     /// installing them some other way).
     pub async fn start_without_crds() -> Result<Self> {
@@ -511,9 +517,10 @@ fn start_controller_manager(
         "csrsigning,csrcleaner,serviceaccount,serviceaccount-token,namespace,garbagecollector"
             .to_string();
     if extra == Extra::SchedulerAndNodeLifecycle {
-        // replicaset: a drifted node's pods come back on its replacement,
-        // as a workload's would (the rollout scenarios).
-        controllers.push_str(",nodelifecycle,replicaset");
+        // deployment and replicaset: a workload's pods come back on a
+        // drifted node's replacement (the rollout scenarios), and the demo
+        // scales a Deployment up for Karpenter to launch a node for.
+        controllers.push_str(",nodelifecycle,deployment,replicaset");
     }
     let mut args = component_args(kubeconfig)?;
     args.extend([

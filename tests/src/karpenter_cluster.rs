@@ -7,13 +7,15 @@
 //! each machine's own loopback that the machine forwards to wherever the
 //! server listens, so the class (and so Karpenter's drift hash) does not
 //! depend on the port a test's server got, and a second server can take
-//! over the same machines.
+//! over the same machines. VMs ([`MachineKind::Vm`]) find it, and the API
+//! server, at a fixed address of their network instead
+//! ([`MachineKind::server_inside`]).
 
 use crate::controlplane::ControlPlane;
 use crate::fakecloud::TestCa;
 use crate::karpenter::{ec2nodeclasses, nodeclaims};
 use crate::karpenter_controller::{install_karpenter_crds, KarpenterController};
-use crate::launcher::{Cluster, Launcher};
+use crate::launcher::{Cluster, Launcher, MachineKind};
 use crate::moto::{Moto, Seeded, DISCOVERY_TAG, INSTANCE_TYPE, REGION};
 use crate::pki::Ca;
 use crate::server::{self, CloudSettings, Setup, TestServer};
@@ -35,9 +37,9 @@ pub const POOL: &str = "autonode";
 /// The account moto runs everything in (its default `ownerId`).
 pub const MOTO_ACCOUNT: &str = "123456789012";
 
-/// The server as a machine reaches it: its own loopback, forwarded.
-pub const SERVER_INSIDE: SocketAddr =
-    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 8443);
+/// The server as a simulated machine reaches it: its own loopback,
+/// forwarded.
+pub const SERVER_INSIDE: SocketAddr = crate::launcher::SIMULATED_SERVER_INSIDE;
 
 /// The cluster name userData carries.
 pub const CLUSTER_NAME: &str = "autonode-test";
@@ -49,6 +51,8 @@ pub const POD: &str = "waits-for-a-node";
 /// first, the control plane last.
 pub struct KarpenterCluster {
     pub launcher: Launcher,
+    /// What the launcher makes of each instance.
+    pub kind: MachineKind,
     pub karpenter: KarpenterController,
     pub server: TestServer,
     pub moto: Arc<Moto>,
@@ -64,16 +68,19 @@ impl KarpenterCluster {
     /// upkeep on), a 3 s leader lease and `server_args`. No class, pool
     /// or pod yet.
     pub async fn start(server_args: &[String]) -> Result<Self> {
-        Self::start_with(server_args, &[]).await
+        Self::start_with(MachineKind::Simulated, server_args, &[]).await
     }
 
-    /// Like [`Self::start`], with `karpenter_env` added to Karpenter's
-    /// environment (its feature gates, say).
+    /// Like [`Self::start`], each instance becoming a `kind` of machine
+    /// (the API server, the server and the userData made reachable for
+    /// it, and the server given the flags it needs), with `karpenter_env`
+    /// added to Karpenter's environment (its feature gates, say).
     pub async fn start_with(
+        kind: MachineKind,
         server_args: &[String],
         karpenter_env: &[(&str, &str)],
     ) -> Result<Self> {
-        let cp = ControlPlane::start_for_karpenter().await?;
+        let cp = ControlPlane::start_for_karpenter_reachable_at(&kind.reachable_ips()).await?;
         if !cp.version().at_least(1, 26) {
             bail!(
                 "the real Karpenter needs Kubernetes 1.26 or later, this is {}",
@@ -90,20 +97,25 @@ impl KarpenterCluster {
         let join_ca = Ca::new("autonode-join-ca")?;
         std::fs::write(dir.path().join("join-ca.pem"), join_ca.cert_pem())?;
         let identity_ca = Arc::new(TestCa::generate()?);
-        let mut args = upkeep_args(dir.path());
+        let mut args = upkeep_args(dir.path(), kind);
         args.push("--leader-lease=3".into());
         args.extend_from_slice(server_args);
-        let server = start_server(&cp, &moto, &identity_ca, &join_ca, &args).await?;
+        let server = start_server(&cp, &moto, &identity_ca, &join_ca, kind, &args).await?;
+        // In the namespace the server's RBAC made.
+        kind.prepare(&cp.admin().await?).await?;
         let launcher = Launcher::start(
             moto.clone(),
             Cluster {
                 identity_ca: identity_ca.clone(),
-                server_inside: SERVER_INSIDE,
+                server_inside: kind.server_inside(),
                 server_host: host_addr(&server)?,
+                api_host: crate::vm::loopback_addr(cp.url())?,
+                kind,
             },
         );
         Ok(Self {
             launcher,
+            kind,
             karpenter,
             server,
             moto,
@@ -118,13 +130,21 @@ impl KarpenterCluster {
     /// The flags the class's userData is rendered from (`serve` and
     /// `render-userdata` alike).
     pub fn upkeep_args(&self) -> Vec<String> {
-        upkeep_args(self.dir.path())
+        upkeep_args(self.dir.path(), self.kind)
     }
 
     /// Another server of this cluster (same join CA, identity CA and
     /// moto) with `args` and nothing else.
     pub async fn start_server(&self, args: &[String]) -> Result<TestServer> {
-        start_server(&self.cp, &self.moto, &self.identity_ca, &self.join_ca, args).await
+        start_server(
+            &self.cp,
+            &self.moto,
+            &self.identity_ca,
+            &self.join_ca,
+            self.kind,
+            args,
+        )
+        .await
     }
 
     /// What `autonode-server render-userdata` prints for this cluster: the
@@ -184,21 +204,23 @@ fn tail(text: &str, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-fn upkeep_args(dir: &std::path::Path) -> Vec<String> {
+fn upkeep_args(dir: &std::path::Path, kind: MachineKind) -> Vec<String> {
     vec![
-        format!("--public-url=https://{SERVER_INSIDE}"),
+        format!("--public-url=https://{}", kind.server_inside()),
         format!("--join-ca-file={}", dir.join("join-ca.pem").display()),
         format!("--cluster-name={CLUSTER_NAME}"),
     ]
 }
 
 /// A server trusting `identity_ca` for identity documents and asking
-/// moto about instances, for moto's account and region.
+/// moto about instances, for moto's account and region, reachable by
+/// `kind` of machines, with the flags they need before `args`.
 async fn start_server(
     cp: &ControlPlane,
     moto: &Moto,
     identity_ca: &TestCa,
     join_ca: &Ca,
+    kind: MachineKind,
     args: &[String],
 ) -> Result<TestServer> {
     let cloud = CloudSettings {
@@ -207,8 +229,12 @@ async fn start_server(
         accounts: vec![MOTO_ACCOUNT.into()],
         regions: vec![REGION.into()],
     };
+    let mut all = kind.server_args();
+    all.extend_from_slice(args);
+    let extra_ips = kind.reachable_ips();
     let setup = Setup {
-        extra_args: args,
+        extra_args: &all,
+        extra_ips: &extra_ips,
         join_ca: Some(join_ca),
         ..Setup::default()
     };
@@ -342,4 +368,76 @@ pub async fn create_pool_named(client: &Client, name: &str, spec: serde_json::Va
         .await
         .with_context(|| format!("creating the NodePool {name}"))?;
     Ok(())
+}
+
+impl KarpenterCluster {
+    /// Waits for Karpenter to launch NodeClaim `claim` (Launched, a
+    /// providerID set); returns the providerID and the instance id in it.
+    pub async fn launched(&self, claim: &str) -> Result<(String, String)> {
+        let claims = nodeclaims(&self.cp.admin().await?);
+        let provider_id = self
+            .wait_for("a launched NodeClaim", LAUNCH_TIMEOUT, || async {
+                let c = claims.get(claim).await?;
+                let launched = condition(&c, "Launched").is_some_and(|c| c["status"] == "True");
+                Ok(c.data["status"]["providerID"]
+                    .as_str()
+                    .filter(|id| launched && !id.is_empty())
+                    .map(str::to_string))
+            })
+            .await?;
+        let instance_id = provider_id
+            .rsplit('/')
+            .next()
+            .context("providerID without an instance id")?
+            .to_string();
+        Ok((provider_id, instance_id))
+    }
+
+    /// Waits for Karpenter to call NodeClaim `claim` Launched, Registered,
+    /// Initialized and Ready.
+    pub async fn initialized(&self, claim: &str) -> Result<()> {
+        let claims = nodeclaims(&self.cp.admin().await?);
+        self.wait_for("an Initialized NodeClaim", LAUNCH_TIMEOUT, || async {
+            let c = claims.get(claim).await?;
+            let all_true = ["Launched", "Registered", "Initialized"]
+                .iter()
+                .all(|t| condition(&c, t).is_some_and(|c| c["status"] == "True"));
+            Ok((all_true && is_ready(&c)).then_some(()))
+        })
+        .await
+    }
+}
+
+/// Whether Karpenter has finished registering `node`: its
+/// `karpenter.sh/unregistered` taint gone, its `registered` and
+/// `initialized` labels on; an error says what is not.
+pub fn karpenter_finished_with(node: &k8s_openapi::api::core::v1::Node) -> Result<()> {
+    let taints = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default();
+    if taints.iter().any(|t| t.key == "karpenter.sh/unregistered") {
+        bail!("Karpenter's registration taint is still on: {taints:?}");
+    }
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    for label in ["karpenter.sh/registered", "karpenter.sh/initialized"] {
+        if labels.get(label).map(String::as_str) != Some("true") {
+            bail!("no {label}=true on the Node: {labels:?}");
+        }
+    }
+    Ok(())
+}
+
+/// The reasons of the Events on NodeClaim `claim`.
+pub async fn event_reasons(admin: &Client, claim: &str) -> Result<Vec<String>> {
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(admin.clone(), "default");
+    let selector = format!("involvedObject.name={claim}");
+    Ok(events
+        .list(&kube::api::ListParams::default().fields(&selector))
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|e| e.reason)
+        .collect())
 }

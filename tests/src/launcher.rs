@@ -21,21 +21,33 @@
 //!   [`LEASE_RENEWAL`], kubelet's heartbeat, which kube-controller-manager's
 //!   node lifecycle controller reads.
 //!
+//! With [`MachineKind::Vm`], each instance becomes a real machine instead:
+//! the test image (`tests/src/vm.rs`: the agent from its package,
+//! containerd and the real kubelet of the version under test) under QEMU,
+//! taking moto's address for the instance by DHCP, with IMDS for the same
+//! [`Instance`] (one path for the facts) served from host loopback and
+//! forwarded to its 169.254.169.254, and the API server and autonode-server
+//! forwarded to it at [`vm::CONTROL_PLANE_IP`]. The agent runs at boot as
+//! systemd starts it, and kubelet registers the Node itself.
+//!
 //! An instance moto reports terminated (Karpenter deleted its NodeClaim)
 //! has its machine stopped: the agent killed, IMDS and the forward closed,
-//! the namespace deleted. [`Launcher::break_next`] gives the next machines
-//! an image whose kubelet cannot start, so their agent fails for good.
+//! the namespace deleted (or QEMU killed). [`Launcher::break_next`] gives
+//! the next simulated machines an image whose kubelet cannot start, so
+//! their agent fails for good.
 
 use crate::fakecloud::{Instance, InstanceState, TestCa};
 use crate::moto::{Moto, MotoInstance, REGION};
 use crate::node::{registration, SimulatedNode};
-use anyhow::{Context, Result};
+use crate::vm::{self, Arch, Image, Vm};
+use anyhow::{bail, Context, Result};
 use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition, NodeStatus};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, PostParams};
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
@@ -52,6 +64,68 @@ pub struct Cluster {
     pub server_inside: SocketAddr,
     /// Where the server listens on host loopback.
     pub server_host: SocketAddr,
+    /// Where the API server listens on host loopback (VMs reach it
+    /// through a forward).
+    pub api_host: SocketAddr,
+    /// What each instance becomes.
+    pub kind: MachineKind,
+}
+
+/// The server as a simulated machine reaches it: its own loopback,
+/// forwarded into its namespace.
+pub const SIMULATED_SERVER_INSIDE: SocketAddr =
+    SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 8443);
+
+/// What an instance becomes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MachineKind {
+    /// A network namespace: the agent binary, then the registering
+    /// kubelet stand-in (seconds; pods are bound, never run).
+    #[default]
+    Simulated,
+    /// The amd64 test image under QEMU's emulation: the agent, containerd
+    /// and the real kubelet (minutes; pods run, from
+    /// [`vm::LOCAL_IMAGE`]).
+    Vm,
+}
+
+impl MachineKind {
+    /// The server's address as the userData names it: each simulated
+    /// machine's own loopback (forwarded into its namespace), or where
+    /// the VMs' network forwards it.
+    pub fn server_inside(self) -> SocketAddr {
+        match self {
+            Self::Simulated => SIMULATED_SERVER_INSIDE,
+            Self::Vm => SocketAddr::new(vm::CONTROL_PLANE_IP.into(), vm::GUEST_SERVER_PORT),
+        }
+    }
+
+    /// The addresses, besides loopback, the API server's and the server's
+    /// certificates must be valid for: where the machines reach them.
+    pub fn reachable_ips(self) -> Vec<IpAddr> {
+        match self {
+            Self::Simulated => Vec::new(),
+            Self::Vm => vec![vm::CONTROL_PLANE_IP.into()],
+        }
+    }
+
+    /// The `autonode-server serve` flags the machines need.
+    pub fn server_args(self) -> Vec<String> {
+        match self {
+            Self::Simulated => Vec::new(),
+            Self::Vm => vm::guest_server_args().into(),
+        }
+    }
+
+    /// What the cluster must hold before a machine joins: for VMs, the
+    /// base Ignition config that [`Self::server_args`] names (the CNI
+    /// network).
+    pub async fn prepare(self, admin: &kube::Client) -> Result<()> {
+        match self {
+            Self::Simulated => Ok(()),
+            Self::Vm => vm::put_base_ignition(admin).await,
+        }
+    }
 }
 
 /// What happened to one machine, for the tests to read.
@@ -72,7 +146,9 @@ pub struct Machine {
     /// Why the launcher could not boot it or register its Node.
     pub error: Option<String>,
     /// Its root directory (its disk) while it runs: deleted when it stops.
-    pub root: Option<std::path::PathBuf>,
+    pub root: Option<PathBuf>,
+    /// A VM's serial console log (the test image's report is on it).
+    pub console: Option<PathBuf>,
 }
 
 /// The agent's run on a machine.
@@ -80,7 +156,7 @@ pub struct Machine {
 pub struct AgentExit {
     pub at: Instant,
     pub code: Option<i32>,
-    /// The end of its standard error (its log).
+    /// The end of its log (its standard error; a VM's journal).
     pub log_tail: String,
 }
 
@@ -221,6 +297,7 @@ fn boot(
             stopped: None,
             error: None,
             root: None,
+            console: None,
         },
     );
     let task_shared = shared.clone();
@@ -249,6 +326,22 @@ async fn live(
         .with_context(|| format!("{id} was not launched by a fleet"))?;
     let data = moto.template_data(&template, &version).await?;
     let instance = instance(&described, data.user_data)?;
+    match cluster.kind {
+        MachineKind::Simulated => live_simulated(cluster, shared, instance, broken).await,
+        MachineKind::Vm if broken => bail!("a VM's image cannot be broken"),
+        MachineKind::Vm => live_vm(cluster, shared, instance).await,
+    }
+}
+
+/// A simulated machine's life: the agent in a namespace, then the
+/// kubelet stand-in's registration and Lease.
+async fn live_simulated(
+    cluster: &Cluster,
+    shared: &Shared,
+    instance: Instance,
+    broken: bool,
+) -> Result<()> {
+    let id = instance.instance_id.clone();
     let node = SimulatedNode::boot_at(
         &instance,
         &cluster.identity_ca,
@@ -284,6 +377,54 @@ async fn live(
     std::future::pending::<()>().await;
     drop(node);
     Ok(())
+}
+
+/// From QEMU's start to the test image's report of the agent's run
+/// (firmware, kernel, systemd, the agent), emulated on shared cores.
+const VM_BOOT_TIMEOUT: Duration = Duration::from_secs(480);
+
+/// A VM's life: IMDS for the instance on host loopback, the amd64 test
+/// image booted with moto's address for it; the agent's outcome from the
+/// image's report; then it runs (kubelet registers the Node itself) until
+/// its task is aborted or QEMU exits.
+async fn live_vm(cluster: &Cluster, shared: &Shared, instance: Instance) -> Result<()> {
+    let id = instance.instance_id.clone();
+    if instance.architecture != Arch::Amd64.ec2_name() {
+        bail!(
+            "{id} is {}: the VM mode boots amd64 only",
+            instance.architecture
+        );
+    }
+    let imds = crate::fakecloud::Imds::start(&instance, &cluster.identity_ca)?;
+    // The image's build (a no-op when cached) runs a script: off the
+    // runtime's threads.
+    let image = tokio::task::spawn_blocking(|| Image::get(Arch::Amd64)).await??;
+    let forwards = vm::forwards(imds.addr(), cluster.api_host, cluster.server_host);
+    let machine = Vm::boot_as(
+        &image,
+        &format!("karpenter-{id}"),
+        instance.private_ip,
+        &forwards,
+    )?;
+    let console = machine.console_path().to_path_buf();
+    shared.update(&id, |m| m.console = Some(console));
+    let outcome = async {
+        let report = machine.agent_report(VM_BOOT_TIMEOUT).await?;
+        let status = report.get("autonode-agent.ExecMainStatus")?;
+        let lines: Vec<&str> = report.agent_log.iter().map(|(_, l)| l.as_str()).collect();
+        let exit = AgentExit {
+            at: Instant::now(),
+            code: status.parse().ok(),
+            log_tail: lines[lines.len().saturating_sub(40)..].join("\n"),
+        };
+        shared.update(&id, |m| m.agent = Some(exit));
+        loop {
+            machine.check_alive()?;
+            tokio::time::sleep(POLL).await;
+        }
+    };
+    let outcome: Result<()> = outcome.await;
+    machine.explain(outcome)
 }
 
 /// How often the kubelet stand-in renews its Lease (kubelet's default).

@@ -24,8 +24,11 @@
 //!   Karpenter: control plane, moto, autonode-server, launcher.
 //! - [`karpenter_journey`]: a machine's life under the real Karpenter, to
 //!   its removal: what it leaves behind, what its disk can still do.
+//! - [`karpenter_vm`]: a Deployment scaled up, followed to its pod running
+//!   on a VM the real Karpenter launched and autonode joined.
 //! - [`launcher`]: each instance Karpenter launches into moto becomes a
-//!   machine running the agent, then a registering kubelet stand-in.
+//!   machine running the agent, then a registering kubelet stand-in; or a
+//!   VM running the test image, the real kubelet.
 //! - [`kubeversion`]: the Kubernetes version of a binary, for flags that
 //!   differ between versions.
 //! - [`moto`]: moto, a third-party EC2, for the real Karpenter.
@@ -55,6 +58,7 @@ pub mod karpenter;
 pub mod karpenter_cluster;
 pub mod karpenter_controller;
 pub mod karpenter_journey;
+pub mod karpenter_vm;
 pub mod kubeversion;
 pub mod launcher;
 pub mod moto;

@@ -291,10 +291,17 @@ impl Moto {
     }
 
     /// Creates a VPC, a subnet in [`ZONE`] and a security group, each
-    /// tagged [`DISCOVERY_TAG`].
+    /// tagged [`DISCOVERY_TAG`]. The addresses are a default VPC's, inside
+    /// the VM tests' network (`vm.rs`), so a VM can take the address moto
+    /// gives its instance.
     pub async fn seed(&self) -> Result<Seeded> {
         let vpc = self
-            .create("CreateVpc", "vpc", &[("CidrBlock", "10.0.0.0/16")], "vpcId")
+            .create(
+                "CreateVpc",
+                "vpc",
+                &[("CidrBlock", "172.31.0.0/16")],
+                "vpcId",
+            )
             .await?;
         let subnet = self
             .create(
@@ -302,7 +309,7 @@ impl Moto {
                 "subnet",
                 &[
                     ("VpcId", &vpc),
-                    ("CidrBlock", "10.0.1.0/24"),
+                    ("CidrBlock", "172.31.32.0/20"),
                     ("AvailabilityZone", ZONE),
                 ],
                 "subnetId",

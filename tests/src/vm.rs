@@ -42,11 +42,17 @@ pub const GUEST_API_PORT: u16 = 6443;
 /// autonode-server's port as the guest sees it.
 pub const GUEST_SERVER_PORT: u16 = 8443;
 
-/// slirp's network: see the module's documentation for why so wide.
-const NETWORK: &str = "net=160.0.0.0/4,host=172.31.0.1,dns=172.31.0.3,dhcpstart=172.31.0.15";
+/// slirp's network, less the guest's address: see the module's
+/// documentation for why so wide.
+const NETWORK: &str = "net=160.0.0.0/4,host=172.31.0.1,dns=172.31.0.3";
+
+/// The image's pod sandbox image, which it loads into containerd at boot
+/// (`tests/setup/build-vm-image`): the one image a pod can run there, as
+/// the guest reaches no registry. Its entrypoint sleeps.
+pub const LOCAL_IMAGE: &str = "localhost/autonode-test/pause:1";
 /// Kernel command line, less the console (see [`Arch::console`]):
 /// Debian 12's defaults otherwise (cgroup v2, on which the kubelet
-/// under test registers and becomes Ready; no pods run here). `loglevel=4` keeps
+/// under test registers, becomes Ready and runs pods). `loglevel=4` keeps
 /// kernel chatter, slow over an emulated UART, off the console; systemd's
 /// unit status lines stay.
 const KERNEL_ARGS: &str = "root=/dev/vda rw loglevel=4 panic=-1";
@@ -210,11 +216,26 @@ impl Vm {
     /// Boots `image` with only `forwards` reachable; the console goes to
     /// `target/vm/console/<name>.log` (replaced if it exists).
     pub fn boot(image: &Image, name: &str, forwards: &[Forward]) -> Result<Self> {
+        Self::boot_as(image, name, GUEST_IP, forwards)
+    }
+
+    /// Like [`Vm::boot`], the guest getting `guest_ip` by DHCP: its
+    /// instance's private address, in slirp's 160.0.0.0/4 and none of
+    /// slirp's own (172.31.0.1, .3) nor [`CONTROL_PLANE_IP`].
+    pub fn boot_as(
+        image: &Image,
+        name: &str,
+        guest_ip: Ipv4Addr,
+        forwards: &[Forward],
+    ) -> Result<Self> {
+        if guest_ip.octets()[0] & 0xf0 != 160 {
+            bail!("{guest_ip} is outside the guest network 160.0.0.0/4");
+        }
         let dir = repo_root().join("target/vm/console");
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let console = dir.join(format!("{name}.log"));
         std::fs::write(&console, "").with_context(|| format!("creating {}", console.display()))?;
-        let args = qemu_args(image, &console, forwards);
+        let args = qemu_args(image, &console, guest_ip, forwards);
         let started = Instant::now();
         let qemu = Daemon::spawn(
             &format!("{name}.qemu"),
@@ -386,9 +407,14 @@ fn kernel_args(arch: Arch) -> String {
     }
 }
 
-fn qemu_args(image: &Image, console: &Path, forwards: &[Forward]) -> Vec<String> {
+fn qemu_args(
+    image: &Image,
+    console: &Path,
+    guest_ip: Ipv4Addr,
+    forwards: &[Forward],
+) -> Vec<String> {
     let file = |name: &str| image.dir.join(name).display().to_string();
-    let mut netdev = format!("user,id=net0,restrict=on,{NETWORK}");
+    let mut netdev = format!("user,id=net0,restrict=on,{NETWORK},dhcpstart={guest_ip}");
     for forward in forwards {
         netdev.push(',');
         netdev.push_str(&forward.netdev_option());
@@ -451,7 +477,7 @@ pub struct VmWorld {
 }
 
 /// The base Ignition ConfigMap (`--base-ignition`), in autonode-system.
-const BASE_IGNITION: &str = "vm-base";
+pub const BASE_IGNITION: &str = "vm-base";
 /// The CNI network kubelet needs to call the node Ready (no pods run).
 const CNI_CONFLIST: &str = include_str!("../vm/ignition/10-containerd-net.conflist");
 /// The EC2NodeClass the test's NodeClaims name.
@@ -524,30 +550,44 @@ impl VmWorld {
 
     /// What the guest may reach: IMDS, the API server, autonode-server.
     pub fn forwards(&self, imds: &Imds) -> Result<Vec<Forward>> {
-        let host = |url: &str| -> Result<SocketAddr> {
-            url.trim_start_matches("https://")
-                .parse()
-                .with_context(|| format!("{url} is not https://ip:port"))
-        };
-        Ok(vec![
-            Forward {
-                guest: SocketAddrV4::new(Ipv4Addr::new(169, 254, 169, 254), 80),
-                host: imds.addr(),
-            },
-            Forward {
-                guest: SocketAddrV4::new(CONTROL_PLANE_IP, GUEST_API_PORT),
-                host: host(self.world.cp.url())?,
-            },
-            Forward {
-                guest: SocketAddrV4::new(CONTROL_PLANE_IP, GUEST_SERVER_PORT),
-                host: host(self.world.server.url())?,
-            },
-        ])
+        Ok(forwards(
+            imds.addr(),
+            loopback_addr(self.world.cp.url())?,
+            loopback_addr(self.world.server.url())?,
+        ))
     }
 }
 
-/// The operator's cluster-wide Ignition config: the CNI network.
-async fn put_base_ignition(admin: &kube::Client) -> Result<()> {
+/// The address of an `https://ip:port` URL (a server on host loopback).
+pub fn loopback_addr(url: &str) -> Result<SocketAddr> {
+    url.trim_start_matches("https://")
+        .parse()
+        .with_context(|| format!("{url} is not https://ip:port"))
+}
+
+/// What a guest may reach: its IMDS (on host loopback at `imds`) at
+/// 169.254.169.254:80, and at [`CONTROL_PLANE_IP`] the API server and
+/// autonode-server (on host loopback at `api_server` and `server`).
+pub fn forwards(imds: SocketAddr, api_server: SocketAddr, server: SocketAddr) -> Vec<Forward> {
+    vec![
+        Forward {
+            guest: SocketAddrV4::new(Ipv4Addr::new(169, 254, 169, 254), 80),
+            host: imds,
+        },
+        Forward {
+            guest: SocketAddrV4::new(CONTROL_PLANE_IP, GUEST_API_PORT),
+            host: api_server,
+        },
+        Forward {
+            guest: SocketAddrV4::new(CONTROL_PLANE_IP, GUEST_SERVER_PORT),
+            host: server,
+        },
+    ]
+}
+
+/// The operator's cluster-wide Ignition config ([`BASE_IGNITION`]): the
+/// CNI network.
+pub async fn put_base_ignition(admin: &kube::Client) -> Result<()> {
     use base64::Engine as _;
     let conflist = base64::engine::general_purpose::STANDARD.encode(CNI_CONFLIST);
     let config = serde_json::json!({
@@ -573,14 +613,21 @@ fn server_args(ca_file: &Path) -> Vec<String> {
         .iter()
         .map(|arch| format!("{}={}", arch.name(), arch.ami_id()))
         .collect();
-    let mut args = vec![
-        format!("--api-server-url=https://{CONTROL_PLANE_IP}:{GUEST_API_PORT}"),
-        format!("--base-ignition={BASE_IGNITION}"),
-        format!("--ami-ids={}", ami_ids.join(",")),
-        "--leader-lease=3".to_string(),
-    ];
+    let mut args = Vec::from(guest_server_args());
+    args.push(format!("--ami-ids={}", ami_ids.join(",")));
+    args.push("--leader-lease=3".to_string());
     args.extend(user_data_args(ca_file));
     args
+}
+
+/// The `autonode-server serve` flags any cluster of VMs needs: the API
+/// server as the guest reaches it, and the base Ignition config (the CNI
+/// network, [`put_base_ignition`]).
+pub fn guest_server_args() -> [String; 2] {
+    [
+        format!("--api-server-url=https://{CONTROL_PLANE_IP}:{GUEST_API_PORT}"),
+        format!("--base-ignition={BASE_IGNITION}"),
+    ]
 }
 
 /// The flags userData is rendered from, as the guest reaches the server

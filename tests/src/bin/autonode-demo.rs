@@ -1,90 +1,71 @@
-//! The local demo: a machine joins a real control plane through autonode.
+//! The local demo: the real Karpenter launches a machine for a Deployment,
+//! autonode joins it, and the pod runs there.
 //!
-//! Starts etcd, kube-apiserver and kube-controller-manager, the fake cloud
-//! and autonode-server; plays Karpenter's part; runs the real agent binary
-//! on a simulated instance in its own network namespace; then shows the node
-//! registering itself with the credentials the agent wrote, and the
-//! NodeClaim's Events. Everything is removed when it ends.
+//! Starts etcd, kube-apiserver, kube-controller-manager and kube-scheduler,
+//! moto (a third-party EC2), the real Karpenter controller and
+//! autonode-server; creates an EC2NodeClass whose userData is what
+//! `autonode-server render-userdata` prints, and a NodePool; scales a
+//! Deployment up. Each instance Karpenter launches into moto boots as a VM
+//! (the amd64 test image under QEMU: the agent from its package,
+//! containerd, the real kubelet). Narrates each step: the NodeClaim, the
+//! moto instance, the agent's log, the Node, the pod Running. Everything
+//! is removed when it ends.
 
-use anyhow::{Context, Result};
-use autonode_tests::fakecloud::Instance;
-use autonode_tests::karpenter;
-use autonode_tests::node::{registration, user_data, SimulatedNode};
-use autonode_tests::world::World;
-use k8s_openapi::api::core::v1::{Event, Node};
-use kube::api::{Api, ListParams, PostParams};
+use anyhow::Result;
+use autonode_tests::karpenter::nodeclaims;
+use autonode_tests::karpenter_cluster::{KarpenterCluster, CLASS, POOL};
+use autonode_tests::karpenter_vm::{create_deployment, follow, scale, Step, DEPLOYMENT};
+use autonode_tests::launcher::MachineKind;
+use k8s_openapi::api::core::v1::Event;
+use kube::api::{Api, ListParams};
 use std::time::Instant;
 
 #[tokio::main]
 async fn main() -> Result<()> {
     let started = Instant::now();
-    step("starting etcd, kube-apiserver, kube-controller-manager, the fake cloud and autonode-server");
-    let world = World::start().await?;
+    step("starting a control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler), moto as EC2, the real Karpenter and autonode-server");
+    let cluster = KarpenterCluster::start_with(MachineKind::Vm, &[], &[]).await?;
     done(&format!(
-        "control plane at {}, join API at {}",
-        world.cp.url(),
-        world.server.url()
+        "API server {}, autonode-server {} (machines reach both at 172.31.0.10), moto {}",
+        cluster.cp.url(),
+        cluster.server.url(),
+        cluster.moto.url()
     ));
 
-    step("playing Karpenter: NodeClaim created, instance launched, providerID set");
-    let user_data = user_data(&world);
-    let (claim, instance) = world
-        .launch(|i| Instance {
-            user_data: user_data.clone().into_bytes(),
-            ..i
-        })
-        .await?;
-    done(&format!("NodeClaim {claim} → {}", instance.provider_id()));
-    println!("    userData the instance gets:\n{}", indent(&user_data));
-
-    step("booting the instance: its own network namespace, IMDS at 169.254.169.254");
-    let node = SimulatedNode::boot(&world, &instance)?;
-    done(&format!("namespace {}", node.netns.name()));
-
-    step("running autonode-agent on the instance");
-    let run = node.run_agent(&[]).await?;
-    println!("{}", indent(&String::from_utf8_lossy(&run.stderr)));
-    anyhow::ensure!(run.status.success(), "the agent failed ({})", run.status);
-    done("attested, certificates issued, kubelet configured and started");
+    step(&format!("EC2NodeClass {CLASS} (amiFamily Custom) and NodePool {POOL}; waiting for Karpenter to call the class Ready"));
     println!(
-        "    systemctl was asked to: {}",
-        node.systemctl_calls().trim().replace('\n', "; ")
+        "    its userData, as `autonode-server render-userdata` prints it:\n{}",
+        indent(&cluster.rendered_user_data()?)
     );
+    cluster.create_class_and_pool().await?;
+    done("Karpenter resolved the class's AMI, subnet and security group in moto");
 
-    step("kubelet registers the Node with the credentials the agent wrote (NodeRestriction on)");
-    let kubelet = node.kubelet_client().await?;
-    let registered = Api::<Node>::all(kubelet)
-        .create(&PostParams::default(), &registration(&instance))
-        .await
-        .context("registering the Node")?;
-    let taints = registered
-        .spec
-        .as_ref()
-        .and_then(|s| s.taints.clone())
-        .unwrap_or_default();
-    done(&format!(
-        "Node {} providerID {} taints {:?}",
-        instance.private_dns_name,
-        instance.provider_id(),
-        taints
-            .iter()
-            .map(|t| format!("{}:{}", t.key, t.effect))
-            .collect::<Vec<_>>()
+    let admin = cluster.cp.admin().await?;
+    create_deployment(&admin).await?;
+    step(&format!(
+        "scaling Deployment {DEPLOYMENT} to 1 replica: no node can take its pod"
     ));
+    println!("    The machine is a VM emulated in software (QEMU without KVM): from here to the pod Running takes about 2 to 5 minutes.");
+    println!("    (Its serial console will be target/vm/console/karpenter-<instance id>.log.)");
+    let t0 = Instant::now();
+    scale(&admin, 1).await?;
+    let journey = follow(&cluster, t0, narrate).await?;
 
     step("what the NodeClaim shows");
-    let admin = world.cp.admin().await?;
-    let nodeclaim = karpenter::nodeclaims(&admin).get(&claim).await?;
-    let annotations = nodeclaim.metadata.annotations.unwrap_or_default();
-    for (key, value) in annotations
-        .iter()
-        .filter(|(k, _)| k.starts_with("autonode.dev/"))
+    let claim = nodeclaims(&admin).get(&journey.claim).await?;
+    for condition in claim.data["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
     {
-        println!("    annotation {key}={value}");
+        println!(
+            "    condition {}={} {}",
+            condition["type"].as_str().unwrap_or_default(),
+            condition["status"].as_str().unwrap_or_default(),
+            condition["reason"].as_str().unwrap_or_default()
+        );
     }
-    // Events are written in the background: give them a moment.
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    let selector = format!("involvedObject.name={claim}");
+    let selector = format!("involvedObject.name={}", journey.claim);
     let events = Api::<Event>::namespaced(admin, "default")
         .list(&ListParams::default().fields(&selector))
         .await?;
@@ -98,13 +79,34 @@ async fn main() -> Result<()> {
     }
 
     step("cleaning up");
-    drop(node);
-    drop(world);
+    drop(cluster);
     done(&format!(
-        "all processes stopped, all files removed; {:.1}s in all",
-        started.elapsed().as_secs_f64()
+        "all processes stopped, all files removed; {:.0} s in all, {:.0} s from the scale-up to the pod Running",
+        started.elapsed().as_secs_f64(),
+        journey.seconds("pod_running").unwrap_or_default()
     ));
     Ok(())
+}
+
+/// What each step of the journey means, and what was seen.
+fn narrate(seen: &Step) {
+    let heading = match seen.name {
+        "pod_pending" => "kube-scheduler finds no node for the pod",
+        "nodeclaim" => "Karpenter wants a node for it: a NodeClaim",
+        "launched" => "Karpenter launches the instance (CreateFleet on moto)",
+        "agent_joined" => "the VM booted; autonode-agent proved the instance's identity to autonode-server and configured kubelet (its log)",
+        "node_registered" => "kubelet registers the Node with the credentials the agent got",
+        "node_ready" => "the Node is Ready",
+        "initialized" => "Karpenter takes the Node for its NodeClaim",
+        "pod_running" => "the pod runs on the new node",
+        other => other,
+    };
+    step(&format!("[{:>5.1} s] {heading}", seen.after.as_secs_f64()));
+    if seen.name == "agent_joined" {
+        println!("{}", indent(&seen.detail));
+    } else {
+        done(&seen.detail);
+    }
 }
 
 fn step(what: &str) {

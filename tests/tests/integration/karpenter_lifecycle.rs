@@ -17,7 +17,7 @@ use autonode_tests::karpenter_journey::{
     follow_claim, is_issued, is_undecided, join_refused_line, left_pending_as, leftovers,
     replay_join, steal, wait_deleting, wait_removed, Stolen,
 };
-use autonode_tests::launcher::Machine;
+use autonode_tests::launcher::{Machine, MachineKind};
 use autonode_tests::moto::ZONE;
 use autonode_tests::node::kubelet_client_under;
 use k8s_openapi::api::certificates::v1::{
@@ -348,7 +348,8 @@ const STATIC_CAPACITY: (&str, &str) = ("FEATURE_GATES", "StaticCapacity=true");
 #[tokio::test(flavor = "multi_thread")]
 async fn a_static_nodepools_machines_join_and_its_replicas_scale_up_and_down_cleanly_beside_a_dynamic_pool(
 ) -> Result<()> {
-    let cluster = KarpenterCluster::start_with(&[], &[STATIC_CAPACITY]).await?;
+    let cluster =
+        KarpenterCluster::start_with(MachineKind::Simulated, &[], &[STATIC_CAPACITY]).await?;
     let admin = cluster.cp.admin().await?;
     // No disruption of Karpenter's own in either: only the replicas decide.
     let still = json!({"budgets": [{"nodes": "0"}]});

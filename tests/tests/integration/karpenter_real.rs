@@ -20,13 +20,13 @@ use kube::api::ListParams;
 use std::time::{Duration, Instant};
 
 use autonode_tests::karpenter_cluster::{
-    condition, is_ready, list_nodeclaims, KarpenterCluster, CLUSTER_NAME, POD,
+    condition, event_reasons, is_ready, karpenter_finished_with, list_nodeclaims, KarpenterCluster,
+    CLUSTER_NAME, POD,
 };
 use autonode_tests::karpenter_controller::KARPENTER_VERSION;
 use autonode_tests::moto::MOTO_VERSION;
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::Api;
-use kube::Client;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pending_pod_makes_karpenter_launch_an_instance_with_the_classes_user_data_verbatim(
@@ -280,22 +280,8 @@ pub(crate) async fn follow(
         )
         .await?;
     let claim_s = t0.elapsed().as_secs_f64();
-    let provider_id = cluster
-        .wait_for("a launched NodeClaim", LAUNCH_TIMEOUT, || async {
-            let c = claims.get(&claim).await?;
-            let launched = condition(&c, "Launched").is_some_and(|c| c["status"] == "True");
-            Ok(c.data["status"]["providerID"]
-                .as_str()
-                .filter(|id| launched && !id.is_empty())
-                .map(str::to_string))
-        })
-        .await?;
+    let (_, instance_id) = cluster.launched(&claim).await?;
     let launched_s = t0.elapsed().as_secs_f64();
-    let instance_id = provider_id
-        .rsplit('/')
-        .next()
-        .context("providerID without an instance id")?
-        .to_string();
     let machine = cluster
         .wait_for("the machine's Node", LAUNCH_TIMEOUT, || async {
             let Some(machine) = cluster.launcher.machine(&instance_id) else {
@@ -311,16 +297,7 @@ pub(crate) async fn follow(
         })
         .await?;
     let registered_s = t0.elapsed().as_secs_f64();
-    let initialized = cluster
-        .wait_for("an Initialized NodeClaim", LAUNCH_TIMEOUT, || async {
-            let c = claims.get(&claim).await?;
-            let all_true = ["Launched", "Registered", "Initialized"]
-                .iter()
-                .all(|t| condition(&c, t).is_some_and(|c| c["status"] == "True"));
-            Ok((all_true && is_ready(&c)).then_some(()))
-        })
-        .await;
-    if let Err(e) = initialized {
+    if let Err(e) = cluster.initialized(&claim).await {
         let c = claims.get(&claim).await?;
         let node = Api::<Node>::all(admin.clone())
             .get_opt(&machine.node_name)
@@ -381,19 +358,6 @@ pub(crate) fn record(cluster: &KarpenterCluster, entries: serde_json::Value) -> 
     Ok(())
 }
 
-/// The reasons of the Events on NodeClaim `claim`.
-pub(crate) async fn event_reasons(admin: &Client, claim: &str) -> Result<Vec<String>> {
-    let events: Api<Event> = Api::namespaced(admin.clone(), "default");
-    let selector = format!("involvedObject.name={claim}");
-    Ok(events
-        .list(&ListParams::default().fields(&selector))
-        .await?
-        .items
-        .into_iter()
-        .filter_map(|e| e.reason)
-        .collect())
-}
-
 /// Waits for autonode's condition on `claim` to be `status`/`reason`.
 pub(crate) async fn wait_autonode_condition(
     cluster: &KarpenterCluster,
@@ -426,19 +390,7 @@ async fn a_pending_pod_becomes_a_node_that_karpenter_initializes_and_the_pod_is_
     // Karpenter took the Node for its NodeClaim's and finished with it:
     // its taint gone, its labels on.
     let node = Api::<Node>::all(admin.clone()).get(&journey.node).await?;
-    let taints = node.spec.and_then(|s| s.taints).unwrap_or_default();
-    assert!(
-        !taints.iter().any(|t| t.key == "karpenter.sh/unregistered"),
-        "{taints:?}"
-    );
-    let labels = node.metadata.labels.unwrap_or_default();
-    for label in ["karpenter.sh/registered", "karpenter.sh/initialized"] {
-        assert_eq!(
-            labels.get(label).map(String::as_str),
-            Some("true"),
-            "{labels:?}"
-        );
-    }
+    karpenter_finished_with(&node)?;
     let claim = nodeclaims(&admin).get(&journey.claim).await?;
     assert_eq!(claim.data["status"]["nodeName"], journey.node.as_str());
     // And autonode told its own story on the same NodeClaim.
