@@ -135,8 +135,10 @@ pub struct Machine {
     /// The Node name (the instance's private DNS name).
     pub node_name: String,
     pub booted: Instant,
-    /// Whether it was given an image whose kubelet cannot start.
+    /// Whether it was given a [`Flaw`].
     pub broken: bool,
+    /// The flaw it was given, if any.
+    pub flaw: Option<Flaw>,
     /// When the agent exited, and with what.
     pub agent: Option<AgentExit>,
     /// When the kubelet stand-in created the Node.
@@ -160,11 +162,27 @@ pub struct AgentExit {
     pub log_tail: String,
 }
 
+/// What is wrong with a machine the launcher is told to make broken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flaw {
+    /// Its image cannot start kubelet (systemctl fails): the agent joins,
+    /// then fails for good and reports it.
+    KubeletWontStart,
+    /// Its signed identity document names another image than the one EC2
+    /// says it runs: the server refuses the join for good
+    /// (`image_mismatch`), before anything is bound.
+    SignedForAnotherImage,
+}
+
+/// The image a [`Flaw::SignedForAnotherImage`] document names: one moto
+/// never registered.
+const ANOTHER_IMAGE: &str = "ami-0ffffffffffffffff";
+
 #[derive(Default)]
 struct Shared {
     machines: Mutex<BTreeMap<String, Machine>>,
-    /// How many of the next machines get a broken image.
-    broken_next: Mutex<usize>,
+    /// The flaws the next machines get, in launch order.
+    flaws: Mutex<std::collections::VecDeque<Flaw>>,
 }
 
 impl Shared {
@@ -178,11 +196,11 @@ impl Shared {
         }
     }
 
-    fn take_broken(&self) -> bool {
-        let mut left = self.broken_next.lock().unwrap_or_else(|e| e.into_inner());
-        let broken = *left > 0;
-        *left = left.saturating_sub(1);
-        broken
+    fn take_flaw(&self) -> Option<Flaw> {
+        self.flaws
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop_front()
     }
 }
 
@@ -203,11 +221,13 @@ impl Launcher {
     /// Gives the next `count` machines an image whose kubelet cannot be
     /// started (systemctl fails): their agent joins, then fails for good.
     pub fn break_next(&self, count: usize) {
-        *self
-            .shared
-            .broken_next
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = count;
+        self.flaw_next(Flaw::KubeletWontStart, count);
+    }
+
+    /// Gives the next `count` machines `flaw`, after those already given one.
+    pub fn flaw_next(&self, flaw: Flaw, count: usize) {
+        let mut flaws = self.shared.flaws.lock().unwrap_or_else(|e| e.into_inner());
+        flaws.extend(std::iter::repeat_n(flaw, count));
     }
 
     /// Every machine booted so far, by instance id.
@@ -284,14 +304,15 @@ fn boot(
     described: MotoInstance,
 ) -> MachineTask {
     let id = described.id.clone();
-    let broken = shared.take_broken();
+    let flaw = shared.take_flaw();
     shared.machines().insert(
         id.clone(),
         Machine {
             instance_id: id.clone(),
             node_name: described.private_dns_name.clone(),
             booted: Instant::now(),
-            broken,
+            broken: flaw.is_some(),
+            flaw,
             agent: None,
             registered: None,
             stopped: None,
@@ -303,7 +324,7 @@ fn boot(
     let task_shared = shared.clone();
     let task = tokio::spawn(async move {
         let id = described.id.clone();
-        if let Err(e) = live(&moto, &cluster, &task_shared, described, broken).await {
+        if let Err(e) = live(&moto, &cluster, &task_shared, described, flaw).await {
             task_shared.update(&id, |m| m.error = Some(format!("{e:#}")));
         }
     });
@@ -317,7 +338,7 @@ async fn live(
     cluster: &Cluster,
     shared: &Shared,
     described: MotoInstance,
-    broken: bool,
+    flaw: Option<Flaw>,
 ) -> Result<()> {
     let id = described.id.clone();
     let (template, version) = moto
@@ -325,10 +346,14 @@ async fn live(
         .await?
         .with_context(|| format!("{id} was not launched by a fleet"))?;
     let data = moto.template_data(&template, &version).await?;
-    let instance = instance(&described, data.user_data)?;
+    let mut instance = instance(&described, data.user_data)?;
+    if flaw == Some(Flaw::SignedForAnotherImage) {
+        instance.image_id = ANOTHER_IMAGE.into();
+    }
+    let broken = flaw == Some(Flaw::KubeletWontStart);
     match cluster.kind {
         MachineKind::Simulated => live_simulated(cluster, shared, instance, broken).await,
-        MachineKind::Vm if broken => bail!("a VM's image cannot be broken"),
+        MachineKind::Vm if flaw.is_some() => bail!("a VM's image cannot be broken"),
         MachineKind::Vm => live_vm(cluster, shared, instance).await,
     }
 }

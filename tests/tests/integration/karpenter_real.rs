@@ -13,6 +13,7 @@ use autonode_tests::karpenter_cluster::{
     create_class, create_pending_pod, create_pool, CLASS, LAUNCH_TIMEOUT, POOL,
 };
 use autonode_tests::karpenter_controller::{install_karpenter_crds, KarpenterController};
+use autonode_tests::launcher::Flaw;
 use autonode_tests::moto::{Moto, MotoInstance, AMD64_AMI, INSTANCE_TYPE, REGION, ZONE};
 use autonode_tests::pki::Ca;
 use autonode_tests::server;
@@ -524,22 +525,74 @@ const KARPENTER_REGISTRATION_TIMEOUT_S: f64 = 900.0;
 #[tokio::test(flavor = "multi_thread")]
 async fn a_machine_whose_agent_fails_for_good_is_replaced_in_seconds_not_after_fifteen_minutes(
 ) -> Result<()> {
-    let cluster = KarpenterCluster::start(&[]).await?;
-    let admin = cluster.cp.admin().await?;
     // The first machine's image cannot start kubelet: its agent joins,
     // then fails for good and says so, signed with its new key.
-    cluster.launcher.break_next(1);
+    let (cluster, replaced) = flawed_machine_replaced(
+        Flaw::KubeletWontStart,
+        ("BootstrapFailed", "starting kubelet"),
+    )
+    .await?;
+    record(
+        &cluster,
+        serde_json::json!({
+            "failed_join_replaced_s": round(replaced.replaced_s),
+            "failed_join_nodeclaim_deleted_s": round(replaced.deleted_s),
+            "karpenter_registration_timeout_s": KARPENTER_REGISTRATION_TIMEOUT_S,
+        }),
+    )
+}
+
+/// The README's promise: a refusal that dooms the machine deletes its
+/// NodeClaim, so Karpenter replaces it at once. The first machine's signed
+/// document names another image than the one EC2 says it runs: its join
+/// is refused for good before anything is bound.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_machine_whose_join_is_refused_for_good_is_replaced_in_seconds_with_the_reason_on_its_nodeclaim(
+) -> Result<()> {
+    let (cluster, replaced) = flawed_machine_replaced(
+        Flaw::SignedForAnotherImage,
+        ("JoinRefused", "but the document says"),
+    )
+    .await?;
+    assert_eq!(replaced.agent_code, Some(2), "a refused agent exits 2");
+    record(
+        &cluster,
+        serde_json::json!({
+            "refused_join_replaced_s": round(replaced.replaced_s),
+            "refused_join_nodeclaim_deleted_s": round(replaced.deleted_s),
+        }),
+    )
+}
+
+/// How a flawed machine's NodeClaim went, timed from its agent's exit.
+struct Replaced {
+    deleted_s: f64,
+    replaced_s: f64,
+    agent_code: Option<i32>,
+}
+
+/// The first machine Karpenter launches has `flaw`: its agent fails, the
+/// server deletes its NodeClaim with an Event `reason` whose message holds
+/// `says`, Karpenter terminates it and launches another, which joins and
+/// takes the pod, within a minute (Karpenter alone waits 15).
+async fn flawed_machine_replaced(
+    flaw: Flaw,
+    (reason, says): (&str, &str),
+) -> Result<(KarpenterCluster, Replaced)> {
+    let cluster = KarpenterCluster::start(&[]).await?;
+    let admin = cluster.cp.admin().await?;
+    cluster.launcher.flaw_next(flaw, 1);
     cluster.create_class_and_pool().await?;
     create_pending_pod(&admin).await?;
     let claims = nodeclaims(&admin);
 
     let (failed_claim, failed) = cluster
         .wait_for(
-            "the broken machine's agent to fail",
+            "the flawed machine's agent to fail",
             LAUNCH_TIMEOUT,
             || async {
-                let broken = cluster.launcher.machines().into_values().find(|m| m.broken);
-                let Some(machine) = broken else {
+                let flawed = cluster.launcher.machines().into_values().find(|m| m.broken);
+                let Some(machine) = flawed else {
                     return Ok(None);
                 };
                 if let Some(error) = &machine.error {
@@ -602,7 +655,7 @@ async fn a_machine_whose_agent_fails_for_good_is_replaced_in_seconds_not_after_f
 
     // The reason is on the NodeClaim's record for whoever looks.
     let events: Api<Event> = Api::namespaced(admin.clone(), "default");
-    let selector = format!("involvedObject.name={failed_claim},reason=BootstrapFailed");
+    let selector = format!("involvedObject.name={failed_claim},reason={reason}");
     let messages: Vec<String> = events
         .list(&ListParams::default().fields(&selector))
         .await?
@@ -611,8 +664,8 @@ async fn a_machine_whose_agent_fails_for_good_is_replaced_in_seconds_not_after_f
         .filter_map(|e| e.message)
         .collect();
     assert!(
-        messages.iter().any(|m| m.contains("starting kubelet")),
-        "the Event says what failed: {messages:?}"
+        messages.iter().any(|m| m.contains(says)),
+        "a {reason} Event says {says:?}: {messages:?}"
     );
 
     // The replacement, on a working image, joins and takes the pod.
@@ -623,14 +676,12 @@ async fn a_machine_whose_agent_fails_for_good_is_replaced_in_seconds_not_after_f
         replaced_s < 60.0,
         "replaced after {replaced_s:.1} s (Karpenter alone: {KARPENTER_REGISTRATION_TIMEOUT_S} s)"
     );
-    record(
-        &cluster,
-        serde_json::json!({
-            "failed_join_replaced_s": round(replaced_s),
-            "failed_join_nodeclaim_deleted_s": round(deleted_s),
-            "karpenter_registration_timeout_s": KARPENTER_REGISTRATION_TIMEOUT_S,
-        }),
-    )
+    let replaced = Replaced {
+        deleted_s,
+        replaced_s,
+        agent_code: agent.code,
+    };
+    Ok((cluster, replaced))
 }
 
 /// The server's metric `name` (0 when it has not been set yet).
