@@ -13,7 +13,9 @@
 //! 2. **attest** (`attest`): the instance's one NodeClaim
 //!    ([`NodeClaims::one_for`], waiting out the cache's grace only for
 //!    documents that passed) and its rules, the instance as EC2 sees it
-//!    ([`crate::ec2`]), the CSRs against what EC2 says the machine is.
+//!    ([`crate::ec2`]), the CSRs against what EC2 says the machine is,
+//!    and whether its name was another instance's lately
+//!    ([`crate::kube::reuse`]).
 //! 3. **bind** (`bind`): the CSR objects created (or a resume's recorded
 //!    ones found, [`crate::kube::issuer`]) while the kubelet settings and
 //!    Ignition config are rendered ([`render`], from
