@@ -802,3 +802,68 @@ async fn a_no_op_upkeep_drifts_no_nodeclaim_on_its_first_reconcile_nor_after_a_r
         }),
     )
 }
+
+/// The `NAME = "1.MINOR"` constant of Karpenter's `version.go`.
+fn declared(version_go: &str, name: &str) -> Option<String> {
+    version_go.lines().find_map(|line| {
+        let (key, value) = line.split_once('=')?;
+        (key.trim() == name).then(|| value.trim().trim_matches('"').to_string())
+    })
+}
+
+/// The README's "the versions the pinned Karpenter supports": the oldest
+/// and newest Kubernetes pinned under tests/kube/ are the range the pinned
+/// Karpenter declares (`pkg/providers/version/version.go` of the module
+/// tests/setup/build-karpenter downloaded), so moving Karpenter without
+/// moving the range fails here.
+#[test]
+fn the_pinned_kubernetes_range_is_the_one_the_pinned_karpenter_declares() -> Result<()> {
+    // `go mod download` in the harness's own module: the copy go.sum pins,
+    // fetched from the proxy unless the module cache has it already.
+    let module = format!("github.com/aws/karpenter-provider-aws@v{KARPENTER_VERSION}");
+    let download = std::process::Command::new("go")
+        .args(["mod", "download", "-json", &module])
+        // As tests/setup/build-karpenter: the module asks a newer Go.
+        .env("GOTOOLCHAIN", "auto")
+        .current_dir(autonode_tests::vm::repo_root().join("tests/karpenter"))
+        .output()
+        .context("go mod download")?;
+    let found: serde_json::Value = serde_json::from_slice(&download.stdout)
+        .with_context(|| String::from_utf8_lossy(&download.stderr).into_owned())?;
+    let dir = found["Dir"]
+        .as_str()
+        .with_context(|| format!("{module}: {found}"))?;
+    let version_go = std::path::Path::new(dir).join("pkg/providers/version/version.go");
+    let source =
+        std::fs::read_to_string(&version_go).with_context(|| version_go.display().to_string())?;
+    let (min, max) = (
+        declared(&source, "MinK8sVersion").context("no MinK8sVersion")?,
+        declared(&source, "MaxK8sVersion").context("no MaxK8sVersion")?,
+    );
+    let list =
+        std::process::Command::new(autonode_tests::vm::repo_root().join("tests/setup/build-kube"))
+            .arg("--list")
+            .output()
+            .context("tests/setup/build-kube --list")?;
+    let minors: Vec<String> = String::from_utf8(list.stdout)?
+        .lines()
+        .filter_map(|v| v.rsplit_once('.').map(|(minor, _)| minor.to_string()))
+        .collect();
+    let minor_of = |v: &str| v.split('.').nth(1).and_then(|m| m.parse::<u32>().ok());
+    let oldest = minors
+        .iter()
+        .min_by_key(|v| minor_of(v))
+        .context("no pinned version")?;
+    let newest = minors
+        .iter()
+        .max_by_key(|v| minor_of(v))
+        .context("no pinned version")?;
+    assert_eq!(
+        (oldest.as_str(), newest.as_str()),
+        (min.as_str(), max.as_str()),
+        "Karpenter {KARPENTER_VERSION} supports {min}–{max}; tests/kube/ pins {minors:?}"
+    );
+    let sample = "const (\n\tMinK8sVersion = \"1.26\"\n\tMaxK8sVersion = \"1.37\"\n)";
+    assert_eq!(declared(sample, "MaxK8sVersion").as_deref(), Some("1.37"));
+    Ok(())
+}
