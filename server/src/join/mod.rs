@@ -169,7 +169,8 @@ async fn grant(
     }
     let certificates = approve(ctx, &prepared).await?;
     steps.done(Step::Approve.name());
-    outcome::certified(ctx, &attested, prepared.claim.as_ref()).await;
+    let written = prepared.claim.as_ref().unwrap_or(&attested.claim);
+    outcome::certified(ctx, written, attested.attested_at).await;
     Ok(Granted {
         binding: prepared.binding,
         response: answer(ctx, &attested, certificates, prepared.rendered),

@@ -4,7 +4,6 @@
 //! happens; each of those is a small function of its own, and whether to
 //! delete is a pure decision ([`dooms_nodeclaim`]).
 
-use super::attest::Attested;
 use super::{Granted, JoinContext};
 use crate::join::refusal::{JoinError, Refusal};
 use crate::kube::binding::{self, Binding, BindingRefusal};
@@ -71,12 +70,12 @@ pub(super) fn milestone(ctx: &JoinContext, milestone: Milestone, seconds: Option
 /// The certificates milestone, with the attested one if it is still
 /// unreported: once per NodeClaim, whichever join gets here first, so a
 /// join resumed after one that failed at approval records them now.
-/// `written` is the NodeClaim as this join's binding write left it.
-pub(super) async fn certified(ctx: &JoinContext, attested: &Attested, written: Option<&NodeClaim>) {
-    let certified_at = nodeclaim::age_seconds(&attested.claim, ctx.clock);
-    let claim = written.unwrap_or(&attested.claim);
+/// `claim` is the NodeClaim as this join's binding write left it, else as
+/// attested; `attested_at` the attested milestone's time.
+pub(super) async fn certified(ctx: &JoinContext, claim: &NodeClaim, attested_at: Option<f64>) {
+    let certified_at = nodeclaim::age_seconds(claim, ctx.clock);
     let timed = [
-        (Milestone::Attested, attested.attested_at),
+        (Milestone::Attested, attested_at),
         (Milestone::Certificates, certified_at),
     ];
     milestones(ctx, claim, &timed).await;
