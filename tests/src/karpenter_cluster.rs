@@ -299,14 +299,20 @@ pub async fn create_pool(client: &Client) -> Result<()> {
     create_pool_named(client, POOL, budget_none).await
 }
 
-/// A pod no node can take yet ([`POD`]). The namespace's default
-/// ServiceAccount is made by kube-controller-manager shortly after start;
-/// until then the API server refuses pods, so the create is retried.
+/// A pod no node can take yet ([`POD`]).
 pub async fn create_pending_pod(client: &Client) -> Result<()> {
-    let pod: Pod = serde_json::from_value(json!({
+    create_pod(client, POD, json!({})).await
+}
+
+/// A pause pod `name` with a small request and `spec`'s keys added to its
+/// spec (a `nodeSelector`, say). The namespace's default ServiceAccount is
+/// made by kube-controller-manager shortly after start; until then the API
+/// server refuses pods, so the create is retried.
+pub async fn create_pod(client: &Client, name: &str, spec: serde_json::Value) -> Result<()> {
+    let mut pod = json!({
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": POD, "namespace": "default"},
+        "metadata": {"name": name, "namespace": "default"},
         "spec": {
             "automountServiceAccountToken": false,
             "containers": [{
@@ -315,7 +321,14 @@ pub async fn create_pending_pod(client: &Client) -> Result<()> {
                 "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
             }],
         },
-    }))?;
+    });
+    let serde_json::Value::Object(extra) = spec else {
+        bail!("a pod spec that is not an object: {spec}");
+    };
+    for (key, value) in extra {
+        pod["spec"][key] = value;
+    }
+    let pod: Pod = serde_json::from_value(pod)?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -325,7 +338,7 @@ pub async fn create_pending_pod(client: &Client) -> Result<()> {
                 eprintln!("pod not created yet: {e}");
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
-            Err(e) => return Err(e).context("creating the pending pod"),
+            Err(e) => return Err(e).with_context(|| format!("creating the pod {name}")),
         }
     }
 }

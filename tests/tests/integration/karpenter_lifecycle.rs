@@ -10,7 +10,7 @@ use autonode_server::kube::marks::CSR_INSTANCE_LABEL;
 use autonode_tests::joiner::CsrShape;
 use autonode_tests::karpenter::nodeclaims;
 use autonode_tests::karpenter_cluster::{
-    create_class, create_pending_pod, create_pool_named, is_ready, list_nodeclaims,
+    create_class, create_pending_pod, create_pod, create_pool_named, is_ready, list_nodeclaims,
     KarpenterCluster, CLASS, LAUNCH_TIMEOUT, POD, POOL,
 };
 use autonode_tests::karpenter_journey::{
@@ -31,7 +31,7 @@ use kube::api::{
 };
 use serde_json::json;
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_emptied_node_is_consolidated_away_and_its_machine_can_never_join_or_renew_again(
@@ -525,32 +525,6 @@ async fn set_replicas(admin: &kube::Client, pool: &str, replicas: usize) -> Resu
 
 /// A pod only `pool`'s nodes can take (Karpenter labels them with it).
 async fn create_pod_for_pool(admin: &kube::Client, name: &str, pool: &str) -> Result<()> {
-    let pod: Pod = serde_json::from_value(json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "automountServiceAccountToken": false,
-            "nodeSelector": {"karpenter.sh/nodepool": pool},
-            "containers": [{
-                "name": "pause",
-                "image": "registry.k8s.io/pause:3.10",
-                "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
-            }],
-        },
-    }))?;
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
-    // The namespace's default ServiceAccount comes shortly after start;
-    // until then pods are refused (as in `create_pending_pod`).
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        match pods.create(&PostParams::default(), &pod).await {
-            Ok(_) => return Ok(()),
-            Err(e) if Instant::now() < deadline => {
-                eprintln!("pod not created yet: {e}");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-            Err(e) => return Err(e).context("creating the pod"),
-        }
-    }
+    let selector = json!({"nodeSelector": {"karpenter.sh/nodepool": pool}});
+    create_pod(admin, name, selector).await
 }
