@@ -123,6 +123,7 @@ fn leader(
             metrics: metrics.clone(),
             pending_cap: args.pending_csr_cap,
             signing_duration: args.certificate_lifetimes().signing,
+            clock: Clock::SYSTEM,
         }),
         nodeclasses: args
             .nodeclasses

@@ -3,14 +3,13 @@
 
 use super::store::{approved, decided};
 use super::{Context, RECENT_WINDOW};
-use crate::kube::clock::Clock;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use kube::ResourceExt;
 
 /// CSRs from the same requester that count toward its cap, this one
 /// excluded: from the requester's own entries in the index, not a scan.
 pub(super) fn counted_toward_cap(ctx: &Context, csr: &CertificateSigningRequest) -> usize {
-    let now = unix_now();
+    let now = ctx.settings.clock.unix();
     let Some(user) = csr.spec.username.as_deref() else {
         return 0;
     };
@@ -45,8 +44,4 @@ pub(super) fn counts_toward_cap(
         // The API server always sets it; without one, count it.
         None => true,
     }
-}
-
-fn unix_now() -> i64 {
-    Clock::SYSTEM.unix()
 }

@@ -5,7 +5,7 @@ use super::cap::counted_toward_cap;
 use super::decline::Decline;
 use super::{over_cap_key, Context, RECENT_WINDOW};
 use crate::kube::binding;
-use crate::kube::clock::{Clock, KubeTime};
+use crate::kube::clock::KubeTime;
 use crate::kube::karpenter::{parse_aws_provider_id, NodeClaim};
 use crate::kube::reuse;
 use autonode_shared::csr::{self, Purpose};
@@ -121,7 +121,7 @@ fn not_reused(
     node: &str,
     instance_id: &str,
 ) -> Result<(), Decline> {
-    let now = Clock::SYSTEM.stamp();
+    let now = ctx.settings.clock.stamp();
     let remembered = reuse::last_held_by_others(&ctx.settings.claims, node, instance_id, now);
     let held = remembered.max(reuse::marked(claim).filter(|_| reuse::is_ip_based(node)));
     let Some(held) = held else {

@@ -41,6 +41,7 @@ pub use store::keep_for_judging;
 
 use crate::ec2::{InstanceLookup, LookupCache};
 use crate::kube::approval::ApprovalError;
+use crate::kube::clock::Clock;
 use crate::kube::events::Events;
 use crate::kube::limiter::Limiter;
 use crate::kube::metrics::Metrics;
@@ -109,6 +110,8 @@ pub struct Settings {
     /// kube-controller-manager's `--cluster-signing-duration`: how long a
     /// reused node name's CSRs are left pending (see [`crate::kube::reuse`]).
     pub signing_duration: Duration,
+    /// Where "now" comes from: the cap's window and a reused name's.
+    pub clock: Clock,
 }
 
 /// What each reconcile sees.
