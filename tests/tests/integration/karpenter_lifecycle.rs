@@ -20,11 +20,8 @@ use autonode_tests::karpenter_journey::{
 use autonode_tests::launcher::{Machine, MachineKind};
 use autonode_tests::moto::ZONE;
 use autonode_tests::node::kubelet_client_under;
-use k8s_openapi::api::certificates::v1::{
-    CertificateSigningRequest, CertificateSigningRequestSpec,
-};
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::{Event, Node, NodeSpec, Pod};
-use k8s_openapi::ByteString;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, ObjectMeta, Patch,
     PatchParams, PostParams,
@@ -285,44 +282,23 @@ fn bare_node(name: &str, provider_id: &str) -> Node {
     }
 }
 
-const CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
-const SERVING_SIGNER: &str = "kubernetes.io/kubelet-serving";
-
-/// Submits a CSR of `shape` as kubelet would; returns its name.
+/// A kubelet's renewal (client) or serving CSR of `shape`, submitted as
+/// kubelet would; its name. One maker of kubelet CSRs: renewal's.
 async fn submit(
     api: &Api<CertificateSigningRequest>,
     prefix: &str,
     signer: &str,
     shape: &CsrShape<'_>,
 ) -> Result<String> {
-    let name = format!("{prefix}-{}", autonode_tests::controlplane::unique());
     let usage = match signer {
         SERVING_SIGNER => "server auth",
         _ => "client auth",
     };
-    let key = rcgen::KeyPair::generate()?;
-    let csr = CertificateSigningRequest {
-        metadata: ObjectMeta {
-            name: Some(name.clone()),
-            ..Default::default()
-        },
-        spec: CertificateSigningRequestSpec {
-            request: ByteString(shape.csr(&key)?.into_bytes()),
-            signer_name: signer.to_string(),
-            usages: Some(vec![
-                "digital signature".into(),
-                "key encipherment".into(),
-                usage.into(),
-            ]),
-            ..Default::default()
-        },
-        status: None,
-    };
-    api.create(&PostParams::default(), &csr)
-        .await
-        .with_context(|| format!("creating CSR {name}"))?;
-    Ok(name)
+    crate::renewal::submit(api, prefix, signer, usage, shape).await
 }
+
+const CLIENT_SIGNER: &str = crate::renewal::CLIENT;
+const SERVING_SIGNER: &str = crate::renewal::SERVING;
 
 /// The (reason, message) of each Event on `claim`.
 async fn karpenter_events(admin: &kube::Client, claim: &str) -> Result<Vec<(String, String)>> {

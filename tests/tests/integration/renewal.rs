@@ -17,8 +17,8 @@ use kube::runtime::wait::await_condition;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
-const CLIENT: &str = "kubernetes.io/kube-apiserver-client-kubelet";
-const SERVING: &str = "kubernetes.io/kubelet-serving";
+pub(crate) const CLIENT: &str = "kubernetes.io/kube-apiserver-client-kubelet";
+pub(crate) const SERVING: &str = "kubernetes.io/kubelet-serving";
 
 #[tokio::test]
 async fn only_a_nodes_own_renewals_are_approved() -> Result<()> {
@@ -581,7 +581,7 @@ async fn serving(
 }
 
 /// Submits a CSR as kubelet would; returns its name.
-async fn submit(
+pub(crate) async fn submit(
     api: &Api<CertificateSigningRequest>,
     prefix: &str,
     signer: &str,
