@@ -299,9 +299,18 @@ async fn joins_wait_out_an_apiserver_outage_and_then_complete() -> Result<()> {
     const NODES: usize = 50;
     const LATE: usize = 10;
     const OUTAGE: Duration = Duration::from_secs(20);
-    // The agent's deadline in the tests' userData (tests/src/node.rs),
-    // plus the outage: what an agent started at the outage would allow.
-    const BUDGET: Duration = Duration::from_secs(60 + 20);
+    // The agent's deadline in the tests' userData (tests/src/node.rs) and
+    // the outage, plus what the real kube-controller-manager takes to sign
+    // again: its CSR watch backs off while the API server is away (client-go
+    // waits up to 30 s, doubled by jitter, and the restarted API server
+    // answers 403 for a moment while its RBAC caches fill), and a join that
+    // asked before then waits out one `--csr-timeout` (30 s) before its
+    // retry. Seen: a CSR created 3 s after the restart still unsigned 33 s
+    // later. A real agent's default deadline is 10 minutes.
+    const KCM_REWATCH: Duration = Duration::from_secs(60);
+    const SIGNING_WAIT: Duration = Duration::from_secs(30);
+    const BUDGET: Duration =
+        Duration::from_secs(60 + 20 + KCM_REWATCH.as_secs() + SIGNING_WAIT.as_secs());
     let world = World::start_with(&distinct_machines()).await?;
     let machines = launch_many(&world, NODES).await?;
     let tally = Arc::new(Tally::default());
