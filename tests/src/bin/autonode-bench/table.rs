@@ -128,7 +128,7 @@ pub(crate) fn table(results: &Value) -> String {
         ),
         ("identity / openssl".into(), num("iid_vs_openssl_ratio")),
         (
-            "agent binary (static)".into(),
+            "agent binary (static, as packaged)".into(),
             format!(
                 "{} bytes ({})",
                 num("agent_size_bytes"),
