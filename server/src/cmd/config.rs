@@ -593,6 +593,7 @@ impl NodeClassArgs {
         metrics: &autonode_server::kube::metrics::Metrics,
         events: &autonode_server::kube::events::Events,
         tls_key: &std::path::Path,
+        clock: autonode_server::kube::clock::Clock,
     ) -> Result<Option<autonode_server::controllers::nodeclass::Settings>> {
         use autonode_server::controllers::nodeclass::{
             ami_selector_terms, Desired, MetadataOptionsPolicy, Settings,
@@ -633,6 +634,7 @@ impl NodeClassArgs {
                 failures: usize::try_from(self.rollout_failures).unwrap_or(usize::MAX),
                 ready_deadline: Duration::from_secs(self.rollout_ready_deadline_secs),
                 key,
+                clock,
             },
         }))
     }

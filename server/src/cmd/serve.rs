@@ -39,15 +39,18 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             .await
             .context("installing the Karpenter CRDs")?;
     }
+    // The one place the real clock is chosen: every part that reads "now"
+    // is handed this one.
+    let clock = Clock::SYSTEM;
     let metrics = Metrics::new();
-    let events = Events::new(client.clone(), args.instance_name.clone(), &metrics);
+    let events = Events::new(client.clone(), args.instance_name.clone(), &metrics, clock);
     let claims = NodeClaims::start(client.clone());
     let issuer = Issuer::start(client.clone(), args.csr_timeout());
     let ec2 = ec2_lookup(&args).await?;
-    let leader = leader(&args, &client, &claims, &ec2, &metrics, &events)?;
+    let leader = leader(&args, &client, &claims, &ec2, &metrics, &events, clock)?;
     // The approver, the feedback and the EC2NodeClass upkeep, on the
     // watches they share (see `watches`).
-    let leading = start_election(&args, &client, &metrics);
+    let leading = start_election(&args, &client, &metrics, clock);
     tokio::spawn(leader::while_leading(
         leading,
         "leader-controllers",
@@ -72,7 +75,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         events: events.clone(),
         metrics: metrics.clone(),
         nodeconfig: nodeconfig.clone(),
-        clock: Clock::SYSTEM,
+        clock,
         lifetimes: args.certificate_lifetimes(),
         on_failure: OnFailure::from_flag(args.delete_failed_nodeclaims),
     });
@@ -83,7 +86,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         events,
         metrics: metrics.clone(),
         on_failure: OnFailure::from_flag(args.delete_failed_nodeclaims),
-        clock: Clock::SYSTEM,
+        clock,
         replays: Replays::default(),
         unbound_reads: autonode_server::front::report::unbound_read_limiter(),
     });
@@ -110,6 +113,7 @@ fn leader(
     ec2: &Arc<dyn InstanceLookup>,
     metrics: &Metrics,
     events: &Events,
+    clock: Clock,
 ) -> Result<Leader> {
     Ok(Leader {
         client: client.clone(),
@@ -123,12 +127,17 @@ fn leader(
             metrics: metrics.clone(),
             pending_cap: args.pending_csr_cap,
             signing_duration: args.certificate_lifetimes().signing,
-            clock: Clock::SYSTEM,
+            clock,
         }),
-        nodeclasses: args
-            .nodeclasses
-            .settings(&args.user_data, metrics, events, &args.tls_key)?,
+        nodeclasses: args.nodeclasses.settings(
+            &args.user_data,
+            metrics,
+            events,
+            &args.tls_key,
+            clock,
+        )?,
         capacity: args.capacity_tolerance(),
+        clock,
     })
 }
 
@@ -165,6 +174,7 @@ fn start_election(
     args: &ServeArgs,
     client: &kube::Client,
     metrics: &Metrics,
+    clock: Clock,
 ) -> watch::Receiver<bool> {
     let (tx, rx) = watch::channel(false);
     let lease = std::time::Duration::from_secs(args.leader_lease_secs.max(3));
@@ -175,6 +185,7 @@ fn start_election(
         identity: format!("{}_{:08x}", args.instance_name, rand::random::<u32>()),
         lease_duration: lease,
         renew_every: lease / 3,
+        clock,
     };
     tokio::spawn(election.run(client.clone(), tx));
     let (mut watching, gauge) = (rx.clone(), metrics.leader.clone());

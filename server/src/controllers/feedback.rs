@@ -68,6 +68,8 @@ pub struct Context {
     pub metrics: Metrics,
     /// The capacity check made when a Node is Ready.
     pub capacity: capacity::Check,
+    /// When milestones are due and conditions change.
+    pub clock: Clock,
 }
 
 #[derive(Debug, Error)]
@@ -97,6 +99,7 @@ pub async fn run(
     events: Events,
     metrics: Metrics,
     capacity: capacity::Check,
+    clock: Clock,
 ) {
     let claim_changes = claims.changes().map(Ok::<_, Infallible>);
     let node_changes = nodes.changes().map(Ok::<_, Infallible>);
@@ -121,6 +124,7 @@ pub async fn run(
         events,
         metrics,
         capacity,
+        clock,
     });
     // Debounced: a NodeClaim's events come in bursts while its machine
     // joins (the binding, Karpenter's status writes), and writing the
@@ -168,7 +172,10 @@ async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Action, E
         None => claim,
     };
     let conditions = claim.status.as_ref().map(|s| s.conditions.as_slice());
-    if let Some(next) = set_condition(conditions.unwrap_or_default(), desired(stage, &claim)) {
+    if let Some(next) = set_condition(
+        conditions.unwrap_or_default(),
+        desired(stage, &claim, ctx.clock),
+    ) {
         // Through the status subresource, only if the NodeClaim is still
         // at the version read.
         match ctx.claims.write_conditions(&claim, &next).await {
@@ -223,7 +230,7 @@ fn is_ready(node: &Node) -> bool {
 }
 
 /// The condition autonode wants on the NodeClaim at this stage.
-pub fn desired(stage: Stage, claim: &NodeClaim) -> Desired {
+pub fn desired(stage: Stage, claim: &NodeClaim, clock: Clock) -> Desired {
     let (status, reason, message) = match stage {
         Stage::Attested => (
             "Unknown",
@@ -254,7 +261,7 @@ pub fn desired(stage: Stage, claim: &NodeClaim) -> Desired {
         reason,
         message,
         generation: claim.metadata.generation,
-        clock: Clock::SYSTEM,
+        clock,
     }
 }
 
@@ -348,7 +355,7 @@ async fn report_milestones(
     let reported = marks::reported(&claim.metadata);
     let created = claim.metadata.creation_timestamp.as_ref().map(|t| t.0);
     let times = node.map(NodeTimes::of).unwrap_or_default();
-    let due = due(stage, reported, created, times, Clock::SYSTEM.stamp());
+    let due = due(stage, reported, created, times, ctx.clock.stamp());
     let compare = node.filter(|_| stage == Stage::Ready && !capacity::checked(reported));
     if due.is_empty() && compare.is_none() {
         return Ok(None);
@@ -398,7 +405,7 @@ mod tests {
             Stage::Failed,
         ]
         .map(|stage| {
-            let d = desired(stage, &claim);
+            let d = desired(stage, &claim, Clock::SYSTEM);
             (d.status, d.reason)
         });
         assert_eq!(
@@ -523,10 +530,11 @@ mod tests {
     #[test]
     fn a_dropped_or_stale_condition_is_rewritten() {
         let claim = NodeClaim::default();
-        let ready = || desired(Stage::Ready, &claim);
+        let ready = || desired(Stage::Ready, &claim, Clock::SYSTEM);
         let written = set_condition(&[], ready()).expect("a dropped one is written");
         assert_eq!(set_condition(&written, ready()), None);
-        let stale = set_condition(&written, desired(Stage::Attested, &claim)).unwrap();
+        let stale =
+            set_condition(&written, desired(Stage::Attested, &claim, Clock::SYSTEM)).unwrap();
         assert!(set_condition(&stale, ready()).is_some());
     }
 }

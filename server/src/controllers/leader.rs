@@ -28,6 +28,8 @@ pub struct Election {
     pub lease_duration: Duration,
     /// How often the leader renews, and others check.
     pub renew_every: Duration,
+    /// What "now" is for renewals and expiry.
+    pub clock: Clock,
 }
 
 impl Election {
@@ -55,7 +57,7 @@ impl Election {
 
     /// One round: `Ok(true)` when this replica holds the Lease afterwards.
     async fn try_acquire_or_renew(&self, api: &Api<Lease>) -> Result<bool, kube::Error> {
-        let now = Clock::SYSTEM.stamp();
+        let now = self.clock.stamp();
         let Some(mut lease) = api.get_opt(&self.name).await? else {
             let created = api
                 .create(&PostParams::default(), &self.lease(now, now, 0))

@@ -32,6 +32,7 @@
 //! approver and the upkeep poll their own caches' watches inside theirs).
 
 use crate::kube::cache::{self, Cache};
+use crate::kube::clock::Clock;
 use crate::kube::events::Events;
 use crate::kube::metrics::Metrics;
 use crate::kube::nodeclaim::NodeClaims;
@@ -55,6 +56,8 @@ pub struct Leader {
     /// How much smaller than its NodeClaim's a Ready node may be before the
     /// feedback controller reports it (see [`capacity`]).
     pub capacity: capacity::Tolerance,
+    /// What "now" is for the feedback controller.
+    pub clock: Clock,
 }
 
 impl Leader {
@@ -73,7 +76,14 @@ impl Leader {
         };
         let check = capacity::Check::new(self.client.clone(), self.capacity);
         let claims = self.claims.clone();
-        let feedback = feedback::run(self.claims, nodes, self.events, self.metrics, check);
+        let feedback = feedback::run(
+            self.claims,
+            nodes,
+            self.events,
+            self.metrics,
+            check,
+            self.clock,
+        );
         let nodeclasses = {
             let client = self.client.clone();
             async move {

@@ -107,13 +107,14 @@ struct Inner {
 
 impl Events {
     /// A publisher identifying this replica as `instance`; starts its
-    /// writer task (call within the Tokio runtime).
-    pub fn new(client: Client, instance: String, metrics: &Metrics) -> Self {
+    /// writer task (call within the Tokio runtime). `clock` stamps the
+    /// Events and names them.
+    pub fn new(client: Client, instance: String, metrics: &Metrics, clock: Clock) -> Self {
         let (queue, writes) = mpsc::channel(QUEUE);
         tokio::spawn(write_all(Api::namespaced(client, "default"), writes));
         Self {
             inner: Arc::new(Inner {
-                correlator: Mutex::new(Correlator::new()),
+                correlator: Mutex::new(Correlator::new(clock)),
                 told: Told::new(CACHE_ENTRIES),
                 dropped: metrics.events_dropped.clone(),
                 queue,
@@ -345,10 +346,12 @@ struct Correlator {
     hasher: RandomState,
     /// The last Event name's suffix, kept unique.
     last_suffix: u128,
+    /// The Events' timestamps and names.
+    clock: Clock,
 }
 
 impl Correlator {
-    fn new() -> Self {
+    fn new(clock: Clock) -> Self {
         Self {
             similar: Bounded::new(SIMILAR_WINDOW, CACHE_ENTRIES),
             seen: Bounded::new(SEEN_TTL, CACHE_ENTRIES),
@@ -356,12 +359,13 @@ impl Correlator {
             buckets: Bounded::new(REFILL * BURST, CACHE_ENTRIES),
             hasher: RandomState::new(),
             last_suffix: 0,
+            clock,
         }
     }
 
     /// Counts `draft` in its Event and says whether to write it now.
     fn observe(&mut self, draft: Draft<'_>, now: Instant) -> Step {
-        let stamp = Clock::SYSTEM.k8s();
+        let stamp = self.clock.k8s();
         let (key, message) = self.aggregate(&draft, now);
         if let Some(seen) = self.seen.get_mut(&key, now) {
             let count = seen.event.count.unwrap_or(1).saturating_add(1);
@@ -453,7 +457,7 @@ impl Correlator {
     /// (`<object>.<hex time>`), known before the create so that updates
     /// can follow it in the queue.
     fn name(&mut self, regarding: &ObjectReference) -> String {
-        let nanos = Clock::SYSTEM.stamp().as_nanosecond().unsigned_abs();
+        let nanos = self.clock.stamp().as_nanosecond().unsigned_abs();
         self.last_suffix = nanos.max(self.last_suffix + 1);
         let suffix = format!("{:x}", self.last_suffix);
         let object = regarding.name.as_deref().unwrap_or("object");
@@ -586,7 +590,7 @@ mod tests {
 
     #[test]
     fn identical_events_are_one_event_with_a_count() {
-        let (mut c, now) = (Correlator::new(), Instant::now());
+        let (mut c, now) = (Correlator::new(Clock::SYSTEM), Instant::now());
         let object = claim("a", "uid-1");
         let first = written(observe(&mut c, &object, "PossibleReplay", "same", now));
         assert!(!first.update);
@@ -600,7 +604,7 @@ mod tests {
 
     #[test]
     fn the_key_is_object_uid_type_reason_and_message() {
-        let (mut c, now) = (Correlator::new(), Instant::now());
+        let (mut c, now) = (Correlator::new(Clock::SYSTEM), Instant::now());
         let object = claim("a", "uid-1");
         let first = written(observe(&mut c, &object, "R", "m", now));
         let names = [
@@ -626,7 +630,7 @@ mod tests {
 
     #[test]
     fn similar_events_are_combined_after_max_similar_messages() {
-        let (mut c, now) = (Correlator::new(), Instant::now());
+        let (mut c, now) = (Correlator::new(Clock::SYSTEM), Instant::now());
         let object = claim("a", "uid-1");
         for i in 1..MAX_SIMILAR {
             let write = written(observe(&mut c, &object, "R", &format!("note {i}"), now));
@@ -654,7 +658,7 @@ mod tests {
 
     #[test]
     fn a_flood_costs_the_burst_then_one_write_per_refill_with_the_full_count() {
-        let (mut c, now) = (Correlator::new(), Instant::now());
+        let (mut c, now) = (Correlator::new(Clock::SYSTEM), Instant::now());
         let object = claim("a", "uid-1");
         let mut writes = 0;
         let mut deferred = Vec::new();
@@ -693,7 +697,7 @@ mod tests {
         assert!(bucket.take(now + REFILL * 100).is_ok(), "refills, capped");
         assert_eq!(bucket.tokens, BURST - 1);
 
-        let (mut c, now) = (Correlator::new(), Instant::now());
+        let (mut c, now) = (Correlator::new(Clock::SYSTEM), Instant::now());
         for i in 0..BURST {
             written(observe(&mut c, &claim("a", "1"), "R", &i.to_string(), now));
         }
@@ -716,7 +720,7 @@ mod tests {
         assert!(lru.get_mut(&0, now).is_none(), "the oldest went first");
         assert!(lru.get_mut(&999, now + Duration::from_secs(60)).is_none());
 
-        let mut c = Correlator::new();
+        let mut c = Correlator::new(Clock::SYSTEM);
         for i in 0..(3 * CACHE_ENTRIES) {
             let object = claim(&format!("c{i}"), &i.to_string());
             observe(&mut c, &object, "R", "m", now);
@@ -727,7 +731,7 @@ mod tests {
 
     #[test]
     fn names_are_unique_and_valid() {
-        let mut c = Correlator::new();
+        let mut c = Correlator::new(Clock::SYSTEM);
         let long = "n".repeat(253);
         let names: Vec<String> = (0..100).map(|_| c.name(&claim(&long, "u"))).collect();
         assert!(names.iter().all(|n| n.len() <= 253));
@@ -737,7 +741,7 @@ mod tests {
 
     #[test]
     fn notes_are_escaped_and_cut() {
-        let (mut c, now) = (Correlator::new(), Instant::now());
+        let (mut c, now) = (Correlator::new(Clock::SYSTEM), Instant::now());
         let note = format!(
             "bad\n2026-01-01 INFO join granted\r\u{1b}[2K{}",
             "x".repeat(5000)

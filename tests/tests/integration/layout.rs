@@ -326,11 +326,72 @@ const WALL_CLOCK_READS: &[&str] = &["now_utc(", "Timestamp::now(", "SystemTime::
 /// Each line of `text` before its `#[cfg(test)]` module that reads wall
 /// time directly (tests may fix their own times).
 fn wall_clock_reads(text: &str) -> Vec<String> {
+    code_lines_naming(text, WALL_CLOCK_READS)
+}
+
+/// Each line of code in `text` before its `#[cfg(test)]` module that names
+/// one of `needles`.
+fn code_lines_naming(text: &str, needles: &[&str]) -> Vec<String> {
     text.lines()
         .take_while(|line| line.trim() != "#[cfg(test)]")
         .filter(|line| !line.trim_start().starts_with("//"))
-        .filter(|line| WALL_CLOCK_READS.iter().any(|read| line.contains(read)))
+        .filter(|line| needles.iter().any(|needle| line.contains(needle)))
         .map(|line| line.trim().to_string())
+        .collect()
+}
+
+/// Where the real clock may be chosen: the clock itself, each binary's
+/// start (which hands it to every part that reads "now", so tests can hand
+/// them another), and AWS request signing, whose time AWS checks against
+/// its own and which no other clock may serve.
+const REAL_CLOCK_CHOSEN_IN: &[&str] = &[
+    "shared/src/clock.rs",
+    "server/src/cmd/serve.rs",
+    "agent/src/phases/mod.rs",
+    "server/src/ec2/credentials.rs",
+    "server/src/ec2/transport.rs",
+];
+
+#[test]
+fn the_real_clock_is_chosen_where_each_binary_starts_not_in_its_parts() {
+    let chosen = source_lines_naming(REAL_CLOCK_CHOSEN_IN, &["Clock::SYSTEM", "Clock::default()"]);
+    assert!(
+        chosen.is_empty(),
+        "the real clock chosen inside a part (take the Clock its binary hands over):\n{}",
+        chosen.join("\n")
+    );
+    for allowed in REAL_CLOCK_CHOSEN_IN {
+        assert!(
+            repo().join(allowed).is_file(),
+            "{allowed} is gone: update the list"
+        );
+    }
+}
+
+/// `file: line` for each line of code in the sources, outside test
+/// modules and the files `except`, that names one of `needles`.
+fn source_lines_naming(except: &[&str], needles: &[&str]) -> Vec<String> {
+    let root = repo();
+    let mut files = Vec::new();
+    for source in SOURCE_ROOTS {
+        rust_files(&root.join(source), &mut files);
+    }
+    files
+        .iter()
+        .filter_map(|path| {
+            let shown = path
+                .strip_prefix(&root)
+                .unwrap_or(path)
+                .display()
+                .to_string();
+            (!except.contains(&shown.as_str())).then_some((path, shown))
+        })
+        .flat_map(|(path, shown)| {
+            let text = fs::read_to_string(path).unwrap_or_default();
+            code_lines_naming(&text, needles)
+                .into_iter()
+                .map(move |line| format!("{shown}: {line}"))
+        })
         .collect()
 }
 
@@ -347,27 +408,7 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 
 #[test]
 fn wall_time_is_read_through_the_one_clock_only() {
-    let root = repo();
-    let mut files = Vec::new();
-    for source in SOURCE_ROOTS {
-        rust_files(&root.join(source), &mut files);
-    }
-    let clock = root.join("shared/src/clock.rs");
-    let reads: Vec<String> = files
-        .iter()
-        .filter(|path| **path != clock)
-        .flat_map(|path| {
-            let text = fs::read_to_string(path).unwrap_or_default();
-            let shown = path
-                .strip_prefix(&root)
-                .unwrap_or(path)
-                .display()
-                .to_string();
-            wall_clock_reads(&text)
-                .into_iter()
-                .map(move |line| format!("{shown}: {line}"))
-        })
-        .collect();
+    let reads = source_lines_naming(&["shared/src/clock.rs"], WALL_CLOCK_READS);
     assert!(
         reads.is_empty(),
         "wall time read outside shared/src/clock.rs (take a Clock instead):\n{}",

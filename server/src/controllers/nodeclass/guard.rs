@@ -4,7 +4,6 @@
 use super::Context;
 use crate::controllers::nodeclass::rollout::{self, Plan, Values};
 use crate::controllers::nodeclass::userdata::Format;
-use crate::kube::clock::Clock;
 use crate::kube::condition::{self, set_condition, Desired};
 use crate::kube::karpenter::Ec2NodeClass;
 use crate::kube::marks;
@@ -46,7 +45,7 @@ impl Context {
             reason,
             message,
             generation: class.metadata.generation,
-            clock: Clock::SYSTEM,
+            clock: self.settings.rollout.clock,
         };
         let Some(next) = set_condition(conditions.unwrap_or_default(), desired) else {
             return;

@@ -6,7 +6,6 @@ use super::{
     held, launched, outcome, outcome_when_deleted, plan, read_state, retry, under_trial, Input,
     Observed, Outcome, Plan, Settings, State, Trial, Values,
 };
-use crate::kube::clock::Clock;
 use crate::kube::events::Events;
 use crate::kube::karpenter::{Ec2NodeClass, NodeClaim};
 use crate::kube::nodeclaim::NodeClaims;
@@ -53,7 +52,7 @@ impl Cluster<'_> {
             observed,
             applied_at: applied_at(class),
             failures: self.settings.failures,
-            now: now(),
+            now: self.settings.clock.unix(),
         })
     }
 
@@ -74,7 +73,7 @@ impl Cluster<'_> {
         }
         let ids = Values::watched_ami_ids(&state.applied, state.good.as_ref());
         let pick = |claim: &NodeClaim| under_trial(claim, class, since, &ids);
-        let (now, deadline) = (now(), self.settings.ready_deadline);
+        let (now, deadline) = (self.settings.clock.unix(), self.settings.ready_deadline);
         let mut seen = Vec::new();
         for claim in self.claims.store().state() {
             let outcome = if pick(&claim) {
@@ -147,11 +146,6 @@ fn applied_at(class: &Ec2NodeClass) -> Option<i64> {
         .time
         .as_ref()
         .map(|t| t.0.as_second())
-}
-
-/// Now, in Unix seconds.
-fn now() -> i64 {
-    Clock::SYSTEM.unix()
 }
 
 impl Cluster<'_> {

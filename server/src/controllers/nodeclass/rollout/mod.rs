@@ -38,6 +38,7 @@
 //! `tests.rs`; [`crate::controllers::nodeclass`] reads the class and the NodeClaims and
 //! writes the result together with the kept fields, in one apply.
 
+use crate::kube::clock::Clock;
 use crate::kube::condition::BOOTSTRAPPED as CONDITION;
 use crate::kube::karpenter::{Ec2NodeClass, NodeClaim};
 use crate::kube::marks;
@@ -59,7 +60,7 @@ pub use seal::StateKey;
 /// The most NodeClaims a trial remembers (the annotation stays small).
 pub const MAX_TRACKED: usize = 64;
 /// How the guard judges a trial.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 pub struct Settings {
     /// Failed NodeClaims, none Ready, after which new values are reverted.
     pub failures: usize,
@@ -67,6 +68,8 @@ pub struct Settings {
     pub ready_deadline: Duration,
     /// The key that seals the class's state (see [`seal`]).
     pub key: StateKey,
+    /// What "now" is for trials and deadlines.
+    pub clock: Clock,
 }
 
 /// The values the guard watches over: userData and, when autonode keeps
