@@ -304,13 +304,14 @@ async fn joins_wait_out_an_apiserver_outage_and_then_complete() -> Result<()> {
     // again: its CSR watch backs off while the API server is away (client-go
     // waits up to 30 s, doubled by jitter, and the restarted API server
     // answers 403 for a moment while its RBAC caches fill), and a join that
-    // asked before then waits out one `--csr-timeout` (30 s) before its
-    // retry. Seen: a CSR created 3 s after the restart still unsigned 33 s
-    // later. A real agent's default deadline is 10 minutes.
+    // asked before then waits out one `--csr-timeout` (the harness's 30 s)
+    // before its retry. Seen: a CSR created 3 s after the restart still
+    // unsigned 33 s later. A real agent's default deadline is 10 minutes.
     const KCM_REWATCH: Duration = Duration::from_secs(60);
     const SIGNING_WAIT: Duration = Duration::from_secs(30);
-    const BUDGET: Duration =
-        Duration::from_secs(60 + 20 + KCM_REWATCH.as_secs() + SIGNING_WAIT.as_secs());
+    const BUDGET: Duration = Duration::from_secs(60 + 20)
+        .saturating_add(KCM_REWATCH)
+        .saturating_add(SIGNING_WAIT);
     let world = World::start_with(&distinct_machines()).await?;
     let machines = launch_many(&world, NODES).await?;
     let tally = Arc::new(Tally::default());
