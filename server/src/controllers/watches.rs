@@ -67,10 +67,10 @@ impl Leader {
         let nodes_api: Api<Node> = Api::all(self.client.clone());
         let (nodes, watching_nodes) = Cache::new(nodes_api, "Node", cache::strip_node);
         let approver = {
-            let (client, store) = (self.client.clone(), nodes.store.clone());
+            let (client, nodes) = (self.client.clone(), nodes.clone());
             async move {
                 if let Some(settings) = self.approver {
-                    approver::run(client, settings, store).await;
+                    approver::run(client, settings, nodes).await;
                 }
             }
         };

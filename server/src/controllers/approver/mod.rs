@@ -41,6 +41,7 @@ pub use store::keep_for_judging;
 
 use crate::ec2::{InstanceLookup, LookupCache};
 use crate::kube::approval::ApprovalError;
+use crate::kube::cache::Cache;
 use crate::kube::clock::Clock;
 use crate::kube::events::Events;
 use crate::kube::limiter::Limiter;
@@ -152,7 +153,18 @@ pub enum Error {
 /// watch ([`crate::kube::issuer`]): that one selects autonode's own CSRs by label
 /// and keeps their outcome, these select kubelet's by signer and keep what
 /// judging reads; neither set contains the other.
-pub async fn run(client: Client, settings: Settings, nodes: Store<Node>) {
+///
+/// Nothing is judged before the Node and NodeClaim caches have listed: a
+/// Node not yet listed would be "no such node", and its CSR left pending
+/// for [`RETRY_DECLINED`] with a warning that is not true (a replica that
+/// has just become leader, or restarted, gets its kubelets' CSRs at once).
+pub async fn run(client: Client, settings: Settings, nodes: Cache<Node>) {
+    let (Ok(()), Ok(())) = futures::join!(nodes.status.wait_listed(), settings.claims.ready())
+    else {
+        tracing::warn!("kubelet CSR approver not started: a cache's watch ended before its list");
+        return;
+    };
+    let nodes = nodes.store;
     let csrs: Api<CertificateSigningRequest> = Api::all(client);
     let (client_store, client_csrs, client_watch) = kubelet_csrs(&csrs, csr::CLIENT_SIGNER);
     let (serving_store, serving_csrs, serving_watch) = kubelet_csrs(&csrs, csr::SERVING_SIGNER);
