@@ -156,7 +156,7 @@ pub enum Error {
 ///
 /// Nothing is judged before the Node and NodeClaim caches have listed: a
 /// Node not yet listed would be "no such node", and its CSR left pending
-/// for [`RETRY_DECLINED`] with a warning that is not true (a replica that
+/// for `RETRY_DECLINED` with a warning that is not true (a replica that
 /// has just become leader, or restarted, gets its kubelets' CSRs at once).
 pub async fn run(client: Client, settings: Settings, nodes: Cache<Node>) {
     let (Ok(()), Ok(())) = futures::join!(nodes.status.wait_listed(), settings.claims.ready())
