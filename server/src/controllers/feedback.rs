@@ -3,7 +3,12 @@
 //! For every NodeClaim whose instance autonode attested (it carries the key
 //! binding annotation), keeps a condition of autonode's own type,
 //! [`condition::BOOTSTRAPPED`], on its status: Unknown while the machine is on its way,
-//! True once its Node is Ready, False when bootstrap failed. Karpenter
+//! True once its Node is Ready, False when bootstrap failed. True stays
+//! True: a Node that is NotReady later (a kubelet restart, a network
+//! blip) has finished bootstrapping all the same, and its health is what
+//! the Node's own Ready says; a condition that fell back to "waiting for it
+//! to become Ready" would tell an operator the machine never joined.
+//! Karpenter
 //! rewrites the whole conditions list when it writes status, which can drop
 //! ours, so the condition is re-asserted whenever it is missing or stale.
 //!
@@ -101,6 +106,13 @@ pub async fn run(
     capacity: capacity::Check,
     clock: Clock,
 ) {
+    // Judged against a Node cache that has not listed yet, a registered
+    // machine would be set back to "waiting for kubelet to register" by
+    // every new leader.
+    if nodes.status.wait_listed().await.is_err() {
+        tracing::warn!("NodeClaim feedback not started: the Node watch ended before its list");
+        return;
+    }
     let claim_changes = claims.changes().map(Ok::<_, Infallible>);
     let node_changes = nodes.changes().map(Ok::<_, Infallible>);
     let lookup = claims.clone();
@@ -207,9 +219,15 @@ fn marked_failed(claim: &NodeClaim) -> bool {
 }
 
 /// Derives the stage from the NodeClaim and its Node (if registered).
+/// Ready once the Ready milestone is in the claim's own
+/// [`marks::REPORTED`] mark (judged ours, see [`nodeclaim::strip`]),
+/// whatever the Node says since.
 pub fn stage(claim: &NodeClaim, node: Option<&Node>) -> Stage {
     if marked_failed(claim) {
         return Stage::Failed;
+    }
+    if pending(marks::reported(&claim.metadata), &[Milestone::Ready]).is_empty() {
+        return Stage::Ready;
     }
     match node {
         Some(node) if is_ready(node) => Stage::Ready,
@@ -243,7 +261,7 @@ pub fn desired(stage: Stage, claim: &NodeClaim, clock: Clock) -> Desired {
             Reason::NodeRegistered,
             "Node registered; waiting for it to become Ready".to_string(),
         ),
-        Stage::Ready => ("True", Reason::NodeReady, "Node is Ready".to_string()),
+        Stage::Ready => ("True", Reason::NodeReady, "Node became Ready".to_string()),
         Stage::Failed => {
             let why = claim
                 .metadata
@@ -394,6 +412,34 @@ fn error_policy(_claim: Arc<NodeClaim>, error: &Error, _ctx: Arc<Context>) -> Ac
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn node(ready: &str) -> Node {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n1"},
+            "status": {"conditions": [{"type": "Ready", "status": ready}]},
+        }))
+        .unwrap()
+    }
+
+    fn reported(mark: &str) -> NodeClaim {
+        let mut claim = NodeClaim::default();
+        claim.metadata.annotations = Some([(marks::REPORTED.to_string(), mark.to_string())].into());
+        claim
+    }
+
+    #[test]
+    fn the_stage_follows_the_node_until_ready_was_reported_and_then_stays() {
+        let (ready, not_ready) = (node("True"), node("False"));
+        let fresh = NodeClaim::default();
+        assert_eq!(stage(&fresh, None), Stage::Attested);
+        assert_eq!(stage(&fresh, Some(&not_ready)), Stage::Registered);
+        assert_eq!(stage(&fresh, Some(&ready)), Stage::Ready);
+        let registered = reported("attested,certificates,registered");
+        assert_eq!(stage(&registered, Some(&not_ready)), Stage::Registered);
+        let bootstrapped = reported("attested,certificates,registered,ready");
+        assert_eq!(stage(&bootstrapped, Some(&not_ready)), Stage::Ready);
+        assert_eq!(stage(&bootstrapped, None), Stage::Ready);
+    }
 
     #[test]
     fn each_stage_sets_its_reason_and_status() {

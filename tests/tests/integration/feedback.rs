@@ -80,6 +80,45 @@ async fn the_condition_follows_the_node_and_survives_karpenters_status_writes() 
     Ok(())
 }
 
+/// A Node that was Ready and then is not (kubelet restarted, the network
+/// blipped) has bootstrapped all the same: the condition stays True, and
+/// when Karpenter's status write drops it, it comes back True. (It fell
+/// back to Unknown/`NodeRegistered`, "waiting for it to become Ready",
+/// which the demo showed for a moment.)
+#[tokio::test]
+async fn a_node_that_was_ready_keeps_its_claim_bootstrapped_when_it_goes_not_ready() -> Result<()> {
+    let (_world, joined, claims) = attested().await?;
+    let (claim, instance) = (joined.claim, joined.instance);
+    let mut node = registration(&instance);
+    node.status = Some(ready_status());
+    let nodes: Api<Node> = Api::all(joined.client);
+    nodes.create(&PostParams::default(), &node).await?;
+    wait_condition(&claims, &claim, "True", "NodeReady").await?;
+
+    let mut not_ready = ready_status();
+    if let Some(ready) = not_ready.conditions.as_mut().and_then(|c| c.first_mut()) {
+        ready.status = "False".into();
+        ready.reason = Some("KubeletNotReady".into());
+    }
+    nodes
+        .patch_status(
+            &instance.private_dns_name,
+            &PatchParams::default(),
+            &Patch::Merge(&serde_json::json!({"status": not_ready})),
+        )
+        .await?;
+    // Karpenter's write drops the condition: what comes back is what the
+    // controller now thinks of a claim whose Node is NotReady (the Node's
+    // change came first, and the claim's reconcile waits out a debounce).
+    let karpenters = serde_json::json!({"status": {"conditions": [{
+        "type": "Initialized", "status": "True", "reason": "Initialized",
+        "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
+    claims
+        .patch_status(&claim, &PatchParams::default(), &Patch::Merge(&karpenters))
+        .await?;
+    wait_condition(&claims, &claim, "True", "NodeReady").await
+}
+
 /// A modern kubelet reports Ready well within the controller's debounce
 /// of registering; here the Node is created Ready, so the controller never
 /// sees it registered and not Ready. Both milestones are still reported,
