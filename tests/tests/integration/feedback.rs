@@ -47,12 +47,7 @@ async fn the_condition_follows_the_node_and_survives_karpenters_status_writes() 
 
     // Karpenter writes its status with a merge patch that replaces the
     // whole conditions list: ours is dropped, and must come back.
-    let karpenters = serde_json::json!({"status": {"conditions": [{
-        "type": "Registered", "status": "True", "reason": "Registered",
-        "message": "registered", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
-    claims
-        .patch_status(&claim, &PatchParams::default(), &Patch::Merge(&karpenters))
-        .await?;
+    karpenter_writes_status(&claims, &claim, "Registered").await?;
     wait_condition(&claims, &claim, "True", "NodeReady").await?;
     let after = claims.get(&claim).await?;
     let registered = after.data["status"]["conditions"]
@@ -87,20 +82,15 @@ async fn the_condition_follows_the_node_and_survives_karpenters_status_writes() 
 /// which the demo showed for a moment.)
 #[tokio::test]
 async fn a_node_that_was_ready_keeps_its_claim_bootstrapped_when_it_goes_not_ready() -> Result<()> {
-    let (_world, joined, claims) = attested().await?;
-    let (claim, instance) = (joined.claim, joined.instance);
-    let mut node = registration(&instance);
-    node.status = Some(ready_status());
-    let nodes: Api<Node> = Api::all(joined.client);
-    nodes.create(&PostParams::default(), &node).await?;
-    wait_condition(&claims, &claim, "True", "NodeReady").await?;
-
+    let (_world, ready) = registered_ready().await?;
+    let (claim, instance, claims) = (&ready.claim, &ready.instance, &ready.claims);
     let mut not_ready = ready_status();
     if let Some(ready) = not_ready.conditions.as_mut().and_then(|c| c.first_mut()) {
         ready.status = "False".into();
         ready.reason = Some("KubeletNotReady".into());
     }
-    nodes
+    ready
+        .nodes
         .patch_status(
             &instance.private_dns_name,
             &PatchParams::default(),
@@ -110,13 +100,50 @@ async fn a_node_that_was_ready_keeps_its_claim_bootstrapped_when_it_goes_not_rea
     // Karpenter's write drops the condition: what comes back is what the
     // controller now thinks of a claim whose Node is NotReady (the Node's
     // change came first, and the claim's reconcile waits out a debounce).
+    karpenter_writes_status(claims, claim, "Initialized").await?;
+    wait_condition(claims, claim, "True", "NodeReady").await
+}
+
+/// A machine that joined, whose kubelet registered its Node Ready at once,
+/// and whose NodeClaim says so.
+struct ReadyNode {
+    claim: String,
+    instance: Instance,
+    nodes: Api<Node>,
+    claims: Api<DynamicObject>,
+}
+
+async fn registered_ready() -> Result<(World, ReadyNode)> {
+    let (world, joined, claims) = attested().await?;
+    let (claim, instance) = (joined.claim, joined.instance);
+    let mut node = registration(&instance);
+    node.status = Some(ready_status());
+    let nodes: Api<Node> = Api::all(joined.client);
+    nodes.create(&PostParams::default(), &node).await?;
+    wait_condition(&claims, &claim, "True", "NodeReady").await?;
+    let ready = ReadyNode {
+        claim,
+        instance,
+        nodes,
+        claims,
+    };
+    Ok((world, ready))
+}
+
+/// Karpenter's status write: a merge patch whose conditions list (its one
+/// condition `type_`) replaces the whole list, ours included.
+async fn karpenter_writes_status(
+    claims: &Api<DynamicObject>,
+    claim: &str,
+    type_: &str,
+) -> Result<()> {
     let karpenters = serde_json::json!({"status": {"conditions": [{
-        "type": "Initialized", "status": "True", "reason": "Initialized",
-        "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
+        "type": type_, "status": "True", "reason": type_,
+        "message": type_, "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
     claims
-        .patch_status(&claim, &PatchParams::default(), &Patch::Merge(&karpenters))
+        .patch_status(claim, &PatchParams::default(), &Patch::Merge(&karpenters))
         .await?;
-    wait_condition(&claims, &claim, "True", "NodeReady").await
+    Ok(())
 }
 
 /// A modern kubelet reports Ready well within the controller's debounce
@@ -125,14 +152,7 @@ async fn a_node_that_was_ready_keeps_its_claim_bootstrapped_when_it_goes_not_rea
 /// registered first, each once.
 #[tokio::test]
 async fn a_node_ready_at_once_is_reported_registered_then_ready() -> Result<()> {
-    let (world, joined, claims) = attested().await?;
-    let (claim, instance) = (joined.claim, joined.instance);
-
-    let mut node = registration(&instance);
-    node.status = Some(ready_status());
-    let nodes: Api<Node> = Api::all(joined.client);
-    nodes.create(&PostParams::default(), &node).await?;
-    wait_condition(&claims, &claim, "True", "NodeReady").await?;
+    let (world, ReadyNode { claim, .. }) = registered_ready().await?;
 
     // Event names end in the publishing time (hex nanoseconds, see the
     // server's events), so by name is in the order they were published.
