@@ -106,13 +106,6 @@ pub async fn run(
     capacity: capacity::Check,
     clock: Clock,
 ) {
-    // Judged against a Node cache that has not listed yet, a registered
-    // machine would be set back to "waiting for kubelet to register" by
-    // every new leader.
-    if nodes.status.wait_listed().await.is_err() {
-        tracing::warn!("NodeClaim feedback not started: the Node watch ended before its list");
-        return;
-    }
     let claim_changes = claims.changes().map(Ok::<_, Infallible>);
     let node_changes = nodes.changes().map(Ok::<_, Infallible>);
     let lookup = claims.clone();

@@ -67,15 +67,16 @@ impl Leader {
         let nodes_api: Api<Node> = Api::all(self.client.clone());
         let (nodes, watching_nodes) = Cache::new(nodes_api, "Node", cache::strip_node);
         let approver = {
-            let (client, nodes) = (self.client.clone(), nodes.clone());
+            let (client, store) = (self.client.clone(), nodes.store.clone());
             async move {
                 if let Some(settings) = self.approver {
-                    approver::run(client, settings, nodes).await;
+                    approver::run(client, settings, store).await;
                 }
             }
         };
         let check = capacity::Check::new(self.client.clone(), self.capacity);
         let claims = self.claims.clone();
+        let listed = nodes.status.clone();
         let feedback = feedback::run(
             self.claims,
             nodes,
@@ -92,6 +93,17 @@ impl Leader {
                 }
             }
         };
-        futures::join!(watching_nodes, approver, feedback, nodeclasses);
+        // Read before the Node cache has listed, a Node that exists is
+        // missing: the approver would leave its kubelet's CSRs pending as
+        // `no_node`, and feedback would set registered machines back. A
+        // replica that has just become leader starts both once it has.
+        let node_readers = async move {
+            if listed.wait_listed().await.is_err() {
+                tracing::warn!("approver and NodeClaim feedback not started: the Node watch ended before its first list");
+                return;
+            }
+            futures::join!(approver, feedback);
+        };
+        futures::join!(watching_nodes, node_readers, nodeclasses);
     }
 }

@@ -41,7 +41,6 @@ pub use store::keep_for_judging;
 
 use crate::ec2::{InstanceLookup, LookupCache};
 use crate::kube::approval::ApprovalError;
-use crate::kube::cache::Cache;
 use crate::kube::clock::Clock;
 use crate::kube::events::Events;
 use crate::kube::limiter::Limiter;
@@ -154,17 +153,18 @@ pub enum Error {
 /// and keeps their outcome, these select kubelet's by signer and keep what
 /// judging reads; neither set contains the other.
 ///
-/// Nothing is judged before the Node and NodeClaim caches have listed: a
-/// Node not yet listed would be "no such node", and its CSR left pending
-/// for `RETRY_DECLINED` with a warning that is not true (a replica that
-/// has just become leader, or restarted, gets its kubelets' CSRs at once).
-pub async fn run(client: Client, settings: Settings, nodes: Cache<Node>) {
-    let (Ok(()), Ok(())) = futures::join!(nodes.status.wait_listed(), settings.claims.ready())
-    else {
-        tracing::warn!("kubelet CSR approver not started: a cache's watch ended before its list");
+/// Nothing is judged before the NodeClaim cache has listed (the leader
+/// starts it once the Node cache has, [`crate::controllers::watches`]):
+/// judged against a cache not yet listed, a kubelet's CSR would be left
+/// pending for `RETRY_DECLINED` for an object that exists, with a warning
+/// that is not true.
+pub async fn run(client: Client, settings: Settings, nodes: Store<Node>) {
+    if settings.claims.ready().await.is_err() {
+        tracing::warn!(
+            "kubelet CSR approver not started: the NodeClaim watch ended before its first list"
+        );
         return;
-    };
-    let nodes = nodes.store;
+    }
     let csrs: Api<CertificateSigningRequest> = Api::all(client);
     let (client_store, client_csrs, client_watch) = kubelet_csrs(&csrs, csr::CLIENT_SIGNER);
     let (serving_store, serving_csrs, serving_watch) = kubelet_csrs(&csrs, csr::SERVING_SIGNER);
