@@ -9,8 +9,10 @@
 //! the Node's own Ready says; a condition that fell back to "waiting for it
 //! to become Ready" would tell an operator the machine never joined.
 //! Karpenter
-//! rewrites the whole conditions list when it writes status, which can drop
-//! ours, so the condition is re-asserted whenever it is missing or stale.
+//! rewrites the whole conditions list from the copy it read when it writes
+//! status (a merge patch, no resourceVersion), which can drop ours or put
+//! back an earlier value of it, so the condition is re-asserted whenever it
+//! is missing or stale.
 //!
 //! It is written as the list Karpenter last wrote plus ours, with the
 //! resourceVersion it was read at: if Karpenter writes in between, the API

@@ -65,18 +65,7 @@ async fn main() -> Result<()> {
             condition["reason"].as_str().unwrap_or_default()
         );
     }
-    let selector = format!("involvedObject.name={}", journey.claim);
-    let events = Api::<Event>::namespaced(admin, "default")
-        .list(&ListParams::default().fields(&selector))
-        .await?;
-    for event in events.items {
-        println!(
-            "    event {} {}: {}",
-            event.type_.unwrap_or_default(),
-            event.reason.unwrap_or_default(),
-            event.message.unwrap_or_default()
-        );
-    }
+    show_events(admin, &journey.claim).await?;
 
     step("cleaning up");
     drop(cluster);
@@ -85,6 +74,46 @@ async fn main() -> Result<()> {
         started.elapsed().as_secs_f64(),
         journey.seconds("pod_running").unwrap_or_default()
     ));
+    Ok(())
+}
+
+/// The NodeClaim's Events in the order they first happened, each with the
+/// number of times it was recorded (a repeated Event is counted, not
+/// listed again).
+async fn show_events(admin: kube::Client, claim: &str) -> Result<()> {
+    let selector = format!("involvedObject.name={claim}");
+    let mut events = Api::<Event>::namespaced(admin, "default")
+        .list(&ListParams::default().fields(&selector))
+        .await?
+        .items;
+    events.sort_by_key(|event| {
+        let first = event.first_timestamp.as_ref().map(|t| t.0);
+        first.or(event.event_time.as_ref().map(|t| t.0))
+    });
+    let mut put_back = false;
+    for event in &events {
+        let reason = event.reason.as_deref().unwrap_or_default();
+        let message = event.message.as_deref().unwrap_or_default();
+        let times = match event.count {
+            Some(count) if count > 1 => format!(" (×{count})"),
+            _ => String::new(),
+        };
+        println!(
+            "    event {} {reason}{times}: {message}",
+            event.type_.as_deref().unwrap_or_default()
+        );
+        put_back |= reason == "AutonodeBootstrapped" && message.contains("Status: True -> Unknown");
+    }
+    if put_back {
+        // autonode never writes True -> Unknown (its writes carry the
+        // resourceVersion read, and Ready is kept once reported): this is
+        // Karpenter's write racing autonode's, which would read as a flap.
+        println!(
+            "    (Karpenter writes a NodeClaim's conditions list whole, from the copy it read; \
+             when that copy is older than autonode's last write, it puts back an earlier \
+             AutonodeBootstrapped, and autonode writes its own again.)"
+        );
+    }
     Ok(())
 }
 
