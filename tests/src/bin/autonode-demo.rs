@@ -13,11 +13,9 @@
 
 use anyhow::Result;
 use autonode_tests::karpenter::nodeclaims;
-use autonode_tests::karpenter_cluster::{KarpenterCluster, CLASS, POOL};
+use autonode_tests::karpenter_cluster::{events_of, KarpenterCluster, CLASS, POOL};
 use autonode_tests::karpenter_vm::{create_deployment, follow, scale, Step, DEPLOYMENT};
 use autonode_tests::launcher::MachineKind;
-use k8s_openapi::api::core::v1::Event;
-use kube::api::{Api, ListParams};
 use std::time::Instant;
 
 #[tokio::main]
@@ -65,7 +63,7 @@ async fn main() -> Result<()> {
             condition["reason"].as_str().unwrap_or_default()
         );
     }
-    show_events(admin, &journey.claim).await?;
+    show_events(&admin, &journey.claim).await?;
 
     step("cleaning up");
     drop(cluster);
@@ -80,12 +78,8 @@ async fn main() -> Result<()> {
 /// The NodeClaim's Events in the order they first happened, each with the
 /// number of times it was recorded (a repeated Event is counted, not
 /// listed again).
-async fn show_events(admin: kube::Client, claim: &str) -> Result<()> {
-    let selector = format!("involvedObject.name={claim}");
-    let mut events = Api::<Event>::namespaced(admin, "default")
-        .list(&ListParams::default().fields(&selector))
-        .await?
-        .items;
+async fn show_events(admin: &kube::Client, claim: &str) -> Result<()> {
+    let mut events = events_of(admin, claim).await?;
     events.sort_by_key(|event| {
         let first = event.first_timestamp.as_ref().map(|t| t.0);
         first.or(event.event_time.as_ref().map(|t| t.0))
