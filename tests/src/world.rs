@@ -221,7 +221,7 @@ impl World {
         let selector = format!("involvedObject.name={claim}");
         poll::until(
             &format!("{awaited} Event on {claim}"),
-            Duration::from_secs(5),
+            Duration::from_secs(10),
             Duration::from_millis(100),
             || async {
                 let reasons: Vec<String> = api
