@@ -32,7 +32,7 @@ use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tempfile::TempDir;
 
 /// The Karpenter v1.14.1 CRDs, byte-exact, as the project ships them.
@@ -571,19 +571,19 @@ const PORT_TAKEN: &str = "address already in use";
 
 /// Polls `/readyz` until the apiserver says ready (or has died).
 async fn wait_ready(client: &Client, apiserver: &Daemon) -> Result<()> {
-    let deadline = Instant::now() + START_TIMEOUT;
-    loop {
-        apiserver.check_alive()?;
+    let ready = || async {
         let request = http::Request::get("/readyz").body(Vec::new())?;
-        match client.request_text(request).await {
-            Ok(body) if body.trim() == "ok" => return Ok(()),
-            _ if Instant::now() > deadline => bail!(
-                "kube-apiserver not ready after {START_TIMEOUT:?}:\n{}",
-                apiserver.log_tail(30)
-            ),
-            _ => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
-    }
+        let body = client.request_text(request).await;
+        Ok(body.is_ok_and(|b| b.trim() == "ok").then_some(()))
+    };
+    apiserver
+        .wait_for(
+            "\"ok\" from kube-apiserver's /readyz",
+            START_TIMEOUT,
+            Duration::from_millis(200),
+            ready,
+        )
+        .await
 }
 
 /// Whether the API server serves PodDisruptionBudgets as `policy/v1`

@@ -18,6 +18,7 @@ use crate::karpenter_controller::{install_karpenter_crds, KarpenterController};
 use crate::launcher::{Cluster, Launcher, MachineKind};
 use crate::moto::{Moto, Seeded, DISCOVERY_TAG, INSTANCE_TYPE, REGION};
 use crate::pki::Ca;
+use crate::poll::{self, OnTimeout, Seen};
 use crate::server::{self, CloudSettings, Setup, TestServer};
 use anyhow::{bail, Context, Result};
 use k8s_openapi::api::core::v1::Pod;
@@ -27,7 +28,7 @@ use serde_json::json;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tempfile::TempDir;
 
 /// The EC2NodeClass and NodePool the scenarios use.
@@ -171,25 +172,19 @@ impl KarpenterCluster {
     /// Karpenter exits.
     pub async fn wait_for<T, F, Fut>(&self, what: &str, timeout: Duration, probe: F) -> Result<T>
     where
-        F: Fn() -> Fut,
+        F: FnMut() -> Fut,
         Fut: Future<Output = Result<Option<T>>>,
     {
-        let deadline = Instant::now() + timeout;
-        loop {
-            self.karpenter.check_alive()?;
-            if let Some(value) = probe().await? {
-                return Ok(value);
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "no {what} after {timeout:?}\n--- Karpenter ---\n{}\n--- server ---\n{}\n--- machines ---\n{:#?}",
-                    self.karpenter.log_tail(30),
+        self.karpenter
+            .wait_for(what, timeout, Duration::from_millis(250), probe)
+            .await
+            .on_timeout(|| {
+                format!(
+                    "\n--- server ---\n{}\n--- machines ---\n{:#?}",
                     tail(&self.server.log(), 30),
                     self.launcher.machines()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+                )
+            })
     }
 }
 
@@ -330,17 +325,22 @@ pub async fn create_pod(client: &Client, name: &str, spec: serde_json::Value) ->
     }
     let pod: Pod = serde_json::from_value(pod)?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        match pods.create(&PostParams::default(), &pod).await {
-            Ok(_) => return Ok(()),
-            Err(e) if Instant::now() < deadline => {
-                eprintln!("pod not created yet: {e}");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-            Err(e) => return Err(e).with_context(|| format!("creating the pod {name}")),
-        }
-    }
+    // Every refusal is a "not yet"; the last one says why on a timeout.
+    poll::until(
+        &format!("pod {name} created"),
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        || async {
+            Ok(match pods.create(&PostParams::default(), &pod).await {
+                Ok(_) => Seen(Some(()), String::new()),
+                Err(e) => {
+                    eprintln!("pod not created yet: {e}");
+                    Seen(None, format!("creating the pod {name}: {e}"))
+                }
+            })
+        },
+    )
+    .await
 }
 
 /// The NodeClaims there are now.

@@ -18,14 +18,16 @@
 
 use crate::controlplane::{free_port, install_crds, ControlPlane};
 use crate::moto::{Moto, REGION};
+use crate::poll::Look;
 use crate::process::Daemon;
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
 use http_body_util::Empty;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tempfile::TempDir;
 
 /// The provider release `tests/karpenter/go.mod` pins.
@@ -144,22 +146,37 @@ impl KarpenterController {
     async fn wait_ready(&self, port: u16) -> Result<()> {
         let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
         let url: hyper::Uri = format!("http://127.0.0.1:{port}/readyz").parse()?;
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            self.daemon.check_alive()?;
-            if let Ok(response) = client.get(url.clone()).await {
-                if response.status().is_success() {
-                    return Ok(());
-                }
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "Karpenter not ready after {START_TIMEOUT:?}:\n{}",
-                    self.log_tail(40)
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+        let ready = || async {
+            let response = client.get(url.clone()).await;
+            Ok(response
+                .is_ok_and(|r| r.status().is_success())
+                .then_some(()))
+        };
+        self.daemon
+            .wait_for(
+                "success from Karpenter's /readyz",
+                START_TIMEOUT,
+                Duration::from_millis(250),
+                ready,
+            )
+            .await
+    }
+
+    /// [`crate::poll::until`] while the controller lives: fails at once if it
+    /// exits, and with its log's tail if `within` passes.
+    pub async fn wait_for<L, F, Fut>(
+        &self,
+        what: &str,
+        within: Duration,
+        every: Duration,
+        probe: F,
+    ) -> Result<L::Value>
+    where
+        L: Look,
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<L>>,
+    {
+        self.daemon.wait_for(what, within, every, probe).await
     }
 
     /// Fails with the log's tail if the controller has exited.

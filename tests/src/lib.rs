@@ -33,6 +33,8 @@
 //!   differ between versions.
 //! - [`moto`]: moto, a third-party EC2, for the real Karpenter.
 //! - [`pki`]: throwaway CAs and certificates for a test run.
+//! - [`poll`]: polling until something holds, the one loop behind every
+//!   wait.
 //! - [`promql`]: metric and label names in PromQL expressions and in a
 //!   scrape, to check alerts and dashboards against what is exported.
 //! - [`proxy`]: an HTTP CONNECT proxy stand-in that records what it tunnels.
@@ -65,6 +67,7 @@ pub mod moto;
 pub mod netns;
 pub mod node;
 pub mod pki;
+pub mod poll;
 pub mod process;
 pub mod promql;
 pub mod proxy;

@@ -22,7 +22,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tempfile::TempDir;
 
 /// The moto release `tests/setup/moto-requirements.txt` pins.
@@ -219,20 +219,21 @@ impl Moto {
     }
 
     async fn wait_ready(&self) -> Result<()> {
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            self.daemon.check_alive()?;
-            if self.call("DescribeRegions", &[]).await.is_ok() {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "moto not answering after {START_TIMEOUT:?}:\n{}",
-                    self.log_tail(30)
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+        let ready = || async {
+            Ok(self
+                .call("DescribeRegions", &[])
+                .await
+                .is_ok()
+                .then_some(()))
+        };
+        self.daemon
+            .wait_for(
+                "answer from moto",
+                START_TIMEOUT,
+                Duration::from_millis(250),
+                ready,
+            )
+            .await
     }
 
     /// The endpoint (`http://127.0.0.1:<port>`), for `AWS_ENDPOINT_URL`.

@@ -1,11 +1,14 @@
 //! Child processes that die with the test that started them.
 
+use crate::poll::{self, Look, OnTimeout};
 use anyhow::{bail, Context, Result};
 use std::fs::{File, OpenOptions};
+use std::future::Future;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
+use std::time::Duration;
 
 /// A long-running child process with its output in a log file.
 ///
@@ -123,6 +126,33 @@ impl Daemon {
             bail!("{} exited with {status}:\n{}", self.name, self.log_tail(30));
         }
         Ok(())
+    }
+
+    /// [`poll::until`] while the daemon lives: fails at once if the
+    /// process exits, and with the log's tail if `within` passes (waiting
+    /// for it to be ready, or for what it does).
+    pub async fn wait_for<L, F, Fut>(
+        &self,
+        what: &str,
+        within: Duration,
+        every: Duration,
+        mut probe: F,
+    ) -> Result<L::Value>
+    where
+        L: Look,
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<L>>,
+    {
+        poll::until(what, within, every, || {
+            let alive = self.check_alive();
+            let look = probe();
+            async move {
+                alive?;
+                look.await
+            }
+        })
+        .await
+        .on_timeout(|| format!(":\n{}", self.log_tail(40)))
     }
 
     /// Kills the process (SIGKILL) and waits for it (idempotent).

@@ -8,6 +8,7 @@
 use crate::controlplane::{free_port, ControlPlane};
 use crate::fakecloud::ec2::{TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY};
 use crate::pki::Ca;
+use crate::poll::Seen;
 use crate::process::Daemon;
 use anyhow::{bail, Context, Result};
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
@@ -18,7 +19,7 @@ use kube::discovery::{pinned_kind, Scope};
 use kube::Client;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tempfile::TempDir;
 
 /// The guest-cluster RBAC the project ships: every file of
@@ -454,21 +455,20 @@ impl TestServer {
 
     /// Polls an observability endpoint until it answers 200.
     async fn wait_for(&self, path: &str) -> Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            self.daemon.check_alive()?;
+        let ready = || async {
             let answer = http_get(&format!("{}{path}", self.metrics_url)).await;
-            if answer.as_ref().is_ok_and(|(s, _)| *s == 200) {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "autonode-server not ready after 30s ({path}: {answer:?}):\n{}",
-                    self.daemon.log_tail(40)
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            let ok = answer.as_ref().is_ok_and(|(s, _)| *s == 200);
+            Ok(Seen(ok.then_some(()), format!("last answer: {answer:?}")))
+        };
+        let what = format!("200 from autonode-server's {path}");
+        self.daemon
+            .wait_for(
+                &what,
+                Duration::from_secs(30),
+                Duration::from_millis(100),
+                ready,
+            )
+            .await
     }
 }
 

@@ -22,6 +22,7 @@
 use crate::fakecloud::{private_dns_name, Imds, Instance};
 use crate::karpenter::ec2nodeclasses;
 use crate::pki::Ca;
+use crate::poll::{self, Seen};
 use crate::process::Daemon;
 use crate::world::World;
 use anyhow::{bail, Context, Result};
@@ -292,17 +293,15 @@ impl Vm {
 
     /// Polls the console until a line contains `needle`; returns that line.
     pub async fn wait_for_line(&self, needle: &str, timeout: Duration) -> Result<String> {
-        let deadline = Instant::now() + timeout;
-        loop {
+        let what = format!("{needle:?} on the console");
+        poll::until(&what, timeout, Duration::from_millis(500), || async {
             if let Some(line) = self.console().lines().find(|l| l.contains(needle)) {
-                return Ok(line.to_string());
+                return Ok(Some(line.to_string()));
             }
             self.check_alive()?;
-            if Instant::now() > deadline {
-                bail!("no {needle:?} on the console after {timeout:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
+            Ok(None)
+        })
+        .await
     }
 
     /// What the test image reports once the agent has run (see
@@ -643,22 +642,22 @@ fn user_data_args(ca_file: &Path) -> [String; 3] {
 /// Polls the class until the server's upkeep has written it.
 async fn wait_for_upkeep(admin: &kube::Client) -> Result<DynamicObject> {
     let api = ec2nodeclasses(admin);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let class = api.get(NODECLASS).await?;
-        let managers = class.metadata.managed_fields.iter().flatten();
-        if managers
-            .clone()
-            .any(|m| m.manager.as_deref() == Some(UPKEEP_MANAGER))
-        {
-            return Ok(class);
-        }
-        if Instant::now() > deadline {
-            let names: Vec<_> = managers.filter_map(|m| m.manager.clone()).collect();
-            bail!("the server's upkeep did not write EC2NodeClass {NODECLASS} within 60 s (managers: {names:?})");
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    poll::until(
+        &format!("EC2NodeClass {NODECLASS} written by the server's upkeep"),
+        Duration::from_secs(60),
+        Duration::from_millis(250),
+        || async {
+            let class = api.get(NODECLASS).await?;
+            let fields = class.metadata.managed_fields.iter().flatten();
+            let managers: Vec<String> = fields.filter_map(|m| m.manager.clone()).collect();
+            let written = managers.iter().any(|m| m == UPKEEP_MANAGER);
+            Ok(Seen(
+                written.then_some(class),
+                format!("managers: {managers:?}"),
+            ))
+        },
+    )
+    .await
 }
 
 /// Runs the real `autonode-server render-userdata` for this cluster as

@@ -7,6 +7,7 @@ use crate::fakecloud::{FakeCloud, Instance};
 use crate::joiner::{honest_request, Answer, Joiner, NodeKeys};
 use crate::karpenter;
 use crate::pki::CertPair;
+use crate::poll;
 use crate::server::{CloudSettings, Setup, TestServer};
 use anyhow::{Context, Result};
 use autonode_shared::protocol::JoinResponse;
@@ -14,6 +15,7 @@ use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use kube::api::{Api, ListParams};
 use kube::Client;
 use std::net::IpAddr;
+use std::time::Duration;
 
 pub const ACCOUNT: &str = "123456789012";
 pub const REGION: &str = "us-west-2";
@@ -217,20 +219,22 @@ impl World {
         use k8s_openapi::api::core::v1::Event;
         let api: Api<Event> = Api::namespaced(self.cp.admin().await?, "default");
         let selector = format!("involvedObject.name={claim}");
-        for _ in 0..50 {
-            let reasons: Vec<String> = api
-                .list(&ListParams::default().fields(&selector))
-                .await?
-                .items
-                .into_iter()
-                .filter_map(|e| e.reason)
-                .collect();
-            if reasons.iter().any(|r| r == awaited) {
-                return Ok(reasons);
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        }
-        anyhow::bail!("no {awaited} Event on {claim}")
+        poll::until(
+            &format!("{awaited} Event on {claim}"),
+            Duration::from_secs(10),
+            Duration::from_millis(100),
+            || async {
+                let reasons: Vec<String> = api
+                    .list(&ListParams::default().fields(&selector))
+                    .await?
+                    .items
+                    .into_iter()
+                    .filter_map(|e| e.reason)
+                    .collect();
+                Ok(reasons.iter().any(|r| r == awaited).then_some(reasons))
+            },
+        )
+        .await
     }
 }
 

@@ -1,14 +1,15 @@
 //! The real agent binary, on a simulated instance in its own network
 //! namespace, joining through the real server and control plane.
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use autonode_tests::fakecloud::Instance;
 use autonode_tests::ignition;
 use autonode_tests::node::{launch_machine, registration, user_data, SimulatedNode};
+use autonode_tests::poll::{self, OnTimeout};
 use autonode_tests::world::World;
 use k8s_openapi::api::core::v1::{Event, Node};
 use kube::api::{Api, ListParams, PostParams};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[tokio::test]
 async fn the_agent_joins_and_its_kubeconfig_registers_the_node() -> Result<()> {
@@ -108,22 +109,21 @@ async fn a_join_that_keeps_failing_is_reported_and_then_completes() -> Result<()
 
     let events: Api<Event> = Api::namespaced(world.cp.admin().await?, "default");
     let selector = format!("involvedObject.name={claim},reason=AgentRetrying");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let message = loop {
-        let found = events
-            .list(&ListParams::default().fields(&selector))
-            .await?
-            .items
-            .into_iter()
-            .find_map(|e| e.message);
-        if let Some(message) = found {
-            break message;
-        }
-        if Instant::now() > deadline {
-            bail!("no AgentRetrying Event on {claim}:\n{}", world.server.log());
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let message = poll::until(
+        &format!("AgentRetrying Event on {claim}"),
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async {
+            Ok(events
+                .list(&ListParams::default().fields(&selector))
+                .await?
+                .items
+                .into_iter()
+                .find_map(|e| e.message))
+        },
+    )
+    .await
+    .on_timeout(|| format!(":\n{}", world.server.log()))?;
     assert!(
         message.contains("phase join retrying") && message.contains("503"),
         "the Event says what keeps failing: {message}"

@@ -10,6 +10,7 @@ use crate::feedback::{metrics, post_report, report, send_report};
 use anyhow::{bail, ensure, Context, Result};
 use autonode_shared::protocol::{Outcome, JOIN_PATH};
 use autonode_tests::joiner::{honest_request, Answer, CsrShape, NodeKeys};
+use autonode_tests::poll;
 use autonode_tests::promql::{self, names, Names, Scrape};
 use autonode_tests::server::{http_get, Setup, TestServer};
 use autonode_tests::world::{cloud_settings, World};
@@ -385,14 +386,16 @@ async fn join_while_ec2_fails(world: &World) -> Result<()> {
 /// The scrape's text, once it contains `awaited` (the approver judges CSRs in
 /// the background).
 async fn scrape_with(world: &World, awaited: &str) -> Result<String> {
-    for _ in 0..150 {
-        let text = metrics(world).await?;
-        if text.contains(awaited) {
-            return Ok(text);
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    bail!("no {awaited:?} in /metrics within 15 s")
+    poll::until(
+        &format!("{awaited:?} in /metrics"),
+        Duration::from_secs(15),
+        Duration::from_millis(100),
+        || async {
+            let text = metrics(world).await?;
+            Ok(text.contains(awaited).then_some(text))
+        },
+    )
+    .await
 }
 
 /// As the node: two serving CSRs the approver must leave pending, one for

@@ -2,6 +2,7 @@
 //! is an attack that worked against an earlier autonode (named in its doc
 //! comment) and must fail now. docs/design.md's threat model points here.
 
+use crate::nodeconfig::join_granted;
 use anyhow::{ensure, Context, Result};
 use autonode_server::kube::issuer::{IssueError, IssueRequest, Issuer};
 use autonode_shared::csr::{self, Purpose};
@@ -11,6 +12,7 @@ use autonode_tests::fakecloud::Instance;
 use autonode_tests::ignition as guest_ignition;
 use autonode_tests::joiner::{self, Answer, CsrShape, NodeKeys};
 use autonode_tests::karpenter;
+use autonode_tests::poll;
 use autonode_tests::world::World;
 use futures::StreamExt;
 use k8s_openapi::api::certificates::v1::{
@@ -176,7 +178,14 @@ async fn csrs_planted_under_a_failed_joins_names_are_never_approved() -> Result<
         r#"{"ignition":{"version":"3.2.0"}}"#,
     )
     .await?;
-    let response = retry_until_granted(&world, &request).await?;
+    // A 503 while a cache catches up is retried.
+    let response = join_granted(
+        &world,
+        &request,
+        Duration::from_secs(30),
+        Duration::from_millis(300),
+    )
+    .await?;
     assert_certifies(&response, &request.client_csr, &request.serving_csr)?;
 
     let csrs: Api<CertificateSigningRequest> = Api::all(admin);
@@ -299,26 +308,23 @@ async fn autonode_annotations_copied_from_a_nodepool_count_for_nothing() -> Resu
     );
 
     // The leader's feedback judges the NodeClaim: attested, not failed.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let object = claims.get(&claim).await?;
-        let condition = object.data["status"]["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|c| c["type"] == "AutonodeBootstrapped")
-            .cloned();
-        if let Some(c) = condition {
-            assert_ne!(c["status"], "False", "a forged failure counted: {c}");
-            assert_eq!(c["reason"], "Attested", "{c}");
-            break;
-        }
-        ensure!(
-            tokio::time::Instant::now() < deadline,
-            "no AutonodeBootstrapped condition"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let c = poll::until(
+        "AutonodeBootstrapped condition",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async {
+            let object = claims.get(&claim).await?;
+            Ok(object.data["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| c["type"] == "AutonodeBootstrapped")
+                .cloned())
+        },
+    )
+    .await?;
+    assert_ne!(c["status"], "False", "a forged failure counted: {c}");
+    assert_eq!(c["reason"], "Attested", "{c}");
     Ok(())
 }
 
@@ -365,23 +371,6 @@ async fn approval_is_bound_to_the_uid_the_join_created() -> Result<()> {
         "the replacement was approved"
     );
     Ok(())
-}
-
-/// Joins until granted (503 while a cache catches up is retried).
-async fn retry_until_granted(
-    world: &World,
-    request: &autonode_shared::protocol::JoinRequest,
-) -> Result<JoinResponse> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        match world.joiner.join(request).await? {
-            Answer::Granted(response) => return Ok(*response),
-            Answer::Refused(503, _) if tokio::time::Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(300)).await;
-            }
-            other => anyhow::bail!("join not granted: {other:?}"),
-        }
-    }
 }
 
 /// A node that joined honestly registers a Node of its own, under its own

@@ -7,16 +7,17 @@
 //! `maxPods` or `kubeReserved` unset is warned about once per generation
 //! when nodes' configs are rendered from it.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use autonode_tests::karpenter;
 use autonode_tests::node::registration;
+use autonode_tests::poll::{self, OnTimeout, Seen};
 use autonode_tests::promql;
 use autonode_tests::server::{http_get, TestServer};
 use autonode_tests::world::{JoinedNode, World};
 use k8s_openapi::api::core::v1::{Event, Node};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const SHORTFALL: &str = "CapacityShortfall";
 const UNSET: &str = "KubeletSettingsUnset";
@@ -169,13 +170,14 @@ async fn a_class_without_max_pods_or_kube_reserved_is_warned_about_once_per_gene
     // The server's class cache follows its watch: give it a moment.
     tokio::time::sleep(Duration::from_secs(1)).await;
     world.join_new(|i| i).await?;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while logged() < 2 {
-        if Instant::now() > deadline {
-            bail!("no second warning after the edit:\n{}", world.server.log());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    poll::until(
+        "second warning after the edit",
+        Duration::from_secs(20),
+        Duration::from_millis(100),
+        || async { Ok((logged() >= 2).then_some(())) },
+    )
+    .await
+    .on_timeout(|| format!(":\n{}", world.server.log()))?;
     let line = world
         .server
         .log()
@@ -236,53 +238,57 @@ async fn events(world: &World, name: &str, reason: &str) -> Result<Vec<(i32, Str
 
 /// Like [`events`], once there is at least one.
 async fn wait_events(world: &World, name: &str, reason: &str) -> Result<Vec<(i32, String)>> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let found = events(world, name, reason).await?;
-        if !found.is_empty() {
-            return Ok(found);
-        }
-        if Instant::now() > deadline {
-            bail!("no {reason} Event on {name}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    poll::until(
+        &format!("{reason} Event on {name}"),
+        Duration::from_secs(20),
+        Duration::from_millis(100),
+        || async {
+            let found = events(world, name, reason).await?;
+            Ok((!found.is_empty()).then_some(found))
+        },
+    )
+    .await
 }
 
 /// Waits until NodeClaim `claim`'s marks say its capacity was compared.
 async fn wait_checked(world: &World, claim: &str) -> Result<()> {
     let claims = karpenter::nodeclaims(&world.cp.admin().await?);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let object = claims.get(claim).await?;
-        let reported = object
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get("autonode.dev/reported"))
-            .cloned()
-            .unwrap_or_default();
-        if reported.split(',').any(|r| r == "capacity") {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("NodeClaim {claim}: capacity never compared (reported: {reported:?})");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    poll::until(
+        &format!("capacity compared on NodeClaim {claim}"),
+        Duration::from_secs(20),
+        Duration::from_millis(100),
+        || async {
+            let object = claims.get(claim).await?;
+            let reported = object
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get("autonode.dev/reported"))
+                .cloned()
+                .unwrap_or_default();
+            let compared = reported.split(',').any(|r| r == "capacity");
+            Ok(Seen(
+                compared.then_some(()),
+                format!("reported: {reported:?}"),
+            ))
+        },
+    )
+    .await
 }
 
 /// Waits until the EC2NodeClass `default` is at `generation` or later.
 async fn wait_generation(world: &World, generation: i64) -> Result<()> {
     let classes = karpenter::ec2nodeclasses(&world.cp.admin().await?);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while classes.get("default").await?.metadata.generation < Some(generation) {
-        if Instant::now() > deadline {
-            bail!("EC2NodeClass default never reached generation {generation}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Ok(())
+    poll::until(
+        &format!("generation {generation} of EC2NodeClass default"),
+        Duration::from_secs(20),
+        Duration::from_millis(100),
+        || async {
+            let now = classes.get("default").await?.metadata.generation;
+            Ok((now >= Some(generation)).then_some(()))
+        },
+    )
+    .await
 }
 
 /// `autonode_capacity_shortfalls_total` for class `default` and `resource`

@@ -6,10 +6,11 @@ use crate::feedback::{join, metrics, post_report};
 use anyhow::{bail, ensure, Context, Result};
 use autonode_shared::protocol::{Outcome, Phase};
 use autonode_tests::joiner::{self, Answer, NodeKeys};
+use autonode_tests::poll::{self, Seen};
 use autonode_tests::world::World;
 use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, ListParams};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Replayed joins in the flood.
 const FLOOD: usize = 200;
@@ -142,26 +143,34 @@ fn note(event: &Event) -> &str {
 async fn settled_replay_events(world: &World, claim: &str, count: i32) -> Result<Vec<Event>> {
     let api: Api<Event> = Api::namespaced(world.cp.admin().await?, "default");
     let selector = format!("involvedObject.name={claim},reason=PossibleReplay");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    // The Events and the combined one's count.
+    let listed = || async {
         let events = api
             .list(&ListParams::default().fields(&selector))
             .await
             .context("listing Events")?
             .items;
-        let top = events.iter().filter_map(|e| e.count).max().unwrap_or(0);
-        if top >= count || Instant::now() > deadline {
-            // Anything still queued would show now.
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            let events = api.list(&ListParams::default().fields(&selector)).await?;
-            let top = events.items.iter().filter_map(|e| e.count).max();
-            ensure!(
-                top == Some(count),
-                "the combined Event's count is {top:?}, not {count}: {:#?}",
-                events.items
-            );
-            return Ok(events.items);
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        anyhow::Ok((events.iter().filter_map(|e| e.count).max(), events))
+    };
+    poll::until(
+        &format!("PossibleReplay Event counting {count}"),
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async {
+            let (top, events) = listed().await?;
+            Ok(Seen(
+                (top.unwrap_or(0) >= count).then_some(()),
+                format!("{events:#?}"),
+            ))
+        },
+    )
+    .await?;
+    // Anything still queued would show now.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (top, events) = listed().await?;
+    ensure!(
+        top == Some(count),
+        "the combined Event's count is {top:?}, not {count}: {events:#?}"
+    );
+    Ok(events)
 }

@@ -9,13 +9,14 @@ use autonode_tests::fakecloud::Instance;
 use autonode_tests::joiner::{self, NodeKeys};
 use autonode_tests::karpenter;
 use autonode_tests::node::registration;
+use autonode_tests::poll::{self, Seen};
 use autonode_tests::server::{http_get, TestServer};
 use autonode_tests::world::{cloud_settings, JoinedNode, World};
 use k8s_openapi::api::core::v1::{Event, Node, NodeCondition, NodeStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use rcgen::KeyPair;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const CONDITION: &str = "AutonodeBootstrapped";
 
@@ -330,13 +331,13 @@ async fn when_the_leader_stops_another_replica_takes_over() -> Result<()> {
         nix::unistd::Pid::from_raw(leader as i32),
         nix::sys::signal::Signal::SIGKILL,
     )?;
-    let started = Instant::now();
-    while leads(follower).await? != 1 {
-        if started.elapsed() > Duration::from_secs(20) {
-            bail!("the follower did not take over within 20 s");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    poll::until(
+        "takeover by the follower",
+        Duration::from_secs(20),
+        Duration::from_millis(200),
+        || async { Ok((leads(follower).await? == 1).then_some(())) },
+    )
+    .await?;
     // Joins keep working through the survivor.
     let (_, instance) = world.launch(|i| i).await?;
     follower_joiner
@@ -391,16 +392,18 @@ pub(crate) async fn post_report(world: &World, report: &ReportRequest) -> Result
     Ok((status, String::from_utf8_lossy(&body).into_owned()))
 }
 
-/// Waits up to 10 s for NodeClaim `name` to be gone.
-pub(crate) async fn wait_deleted(claims: &Api<DynamicObject>, name: &str) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while claims.get_opt(name).await?.is_some() {
-        if Instant::now() > deadline {
-            bail!("NodeClaim {name} was not deleted");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Ok(())
+/// Waits up to 10 s for the object `name` (a NodeClaim, a Node) to be gone.
+pub(crate) async fn wait_deleted<K>(api: &Api<K>, name: &str) -> Result<()>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    poll::until(
+        &format!("deletion of {name}"),
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        || async { Ok(api.get_opt(name).await?.is_none().then_some(())) },
+    )
+    .await
 }
 
 /// The World's server's metrics, as text.
@@ -430,26 +433,25 @@ pub(crate) async fn wait_condition(
     status: &str,
     reason: &str,
 ) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let claim = claims.get(name).await?;
-        let found = claim.data["status"]["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|c| c["type"] == CONDITION)
-            .cloned();
-        if found
-            .as_ref()
-            .is_some_and(|c| c["status"] == status && c["reason"] == reason)
-        {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("NodeClaim {name}: expected {CONDITION}={status}/{reason}, found {found:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    poll::until(
+        &format!("{CONDITION}={status}/{reason} on NodeClaim {name}"),
+        Duration::from_secs(20),
+        Duration::from_millis(100),
+        || async {
+            let claim = claims.get(name).await?;
+            let condition = claim.data["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| c["type"] == CONDITION)
+                .cloned();
+            let at = condition
+                .as_ref()
+                .is_some_and(|c| c["status"] == status && c["reason"] == reason);
+            Ok(Seen(at.then_some(()), format!("found {condition:?}")))
+        },
+    )
+    .await
 }
 
 /// `autonode_leader` of a server (1 leading, 0 not).
@@ -466,22 +468,25 @@ async fn leads(server: &TestServer) -> Result<u8> {
 
 /// Index of the one server that leads, once exactly one does.
 async fn wait_leader(servers: &[&TestServer]) -> Result<usize> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let mut leaders = Vec::new();
-        for (i, server) in servers.iter().enumerate() {
-            if leads(server).await? == 1 {
-                leaders.push(i);
+    poll::until(
+        "single leader",
+        Duration::from_secs(20),
+        Duration::from_millis(200),
+        || async {
+            let mut leading = Vec::new();
+            for (i, server) in servers.iter().enumerate() {
+                if leads(server).await? == 1 {
+                    leading.push(i);
+                }
             }
-        }
-        if let [one] = leaders.as_slice() {
-            return Ok(*one);
-        }
-        if Instant::now() > deadline {
-            bail!("no single leader after 20 s: {leaders:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+            let one = match leading.as_slice() {
+                [one] => Some(*one),
+                _ => None,
+            };
+            Ok(Seen(one, format!("leaders: {leading:?}")))
+        },
+    )
+    .await
 }
 
 /// A join refused for good (the instance is terminated in EC2) meets the one

@@ -155,23 +155,11 @@ fn rendered_user_data() -> Result<(String, tempfile::TempDir)> {
 /// it has exited or [`LAUNCH_TIMEOUT`] passes.
 async fn wait_for<T, F, Fut>(karpenter: &KarpenterController, what: &str, probe: F) -> Result<T>
 where
-    F: Fn() -> Fut,
+    F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<Option<T>>>,
 {
-    let deadline = Instant::now() + LAUNCH_TIMEOUT;
-    loop {
-        karpenter.check_alive()?;
-        if let Some(value) = probe().await? {
-            return Ok(value);
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "no {what} after {LAUNCH_TIMEOUT:?}; Karpenter's log:\n{}",
-                karpenter.log_tail(40)
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    let every = Duration::from_millis(250);
+    karpenter.wait_for(what, LAUNCH_TIMEOUT, every, probe).await
 }
 
 /// autonode-server's EC2 client (the join's DescribeInstances) reads from

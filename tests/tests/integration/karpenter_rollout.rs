@@ -37,6 +37,7 @@ use autonode_tests::karpenter_cluster::{
 };
 use autonode_tests::moto::{Moto, AMD64_AMI, REGION};
 use autonode_tests::pki::Ca;
+use autonode_tests::poll;
 use autonode_tests::server::{self, CloudSettings, Setup, TestServer};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::ReplicaSet;
@@ -576,16 +577,18 @@ impl Front {
     async fn start(at: SocketAddr, to: SocketAddr) -> Result<Self> {
         // The killed server's socket is closed; binding may still race
         // the kernel's cleanup for a moment.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let listener = loop {
-            match tokio::net::TcpListener::bind(at).await {
-                Ok(listener) => break listener,
-                Err(_) if Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(100)).await
-                }
-                Err(e) => return Err(e).with_context(|| format!("binding the front at {at}")),
-            }
-        };
+        let listener = poll::until(
+            &format!("front bound at {at}"),
+            Duration::from_secs(10),
+            Duration::from_millis(100),
+            || async {
+                Ok(match tokio::net::TcpListener::bind(at).await {
+                    Ok(listener) => poll::Seen(Some(listener), String::new()),
+                    Err(e) => poll::Seen(None, format!("binding the front at {at}: {e}")),
+                })
+            },
+        )
+        .await?;
         let task = tokio::spawn(async move {
             // Dropping the set (task aborted) aborts every relay with it.
             let mut relays = tokio::task::JoinSet::new();

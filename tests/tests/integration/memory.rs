@@ -11,6 +11,7 @@
 use anyhow::{Context, Result};
 use autonode_tests::controlplane::unique;
 use autonode_tests::joiner::CsrShape;
+use autonode_tests::poll;
 use autonode_tests::world::World;
 use futures::{stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::certificates::v1::{
@@ -220,20 +221,22 @@ async fn create(
 /// The server's log lines saying each of `csrs` was left pending, once
 /// there is one for every one.
 async fn left_pending(world: &World, csrs: &[String]) -> Result<Vec<String>> {
-    for _ in 0..240 {
-        let log = world.server.log();
-        let found: Vec<String> = csrs
-            .iter()
-            .filter_map(|csr| {
-                log.lines()
-                    .find(|l| l.contains(csr.as_str()) && l.contains("left pending"))
-                    .map(str::to_string)
-            })
-            .collect();
-        if found.len() == csrs.len() {
-            return Ok(found);
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    anyhow::bail!("not every CSR was judged within two minutes")
+    poll::until(
+        "judgement of every CSR",
+        Duration::from_secs(120),
+        Duration::from_millis(500),
+        || async {
+            let log = world.server.log();
+            let found: Vec<String> = csrs
+                .iter()
+                .filter_map(|csr| {
+                    log.lines()
+                        .find(|l| l.contains(csr.as_str()) && l.contains("left pending"))
+                        .map(str::to_string)
+                })
+                .collect();
+            Ok((found.len() == csrs.len()).then_some(found))
+        },
+    )
+    .await
 }

@@ -7,6 +7,7 @@ use autonode_agent::trust::ServerTrust;
 use autonode_tests::controlplane::ControlPlane;
 use autonode_tests::karpenter::{self, ec2nodeclasses};
 use autonode_tests::pki::Ca;
+use autonode_tests::poll::{self, OnTimeout, Seen};
 use autonode_tests::server::{self, TestServer};
 use autonode_tests::world::{cloud_settings, World, REGION};
 use k8s_openapi::api::core::v1::Event;
@@ -15,7 +16,7 @@ use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tempfile::TempDir;
 
 const PUBLIC_URL: &str = "https://autonode.example.com:8443";
@@ -87,20 +88,17 @@ async fn wait_for(
     what: &str,
     done: impl Fn(&DynamicObject) -> bool,
 ) -> Result<DynamicObject> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let class = api.get(name).await?;
-        if done(&class) {
-            return Ok(class);
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "EC2NodeClass {name}: not {what} after 20s: {}",
-                spec(&class)
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    poll::until(
+        &format!("EC2NodeClass {name} {what}"),
+        Duration::from_secs(20),
+        Duration::from_millis(100),
+        || async {
+            let class = api.get(name).await?;
+            let saw = spec(&class).to_string();
+            Ok(Seen(done(&class).then_some(class), saw))
+        },
+    )
+    .await
 }
 
 /// A counter from the server's `/metrics`.
@@ -144,31 +142,35 @@ async fn wait_for_events(
     reason: &str,
     count: usize,
 ) -> Result<Vec<(String, String, String)>> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let events = events_of(world, name).await?;
-        let found: Vec<_> = events.iter().filter(|e| e.1 == reason).cloned().collect();
-        if found.len() >= count {
-            return Ok(found);
-        }
-        if Instant::now() > deadline {
-            bail!("expected {count} {reason} Events on {name}, got {events:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    poll::until(
+        &format!("{count} {reason} Events on {name}"),
+        Duration::from_secs(20),
+        Duration::from_millis(100),
+        || async {
+            let events = events_of(world, name).await?;
+            let found: Vec<_> = events.iter().filter(|e| e.1 == reason).cloned().collect();
+            Ok(Seen(
+                (found.len() >= count).then_some(found),
+                format!("got {events:?}"),
+            ))
+        },
+    )
+    .await
 }
 
 /// Waits until the server has compared its classes `n` more times.
 async fn resyncs(server: &TestServer, n: f64) -> Result<()> {
     let checks = metric(server, "autonode_nodeclass_checks_total").await?;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while metric(server, "autonode_nodeclass_checks_total").await? < checks + n {
-        if Instant::now() > deadline {
-            bail!("fewer than {n} resyncs in 20s");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    Ok(())
+    poll::until(
+        &format!("{n} more resyncs"),
+        Duration::from_secs(20),
+        Duration::from_millis(200),
+        || async {
+            let now = metric(server, "autonode_nodeclass_checks_total").await?;
+            Ok((now >= checks + n).then_some(()))
+        },
+    )
+    .await
 }
 
 /// The fields under `spec` (or `spec.<below>`) owned by a manager with an
@@ -260,18 +262,20 @@ async fn a_users_class_is_restored_after_every_edit() -> Result<()> {
     .await?;
     assert_eq!(spec(&class)["userData"], rendered.as_str());
 
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let reasons = event_reasons(&world, "default").await?;
-        let restored = reasons.iter().filter(|r| *r == "NodeClassRestored").count();
-        if restored >= 2 {
-            break;
-        }
-        if Instant::now() > deadline {
-            bail!("expected two NodeClassRestored Events, got {reasons:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    poll::until(
+        "two NodeClassRestored Events",
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        || async {
+            let reasons = event_reasons(&world, "default").await?;
+            let restored = reasons.iter().filter(|r| *r == "NodeClassRestored").count();
+            Ok(Seen(
+                (restored >= 2).then_some(()),
+                format!("got {reasons:?}"),
+            ))
+        },
+    )
+    .await?;
     assert_eq!(
         metric(&world.server, "autonode_nodeclass_writes_total").await?,
         2.0
@@ -307,14 +311,7 @@ async fn an_unchanged_class_is_never_written_and_unnamed_ones_are_left_alone() -
     .await?;
 
     // Three resyncs (1 s each) later: compared, never written again.
-    let checks = metric(&world.server, "autonode_nodeclass_checks_total").await?;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while metric(&world.server, "autonode_nodeclass_checks_total").await? < checks + 3.0 {
-        if Instant::now() > deadline {
-            bail!("fewer than three resyncs in 20s");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    resyncs(&world.server, 3.0).await?;
     assert_eq!(
         metric(&world.server, "autonode_nodeclass_writes_total").await?,
         1.0
@@ -572,13 +569,19 @@ async fn turning_enforcement_off_hands_the_options_over_at_their_values() -> Res
         ["f:amiFamily", "f:amiSelectorTerms", "f:userData"]
     );
     // Logged once the apply has returned, which may be after the watch saw it.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !second.log().contains("metadataOptions released") {
-        if Instant::now() > deadline {
-            bail!("no release logged:\n{}", second.log());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    poll::until(
+        "release logged",
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        || async {
+            Ok(second
+                .log()
+                .contains("metadataOptions released")
+                .then_some(()))
+        },
+    )
+    .await
+    .on_timeout(|| format!(":\n{}", second.log()))?;
 
     // From now on, the user's edit stays.
     let optional = json!({"spec": {"metadataOptions": {"httpTokens": "optional"}}});

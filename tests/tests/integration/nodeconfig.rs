@@ -4,20 +4,21 @@
 
 use anyhow::{bail, ensure, Result};
 use autonode_shared::ignition;
-use autonode_shared::protocol::{JoinRequest, JoinResponse};
+use autonode_shared::protocol::{ErrorResponse, JoinRequest, JoinResponse};
 use autonode_tests::controlplane::unique;
 use autonode_tests::fakecloud::Instance;
 use autonode_tests::ignition as guest_ignition;
 use autonode_tests::joiner::{self, Answer, NodeKeys};
 use autonode_tests::karpenter;
 use autonode_tests::node::launch_machine;
+use autonode_tests::poll::{self, OnTimeout, Seen};
 use autonode_tests::server::{apply_manifest, http_get, Setup, TestServer, SERVER_SERVICE_ACCOUNT};
 use autonode_tests::world::{cloud_settings, World, ACCOUNT, REGION};
 use base64::Engine as _;
 use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use serde_json::{json, Value};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Every `EC2NodeClass.spec.kubelet` field.
 fn full_kubelet() -> Value {
@@ -76,25 +77,43 @@ async fn put_secret(world: &World, name: &str, config: &str) -> Result<()> {
 /// Joins until the server answers something other than 503 for a cache
 /// still catching up: returns the first 503 whose log line says `why`.
 async fn unavailable_because(world: &World, request: &JoinRequest, why: &str) -> Result<String> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    until_503_for(world, why, || async {
         let answer = world.joiner.join(request).await?;
         let Answer::Refused(503, body) = answer else {
             bail!("expected 503 ({why}), got {answer:?}");
         };
         ensure!(body.error == "temporarily unavailable", "{body:?}");
-        let log = world.server.log();
-        if let Some(line) = log
-            .lines()
-            .find(|l| l.contains(&body.request_id) && l.contains(why))
-        {
-            return Ok(line.to_string());
-        }
-        if Instant::now() > deadline {
-            bail!("never 503 for {why:?}:\n{log}");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        Ok(logged_for(world, &body, why))
+    })
+    .await
+}
+
+/// Polls `join` for up to 20 s until it yields the server's log line for a
+/// 503; fails with the server's log.
+async fn until_503_for<F, Fut>(world: &World, why: &str, join: F) -> Result<String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<String>>>,
+{
+    let what = format!("503 for {why:?}");
+    poll::until(
+        &what,
+        Duration::from_secs(20),
+        Duration::from_millis(200),
+        join,
+    )
+    .await
+    .on_timeout(|| format!(":\n{}", world.server.log()))
+}
+
+/// The server's log line for the refusal `body`, if it says `why`.
+fn logged_for(world: &World, body: &ErrorResponse, why: &str) -> Option<String> {
+    world
+        .server
+        .log()
+        .lines()
+        .find(|l| l.contains(&body.request_id) && l.contains(why))
+        .map(str::to_string)
 }
 
 /// Karpenter's part for a NodeClaim of `class` with taints, startup taints
@@ -133,16 +152,31 @@ async fn launch(world: &World, class: &str) -> Result<Instance> {
 /// Joins as an agent does: 503s (caches catching up with objects the test
 /// just wrote) are retried.
 async fn join(world: &World, request: &JoinRequest) -> Result<JoinResponse> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        match world.joiner.join(request).await? {
-            Answer::Granted(response) => return Ok(*response),
-            Answer::Refused(503, _) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
+    join_granted(
+        world,
+        request,
+        Duration::from_secs(20),
+        Duration::from_millis(200),
+    )
+    .await
+}
+
+/// Joins until granted, a 503 retried every `every` for up to `within`;
+/// any other refusal fails at once.
+pub(crate) async fn join_granted(
+    world: &World,
+    request: &JoinRequest,
+    within: Duration,
+    every: Duration,
+) -> Result<JoinResponse> {
+    poll::until("join granted", within, every, || async {
+        Ok(match world.joiner.join(request).await? {
+            Answer::Granted(response) => Seen(Some(*response), String::new()),
+            Answer::Refused(503, body) => Seen(None, format!("join answered 503: {body:?}")),
             Answer::Refused(status, body) => bail!("join answered {status}: {body:?}"),
-        }
-    }
+        })
+    })
+    .await
 }
 
 /// The decoded contents of `path` in a rendered Ignition config.
@@ -325,26 +359,14 @@ async fn stays_refused(world: &World, request: &JoinRequest, instance: &Instance
 /// Joins while the server's cache may still hold the layer as it was (a
 /// join may be granted meanwhile) until a 503 whose log line says `why`.
 async fn refused_once_seen(world: &World, request: &JoinRequest, why: &str) -> Result<String> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    until_503_for(world, why, || async {
         match world.joiner.join(request).await? {
-            Answer::Granted(_) => {}
-            Answer::Refused(503, body) => {
-                let log = world.server.log();
-                let line = log
-                    .lines()
-                    .find(|l| l.contains(&body.request_id) && l.contains(why));
-                if let Some(line) = line {
-                    return Ok(line.to_string());
-                }
-            }
+            Answer::Granted(_) => Ok(None),
+            Answer::Refused(503, body) => Ok(logged_for(world, &body, why)),
             answer => bail!("expected a join or 503 ({why}), got {answer:?}"),
         }
-        if Instant::now() > deadline {
-            bail!("never 503 for {why:?}:\n{}", world.server.log());
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    })
+    .await
 }
 
 #[tokio::test]
@@ -429,14 +451,14 @@ async fn readyz_waits_for_the_node_config_caches() -> Result<()> {
     );
 
     apply_manifest(&world.cp.admin().await?, &ignition_grant(ELSEWHERE)).await?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while http_get(&readyz).await?.0 != 200 {
-        if Instant::now() > deadline {
-            bail!("not ready 30 s after the grant:\n{}", server.log());
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    Ok(())
+    poll::until(
+        "readiness after the grant",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async { Ok((http_get(&readyz).await?.0 == 200).then_some(())) },
+    )
+    .await
+    .on_timeout(|| format!(":\n{}", server.log()))
 }
 
 /// What `packaging/guest/rbac.yaml` says to grant when

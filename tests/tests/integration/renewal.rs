@@ -1,11 +1,13 @@
 //! After the join: kubelet's own CSRs (client renewals, serving
 //! certificates) are approved only when they are the node's own.
 
+use crate::feedback::wait_deleted;
 use anyhow::{Context, Result};
 use autonode_server::controllers::approver::LOOKUP_BURST;
 use autonode_shared::protocol::JoinResponse;
 use autonode_tests::fakecloud::Instance;
 use autonode_tests::joiner::CsrShape;
+use autonode_tests::poll;
 use autonode_tests::world::World;
 use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestSpec,
@@ -95,14 +97,13 @@ async fn a_csr_replaced_while_it_is_judged_is_not_approved() -> Result<()> {
     let own = CsrShape::serving(&x.instance);
     submit_named(&csrs, &name, SERVING, "server auth", &own).await?;
     // The approver has started judging once its EC2 lookup is under way.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while world.ec2.faults().arrived() == before {
-        anyhow::ensure!(
-            tokio::time::Instant::now() < deadline,
-            "the approver never looked up the instance"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    poll::until(
+        "lookup of the instance by the approver",
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        || async { Ok((world.ec2.faults().arrived() != before).then_some(())) },
+    )
+    .await?;
     admin.delete(&name, &DeleteParams::default()).await?;
     let mut foreign = CsrShape::serving(&x.instance);
     foreign.ips.push(IpAddr::V4(Ipv4Addr::new(10, 250, 0, 9)));
@@ -451,7 +452,7 @@ impl Joined {
         autonode_tests::karpenter::nodeclaims(admin)
             .delete(&self.claim, &DeleteParams::default())
             .await?;
-        await_node_gone(admin, &self.name).await
+        wait_deleted(&Api::<Node>::all(admin.clone()), &self.name).await
     }
 }
 
@@ -494,32 +495,16 @@ async fn left_pending(world: &World, csr: &str) -> Result<String> {
 /// Like [`left_pending`], waiting up to `timeout` (a restarted server
 /// lists and leads first).
 async fn left_pending_within(world: &World, csr: &str, timeout: Duration) -> Result<String> {
-    let deadline = tokio::time::Instant::now() + timeout;
-    while tokio::time::Instant::now() < deadline {
-        let found = world
+    let what = format!("{csr} left pending");
+    poll::until(&what, timeout, Duration::from_millis(100), || async {
+        Ok(world
             .server
             .log()
             .lines()
             .find(|l| l.contains(csr) && l.contains("left pending"))
-            .map(str::to_string);
-        if let Some(line) = found {
-            return Ok(line);
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    anyhow::bail!("{csr} was not left pending")
-}
-
-/// Waits until Node `name` is gone.
-async fn await_node_gone(client: &kube::Client, name: &str) -> Result<()> {
-    let api: Api<Node> = Api::all(client.clone());
-    for _ in 0..100 {
-        if api.get_opt(name).await?.is_none() {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    anyhow::bail!("{name} is still there")
+            .map(str::to_string))
+    })
+    .await
 }
 
 /// Whether `name` has no condition and no certificate.

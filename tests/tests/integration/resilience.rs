@@ -15,6 +15,7 @@ use autonode_tests::fakecloud::Instance;
 use autonode_tests::joiner::{self, Answer, Joiner, NodeKeys};
 use autonode_tests::karpenter;
 use autonode_tests::node::{self, launch_machine, SimulatedNode};
+use autonode_tests::poll::{self, OnTimeout, Seen};
 use autonode_tests::server::{http_get, Setup, TestServer};
 use autonode_tests::world::{cloud_settings, World};
 use futures::{StreamExt, TryStreamExt};
@@ -127,14 +128,13 @@ fn start_burst(
 
 /// Waits (bounded) until the driver has `count` grants.
 async fn until_granted(tally: &Tally, count: usize) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while tally.granted.load(Ordering::SeqCst) < count {
-        if Instant::now() > deadline {
-            bail!("fewer than {count} joins granted after 60s");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    Ok(())
+    poll::until(
+        &format!("{count} joins granted"),
+        Duration::from_secs(60),
+        Duration::from_millis(20),
+        || async { Ok((tally.granted.load(Ordering::SeqCst) >= count).then_some(())) },
+    )
+    .await
 }
 
 /// Every machine's answer, by instance id; all must have joined, as
@@ -332,12 +332,14 @@ async fn joins_wait_out_an_apiserver_outage_and_then_complete() -> Result<()> {
     // A replica that cannot see the cluster says so, to be taken out of
     // its Service.
     let readyz = format!("{}/readyz", world.server.metrics_url());
-    let mut unready = false;
-    while !unready && stopped.elapsed() < OUTAGE - Duration::from_secs(2) {
-        unready = http_get(&readyz).await?.0 == 503;
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    assert!(unready, "/readyz stayed 200 while the API server was down");
+    poll::until(
+        "503 from /readyz",
+        (OUTAGE - Duration::from_secs(2)).saturating_sub(stopped.elapsed()),
+        Duration::from_millis(200),
+        || async { Ok((http_get(&readyz).await?.0 == 503).then_some(())) },
+    )
+    .await
+    .on_timeout(|| "; /readyz stayed 200 while the API server was down".into())?;
     tokio::time::sleep(OUTAGE.saturating_sub(stopped.elapsed())).await;
     let during = tally.granted.load(Ordering::SeqCst);
     world.cp.start_apiserver().await?;
@@ -744,22 +746,27 @@ async fn a_blip_to_the_api_server_is_survived() -> Result<()> {
         let failed_before = watch_failures(&server);
         let cut = Instant::now();
         ensure!(blip.outage(Duration::from_secs(2)).await > 0, "nothing cut");
-        while watch_failures(&server) <= failed_before {
-            if cut.elapsed() > Duration::from_secs(20) {
-                bail!("round {round}: the cut went unnoticed:\n{}", server.log());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        loop {
-            let (status, body) = http_get(&readyz).await?;
-            if status == 200 {
-                break;
-            }
-            if cut.elapsed() > Duration::from_secs(20) {
-                bail!("round {round}: not ready 20 s after the cut: {body}");
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        // Both waits end 20 s after the cut.
+        let left = || Duration::from_secs(20).saturating_sub(cut.elapsed());
+        poll::until(
+            "watch failure logged",
+            left(),
+            Duration::from_millis(50),
+            || async { Ok((watch_failures(&server) > failed_before).then_some(())) },
+        )
+        .await
+        .on_timeout(|| format!("; round {round}: the cut went unnoticed:\n{}", server.log()))?;
+        poll::until(
+            "200 from /readyz",
+            left(),
+            Duration::from_millis(100),
+            || async {
+                let (status, body) = http_get(&readyz).await?;
+                let saw = format!("round {round}: not ready 20 s after the cut: {body}");
+                Ok(Seen((status == 200).then_some(()), saw))
+            },
+        )
+        .await?;
     }
     let joiner = Joiner::new(server.url(), server.ca_pem())?;
     let (_, instance) = world.launch(|i| i).await?;

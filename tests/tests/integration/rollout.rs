@@ -4,19 +4,20 @@
 //! production (a rolling restart); the harness plays Karpenter.
 
 use crate::feedback::report;
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use autonode_shared::protocol::{Outcome, REPORT_PATH};
 use autonode_tests::fakecloud::Instance;
 use autonode_tests::joiner::{self, Joiner, NodeKeys};
 use autonode_tests::karpenter::{self, ec2nodeclasses, nodeclaims};
 use autonode_tests::pki::Ca;
+use autonode_tests::poll;
 use autonode_tests::promql;
 use autonode_tests::server::{self, TestServer};
 use autonode_tests::world::{cloud_settings, World};
 use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::{json, Value};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tempfile::TempDir;
 
 const OLD_AMI: &str = "ami-0aaaaaaaaaaaaaaa1";
@@ -79,22 +80,19 @@ impl Flags {
     }
 }
 
-/// Polls `what` for up to 30 s until it yields a value.
-async fn eventually<T, F, Fut>(what: &str, mut probe: F) -> Result<T>
+/// Polls `probe` every 200 ms for up to 30 s until it yields a value.
+async fn eventually<T, F, Fut>(what: &str, probe: F) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<Option<T>>>,
 {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(found) = probe().await? {
-            return Ok(found);
-        }
-        if Instant::now() > deadline {
-            bail!("not {what} after 30s");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    poll::until(
+        what,
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        probe,
+    )
+    .await
 }
 
 /// The class's rollout state, parsed out of its seal (`{state, mac}`).
@@ -134,12 +132,11 @@ async fn class_when(
     done: impl Fn(&DynamicObject) -> bool,
 ) -> Result<DynamicObject> {
     let api = ec2nodeclasses(&world.cp.admin().await?);
-    eventually(what, || async {
+    eventually(&format!("EC2NodeClass {CLASS} {what}"), || async {
         let class = api.get(CLASS).await?;
         Ok(done(&class).then_some(class))
     })
     .await
-    .with_context(|| format!("EC2NodeClass {CLASS}: {what}"))
 }
 
 /// The messages of the Events on the class with `reason`, once there is one.
@@ -277,7 +274,7 @@ async fn metric(server: &TestServer, line: &str) -> Result<f64> {
 async fn resyncs(server: &TestServer, n: f64) -> Result<()> {
     let checks = "autonode_nodeclass_checks_total";
     let start = metric(server, checks).await?;
-    eventually("resynced", || async {
+    eventually(&format!("{n} more resyncs"), || async {
         Ok((metric(server, checks).await? >= start + n).then_some(()))
     })
     .await
@@ -493,7 +490,7 @@ async fn a_restart_mid_rollout_keeps_the_failures_seen() -> Result<()> {
     let joiner = Joiner::new(third.url(), third.ca_pem())?;
     // Leading, so watching: a NodeClaim made and deleted while no replica
     // leads is not seen (docs/server.md, Rollout guard).
-    eventually("leading", || async {
+    eventually("lead taken by the third server", || async {
         Ok((metric(&third, "autonode_leader").await? == 1.0).then_some(()))
     })
     .await?;

@@ -10,15 +10,16 @@
 //! Run alone with `tests/vm/run`. Slow by nature (software emulation): the
 //! test group in `.config/nextest.toml` runs these one at a time.
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use autonode_tests::fakecloud::{Imds, Instance};
+use autonode_tests::poll::{self, Seen};
 use autonode_tests::vm::{self, Arch, Image, Report, Vm, VmWorld};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
 use serde_json::json;
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// From QEMU's start to the agent's report: firmware, kernel, systemd,
 /// DHCP, the agent's run, all emulated and sharing 2 cores with the rest
@@ -381,18 +382,19 @@ async fn wait_node(
     what: &str,
     done: impl Fn(&Node) -> bool,
 ) -> Result<Node> {
-    let deadline = Instant::now() + READY_TIMEOUT;
-    loop {
-        if let Some(node) = nodes.get_opt(name).await? {
-            if done(&node) {
-                return Ok(node);
+    poll::until(
+        &format!("Node {name} {what}"),
+        READY_TIMEOUT,
+        Duration::from_millis(500),
+        || async {
+            let node = nodes.get_opt(name).await?;
+            if node.as_ref().is_some_and(&done) {
+                return Ok(Seen(node, String::new()));
             }
-        }
-        vm.check_alive()?;
-        if Instant::now() > deadline {
-            let status = nodes.get_opt(name).await?.and_then(|n| n.status);
-            bail!("Node {name} not {what} after {READY_TIMEOUT:?}; status: {status:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+            vm.check_alive()?;
+            let status = node.and_then(|n| n.status);
+            Ok(Seen(None, format!("status: {status:?}")))
+        },
+    )
+    .await
 }
