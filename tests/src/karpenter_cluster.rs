@@ -161,8 +161,15 @@ impl KarpenterCluster {
         let client = self.cp.admin().await?;
         create_class(&client, &self.rendered_user_data()?).await?;
         create_pool(&client).await?;
+        self.class_ready().await
+    }
+
+    /// Waits for Karpenter to call the class Ready (its AMIs, subnets and
+    /// security groups resolved): it launches nothing from it before.
+    pub async fn class_ready(&self) -> Result<()> {
+        let classes = ec2nodeclasses(&self.cp.admin().await?);
         self.wait_for("a Ready EC2NodeClass", LAUNCH_TIMEOUT, || async {
-            Ok(is_ready(&ec2nodeclasses(&client).get(CLASS).await?).then_some(()))
+            Ok(is_ready(&classes.get(CLASS).await?).then_some(()))
         })
         .await
     }

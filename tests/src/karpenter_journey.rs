@@ -5,9 +5,7 @@
 
 use crate::fakecloud::Instance;
 use crate::karpenter::nodeclaims;
-use crate::karpenter_cluster::{
-    condition, host_addr, is_ready, KarpenterCluster, LAUNCH_TIMEOUT, SERVER_INSIDE,
-};
+use crate::karpenter_cluster::{host_addr, KarpenterCluster, LAUNCH_TIMEOUT, SERVER_INSIDE};
 use crate::launcher::Machine;
 use crate::node::SimulatedNode;
 use crate::server::SERVER_SERVICE_ACCOUNT;
@@ -29,18 +27,7 @@ pub const REMOVAL_TIMEOUT: Duration = Duration::from_secs(180);
 /// agent and Karpenter has it Launched, Registered, Initialized and Ready.
 /// Returns the machine.
 pub async fn follow_claim(cluster: &KarpenterCluster, claim: &str) -> Result<Machine> {
-    let admin = cluster.cp.admin().await?;
-    let claims = nodeclaims(&admin);
-    let instance_id = cluster
-        .wait_for("a launched NodeClaim", LAUNCH_TIMEOUT, || async {
-            let c = claims.get(claim).await?;
-            Ok(c.data["status"]["providerID"]
-                .as_str()
-                .and_then(|p| p.rsplit('/').next())
-                .filter(|id| id.starts_with("i-"))
-                .map(str::to_string))
-        })
-        .await?;
+    let (_, instance_id) = cluster.launched(claim).await?;
     let machine = cluster
         .wait_for("the machine's Node", LAUNCH_TIMEOUT, || async {
             let Some(machine) = cluster.launcher.machine(&instance_id) else {
@@ -55,15 +42,7 @@ pub async fn follow_claim(cluster: &KarpenterCluster, claim: &str) -> Result<Mac
             Ok(machine.registered.map(|_| machine))
         })
         .await?;
-    cluster
-        .wait_for("an Initialized NodeClaim", LAUNCH_TIMEOUT, || async {
-            let c = claims.get(claim).await?;
-            let all_true = ["Launched", "Registered", "Initialized"]
-                .iter()
-                .all(|t| condition(&c, t).is_some_and(|c| c["status"] == "True"));
-            Ok((all_true && is_ready(&c)).then_some(()))
-        })
-        .await?;
+    cluster.initialized(claim).await?;
     Ok(machine)
 }
 

@@ -11,7 +11,7 @@ use autonode_tests::joiner::CsrShape;
 use autonode_tests::karpenter::nodeclaims;
 use autonode_tests::karpenter_cluster::{
     create_class, create_pending_pod, create_pod, create_pool_named, is_ready, list_nodeclaims,
-    KarpenterCluster, CLASS, LAUNCH_TIMEOUT, POD, POOL,
+    KarpenterCluster, LAUNCH_TIMEOUT, POD, POOL,
 };
 use autonode_tests::karpenter_journey::{
     follow_claim, is_issued, is_undecided, join_refused_line, left_pending_as, leftovers,
@@ -119,12 +119,7 @@ async fn class_and_pools(
     for (name, spec) in pools {
         create_pool_named(&admin, name, spec.clone()).await?;
     }
-    let classes = autonode_tests::karpenter::ec2nodeclasses(&admin);
-    cluster
-        .wait_for("a Ready EC2NodeClass", LAUNCH_TIMEOUT, || async {
-            Ok(is_ready(&classes.get(CLASS).await?).then_some(()))
-        })
-        .await
+    cluster.class_ready().await
 }
 
 /// A pending pod followed to its node ([`follow`]), and the machine.

@@ -118,12 +118,7 @@ impl Scenario {
         let admin = cluster.cp.admin().await?;
         create_class(&admin, &cluster.rendered_user_data()?).await?;
         create_pool_with_budget(&admin, BUDGET).await?;
-        cluster
-            .wait_for("a Ready EC2NodeClass", LAUNCH_TIMEOUT, || async {
-                let class = ec2nodeclasses(&admin).get(CLASS).await?;
-                Ok(autonode_tests::karpenter_cluster::is_ready(&class).then_some(()))
-            })
-            .await?;
+        cluster.class_ready().await?;
         create_workload(&admin, fleet).await?;
         wait_fleet(cluster, AMD64_AMI, &BTreeSet::new(), fleet).await?;
         // The values the fleet runs are the guard's last good ones: a bad
