@@ -6,6 +6,7 @@ use crate::fakecloud::ec2::Ec2;
 use crate::fakecloud::{FakeCloud, Instance};
 use crate::joiner::{honest_request, Answer, Joiner, NodeKeys};
 use crate::karpenter;
+use crate::karpenter_cluster;
 use crate::pki::CertPair;
 use crate::poll;
 use crate::server::{CloudSettings, Setup, TestServer};
@@ -216,21 +217,13 @@ impl World {
     /// (a NodeClaim, a CSR), once one with `awaited` has arrived (Events
     /// are published in the background).
     pub async fn event_reasons(&self, claim: &str, awaited: &str) -> Result<Vec<String>> {
-        use k8s_openapi::api::core::v1::Event;
-        let api: Api<Event> = Api::namespaced(self.cp.admin().await?, "default");
-        let selector = format!("involvedObject.name={claim}");
+        let admin = self.cp.admin().await?;
         poll::until(
             &format!("{awaited} Event on {claim}"),
             Duration::from_secs(10),
             Duration::from_millis(100),
             || async {
-                let reasons: Vec<String> = api
-                    .list(&ListParams::default().fields(&selector))
-                    .await?
-                    .items
-                    .into_iter()
-                    .filter_map(|e| e.reason)
-                    .collect();
+                let reasons = karpenter_cluster::event_reasons(&admin, claim).await?;
                 Ok(reasons.iter().any(|r| r == awaited).then_some(reasons))
             },
         )

@@ -12,6 +12,7 @@ use autonode_tests::fakecloud::Instance;
 use autonode_tests::ignition as guest_ignition;
 use autonode_tests::joiner::{self, Answer, CsrShape, NodeKeys};
 use autonode_tests::karpenter;
+use autonode_tests::karpenter_cluster::event_reasons;
 use autonode_tests::poll;
 use autonode_tests::world::World;
 use futures::StreamExt;
@@ -387,8 +388,7 @@ async fn a_node_carrying_another_instances_provider_id_does_not_make_that_machin
 ) -> Result<()> {
     use crate::feedback::{attested, wait_condition};
     use autonode_tests::node::registration;
-    use k8s_openapi::api::core::v1::{Event, Node};
-    use kube::api::ListParams;
+    use k8s_openapi::api::core::v1::Node;
 
     let (world, victim, claims) = attested().await?;
     let attacker = world.join_new(|i| i).await?;
@@ -407,8 +407,7 @@ async fn a_node_carrying_another_instances_provider_id_does_not_make_that_machin
 
     // The old server took it within a reconcile (1 s debounce, 3 s
     // requeue); watch for three times that.
-    let events: Api<Event> = Api::namespaced(world.cp.admin().await?, "default");
-    let selector = format!("involvedObject.name={}", victim.claim);
+    let admin = world.cp.admin().await?;
     let deadline = std::time::Instant::now() + Duration::from_secs(12);
     while std::time::Instant::now() < deadline {
         let claim = claims.get(&victim.claim).await?;
@@ -431,12 +430,9 @@ async fn a_node_carrying_another_instances_provider_id_does_not_make_that_machin
             !reported.contains("registered") && !reported.contains("ready"),
             "milestones reported for a machine with no Node: {reported}"
         );
-        let milestones: Vec<String> = events
-            .list(&ListParams::default().fields(&selector))
+        let milestones: Vec<String> = event_reasons(&admin, &victim.claim)
             .await?
-            .items
             .into_iter()
-            .filter_map(|e| e.reason)
             .filter(|r| r == "NodeRegistered" || r == "NodeReady")
             .collect();
         ensure!(

@@ -21,12 +21,12 @@ use kube::api::ListParams;
 use std::time::{Duration, Instant};
 
 use autonode_tests::karpenter_cluster::{
-    condition, event_reasons, is_ready, karpenter_finished_with, list_nodeclaims, KarpenterCluster,
-    CLUSTER_NAME, POD,
+    condition, event_reasons, events_of, is_ready, karpenter_finished_with, list_nodeclaims,
+    KarpenterCluster, CLUSTER_NAME, POD,
 };
 use autonode_tests::karpenter_controller::KARPENTER_VERSION;
 use autonode_tests::moto::MOTO_VERSION;
-use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::Api;
 
 #[tokio::test(flavor = "multi_thread")]
@@ -642,13 +642,10 @@ async fn flawed_machine_replaced(
         .await?;
 
     // The reason is on the NodeClaim's record for whoever looks.
-    let events: Api<Event> = Api::namespaced(admin.clone(), "default");
-    let selector = format!("involvedObject.name={failed_claim},reason={reason}");
-    let messages: Vec<String> = events
-        .list(&ListParams::default().fields(&selector))
+    let messages: Vec<String> = events_of(&admin, &failed_claim)
         .await?
-        .items
         .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
         .filter_map(|e| e.message)
         .collect();
     assert!(
