@@ -448,22 +448,3 @@ pub fn karpenter_finished_with(node: &k8s_openapi::api::core::v1::Node) -> Resul
     }
     Ok(())
 }
-
-/// The Events on NodeClaim `claim`.
-pub async fn events_of(
-    admin: &Client,
-    claim: &str,
-) -> Result<Vec<k8s_openapi::api::core::v1::Event>> {
-    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(admin.clone(), "default");
-    let selector = format!("involvedObject.name={claim}");
-    Ok(events
-        .list(&kube::api::ListParams::default().fields(&selector))
-        .await?
-        .items)
-}
-
-/// The reasons of the Events on NodeClaim `claim`.
-pub async fn event_reasons(admin: &Client, claim: &str) -> Result<Vec<String>> {
-    let events = events_of(admin, claim).await?;
-    Ok(events.into_iter().filter_map(|e| e.reason).collect())
-}

@@ -50,6 +50,7 @@ pub mod bench;
 pub mod blip;
 pub mod cache;
 pub mod controlplane;
+pub mod events;
 pub mod fakecloud;
 pub mod helm;
 pub mod hostile;

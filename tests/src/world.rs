@@ -2,11 +2,11 @@
 //! with helpers that play Karpenter's part and check outcomes.
 
 use crate::controlplane::{unique, ControlPlane};
+use crate::events;
 use crate::fakecloud::ec2::Ec2;
 use crate::fakecloud::{FakeCloud, Instance};
 use crate::joiner::{honest_request, Answer, Joiner, NodeKeys};
 use crate::karpenter;
-use crate::karpenter_cluster;
 use crate::pki::CertPair;
 use crate::poll;
 use crate::server::{CloudSettings, Setup, TestServer};
@@ -223,7 +223,7 @@ impl World {
             Duration::from_secs(10),
             Duration::from_millis(100),
             || async {
-                let reasons = karpenter_cluster::event_reasons(&admin, claim).await?;
+                let reasons = events::event_reasons(&admin, claim).await?;
                 Ok(reasons.iter().any(|r| r == awaited).then_some(reasons))
             },
         )

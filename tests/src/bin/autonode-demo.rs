@@ -12,8 +12,9 @@
 //! is removed when it ends.
 
 use anyhow::Result;
+use autonode_tests::events::events_of;
 use autonode_tests::karpenter::nodeclaims;
-use autonode_tests::karpenter_cluster::{events_of, KarpenterCluster, CLASS, POOL};
+use autonode_tests::karpenter_cluster::{KarpenterCluster, CLASS, POOL};
 use autonode_tests::karpenter_vm::{create_deployment, follow, scale, Step, DEPLOYMENT};
 use autonode_tests::launcher::MachineKind;
 use std::time::Instant;

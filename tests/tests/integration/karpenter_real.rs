@@ -8,6 +8,7 @@
 use anyhow::{bail, Context, Result};
 use autonode_server::ec2::{Credentials, Ec2Client, Ec2Settings, InstanceState, RetryPolicy};
 use autonode_tests::controlplane::ControlPlane;
+use autonode_tests::events::{event_reasons, events_of};
 use autonode_tests::karpenter::{ec2nodeclasses, nodeclaims};
 use autonode_tests::karpenter_cluster::{
     create_class, create_pending_pod, create_pool, CLASS, LAUNCH_TIMEOUT, POOL,
@@ -21,8 +22,8 @@ use kube::api::ListParams;
 use std::time::{Duration, Instant};
 
 use autonode_tests::karpenter_cluster::{
-    condition, event_reasons, events_of, is_ready, karpenter_finished_with, list_nodeclaims,
-    KarpenterCluster, CLUSTER_NAME, POD,
+    condition, is_ready, karpenter_finished_with, list_nodeclaims, KarpenterCluster, CLUSTER_NAME,
+    POD,
 };
 use autonode_tests::karpenter_controller::KARPENTER_VERSION;
 use autonode_tests::moto::MOTO_VERSION;

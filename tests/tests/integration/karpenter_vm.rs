@@ -9,8 +9,9 @@
 //! (`packaging/build`), as the VM tests do.
 
 use anyhow::{ensure, Result};
+use autonode_tests::events::event_reasons;
 use autonode_tests::karpenter::nodeclaims;
-use autonode_tests::karpenter_cluster::{event_reasons, karpenter_finished_with, KarpenterCluster};
+use autonode_tests::karpenter_cluster::{karpenter_finished_with, KarpenterCluster};
 use autonode_tests::karpenter_controller::KARPENTER_VERSION;
 use autonode_tests::karpenter_vm::{create_deployment, follow, moto_instance, scale, Journey};
 use autonode_tests::launcher::MachineKind;
