@@ -272,4 +272,108 @@ mod tests {
             assert_eq!(json, format!("\"{}\"", phase.as_str()));
         }
     }
+
+    /// The top-level and nested keys of `value`, as `a.b` paths.
+    fn paths(value: &serde_json::Value, prefix: &str, out: &mut Vec<String>) {
+        if let serde_json::Value::Object(map) = value {
+            for (key, inner) in map {
+                let path = format!("{prefix}{key}");
+                out.push(path.clone());
+                if !matches!(key.as_str(), "config" | "ignition" | "nodeLabels") {
+                    paths(inner, &format!("{path}."), out);
+                }
+            }
+        }
+    }
+
+    fn fields<T: Serialize>(message: &T) -> Vec<String> {
+        let mut out = Vec::new();
+        paths(&serde_json::to_value(message).unwrap(), "", &mut out);
+        out.sort();
+        out
+    }
+
+    /// Both halves read `/v1` strictly (`deny_unknown_fields`), and agents
+    /// of every earlier release are in the field: a field added to an
+    /// answer is refused by every older agent, one added to a request by
+    /// every older server. So the `/v1` field sets never change; a message
+    /// that must grow is a new path (docs/upgrading.md). If this fails,
+    /// you changed the wire format: undo it, or add `/v2` beside `/v1`.
+    #[test]
+    fn v1_messages_keep_their_fields() {
+        let join = JoinRequest {
+            identity: InstanceIdentity {
+                rsa2048: "x".into(),
+            },
+            client_csr: "c".into(),
+            serving_csr: "s".into(),
+            agent_version: "v".into(),
+        };
+        assert_eq!(
+            fields(&join),
+            [
+                "agentVersion",
+                "clientCsr",
+                "identity",
+                "identity.rsa2048",
+                "servingCsr"
+            ]
+        );
+        let answer = JoinResponse {
+            node_name: "n".into(),
+            api_server: "a".into(),
+            cluster_ca: "ca".into(),
+            client_certificate: "c".into(),
+            serving_certificate: "s".into(),
+            kubelet: KubeletSettings {
+                config: serde_json::json!({}),
+                provider_id: "p".into(),
+                node_ip: "i".into(),
+                register_with_taints: vec![],
+                node_labels: BTreeMap::new(),
+            },
+            ignition: serde_json::json!({}),
+        };
+        assert_eq!(
+            fields(&answer),
+            [
+                "apiServer",
+                "clientCertificate",
+                "clusterCa",
+                "ignition",
+                "kubelet",
+                "kubelet.config",
+                "kubelet.nodeIp",
+                "kubelet.nodeLabels",
+                "kubelet.providerId",
+                "kubelet.registerWithTaints",
+                "nodeName",
+                "servingCertificate",
+            ]
+        );
+        let mut signed = report();
+        signed.proof = Some(KeyProof {
+            public_key: "k".into(),
+            signature: "s".into(),
+        });
+        assert_eq!(
+            fields(&signed),
+            [
+                "identity",
+                "identity.rsa2048",
+                "message",
+                "outcome",
+                "phase",
+                "proof",
+                "proof.publicKey",
+                "proof.signature",
+                "timestamp",
+            ]
+        );
+        let refusal = ErrorResponse {
+            error: "e".into(),
+            request_id: "r".into(),
+        };
+        assert_eq!(fields(&refusal), ["error", "requestId"]);
+    }
 }

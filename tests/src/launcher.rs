@@ -183,6 +183,9 @@ struct Shared {
     machines: Mutex<BTreeMap<String, Machine>>,
     /// The flaws the next machines get, in launch order.
     flaws: Mutex<std::collections::VecDeque<Flaw>>,
+    /// The agent binary simulated machines run from now on, if not the
+    /// tree's ([`Launcher::run_agent`]).
+    agent: Mutex<Option<PathBuf>>,
 }
 
 impl Shared {
@@ -194,6 +197,12 @@ impl Shared {
         if let Some(machine) = self.machines().get_mut(id) {
             f(machine);
         }
+    }
+
+    /// The agent binary the next simulated machine runs.
+    fn agent(&self) -> Result<PathBuf> {
+        let chosen = self.agent.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        chosen.map_or_else(crate::node::agent_binary, Ok)
     }
 
     fn take_flaw(&self) -> Option<Flaw> {
@@ -222,6 +231,12 @@ impl Launcher {
     /// started (systemctl fails): their agent joins, then fails for good.
     pub fn break_next(&self, count: usize) {
         self.flaw_next(Flaw::KubeletWontStart, count);
+    }
+
+    /// Makes the simulated machines booted from now on run `agent` (an
+    /// earlier revision's, as an AMI baked months ago carries).
+    pub fn run_agent(&self, agent: PathBuf) {
+        *self.shared.agent.lock().unwrap_or_else(|e| e.into_inner()) = Some(agent);
     }
 
     /// Gives the next `count` machines `flaw`, after those already given one.
@@ -377,7 +392,7 @@ async fn live_simulated(
         node.break_systemctl()?;
     }
     shared.update(&id, |m| m.root = Some(node.root.path().to_path_buf()));
-    let run = node.run_agent(&[]).await?;
+    let run = node.run_agent_binary(&shared.agent()?, &[]).await?;
     let stderr = String::from_utf8_lossy(&run.stderr);
     let log_tail: Vec<&str> = stderr.lines().rev().take(15).collect();
     let exit = AgentExit {
@@ -510,6 +525,8 @@ pub fn instance(described: &MotoInstance, user_data: Vec<u8>) -> Result<Instance
             .with_context(|| format!("privateIpAddress {:?}", described.private_ip))?,
         // Karpenter's launch templates ask for one address per instance.
         secondary_ips: Vec::new(),
+        second_interface_ips: Vec::new(),
+        ipv6s: Vec::new(),
         private_dns_name: described.private_dns_name.clone(),
         local_hostname: described.private_dns_name.clone(),
         mac: described.mac.clone(),

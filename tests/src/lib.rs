@@ -40,6 +40,8 @@
 //! - [`proxy`]: an HTTP CONNECT proxy stand-in that records what it tunnels.
 //! - [`process`]: child processes that die with their test.
 //! - [`server`]: autonode-server as a real process, under the shipped RBAC.
+//! - [`skew`]: earlier revisions' agents and servers, built from this
+//!   repository's history, for the skew tests.
 //! - [`world`]: one test's control plane, fake cloud and server together.
 //! - [`vm`]: the test image booted under QEMU, a real machine for the agent.
 //!
@@ -73,5 +75,6 @@ pub mod process;
 pub mod promql;
 pub mod proxy;
 pub mod server;
+pub mod skew;
 pub mod vm;
 pub mod world;

@@ -123,7 +123,13 @@ impl SimulatedNode {
     /// Runs the agent binary inside the namespace with [`Self::agent_args`]
     /// and `extra`.
     pub async fn run_agent(&self, extra: &[&str]) -> Result<Output> {
-        let mut command = self.netns.command(agent_binary()?);
+        self.run_agent_binary(&agent_binary()?, extra).await
+    }
+
+    /// [`Self::run_agent`] with another agent binary (an earlier
+    /// revision's, for the skew tests: [`crate::skew`]).
+    pub async fn run_agent_binary(&self, binary: &Path, extra: &[&str]) -> Result<Output> {
+        let mut command = self.netns.command(binary);
         command
             .args(self.agent_args())
             .args(extra)

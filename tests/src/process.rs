@@ -155,6 +155,27 @@ impl Daemon {
         .on_timeout(|| format!(":\n{}", self.log_tail(40)))
     }
 
+    /// Asks the process to stop (SIGTERM), as a Deployment rollout does,
+    /// and waits up to `grace` for it to exit; then kills it. `true` if it
+    /// stopped by itself.
+    pub fn terminate(&self, grace: std::time::Duration) -> bool {
+        use nix::sys::signal::{kill, Signal};
+        use nix::unistd::Pid;
+        let pid = Pid::from_raw(i32::try_from(self.pid()).unwrap_or(i32::MAX));
+        if kill(pid, Signal::SIGTERM).is_err() {
+            return true;
+        }
+        let deadline = std::time::Instant::now() + grace;
+        while std::time::Instant::now() < deadline {
+            if !matches!(self.lock().try_wait(), Ok(None)) {
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        self.kill();
+        false
+    }
+
     /// Kills the process (SIGKILL) and waits for it (idempotent).
     pub fn kill(&self) {
         let mut child = self.lock();

@@ -189,6 +189,9 @@ pub struct Setup<'a> {
     /// Given, a test can render userData (which pins it) before the
     /// server starts, and a second server can serve the same machines.
     pub join_ca: Option<&'a Ca>,
+    /// The server binary; `None`: [`server_binary`] (an earlier
+    /// revision's, for the skew tests: [`crate::skew`]).
+    pub binary: Option<&'a Path>,
 }
 
 /// How the harness gets the server's ServiceAccount token.
@@ -215,6 +218,7 @@ impl Default for Setup<'_> {
             rbac_manifest: None,
             token: ServerToken::Requested,
             join_ca: None,
+            binary: None,
         }
     }
 }
@@ -362,9 +366,13 @@ impl TestServer {
             args.push("--csr-timeout=30".to_string());
         }
         args.extend_from_slice(setup.extra_args);
+        let binary = match setup.binary {
+            Some(path) => path.to_path_buf(),
+            None => server_binary()?,
+        };
         let daemon = Daemon::spawn_with_env(
             "autonode-server",
-            &server_binary()?,
+            &binary,
             &args,
             dir.path(),
             &[
@@ -422,6 +430,13 @@ impl TestServer {
     /// ServiceAccount's token.
     pub async fn guest_client(&self) -> Result<Client> {
         crate::controlplane::kube_client(&self.dir.path().join("guest.kubeconfig")).await
+    }
+
+    /// Stops the server as a Deployment rollout does (SIGTERM: it finishes
+    /// what it is doing and hands its Lease over), within `grace`; `true`
+    /// if it stopped by itself.
+    pub fn terminate(&self, grace: std::time::Duration) -> bool {
+        self.daemon.terminate(grace)
     }
 
     /// Kills the server outright (SIGKILL: no shutdown, in-flight joins

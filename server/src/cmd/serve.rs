@@ -78,6 +78,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         clock,
         lifetimes: args.certificate_lifetimes(),
         on_failure: OnFailure::from_flag(args.delete_failed_nodeclaims),
+        lookups: autonode_server::join::lookup_limiter(),
     });
     let report = Arc::new(ReportContext {
         trust,

@@ -164,6 +164,7 @@ mod tests {
             architecture: "x86_64".into(),
             private_dns_name: format!("{id}.internal"),
             private_ips: vec![],
+            interface_ips: vec![],
             tags: Default::default(),
         }
     }

@@ -53,6 +53,12 @@ pub struct Ec2Instance {
     /// IPv4 and the primary IPv6, if any. Not the interfaces' other
     /// addresses: under the VPC CNI those are pods' (see `xml::addresses`).
     pub private_ips: Vec<IpAddr>,
+    /// Every address of the primary interface (its private IPv4s and its
+    /// IPv6s), the primary ones included. A serving certificate may never
+    /// name the others; they are kept only to recognise an agent of before
+    /// 0.2.0, which asked for all of them (see
+    /// [`Refusal::AgentTooOld`](crate::join::refusal::Refusal::AgentTooOld)).
+    pub interface_ips: Vec<IpAddr>,
     pub tags: BTreeMap<String, String>,
 }
 

@@ -3,9 +3,10 @@
 //! No I/O and no waiting: it runs before the caller takes a join permit, so
 //! a request that can never pass costs a little CPU and no permit.
 
-use super::{outcome, JoinContext, Step};
+use super::{agents, outcome, JoinContext, Step};
 use crate::join::refusal::{JoinError, Refusal};
 use crate::kube::karpenter::{aws_provider_id, NodeClaim};
+use crate::kube::metrics::AgentLabels;
 use autonode_shared::csr::{self, ParsedCsr};
 use autonode_shared::identity::{self, IdentityDocument};
 use autonode_shared::protocol::JoinRequest;
@@ -37,7 +38,7 @@ pub fn admit(
     let parsed = parse(&request).and_then(|csrs| Ok((csrs, verify(ctx, &request)?)));
     let ((client_csr, serving_csr), doc) = match parsed {
         Ok(parsed) => parsed,
-        Err(refusal) => return Err(refused(ctx, request_id, None, started, refusal)),
+        Err(refusal) => return Err(refused(ctx, request_id, &request, None, started, refusal)),
     };
     let provider_id = aws_provider_id(&doc.availability_zone, &doc.instance_id);
     if let Err(e) = ctx.policy.check(&doc, ctx.clock.now()) {
@@ -47,9 +48,14 @@ pub fn admit(
             [only] => Some(only.clone()),
             _ => None,
         };
-        return Err(refused(ctx, request_id, claim, started, e.into()));
+        return Err(refused(ctx, request_id, &request, claim, started, e.into()));
     }
     steps.done(Step::Admit.name());
+    let version = agents::label(&request.agent_version);
+    ctx.metrics
+        .join_agents
+        .get_or_create(&AgentLabels { version })
+        .inc();
     Ok(Admitted {
         request,
         client_csr,
@@ -64,12 +70,21 @@ pub fn admit(
 fn refused(
     ctx: &JoinContext,
     request_id: &str,
+    request: &JoinRequest,
     claim: Option<Arc<NodeClaim>>,
     started: Instant,
     refusal: Refusal,
 ) -> JoinError {
     let error = JoinError::Refused(refusal);
-    outcome::record(ctx, request_id, started, claim.as_deref(), Err(&error));
+    let agent = &request.agent_version;
+    outcome::record(
+        ctx,
+        request_id,
+        started,
+        claim.as_deref(),
+        agent,
+        Err(&error),
+    );
     error
 }
 

@@ -1,12 +1,19 @@
-//! The attest step: the instance's one NodeClaim passes its rules, EC2
-//! says the instance is live and runs the signed image, the CSRs ask for
-//! nothing but the names and addresses EC2 gives the machine, and whether
-//! that name was another instance's lately ([`reuse`]).
+//! The attest step: the instance's one NodeClaim passes its rules and its
+//! binding (if any) names this join's keys, EC2 says the instance is live
+//! and runs the signed image, the CSRs ask for nothing but the names and
+//! addresses EC2 gives the machine, and whether that name was another
+//! instance's lately ([`reuse`]).
+//!
+//! The binding is judged on the cached NodeClaim before EC2 is asked: a
+//! replayed document (another key than the bound one) costs no
+//! `DescribeInstances` on the account's shared EC2 budget. The bind step
+//! judges it again on the version it writes over.
 
 use super::admit::Admitted;
 use super::JoinContext;
 use crate::ec2::{Ec2Instance, LookupError};
 use crate::join::refusal::{JoinError, Refusal};
+use crate::kube::binding::{self, Keys, Record};
 use crate::kube::clock::KubeTime;
 use crate::kube::karpenter::NodeClaim;
 use crate::kube::{nodeclaim, reuse};
@@ -14,6 +21,7 @@ use autonode_shared::csr::{self, ParsedCsr};
 use autonode_shared::identity::IdentityDocument;
 use k8s_openapi::jiff::Timestamp;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// What attestation established about the machine.
 pub(super) struct Attested {
@@ -29,6 +37,9 @@ pub(super) struct Attested {
     /// The NodeClaim's age when the machine was attested (the attested
     /// milestone's time).
     pub(super) attested_at: Option<f64>,
+    /// The binding this join's keys resume, as the cached NodeClaim holds
+    /// it; `None` when the NodeClaim is unbound.
+    pub(super) existing: Option<Record>,
 }
 
 /// A join's two CSRs: PEM as sent, and parsed.
@@ -37,6 +48,16 @@ pub(super) struct Csrs {
     pub(super) serving_pem: String,
     pub(super) client: ParsedCsr,
     pub(super) serving: ParsedCsr,
+}
+
+impl Csrs {
+    /// The fingerprints of the two keys, as the binding records them.
+    pub(super) fn fingerprints(&self) -> [String; 2] {
+        [
+            self.client.public_key_fingerprint(),
+            self.serving.public_key_fingerprint(),
+        ]
+    }
 }
 
 /// The NodeClaim's rules (the one found by
@@ -56,8 +77,20 @@ pub(super) async fn attest(
         ..
     } = admitted;
     nodeclaim::check(&claim, doc.pending_time)?;
+    let csrs = Csrs {
+        client_pem: request.client_csr,
+        serving_pem: request.serving_csr,
+        client: client_csr,
+        serving: serving_csr,
+    };
+    let [client, serving] = csrs.fingerprints();
+    let keys = Keys {
+        client: &client,
+        serving: &serving,
+    };
+    let existing = binding::judge(&claim, &doc.instance_id, keys)?;
     let instance = lookup(ctx, &doc).await?;
-    check_csrs(&client_csr, &serving_csr, &instance)?;
+    check_csrs(&csrs, &instance, &request.agent_version)?;
     let held = name_held_by_others(ctx, &instance, &doc.instance_id);
     Ok(Attested {
         attested_at: nodeclaim::age_seconds(&claim, ctx.clock),
@@ -65,14 +98,18 @@ pub(super) async fn attest(
         claim,
         instance,
         provider_id,
-        csrs: Csrs {
-            client_pem: request.client_csr,
-            serving_pem: request.serving_csr,
-            client: client_csr,
-            serving: serving_csr,
-        },
+        csrs,
         held,
+        existing,
     })
+}
+
+/// This instance's EC2 lookups are spent for now ([`super::lookup_limiter`]).
+#[derive(Debug, thiserror::Error)]
+#[error("instance {instance_id} was looked up in EC2 too often; the next lookup in {wait:?}")]
+struct LookupsSpent {
+    instance_id: String,
+    wait: Duration,
 }
 
 /// EC2 could not answer now.
@@ -82,6 +119,12 @@ struct Ec2Unavailable(#[source] LookupError);
 
 /// The instance as EC2 sees it: live, same image, with a DNS name.
 async fn lookup(ctx: &JoinContext, doc: &IdentityDocument) -> Result<Ec2Instance, JoinError> {
+    if let Err(wait) = ctx.lookups.try_take(&doc.instance_id, Instant::now()) {
+        return Err(JoinError::unavailable(LookupsSpent {
+            instance_id: doc.instance_id.clone(),
+            wait,
+        }));
+    }
     let instance = match ctx
         .ec2
         .describe_instance(&doc.region, &doc.instance_id)
@@ -118,15 +161,37 @@ async fn lookup(ctx: &JoinContext, doc: &IdentityDocument) -> Result<Ec2Instance
 }
 
 /// The CSRs against what EC2 says this machine is.
-fn check_csrs(
-    client: &ParsedCsr,
-    serving: &ParsedCsr,
-    instance: &Ec2Instance,
-) -> Result<(), Refusal> {
+fn check_csrs(csrs: &Csrs, instance: &Ec2Instance, agent_version: &str) -> Result<(), Refusal> {
     let node = &instance.private_dns_name;
-    csr::check_client_csr(client, node).map_err(Refusal::ClientCsr)?;
+    csr::check_client_csr(&csrs.client, node).map_err(Refusal::ClientCsr)?;
     let dns = [node.clone()];
-    csr::check_serving_csr(serving, node, &dns, &instance.private_ips).map_err(Refusal::ServingCsr)
+    csr::check_serving_csr(&csrs.serving, node, &dns, &instance.private_ips).map_err(|e| {
+        too_old(&csrs.serving, instance, agent_version).unwrap_or(Refusal::ServingCsr(e))
+    })
+}
+
+/// The refusal for an agent of before 0.2.0 on an instance whose primary
+/// interface has more addresses than the primary ones: such an agent asks
+/// its serving certificate for every one of them, which the server no
+/// longer signs. Recognised only when the CSR would pass with the
+/// interface's own addresses (as EC2 lists them) allowed; it is never
+/// signed, whatever it asks.
+fn too_old(serving: &ParsedCsr, instance: &Ec2Instance, agent_version: &str) -> Option<Refusal> {
+    let node = &instance.private_dns_name;
+    let mut known = instance.private_ips.clone();
+    known.extend(instance.interface_ips.iter().copied());
+    csr::check_serving_csr(serving, node, std::slice::from_ref(node), &known).ok()?;
+    let extra = serving
+        .ip_addresses
+        .iter()
+        .filter(|ip| !instance.private_ips.contains(ip))
+        .copied()
+        .collect();
+    Some(Refusal::AgentTooOld {
+        instance_id: instance.instance_id.clone(),
+        agent_version: agent_version.chars().take(64).collect(),
+        extra,
+    })
 }
 
 /// When another instance last held the node name EC2 gives this one, if

@@ -48,17 +48,15 @@ pub(super) async fn bind<'a>(
     attested: &'a Attested,
 ) -> Result<Prepared<'a>, JoinError> {
     let requests = requests(ctx, attested);
-    let (client_key, serving_key) = (
-        attested.csrs.client.public_key_fingerprint(),
-        attested.csrs.serving.public_key_fingerprint(),
-    );
+    let [client_key, serving_key] = attested.csrs.fingerprints();
     let keys = Keys {
         client: &client_key,
         serving: &serving_key,
     };
-    // Judged on the cached NodeClaim first, so a replay creates nothing;
-    // the write below judges again on the version it writes over.
-    let existing = binding::judge(&attested.claim, &attested.doc.instance_id, keys)?;
+    // Judged by attest on the cached NodeClaim, so a replay creates nothing
+    // (and asks EC2 nothing); the write below judges again on the version
+    // it writes over.
+    let existing = attested.existing.clone();
     let facts = NodeFacts {
         claim: &attested.claim,
         provider_id: &attested.provider_id,

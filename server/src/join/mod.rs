@@ -12,7 +12,8 @@
 //!    that can never pass costs a little CPU and no permit.
 //! 2. **attest** (`attest`): the instance's one NodeClaim
 //!    ([`NodeClaims::one_for`], waiting out the cache's grace only for
-//!    documents that passed) and its rules, the instance as EC2 sees it
+//!    documents that passed) and its rules, its binding (another key is a
+//!    replay, refused before EC2 is asked), the instance as EC2 sees it
 //!    ([`crate::ec2`]), the CSRs against what EC2 says the machine is,
 //!    and whether its name was another instance's lately
 //!    ([`crate::kube::reuse`]).
@@ -36,6 +37,7 @@
 //! recorded in one place, `outcome`.
 
 mod admit;
+pub mod agents;
 mod approve;
 mod attest;
 mod bind;
@@ -54,6 +56,7 @@ use crate::kube::clock::Clock;
 use crate::kube::events::Events;
 use crate::kube::issuer::{Issuer, Lifetimes};
 use crate::kube::karpenter::NodeClaim;
+use crate::kube::limiter::Limiter;
 use crate::kube::metrics::{Metrics, Steps};
 use crate::kube::nodeclaim::{Milestone, NodeClaims, OnFailure};
 use approve::approve;
@@ -118,6 +121,20 @@ pub struct JoinContext {
     /// What becomes of the NodeClaim of an instance refused for good (see
     /// [`Refusal::dooms_instance`](crate::join::refusal::Refusal::dooms_instance)).
     pub on_failure: OnFailure,
+    /// The join's `DescribeInstances` per instance ([`lookup_limiter`]).
+    pub lookups: Limiter,
+}
+
+/// The join's EC2 lookups per instance: an honest machine asks once, and a
+/// few more times while EC2 does not list it yet; past that, one per
+/// 5 s, so a leaked document replayed against an unbound NodeClaim cannot
+/// spend the account's shared EC2 budget (a bound one is refused before
+/// EC2 is asked).
+pub fn lookup_limiter() -> Limiter {
+    const BURST: u32 = 4;
+    const PERIOD: std::time::Duration = std::time::Duration::from_secs(5);
+    const INSTANCES: usize = 100_000;
+    Limiter::new(BURST, PERIOD, INSTANCES)
 }
 
 /// The steps after admit, for an admitted request holding a join
@@ -128,10 +145,12 @@ pub async fn handle(
     admitted: Admitted,
 ) -> Result<JoinResponse, JoinError> {
     let started = admitted.started;
+    let agent = admitted.request.agent_version.clone();
     ctx.metrics.joins_in_flight.inc();
     let Outcome { claim, result } = join(ctx, admitted).await;
     ctx.metrics.joins_in_flight.dec();
-    outcome::record(ctx, request_id, started, claim.as_deref(), result.as_ref());
+    let claim = claim.as_deref();
+    outcome::record(ctx, request_id, started, claim, &agent, result.as_ref());
     result.map(|granted| granted.response)
 }
 

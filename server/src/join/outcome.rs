@@ -38,22 +38,26 @@ pub(super) fn record(
     request_id: &str,
     started: Instant,
     claim: Option<&NodeClaim>,
+    agent: &str,
     result: Result<&Granted, &JoinError>,
 ) {
+    // The agent's word for its version, cut: request data, for the log only.
+    let agent: String = agent.chars().take(64).collect();
+    let agent = agent.as_str();
     ctx.metrics
         .join_seconds
         .observe(started.elapsed().as_secs_f64());
     let labels = match result {
-        Ok(granted) => self::granted(ctx, request_id, claim, granted),
+        Ok(granted) => self::granted(ctx, request_id, claim, agent, granted),
         Err(JoinError::Unavailable(why)) => {
             let claim_name = name(claim);
-            tracing::warn!(request_id, nodeclaim = claim_name, reason = %why, "join could not complete now");
+            tracing::warn!(request_id, nodeclaim = claim_name, agent, reason = %why, "join could not complete now");
             JoinLabels {
                 result: "unavailable",
                 reason: "unavailable",
             }
         }
-        Err(JoinError::Refused(refusal)) => refused(ctx, request_id, claim, refusal),
+        Err(JoinError::Refused(refusal)) => refused(ctx, request_id, claim, agent, refusal),
     };
     ctx.metrics.joins.get_or_create(&labels).inc();
 }
@@ -135,6 +139,7 @@ fn granted(
     ctx: &JoinContext,
     request_id: &str,
     claim: Option<&NodeClaim>,
+    agent: &str,
     granted: &Granted,
 ) -> JoinLabels {
     let node = &granted.response.node_name;
@@ -143,7 +148,7 @@ fn granted(
     } else {
         "joined"
     };
-    tracing::info!(request_id, nodeclaim = name(claim), node = %node, result, "join granted");
+    tracing::info!(request_id, nodeclaim = name(claim), node = %node, agent, result, "join granted");
     if let Some(claim) = claim {
         ctx.events.normal(
             claim,
@@ -161,9 +166,10 @@ fn refused(
     ctx: &JoinContext,
     request_id: &str,
     claim: Option<&NodeClaim>,
+    agent: &str,
     refusal: &Refusal,
 ) -> JoinLabels {
-    tracing::warn!(request_id, nodeclaim = name(claim), reason = refusal.reason(), detail = %refusal, "join refused");
+    tracing::warn!(request_id, nodeclaim = name(claim), agent, reason = refusal.reason(), detail = %refusal, "join refused");
     let replay = matches!(
         refusal,
         Refusal::Binding(BindingRefusal::PossibleReplay { .. })
@@ -196,9 +202,8 @@ fn refused(
 /// neither bound (a join got through once: this may be someone else
 /// holding its document) nor Registered (the node is up).
 fn dooms_nodeclaim(refusal: &Refusal, claim: &NodeClaim) -> bool {
-    refusal.dooms_instance()
-        && !matches!(binding::recorded(claim), Ok(Some(_)))
-        && !claim.is_registered()
+    let bound = matches!(binding::recorded(claim), Ok(Some(_)));
+    refusal.dooms_instance() && (!bound || refusal.dooms_bound_instance()) && !claim.is_registered()
 }
 
 /// Does with the NodeClaim of an instance that can never join what the

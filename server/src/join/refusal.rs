@@ -18,7 +18,15 @@ use crate::kube::nodeclaim::{FindError, SelectError};
 use autonode_shared::csr::CsrError;
 use autonode_shared::identity::{IdentityError, PolicyError};
 use autonode_shared::issued::IssuedError;
+use std::net::IpAddr;
 use thiserror::Error;
+
+use crate::join::agents::PRIMARY_ADDRESSES_ONLY as AGENT_FIXED;
+
+fn list(ips: &[IpAddr]) -> String {
+    let words: Vec<String> = ips.iter().map(ToString::to_string).collect();
+    words.join(", ")
+}
 
 /// A definite "no": retrying the same request cannot succeed.
 #[derive(Debug, Error)]
@@ -54,6 +62,23 @@ pub enum Refusal {
     ClientCsr(CsrError),
     #[error("serving CSR refused: {0}")]
     ServingCsr(CsrError),
+    /// An agent of before [`crate::join::agents::PRIMARY_ADDRESSES_ONLY`] on an instance whose primary
+    /// interface has other addresses: it asks its serving certificate for
+    /// all of them (as those agents did), and no later try of that AMI can
+    /// pass, so its NodeClaim is doomed at once rather than left to time
+    /// out. Nothing is signed.
+    #[error(
+        "the AMI's autonode-agent ({agent_version:?}) is too old for this server: on instance \
+         {instance_id} it asks a serving certificate for the primary interface's other addresses \
+         ({}), which are pods' and never signed; bake autonode-agent {AGENT_FIXED} or later into \
+         the AMI (docs/upgrading.md)",
+        list(.extra)
+    )]
+    AgentTooOld {
+        instance_id: String,
+        agent_version: String,
+        extra: Vec<IpAddr>,
+    },
     #[error("kube-controller-manager refused to sign {csr}: {message}")]
     SigningFailed { csr: String, message: String },
     #[error("CSR object {csr} is not the one this join created and judged: {detail}")]
@@ -85,7 +110,29 @@ impl Refusal {
                 | Self::InstanceNotLive { .. }
                 | Self::ImageMismatch { .. }
                 | Self::NoPrivateDnsName(_)
+                | Self::AgentTooOld { .. }
         )
+    }
+
+    /// Whether the refusal dooms the instance even when its NodeClaim is
+    /// bound. Only a refusal reached after the binding was judged to name
+    /// this join's own keys qualifies (attest judges it before the CSRs),
+    /// so it is the bound machine's own (a resume), never another
+    /// holder of its document.
+    pub fn dooms_bound_instance(&self) -> bool {
+        matches!(self, Self::AgentTooOld { .. })
+    }
+
+    /// What the caller is told: nothing of the reason (that is in the log,
+    /// the Event and the metric), except for an agent too old for this
+    /// server, whose own log is then where its operator looks first.
+    pub fn caller_message(&self) -> String {
+        match self {
+            Self::AgentTooOld { .. } => format!(
+                "join refused: this autonode-agent is too old for the server; bake autonode-agent {AGENT_FIXED} or later into the AMI"
+            ),
+            _ => "join refused".to_string(),
+        }
     }
 
     /// A short, stable label for metrics and Event reasons.
@@ -112,6 +159,7 @@ impl Refusal {
             Self::NoPrivateDnsName(_) => "no_private_dns_name",
             Self::ClientCsr(_) => "client_csr",
             Self::ServingCsr(_) => "serving_csr",
+            Self::AgentTooOld { .. } => "agent_too_old",
             Self::SigningFailed { .. } => "signing_failed",
             Self::CsrSubstituted { .. } => "csr_substituted",
             Self::CertificateMismatch { .. } => "certificate_mismatch",
@@ -281,5 +329,26 @@ mod tests {
             substituted.to_string(),
             "CSR object x is not the one this join created and judged: d"
         );
+    }
+
+    #[test]
+    fn an_agent_too_old_dooms_its_instance_even_bound_and_says_which_version_fixes_it() {
+        let refusal = Refusal::AgentTooOld {
+            instance_id: "i-1".into(),
+            agent_version: "0.1.0".into(),
+            extra: vec!["10.0.1.24".parse().unwrap(), "2600::2".parse().unwrap()],
+        };
+        assert_eq!(refusal.reason(), "agent_too_old");
+        assert!(refusal.dooms_instance() && refusal.dooms_bound_instance());
+        let text = refusal.to_string();
+        assert!(
+            text.contains("\"0.1.0\"") && text.contains("10.0.1.24, 2600::2"),
+            "{text}"
+        );
+        assert!(text.contains("autonode-agent 0.2.0 or later"), "{text}");
+        assert!(refusal.caller_message().contains("0.2.0 or later"));
+        let serving = Refusal::ServingCsr(CsrError::NoSans);
+        assert!(!serving.dooms_instance() && !serving.dooms_bound_instance());
+        assert_eq!(serving.caller_message(), "join refused");
     }
 }

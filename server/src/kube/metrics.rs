@@ -21,6 +21,13 @@ pub struct JoinLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AgentLabels {
+    /// A released agent version this server knows, or `newer`, `older` or
+    /// `unknown` (see `join::agents`).
+    pub version: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabels {
     /// `client` or `serving`.
     pub kind: &'static str,
@@ -53,6 +60,7 @@ pub struct PhaseLabels {
 pub struct Metrics {
     registry: Arc<Registry>,
     pub joins: Family<JoinLabels, Counter>,
+    pub join_agents: Family<AgentLabels, Counter>,
     pub join_seconds: Histogram,
     pub join_step_seconds: Family<StepLabels, Histogram>,
     pub possible_replays: Counter,
@@ -102,6 +110,13 @@ impl Metrics {
             "joins",
             "Join requests by result and refusal reason",
             joins.clone(),
+        );
+        let join_agents = Family::<AgentLabels, Counter>::default();
+        registry.register(
+            "join_agent_versions",
+            "Admitted join requests by the agent version they carried: when an old \
+             version's count stops growing, no AMI with that agent is booting any more",
+            join_agents.clone(),
         );
         let join_seconds = Histogram::new(exponential_buckets(0.01, 2.0, 14));
         registry.register(
@@ -244,6 +259,7 @@ impl Metrics {
         Self {
             registry: Arc::new(registry),
             joins,
+            join_agents,
             join_seconds,
             join_step_seconds,
             possible_replays,

@@ -230,7 +230,25 @@ fn metadata_tree(instance: &Instance, document: &str, rsa2048: &str) -> Node {
     Node::dir([("latest", Node::Dir(latest))])
 }
 
+/// `meta-data/`, with `ipv6` (the instance's first IPv6) only where it has
+/// one, as IMDS serves it.
 fn meta_data(i: &Instance) -> Node {
+    let mut node = base_meta_data(i);
+    if let (Node::Dir(entries), Some(ipv6)) = (&mut node, i.ipv6s.first()) {
+        entries.insert("ipv6".into(), Node::file(ipv6.to_string()));
+    }
+    node
+}
+
+/// Every private IPv4 of the primary interface, its primary first, one a
+/// line, as IMDS's `local-ipv4s`.
+fn local_ipv4s(i: &Instance) -> String {
+    let all = std::iter::once(&i.private_ip).chain(&i.secondary_ips);
+    let lines: Vec<String> = all.map(ToString::to_string).collect();
+    lines.join("\n")
+}
+
+fn base_meta_data(i: &Instance) -> Node {
     let ip = i.private_ip.to_string();
     Node::dir([
         ("ami-id", Node::file(&i.image_id)),
@@ -282,7 +300,7 @@ fn mac_dir(i: &Instance) -> BTreeMap<String, Node> {
         ("device-number", Node::file("0")),
         ("interface-id", Node::file(&i.network_interface_id)),
         ("local-hostname", Node::file(&i.local_hostname)),
-        ("local-ipv4s", Node::file(i.private_ip.to_string())),
+        ("local-ipv4s", Node::file(local_ipv4s(i))),
         ("mac", Node::file(&i.mac)),
         ("owner-id", Node::file(&i.account_id)),
         ("security-group-ids", Node::file("sg-0123456789abcdef0")),
@@ -299,6 +317,11 @@ fn mac_dir(i: &Instance) -> BTreeMap<String, Node> {
             Node::file(format!("{a}.{b}.0.0/16")),
         ),
     ]);
+    let mut interface = interface;
+    if let (Node::Dir(entries), false) = (&mut interface, i.ipv6s.is_empty()) {
+        let lines: Vec<String> = i.ipv6s.iter().map(ToString::to_string).collect();
+        entries.insert("ipv6s".into(), Node::file(lines.join("\n")));
+    }
     BTreeMap::from([(i.mac.clone(), interface)])
 }
 
@@ -420,6 +443,47 @@ mod tests {
         send("GET", &format!("{}{path}", imds.url()), &headers, "")
             .await
             .expect("GET")
+    }
+
+    /// What real IMDS serves for an instance with more than one address:
+    /// every private IPv4 of the primary interface in `local-ipv4s`, its
+    /// primary first; every IPv6 in `ipv6s`; the first IPv6 as `ipv6`. (A
+    /// second interface's addresses are under its own MAC, not served here.)
+    #[tokio::test]
+    async fn a_multi_address_instance_lists_every_address_of_its_primary_interface() {
+        let mut instance = instance();
+        instance.secondary_ips = vec![Ipv4Addr::new(10, 0, 1, 24), Ipv4Addr::new(10, 0, 1, 25)];
+        instance.second_interface_ips = vec![Ipv4Addr::new(10, 0, 2, 9)];
+        instance.ipv6s = vec![
+            "2600:1f14::17".parse().unwrap(),
+            "2600:1f14::18".parse().unwrap(),
+        ];
+        let imds = Imds::start(&instance, &shared_ca()).expect("start");
+        let t = token(&imds, "60").await.body;
+        let mac = &instance.mac;
+        let read = |path: String| {
+            let (imds, t) = (&imds, t.clone());
+            async move { get(imds, &path, Some(&t)).await.body }
+        };
+        let base = format!("/latest/meta-data/network/interfaces/macs/{mac}");
+        assert_eq!(
+            read(format!("{base}/local-ipv4s")).await,
+            "10.0.1.23\n10.0.1.24\n10.0.1.25"
+        );
+        assert_eq!(
+            read(format!("{base}/ipv6s")).await,
+            "2600:1f14::17\n2600:1f14::18"
+        );
+        assert_eq!(read("/latest/meta-data/ipv6".into()).await, "2600:1f14::17");
+        assert_eq!(
+            read("/latest/meta-data/local-ipv4".into()).await,
+            "10.0.1.23"
+        );
+        // An instance without IPv6 has neither file, as on EC2.
+        let plain = Imds::start(&super::tests::instance(), &shared_ca()).expect("start");
+        let t = token(&plain, "60").await.body;
+        let ipv6 = get(&plain, "/latest/meta-data/ipv6", Some(&t)).await;
+        assert_eq!(ipv6.status, StatusCode::NOT_FOUND);
     }
 
     #[tokio::test]

@@ -33,7 +33,7 @@ pub use imds::{Imds, IMDS_ADDR};
 pub use signer::{SignerError, TestCa};
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rand::Rng as _;
@@ -94,10 +94,17 @@ pub struct Instance {
     /// `x86_64` or `arm64`, as EC2 spells them.
     pub architecture: String,
     pub private_ip: Ipv4Addr,
-    /// Addresses besides the primary one: the first on the primary
-    /// interface (as the VPC CNI gives pods), the rest on a second
-    /// interface (device index 1). None by default.
+    /// The primary interface's private IPv4s besides the primary one (as
+    /// the VPC CNI gives pods). IMDS lists them after it in `local-ipv4s`.
+    /// None by default.
     pub secondary_ips: Vec<Ipv4Addr>,
+    /// A second interface's addresses (device index 1), its primary first,
+    /// as the VPC CNI attaches for pods. None by default.
+    pub second_interface_ips: Vec<Ipv4Addr>,
+    /// The primary interface's IPv6 addresses, the instance's primary one
+    /// first (EC2's `ipv6Address`, IMDS's `ipv6`); IMDS lists all of them
+    /// in the interface's `ipv6s`. None by default.
+    pub ipv6s: Vec<Ipv6Addr>,
     /// `ip-10-0-1-23.us-west-2.compute.internal` (`ec2.internal` in
     /// us-east-1), the name kubelet registers the node under.
     pub private_dns_name: String,
@@ -252,6 +259,8 @@ impl InstanceBuilder {
             architecture: self.architecture.unwrap_or_else(|| "x86_64".into()),
             private_ip,
             secondary_ips: Vec::new(),
+            second_interface_ips: Vec::new(),
+            ipv6s: Vec::new(),
             local_hostname: private_dns_name.clone(),
             private_dns_name,
             mac: random_mac(),

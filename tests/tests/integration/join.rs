@@ -306,3 +306,75 @@ fn openssl_rsa_csr(bits: u32, subject: &str) -> Result<String> {
 async fn wait_for_cache() {
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
 }
+
+/// Attack (review 4, item 6): a leaked identity document replayed against
+/// an instance already bound, 60 times from one client. Each is refused as
+/// `possible_replay`, and none asks EC2: the binding is judged on the
+/// cached NodeClaim before the lookup (an earlier server made 60
+/// `DescribeInstances` calls in under a second, on the account's shared
+/// EC2 budget).
+#[tokio::test]
+async fn a_replayed_document_costs_no_ec2_lookup() -> Result<()> {
+    let world = World::start().await?;
+    let (_, instance) = world.launch(|i| i).await?;
+    let keys = NodeKeys::generate()?;
+    let honest = joiner::honest_request(&instance, world.cloud.ca(), &keys)?;
+    world.joiner.join(&honest).await?.granted();
+    let before = world.ec2.calls();
+    let mut refused = 0;
+    for _ in 0..60 {
+        let thief = NodeKeys::generate()?;
+        let replay = joiner::honest_request(&instance, world.cloud.ca(), &thief)?;
+        if let Answer::Refused(403, _) = world.joiner.join(&replay).await? {
+            refused += 1;
+        }
+    }
+    assert_eq!(refused, 60, "every replay is refused");
+    let replays = world
+        .server
+        .log()
+        .lines()
+        .filter(|l| l.contains("possible_replay"))
+        .count();
+    assert!(replays >= 60, "{replays} replays logged");
+    assert_eq!(world.ec2.calls() - before, 0, "replays asked EC2");
+    Ok(())
+}
+
+/// An instance whose NodeClaim is not bound yet, its document in other
+/// hands: joins that EC2 must be asked about (here each refused after the
+/// lookup, for a client CSR naming another node) are limited per instance,
+/// 4 at once and then one per 5 s, answered 503 past that; another
+/// instance's join is not held back.
+#[tokio::test]
+async fn an_unbound_instances_lookups_are_limited() -> Result<()> {
+    let world = World::start().await?;
+    let (_, instance) = world.launch(|i| i).await?;
+    let before = world.ec2.calls();
+    let mut answers = Vec::new();
+    for _ in 0..20 {
+        let keys = NodeKeys::generate()?;
+        let request = autonode_shared::protocol::JoinRequest {
+            client_csr: CsrShape::client("ip-10-9-9-9.us-west-2.compute.internal")
+                .csr(&keys.client)?,
+            ..joiner::honest_request(&instance, world.cloud.ca(), &keys)?
+        };
+        answers.push(match world.joiner.join(&request).await? {
+            Answer::Refused(status, _) => status,
+            Answer::Granted(_) => 200,
+        });
+    }
+    let calls = world.ec2.calls() - before;
+    assert!(calls <= 6, "{calls} EC2 calls for 20 joins: {answers:?}");
+    assert!(
+        answers.iter().filter(|s| **s == 503).count() >= 14,
+        "{answers:?}"
+    );
+    assert!(
+        answers.iter().all(|s| *s == 403 || *s == 503),
+        "{answers:?}"
+    );
+    // Another instance joins at once.
+    world.join_new(|i| i).await?;
+    Ok(())
+}

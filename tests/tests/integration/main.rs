@@ -40,5 +40,6 @@ mod renewal;
 mod reports;
 mod resilience;
 mod rollout;
+mod skew;
 mod userdata_oracle;
 mod vm;

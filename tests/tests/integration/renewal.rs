@@ -360,7 +360,8 @@ async fn a_serving_certificate_for_a_secondary_address_stays_pending() -> Result
         Ipv4Addr::new(10, 251, 1, 9),
     ];
     let x = Joined::new(&world, |i| Instance {
-        secondary_ips: secondary.to_vec(),
+        secondary_ips: secondary[..1].to_vec(),
+        second_interface_ips: secondary[1..].to_vec(),
         ..i
     })
     .await?;

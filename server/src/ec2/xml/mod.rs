@@ -80,6 +80,7 @@ fn instance(item: Node) -> Result<Ec2Instance, LookupError> {
         architecture: optional(&["architecture"]),
         private_dns_name: optional(&["privateDnsName"]),
         private_ips: addresses(item)?,
+        interface_ips: interface_addresses(item)?,
         tags: tags(item),
     })
 }
@@ -96,24 +97,52 @@ fn instance(item: Node) -> Result<Ec2Instance, LookupError> {
 fn addresses(item: Node) -> Result<Vec<IpAddr>, LookupError> {
     let mut texts: Vec<&str> = Vec::new();
     texts.extend(text(item, &["privateIpAddress"]));
-    let primary_interface = child(item, "networkInterfaceSet")
+    let ipv6 = interface_ipv6(primary_interface(item));
+    let marked = ipv6
+        .iter()
+        .find(|a| text(**a, &["isPrimaryIpv6"]) == Some("true"));
+    let interface_primary = marked
+        .or(ipv6.first())
+        .and_then(|a| text(*a, &["ipv6Address"]));
+    texts.extend(text(item, &["ipv6Address"]).or(interface_primary));
+    parse_addresses(texts)
+}
+
+/// Every address of the primary interface, primary ones included: what an
+/// agent of before 0.2.0 read from IMDS (`local-ipv4s`, `ipv6s`) and
+/// asked a serving certificate for. Only ever used to recognise such an
+/// agent, never to allow a name.
+fn interface_addresses(item: Node) -> Result<Vec<IpAddr>, LookupError> {
+    let interface = primary_interface(item);
+    let v4 = interface
+        .and_then(|i| child(i, "privateIpAddressesSet"))
+        .into_iter()
+        .flat_map(|s| children(s, "item"))
+        .filter_map(|a| text(a, &["privateIpAddress"]));
+    let v6 = interface_ipv6(interface)
+        .into_iter()
+        .filter_map(|a| text(a, &["ipv6Address"]));
+    parse_addresses(v4.chain(v6).collect())
+}
+
+/// The interface at device index 0.
+fn primary_interface<'a, 'i>(item: Node<'a, 'i>) -> Option<Node<'a, 'i>> {
+    child(item, "networkInterfaceSet")
         .into_iter()
         .flat_map(|set| children(set, "item"))
-        .find(|i| text(*i, &["attachment", "deviceIndex"]) == Some("0"));
-    let interface_ipv6 = || {
-        let ipv6: Vec<Node> = primary_interface
-            .and_then(|i| child(i, "ipv6AddressesSet"))
-            .into_iter()
-            .flat_map(|s| children(s, "item"))
-            .collect();
-        let marked = ipv6
-            .iter()
-            .find(|a| text(**a, &["isPrimaryIpv6"]) == Some("true"));
-        marked
-            .or(ipv6.first())
-            .and_then(|a| text(*a, &["ipv6Address"]))
-    };
-    texts.extend(text(item, &["ipv6Address"]).or_else(interface_ipv6));
+        .find(|i| text(*i, &["attachment", "deviceIndex"]) == Some("0"))
+}
+
+/// An interface's `ipv6AddressesSet` items.
+fn interface_ipv6<'a, 'i>(interface: Option<Node<'a, 'i>>) -> Vec<Node<'a, 'i>> {
+    interface
+        .and_then(|i| child(i, "ipv6AddressesSet"))
+        .into_iter()
+        .flat_map(|s| children(s, "item"))
+        .collect()
+}
+
+fn parse_addresses(texts: Vec<&str>) -> Result<Vec<IpAddr>, LookupError> {
     texts
         .into_iter()
         .map(|t| {

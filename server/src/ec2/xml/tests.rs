@@ -139,6 +139,17 @@ fn running_instance_with_every_address() {
     // nor the secondary addresses of its interfaces (pods' under the VPC
     // CNI): the primary IPv4 and the primary interface's IPv6 only.
     assert_eq!(ips, ["10.0.1.23", "2600:1f14:abc:de00::17"]);
+    // What an agent of before 0.2.0 read from IMDS: every address of the
+    // primary interface, never the second interface's.
+    let interface: Vec<String> = instance
+        .interface_ips
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(
+        interface,
+        ["10.0.1.23", "10.0.1.24", "2600:1f14:abc:de00::17"]
+    );
     let tags: Vec<(&str, &str)> = instance
         .tags
         .iter()

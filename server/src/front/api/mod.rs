@@ -195,7 +195,9 @@ fn busy(api: &Api, why: Turned, request_id: &str) -> Reply {
 /// The HTTP verdict on a join that did not succeed.
 fn join_verdict(api: &Api, request_id: &str, e: JoinError) -> Reply {
     match e {
-        JoinError::Refused(_) => error(StatusCode::FORBIDDEN, "join refused", request_id),
+        JoinError::Refused(refusal) => {
+            error(StatusCode::FORBIDDEN, &refusal.caller_message(), request_id)
+        }
         JoinError::Unavailable(_) => retry_later(
             api,
             error(

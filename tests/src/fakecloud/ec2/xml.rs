@@ -173,6 +173,9 @@ pub(crate) fn instance_item(xml: &mut Xml, i: &Instance) {
         xml.leaf("subnetId", &i.subnet_id)
             .leaf("vpcId", &i.vpc_id)
             .leaf("privateIpAddress", &ip);
+        if let Some(primary) = i.ipv6s.first() {
+            xml.leaf("ipv6Address", &primary.to_string());
+        }
     }
     xml.leaf("architecture", &i.architecture)
         .leaf("rootDeviceType", "ebs")
@@ -241,13 +244,11 @@ pub(crate) fn network_interfaces(xml: &mut Xml, i: &Instance, gone: bool) {
         .leaf("privateDnsName", &i.private_dns_name)
         .leaf("primary", "true")
         .close("item");
-    let (on_primary, on_second) = i.secondary_ips.split_at(i.secondary_ips.len().min(1));
-    secondary_items(xml, on_primary);
-    xml.close("privateIpAddressesSet")
-        .leaf("ipv6AddressesSet", "")
-        .leaf("interfaceType", "interface")
-        .close("item");
-    if let Some((first, rest)) = on_second.split_first() {
+    secondary_items(xml, &i.secondary_ips);
+    xml.close("privateIpAddressesSet");
+    ipv6_items(xml, &i.ipv6s);
+    xml.leaf("interfaceType", "interface").close("item");
+    if let Some((first, rest)) = i.second_interface_ips.split_first() {
         second_interface(xml, i, *first, rest);
     }
     xml.close("networkInterfaceSet");
@@ -261,6 +262,22 @@ fn secondary_items(xml: &mut Xml, ips: &[std::net::Ipv4Addr]) {
             .leaf("primary", "false")
             .close("item");
     }
+}
+
+/// `ipv6AddressesSet`, the first address marked the primary one.
+fn ipv6_items(xml: &mut Xml, ips: &[std::net::Ipv6Addr]) {
+    if ips.is_empty() {
+        xml.leaf("ipv6AddressesSet", "");
+        return;
+    }
+    xml.open("ipv6AddressesSet");
+    for (n, ip) in ips.iter().enumerate() {
+        xml.open("item")
+            .leaf("ipv6Address", &ip.to_string())
+            .leaf("isPrimaryIpv6", if n == 0 { "true" } else { "false" })
+            .close("item");
+    }
+    xml.close("ipv6AddressesSet");
 }
 
 /// A second interface (device index 1), as the VPC CNI attaches for pods.

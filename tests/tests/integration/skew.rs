@@ -1,0 +1,557 @@
+//! The skew promise (docs/upgrading.md), held against real binaries of
+//! earlier revisions (`tests/skew/revisions`, built by
+//! `tests/setup/build-revisions`): every earlier agent joins through this
+//! tree's server, and this tree's agent joins through the previous
+//! release's server, in the scenarios an upgrade meets: userData as the
+//! upkeep renders it, a reboot, a resumed join, instances with more than
+//! one address. The real Karpenter's launch with an earlier agent is in
+//! `every_earlier_agent_joins_a_machine_the_real_karpenter_launched`.
+
+use anyhow::{Context, Result};
+use autonode_tests::events::events_of;
+use autonode_tests::fakecloud::Instance;
+use autonode_tests::karpenter::{self, ec2nodeclasses, nodeclaims};
+use autonode_tests::node::{agent_binary, registration, SimulatedNode};
+use autonode_tests::pki::Ca;
+use autonode_tests::poll;
+use autonode_tests::server::{self, Setup};
+use autonode_tests::skew::{self, Revision};
+use autonode_tests::world::World;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, PostParams};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::sync::Arc;
+
+/// userData as `autonode-server render-userdata` (this tree's) prints it
+/// for `world`, which is what the upkeep keeps on every class.
+fn rendered_user_data(world: &World) -> Result<String> {
+    let dir = tempfile::tempdir()?;
+    let ca = dir.path().join("join-ca.crt");
+    std::fs::write(&ca, world.server.ca_pem())?;
+    server::render_user_data(&[
+        format!("--public-url={}", world.server.url()),
+        format!("--join-ca-file={}", ca.display()),
+        "--cluster-name=autonode-test".to_string(),
+    ])
+}
+
+/// A machine Karpenter launched with the rendered userData; `shape` adds
+/// addresses.
+async fn machine(
+    world: &World,
+    shape: impl FnOnce(Instance) -> Instance,
+) -> Result<(String, SimulatedNode)> {
+    let user_data = rendered_user_data(world)?;
+    let (claim, instance) = world
+        .launch(|i| {
+            shape(Instance {
+                user_data: user_data.into_bytes(),
+                ..i
+            })
+        })
+        .await?;
+    Ok((claim, SimulatedNode::boot(world, &instance)?))
+}
+
+fn stderr(run: &Output) -> String {
+    String::from_utf8_lossy(&run.stderr).into_owned()
+}
+
+/// How many joins the server granted `claim` with `result` (`joined`,
+/// `resumed`).
+fn grants(world: &World, claim: &str, result: &str) -> usize {
+    world
+        .server
+        .log()
+        .lines()
+        .filter(|l| l.contains("join granted") && l.contains(claim) && l.contains(result))
+        .count()
+}
+
+/// The ordinary life of one machine running `agent` against `world`'s
+/// server: the join from rendered userData, kubelet's credential
+/// registering the Node, a reboot that joins nothing again, and a join
+/// resumed with the same keys on a disk that lost the rest.
+async fn ordinary_life(world: &World, agent: &Path, who: &str) -> Result<()> {
+    let (claim, node) = machine(world, |i| i).await?;
+    let run = node.run_agent_binary(agent, &[]).await?;
+    assert_eq!(
+        run.status.code(),
+        Some(0),
+        "{who}: the join failed:\n{}",
+        stderr(&run)
+    );
+    assert!(
+        node.systemctl_calls().contains("kubelet.service"),
+        "{who}: kubelet not started"
+    );
+
+    // A reboot: the agent sees its own finished join and asks nothing.
+    let again = node.run_agent_binary(agent, &[]).await?;
+    assert_eq!(
+        again.status.code(),
+        Some(0),
+        "{who}: the reboot failed:\n{}",
+        stderr(&again)
+    );
+    assert_eq!(
+        grants(world, &claim, "joined"),
+        1,
+        "{who}: joined again on reboot"
+    );
+
+    // A join resumed: the same keys, nothing else of the first run.
+    let resumed = SimulatedNode::boot(world, &node.instance)?;
+    skew::carry_keys(node.root.path(), resumed.root.path())?;
+    let run = resumed.run_agent_binary(agent, &[]).await?;
+    assert_eq!(
+        run.status.code(),
+        Some(0),
+        "{who}: the resumed join failed:\n{}",
+        stderr(&run)
+    );
+    assert_eq!(grants(world, &claim, "resumed"), 1, "{who}: not resumed");
+
+    // kubelet's credential works: the Node registers.
+    let kubelet = resumed.kubelet_client().await?;
+    Api::<Node>::all(kubelet)
+        .create(&PostParams::default(), &registration(&resumed.instance))
+        .await
+        .with_context(|| format!("{who}: the Node's registration"))?;
+    Ok(())
+}
+
+/// Secondary private IPv4s and several IPv6s on the primary interface, as
+/// the VPC CNI leaves an instance (and as IMDS then lists them).
+fn multi_address(i: Instance) -> Instance {
+    let [a, b, c, d] = i.private_ip.octets();
+    let ipv6 = |n: u16| Ipv6Addr::new(0x2600, 0x1f14, 0xabc, u16::from(c), 0, 0, u16::from(d), n);
+    Instance {
+        secondary_ips: vec![
+            Ipv4Addr::new(a, b, c, d.wrapping_add(100)),
+            Ipv4Addr::new(a, b, c, d.wrapping_add(101)),
+        ],
+        ipv6s: vec![ipv6(1), ipv6(2), ipv6(3)],
+        ..i
+    }
+}
+
+/// An earlier agent refused on a multi-address instance: exit 2 at once,
+/// its NodeClaim deleted (Karpenter replaces the machine now, not after
+/// 15 minutes), and the Event, the server's log and the agent's own log
+/// say the AMI's agent is too old and which version fixes it.
+async fn assert_too_old(world: &World, claim: &str, run: &Output, who: &str) -> Result<()> {
+    let agent_log = stderr(run);
+    assert_eq!(
+        run.status.code(),
+        Some(2),
+        "{who}: not refused for good:\n{agent_log}"
+    );
+    assert!(
+        agent_log.contains("too old") && agent_log.contains("0.2.0"),
+        "{who}: {agent_log}"
+    );
+    let admin = world.cp.admin().await?;
+    crate::feedback::wait_deleted(&nodeclaims(&admin), claim)
+        .await
+        .with_context(|| format!("{who}: the NodeClaim of a too-old agent was not deleted"))?;
+    let refused = world.event_reasons(claim, "JoinRefused").await?;
+    assert!(refused.iter().any(|r| r == "JoinRefused"), "{refused:?}");
+    let events = events_of(&admin, claim).await?;
+    let said = events
+        .iter()
+        .filter_map(|e| e.message.as_deref())
+        .any(|m| m.contains("too old") && m.contains("autonode-agent 0.2.0 or later"));
+    assert!(
+        said,
+        "{who}: no Event says the agent is too old: {events:?}"
+    );
+    let log = world.server.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("agent_too_old") && l.contains(claim)),
+        "{who}: the server's log does not name the reason"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_earlier_agent_joins_the_current_server_boots_again_and_resumes() -> Result<()> {
+    let world = World::start().await?;
+    for revision in skew::all()? {
+        ordinary_life(&world, &revision.agent(), &revision.label()).await?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_current_agent_joins_the_previous_releases_server() -> Result<()> {
+    let previous = skew::previous_release()?;
+    let binary = previous.server();
+    let world = World::start_setup(&Setup {
+        binary: Some(&binary),
+        ..Setup::default()
+    })
+    .await?;
+    let who = format!("this agent on {}'s server", previous.label());
+    ordinary_life(&world, &agent_binary()?, &who).await?;
+    // The current agent on a multi-address instance names only the
+    // primary address, which every server signs.
+    let (_, node) = machine(&world, multi_address).await?;
+    let run = node.run_agent(&[]).await?;
+    assert_eq!(
+        run.status.code(),
+        Some(0),
+        "{who}, multi-address:\n{}",
+        stderr(&run)
+    );
+    Ok(())
+}
+
+/// Every earlier agent on an instance with secondary IPv4s and several
+/// IPv6s: refused for good with the reason said (an earlier server refused
+/// it as `serving_csr`, which dooms nothing: the machine waited out
+/// Karpenter's 15 minutes and its replacement failed the same way). This
+/// tree's agent joins the same shape.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_earlier_agent_on_a_multi_address_instance_is_told_it_is_too_old_and_replaced(
+) -> Result<()> {
+    let world = World::start().await?;
+    for revision in skew::all()? {
+        let who = format!("{} multi-address", revision.label());
+        let (claim, node) = machine(&world, multi_address).await?;
+        let run = node.run_agent_binary(&revision.agent(), &[]).await?;
+        assert_too_old(&world, &claim, &run, &who).await?;
+        assert!(
+            world.csrs_for(&node.instance).await?.is_empty(),
+            "{who}: CSRs were created"
+        );
+    }
+    let (_, node) = machine(&world, multi_address).await?;
+    let run = node.run_agent(&[]).await?;
+    assert_eq!(
+        run.status.code(),
+        Some(0),
+        "this agent, multi-address:\n{}",
+        stderr(&run)
+    );
+    Ok(())
+}
+
+/// One shape at a time, for an earlier agent: only a secondary IPv4, only
+/// several IPv6s (the primary one alone is allowed), and a join resumed
+/// after the pod network added addresses to a machine that had joined
+/// with one (its NodeClaim bound to the same keys: doomed all the same).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_multi_address_shape_is_refused_as_too_old_for_an_earlier_agent() -> Result<()> {
+    let world = World::start().await?;
+    let oldest: Revision = skew::all()?.remove(0);
+    let agent = oldest.agent();
+    let secondary_ipv4 = |i: Instance| {
+        let [a, b, c, d] = i.private_ip.octets();
+        Instance {
+            secondary_ips: vec![Ipv4Addr::new(a, b, c, d.wrapping_add(100))],
+            ..i
+        }
+    };
+    let (claim, node) = machine(&world, secondary_ipv4).await?;
+    let run = node.run_agent_binary(&agent, &[]).await?;
+    assert_too_old(&world, &claim, &run, "a secondary IPv4").await?;
+
+    let ipv6s = |i: Instance| Instance {
+        ipv6s: multi_address(i.clone()).ipv6s,
+        ..i
+    };
+    let (claim, node) = machine(&world, ipv6s).await?;
+    let run = node.run_agent_binary(&agent, &[]).await?;
+    assert_too_old(&world, &claim, &run, "several IPv6s").await?;
+
+    // Joined with one address; then pods' addresses appear and the join
+    // is resumed (its answer lost, its keys kept).
+    let (claim, node) = machine(&world, |i| i).await?;
+    let run = node.run_agent_binary(&agent, &[]).await?;
+    assert_eq!(
+        run.status.code(),
+        Some(0),
+        "the first join:\n{}",
+        stderr(&run)
+    );
+    let grown = world
+        .cloud
+        .modify(&node.instance.instance_id, |i| {
+            *i = multi_address(i.clone())
+        })
+        .context("the instance is gone")?;
+    let rebooted = SimulatedNode::boot(&world, &grown)?;
+    skew::carry_keys(node.root.path(), rebooted.root.path())?;
+    let run = rebooted.run_agent_binary(&agent, &[]).await?;
+    assert_too_old(&world, &claim, &run, "a resumed join with added addresses").await?;
+    Ok(())
+}
+
+/// The class the rolling-upgrade servers keep, and the flags both
+/// generations share: the same userData settings, AMI and rollout state key
+/// (a Deployment mounts the same Secrets into every replica), a short
+/// lease and resync so the handovers happen within the test.
+struct Fleet {
+    _dir: tempfile::TempDir,
+    join_ca: Ca,
+    flags: Vec<String>,
+}
+
+const CLASS: &str = "default";
+const AMI: &str = "ami-0aaaaaaaaaaaaaaa1";
+
+impl Fleet {
+    fn new() -> Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let join_ca = Ca::new("autonode-join-ca")?;
+        let ca_file = dir.path().join("join-ca.pem");
+        std::fs::write(&ca_file, join_ca.cert_pem())?;
+        let key_file = dir.path().join("rollout-state.key");
+        std::fs::write(&key_file, rand::random::<[u8; 32]>())?;
+        let flags = vec![
+            "--public-url=https://autonode.example.com:8443".to_string(),
+            format!("--join-ca-file={}", ca_file.display()),
+            "--cluster-name=autonode-test".into(),
+            "--nodeclass-resync=1".into(),
+            "--leader-lease=3".into(),
+            format!("--rollout-state-key-file={}", key_file.display()),
+            format!("--ami-ids=amd64={AMI}"),
+        ];
+        Ok(Self {
+            _dir: dir,
+            join_ca,
+            flags,
+        })
+    }
+
+    /// A replica running `binary` (`None`: this tree's server).
+    async fn replica(&self, world: &World, binary: Option<&Path>) -> Result<server::TestServer> {
+        let setup = Setup {
+            extra_args: &self.flags,
+            join_ca: Some(&self.join_ca),
+            binary,
+            ..Setup::default()
+        };
+        let settings = autonode_tests::world::cloud_settings(&world.cloud, &world.ec2);
+        server::TestServer::launch(&world.cp, &settings, &setup).await
+    }
+
+    /// An agent's config pointing at the Service.
+    fn user_data(&self, service: &str) -> String {
+        format!(
+            "server-url = \"{service}\"\nserver-ca = \"\"\"\n{}\"\"\"\ncluster-name = \"autonode-test\"\n\n[options]\ndeadline = \"180s\"\n",
+            self.join_ca.cert_pem()
+        )
+    }
+}
+
+/// What a class carries that drift is made of, and the guard's state.
+async fn kept(world: &World) -> Result<(serde_json::Value, serde_json::Value, Option<String>)> {
+    let class = ec2nodeclasses(&world.cp.admin().await?).get(CLASS).await?;
+    let state = class
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("autonode.dev/rollout").cloned());
+    Ok((
+        class.data["spec"]["userData"].clone(),
+        class.data["spec"]["amiSelectorTerms"].clone(),
+        state,
+    ))
+}
+
+/// Machines launched one after another through the Service, half with
+/// the previous release's agent and half with this one's: each agent's
+/// exit code, with who it was.
+async fn join_through(
+    world: Arc<World>,
+    service: SocketAddr,
+    user_data: String,
+    agents: [PathBuf; 2],
+    machines: usize,
+) -> Result<Vec<(String, Option<i32>, String)>> {
+    let mut runs = Vec::new();
+    for n in 0..machines {
+        let user_data = user_data.clone().into_bytes();
+        let (claim, instance) = world.launch(|i| Instance { user_data, ..i }).await?;
+        let node = SimulatedNode::boot_at(&instance, world.cloud.ca(), service, service)?;
+        let agent = agents[n % 2].clone();
+        runs.push(tokio::spawn(async move {
+            let run = node.run_agent_binary(&agent, &[]).await;
+            (claim, agent, run)
+        }));
+        tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    }
+    let mut out = Vec::new();
+    for run in runs {
+        let (claim, agent, run) = run.await?;
+        let run = run?;
+        out.push((
+            format!("{claim} ({})", agent.display()),
+            run.status.code(),
+            stderr(&run),
+        ));
+    }
+    Ok(out)
+}
+
+/// A rolling upgrade with joins in flight: two replicas of the previous
+/// release's server behind a Service, replaced one at a time by this
+/// tree's as a Deployment rollout does (the old replica taken out of the
+/// endpoints, stopped with SIGTERM so it hands its Lease over, the new one
+/// started and ready before the next), while machines with the previous
+/// release's agent and this one's join through the Service. Every machine
+/// joins; the class the upkeep keeps has the same userData and AMI terms
+/// before and after (no drift), and its rollout-guard state is still there
+/// and still authentic to the new servers (no `RolloutStateRejected`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rolling_upgrade_with_joins_in_flight_fails_no_join_and_drifts_no_class() -> Result<()> {
+    let previous = skew::previous_release()?;
+    let old = previous.server();
+    let fleet = Fleet::new()?;
+    let world = Arc::new(
+        World::start_setup(&Setup {
+            extra_args: &fleet.flags,
+            join_ca: Some(&fleet.join_ca),
+            binary: Some(&old),
+            ..Setup::default()
+        })
+        .await?,
+    );
+    let admin = world.cp.admin().await?;
+    karpenter::create_ec2nodeclass(&admin, CLASS, "before autonode").await?;
+    let old_b = fleet.replica(&world, Some(&old)).await?;
+    let before = poll::until(
+        "the previous release's upkeep to keep the class",
+        std::time::Duration::from_secs(60),
+        std::time::Duration::from_millis(250),
+        || async {
+            let kept = kept(&world).await?;
+            Ok((kept.2.is_some() && kept.1[0]["id"] == AMI).then_some(kept))
+        },
+    )
+    .await?;
+
+    let service = skew::Endpoints::start(&[world.server.url(), old_b.url()]).await?;
+    let addr: SocketAddr = service.url().trim_start_matches("https://").parse()?;
+    let joins = tokio::spawn(join_through(
+        world.clone(),
+        addr,
+        fleet.user_data(&service.url()),
+        [previous.agent(), agent_binary()?],
+        10,
+    ));
+
+    // The rollout: one replica at a time, each new one ready first.
+    let grace = std::time::Duration::from_secs(20);
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    service.set(&[old_b.url()])?;
+    let a_stopped = world.server.terminate(grace);
+    let new_a = fleet.replica(&world, None).await?;
+    service.set(&[old_b.url(), new_a.url()])?;
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    service.set(&[new_a.url()])?;
+    let b_stopped = old_b.terminate(grace);
+    let new_b = fleet.replica(&world, None).await?;
+    service.set(&[new_a.url(), new_b.url()])?;
+
+    let runs = joins.await??;
+    let failed: Vec<&(String, Option<i32>, String)> = runs
+        .iter()
+        .filter(|(_, code, _)| *code != Some(0))
+        .collect();
+    eprintln!(
+        "rolling upgrade: {} machines, {} failed joins; old replicas stopped by SIGTERM: {a_stopped}, {b_stopped}",
+        runs.len(),
+        failed.len()
+    );
+    assert!(failed.is_empty(), "failed joins: {failed:#?}");
+    assert!(
+        a_stopped && b_stopped,
+        "an old replica did not stop on SIGTERM"
+    );
+
+    // The new servers keep the class as the old ones did: the same bytes,
+    // and a guard state they accept (a leader has run the upkeep since).
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    let after = kept(&world).await?;
+    assert_eq!(
+        (&after.0, &after.1),
+        (&before.0, &before.1),
+        "the class drifted"
+    );
+    assert!(after.2.is_some(), "the rollout state was lost");
+    let reasons = autonode_tests::events::event_reasons(&admin, CLASS).await?;
+    assert!(
+        !reasons.iter().any(|r| r == "RolloutStateRejected"),
+        "the new servers rejected the old state: {reasons:?}"
+    );
+    for replica in [&new_a, &new_b] {
+        assert!(
+            !replica.log().contains("RolloutStateRejected"),
+            "{}",
+            replica.log()
+        );
+    }
+    Ok(())
+}
+
+/// `helm upgrade` from the previous release's chart to this one, on a real
+/// API server: the server's release (namespace `hosted-cp`) and the guest
+/// RBAC's (`cluster=guest`), each upgraded in place to revision 2, and the
+/// upgraded Deployment's flags ones this server accepts.
+#[tokio::test]
+async fn helm_upgrade_from_the_previous_releases_chart_works_in_place() -> Result<()> {
+    use autonode_tests::helm;
+    let previous = skew::previous_release()?;
+    let cp = autonode_tests::controlplane::ControlPlane::start().await?;
+    let kubeconfig = cp.admin_kubeconfig().to_string_lossy().into_owned();
+    let (old_chart, new_chart) = (previous.chart(), helm::chart_dir());
+    let releases: [(&str, &str, &[&str]); 2] = [
+        ("autonode-server", "hosted-cp", &[]),
+        ("autonode-guest", "guest-rbac", &["--set", "cluster=guest"]),
+    ];
+    for (release, namespace, sets) in releases {
+        for (verb, chart) in [("install", &old_chart), ("upgrade", &new_chart)] {
+            let chart = chart.to_string_lossy();
+            let mut args = vec![verb, release, &*chart, "--namespace", namespace];
+            args.extend(["--create-namespace", "--kubeconfig", &kubeconfig]);
+            args.extend(sets.iter().copied());
+            helm::helm(&args).with_context(|| format!("helm {verb} {release}"))?;
+        }
+        let history = helm::helm(&[
+            "history",
+            release,
+            "--namespace",
+            namespace,
+            "--kubeconfig",
+            &kubeconfig,
+        ])?;
+        let last = history.lines().last().unwrap_or_default();
+        assert!(
+            last.trim_start().starts_with('2') && last.contains("deployed"),
+            "{history}"
+        );
+    }
+    let deployment =
+        Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(cp.admin().await?, "hosted-cp")
+            .get("autonode-server")
+            .await?;
+    let container = deployment
+        .spec
+        .and_then(|s| s.template.spec)
+        .and_then(|s| s.containers.into_iter().next())
+        .context("no container")?;
+    let image = container.image.unwrap_or_default();
+    assert!(
+        image.ends_with(&format!(":{}", env!("CARGO_PKG_VERSION"))),
+        "{image}"
+    );
+    let args = container.args.unwrap_or_default();
+    assert!(!args.is_empty(), "no server flags rendered");
+    Ok(())
+}
