@@ -6,8 +6,8 @@
 //! joins through it also proves those files are sufficient.
 
 use crate::controlplane::{free_port, ControlPlane};
-use crate::kubeversion::KubeVersion;
 use crate::fakecloud::ec2::{TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY};
+use crate::kubeversion::KubeVersion;
 use crate::pki::Ca;
 use crate::poll::Seen;
 use crate::process::Daemon;

@@ -37,7 +37,8 @@ subjects:
 "#;
 
 /// Her values: a join server and AMI of her own, IMDS open to pods.
-const HER_USER_DATA: &str = "server-url = \"https://eve.example:8443\"\nserver-ca-sha256 = \"00\"\n";
+const HER_USER_DATA: &str =
+    "server-url = \"https://eve.example:8443\"\nserver-ca-sha256 = \"00\"\n";
 const HER_AMI: &str = "ami-0eeeeeeeeeeeeeee5";
 
 /// The serve flags: userData flags, `extra`, a 1 s resync.
@@ -117,8 +118,15 @@ fn refusal<T>(result: kube::Result<T>) -> Result<Option<(u16, String)>> {
 }
 
 /// The editor's merge patch of class `name`, refused or not.
-async fn patch(api: &Api<DynamicObject>, name: &str, body: &Value) -> Result<Option<(u16, String)>> {
-    refusal(api.patch(name, &PatchParams::default(), &Patch::Merge(body)).await)
+async fn patch(
+    api: &Api<DynamicObject>,
+    name: &str,
+    body: &Value,
+) -> Result<Option<(u16, String)>> {
+    refusal(
+        api.patch(name, &PatchParams::default(), &Patch::Merge(body))
+            .await,
+    )
 }
 
 /// Waits until the policy refuses the editor's change of `name`'s
@@ -194,8 +202,16 @@ async fn a_class_editors_change_of_each_kept_field_is_refused_and_her_other_edit
         return Ok(());
     };
     let changes = [
-        ("userData", json!({"spec": {"userData": HER_USER_DATA}}), "spec.userData"),
-        ("amiFamily", json!({"spec": {"amiFamily": "AL2023"}}), "spec.amiFamily"),
+        (
+            "userData",
+            json!({"spec": {"userData": HER_USER_DATA}}),
+            "spec.userData",
+        ),
+        (
+            "amiFamily",
+            json!({"spec": {"amiFamily": "AL2023"}}),
+            "spec.amiFamily",
+        ),
         (
             "amiSelectorTerms",
             json!({"spec": {"amiSelectorTerms": [{"id": HER_AMI}]}}),
@@ -237,7 +253,10 @@ async fn a_class_editors_change_of_each_kept_field_is_refused_and_her_other_edit
     let hers = json!({"metadata": {"labels": {"team": "eve"}},
                       "spec": {"tags": {"team": "eve"}, "userData": rendered,
                                "metadataOptions": {"httpProtocolIPv6": "enabled"}}});
-    ensure!(patch(&eve, "default", &hers).await?.is_none(), "her own edit refused");
+    ensure!(
+        patch(&eve, "default", &hers).await?.is_none(),
+        "her own edit refused"
+    );
     let now = eve.get("default").await?;
     assert_eq!(spec(&now)["tags"]["team"], "eve");
     assert_eq!(spec(&now)["metadataOptions"]["httpProtocolIPv6"], "enabled");
@@ -260,7 +279,11 @@ async fn creates_are_judged(world: &World, eve: &Api<DynamicObject>, rendered: &
         }))?)
     };
     let refused = [
-        ("create with userData", json!({"userData": HER_USER_DATA}), "spec.userData"),
+        (
+            "create with userData",
+            json!({"userData": HER_USER_DATA}),
+            "spec.userData",
+        ),
         (
             "create with AL2023",
             json!({"amiFamily": "AL2023", "amiSelectorTerms": [{"alias": "al2023@latest"}]}),
@@ -273,7 +296,9 @@ async fn creates_are_judged(world: &World, eve: &Api<DynamicObject>, rendered: &
         ),
     ];
     for (what, extra, field) in refused {
-        let result = eve.create(&PostParams::default(), &class("hers", extra)?).await;
+        let result = eve
+            .create(&PostParams::default(), &class("hers", extra)?)
+            .await;
         assert_refused(what, refusal(result)?, field);
     }
     eve.create(&PostParams::default(), &class("hers", json!({}))?)
@@ -298,17 +323,30 @@ async fn only_what_the_server_keeps_is_locked() -> Result<()> {
     create_plain_class(&admin, "other").await?;
     let rendered = node.rendered()?;
     let api = ec2nodeclasses(&admin);
-    wait_for(&api, "kept", "kept", |c| spec(c)["userData"] == rendered.as_str()).await?;
+    wait_for(&api, "kept", "kept", |c| {
+        spec(c)["userData"] == rendered.as_str()
+    })
+    .await?;
     let eve = editor(&world).await?;
     wait_in_force(&eve, "kept").await?;
 
     let free = json!({"spec": {"amiSelectorTerms": [{"id": HER_AMI}],
                                "metadataOptions": {"httpTokens": "optional"}}});
-    ensure!(patch(&eve, "kept", &free).await?.is_none(), "unkept fields refused");
+    ensure!(
+        patch(&eve, "kept", &free).await?.is_none(),
+        "unkept fields refused"
+    );
     let body = json!({"spec": {"userData": HER_USER_DATA}});
-    assert_refused("userData", patch(&eve, "kept", &body).await?, "spec.userData");
+    assert_refused(
+        "userData",
+        patch(&eve, "kept", &body).await?,
+        "spec.userData",
+    );
     // A class the server does not keep is wholly hers, created or edited.
-    ensure!(patch(&eve, "other", &body).await?.is_none(), "other class refused");
+    ensure!(
+        patch(&eve, "other", &body).await?.is_none(),
+        "other class refused"
+    );
     let mut theirs = karpenter::custom_spec(json!({}));
     theirs["userData"] = HER_USER_DATA.into();
     let object = json!({"apiVersion": "karpenter.k8s.aws/v1", "kind": "EC2NodeClass",

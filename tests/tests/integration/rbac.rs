@@ -15,9 +15,8 @@ use autonode_tests::joiner::CsrShape;
 use autonode_tests::karpenter;
 use autonode_tests::server::{
     http_get, nodeclass_admission_settings, service_account_token, GuestRbac, ServerToken, Setup,
-    TestServer,
-    GUEST_KUSTOMIZATION, GUEST_RBAC_FILES, NODECLASS_ADMISSION_FILE, SERVER_SERVICE_ACCOUNT,
-    TOKEN_ANCHOR, TOKEN_FILE,
+    TestServer, GUEST_KUSTOMIZATION, GUEST_RBAC_FILES, NODECLASS_ADMISSION_FILE,
+    SERVER_SERVICE_ACCOUNT, TOKEN_ANCHOR, TOKEN_FILE,
 };
 use autonode_tests::world::{cloud_settings, World, REGION};
 use k8s_openapi::api::certificates::v1::{
@@ -429,7 +428,10 @@ fn the_guest_rbac_tree_is_consistent() -> Result<()> {
                 "{name}: a document without a name"
             );
             let rbac = doc["apiVersion"] == "rbac.authorization.k8s.io/v1";
-            if let Some(kind) = doc["kind"].as_str().filter(|k| rbac && k.ends_with("Binding")) {
+            if let Some(kind) = doc["kind"]
+                .as_str()
+                .filter(|k| rbac && k.ends_with("Binding"))
+            {
                 let subjects = doc["subjects"].as_array().context("subjects")?;
                 assert_eq!(
                     subjects,
@@ -508,9 +510,8 @@ fn the_admission_policy_spares_the_server_alone() -> Result<()> {
     };
     let (namespace, account) = SERVER_SERVICE_ACCOUNT;
     let policy = of("ValidatingAdmissionPolicy")?;
-    let spares = format!(
-        "request.userInfo.username != 'system:serviceaccount:{namespace}:{account}'"
-    );
+    let spares =
+        format!("request.userInfo.username != 'system:serviceaccount:{namespace}:{account}'");
     assert_eq!(
         policy["spec"]["matchConditions"],
         json!([{"name": "not-autonode-server", "expression": spares}])
