@@ -139,8 +139,10 @@ async fn wait_in_force(api: &Api<DynamicObject>, name: &str) -> Result<()> {
         Duration::from_secs(30),
         Duration::from_millis(200),
         || async {
-            let mut params = PatchParams::default();
-            params.dry_run = true;
+            let params = PatchParams {
+                dry_run: true,
+                ..PatchParams::default()
+            };
             let refused = refusal(api.patch(name, &params, &Patch::Merge(&body)).await)?;
             Ok(Seen(
                 refused.as_ref().filter(|r| r.0 == 403).map(|_| ()),
