@@ -865,7 +865,7 @@ fn attackers_edit() -> Value {
 
 /// Whether `class` has every kept field back: IMDS locked, the rendered
 /// userData, the configured AMIs.
-fn fully_kept(rendered: &str) -> impl Fn(&DynamicObject) -> bool + '_ {
+pub(crate) fn fully_kept(rendered: &str) -> impl Fn(&DynamicObject) -> bool + '_ {
     move |c| {
         imds_locked(c)
             && spec(c)["userData"] == rendered

@@ -5,11 +5,12 @@
 //! server's own writes pass, and an editor patching in a loop never has her
 //! values read back.
 
-use crate::nodeclass::{imds_locked, spec, wait_for, NodeFlags, AMD64, ARM64};
+use crate::nodeclass::{fully_kept, spec, wait_for, NodeFlags, AMD64, ARM64};
 use anyhow::{ensure, Context, Result};
-use autonode_tests::karpenter::{self, ec2nodeclasses};
+use autonode_tests::controlplane::serves_kind;
+use autonode_tests::karpenter::{self, ec2nodeclasses, grant_on_nodeclasses};
 use autonode_tests::poll::{self, Seen};
-use autonode_tests::server::{apply_manifest, serves_nodeclass_admission, GuestRbac, Setup};
+use autonode_tests::server::{serves_nodeclass_admission, GuestRbac, Setup};
 use autonode_tests::world::World;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::Client;
@@ -19,22 +20,7 @@ use std::time::{Duration, Instant};
 /// The editor: a guest user who may read, create and change EC2NodeClasses
 /// (what a team owning its classes is given), nothing more.
 const EDITOR: &str = "eve";
-const EDITOR_RBAC: &str = r#"
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata: {name: nodeclass-editor}
-rules:
-- apiGroups: [karpenter.k8s.aws]
-  resources: [ec2nodeclasses]
-  verbs: [get, list, watch, create, update, patch]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {name: nodeclass-editor}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: nodeclass-editor}
-subjects:
-- {apiGroup: rbac.authorization.k8s.io, kind: User, name: eve}
-"#;
+const EDITOR_VERBS: [&str; 6] = ["get", "list", "watch", "create", "update", "patch"];
 
 /// Her values: a join server and AMI of her own, IMDS open to pods.
 const HER_USER_DATA: &str =
@@ -67,23 +53,12 @@ async fn world(flags: &[String], policy: bool) -> Result<World> {
     World::start_setup(&setup).await
 }
 
-/// Whether the API server serves ValidatingAdmissionPolicy v1, asked by
-/// discovery: the version gate must agree with what the server does.
-async fn policy_api_served(client: &Client) -> bool {
-    client
-        .list_api_group_resources("admissionregistration.k8s.io/v1")
-        .await
-        .is_ok_and(|list| {
-            list.resources
-                .iter()
-                .any(|r| r.name == "validatingadmissionpolicies")
-        })
-}
-
 /// Whether this world's API server runs the policy; checks that the
-/// harness's version gate says the same as discovery.
+/// harness's version gate says the same as discovery does.
 async fn runs_policy(world: &World) -> Result<bool> {
-    let served = policy_api_served(&world.cp.admin().await?).await;
+    let admin = world.cp.admin().await?;
+    let group = "admissionregistration.k8s.io/v1";
+    let served = serves_kind(&admin, group, "ValidatingAdmissionPolicy").await;
     let version = world.cp.version();
     ensure!(
         served == serves_nodeclass_admission(version),
@@ -97,7 +72,7 @@ async fn runs_policy(world: &World) -> Result<bool> {
 
 /// The editor's view of the classes, once her grant is in place.
 async fn editor(world: &World) -> Result<Api<DynamicObject>> {
-    apply_manifest(&world.cp.admin().await?, EDITOR_RBAC).await?;
+    grant_on_nodeclasses(&world.cp.admin().await?, EDITOR, &EDITOR_VERBS).await?;
     Ok(ec2nodeclasses(&world.cp.client_as(EDITOR, None).await?))
 }
 
@@ -167,17 +142,6 @@ fn assert_refused(what: &str, refused: Option<(u16, String)>, field: &str) {
     );
 }
 
-/// Whether `class` carries the kept values: the rendered userData, the
-/// configured AMIs, `Custom`, IMDS locked.
-fn kept(rendered: &str) -> impl Fn(&DynamicObject) -> bool + '_ {
-    move |c| {
-        imds_locked(c)
-            && spec(c)["userData"] == rendered
-            && spec(c)["amiFamily"] == "Custom"
-            && spec(c)["amiSelectorTerms"] == json!([{"id": AMD64}, {"id": ARM64}])
-    }
-}
-
 /// A world with the policy, AMIs and metadata options kept, the class
 /// `default` created and kept by the server (its writes pass the policy),
 /// and the editor's view once the policy is in force.
@@ -190,7 +154,7 @@ async fn guarded(node: &NodeFlags) -> Result<Option<(World, Api<DynamicObject>, 
     create_plain_class(&admin, "default").await?;
     let rendered = node.rendered()?;
     let api = ec2nodeclasses(&admin);
-    let class = wait_for(&api, "default", "kept", kept(&rendered)).await?;
+    let class = wait_for(&api, "default", "kept", fully_kept(&rendered)).await?;
     let eve = editor(&world).await?;
     wait_in_force(&eve, "default").await?;
     Ok(Some((world, eve, class)))
@@ -262,7 +226,7 @@ async fn a_class_editors_change_of_each_kept_field_is_refused_and_her_other_edit
     let now = eve.get("default").await?;
     assert_eq!(spec(&now)["tags"]["team"], "eve");
     assert_eq!(spec(&now)["metadataOptions"]["httpProtocolIPv6"], "enabled");
-    assert!(kept(&rendered)(&now), "{}", spec(&now));
+    assert!(fully_kept(&rendered)(&now), "{}", spec(&now));
     assert_eq!(now.metadata.uid, before.metadata.uid);
     creates_are_judged(&world, &eve, &rendered).await
 }
@@ -307,7 +271,7 @@ async fn creates_are_judged(world: &World, eve: &Api<DynamicObject>, rendered: &
         .await
         .context("a plain class of hers")?;
     let api = ec2nodeclasses(&world.cp.admin().await?);
-    wait_for(&api, "hers", "kept by the server", kept(rendered)).await?;
+    wait_for(&api, "hers", "kept by the server", fully_kept(rendered)).await?;
     Ok(())
 }
 
@@ -437,7 +401,7 @@ async fn an_editor_patching_in_a_loop_never_has_her_values_read_back() -> Result
     // And the server still keeps the class.
     let admin = ec2nodeclasses(&world.cp.admin().await?);
     let rendered = node.rendered()?;
-    wait_for(&admin, "default", "kept", kept(&rendered)).await?;
+    wait_for(&admin, "default", "kept", fully_kept(&rendered)).await?;
     Ok(())
 }
 
@@ -454,7 +418,7 @@ async fn without_the_policy_a_looping_editors_values_are_read_back() -> Result<(
     create_plain_class(&admin, "default").await?;
     let rendered = node.rendered()?;
     let api = ec2nodeclasses(&admin);
-    wait_for(&api, "default", "kept", kept(&rendered)).await?;
+    wait_for(&api, "default", "kept", fully_kept(&rendered)).await?;
     let count = loop_attack(&world, LOOP).await?;
     assert!(count.hers > 0, "{count:?}");
     Ok(())
