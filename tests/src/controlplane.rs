@@ -591,14 +591,16 @@ async fn wait_ready(client: &Client, apiserver: &Daemon) -> Result<()> {
 /// through `AUTONODE_KUBE_BIN`, has the same schema as `policy/v1beta1`),
 /// so a test applying shipped manifests can tell which version to send.
 pub async fn serves_policy_v1_pdbs(client: &Client) -> bool {
+    serves_kind(client, "policy/v1", "PodDisruptionBudget").await
+}
+
+/// Whether the API server serves `kind` in `group_version`, asked by
+/// discovery.
+pub async fn serves_kind(client: &Client, group_version: &str, kind: &str) -> bool {
     client
-        .list_api_group_resources("policy/v1")
+        .list_api_group_resources(group_version)
         .await
-        .is_ok_and(|list| {
-            list.resources
-                .iter()
-                .any(|r| r.kind == "PodDisruptionBudget")
-        })
+        .is_ok_and(|list| list.resources.iter().any(|r| r.kind == kind))
 }
 
 /// Installs CRDs from YAML and waits until each is Established.

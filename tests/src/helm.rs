@@ -2,6 +2,7 @@
 //! helm, and the current kubectl beside it, both put in the cache by
 //! `tests/setup/install-helm`.
 
+use crate::kubeversion::KubeVersion;
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -119,10 +120,11 @@ pub fn template(namespace: &str, args: &[&str]) -> Result<Vec<Value>> {
     documents(&helm(&all)?)
 }
 
-/// The guest cluster's RBAC the chart renders for `args` (`cluster=guest`),
-/// as one manifest the harness can apply.
-pub fn guest_rbac_manifest(args: &[&str]) -> Result<String> {
-    let mut all = vec!["--set", "cluster=guest"];
+/// The guest cluster's RBAC the chart renders for `args` (`cluster=guest`)
+/// and a guest cluster at `version`, as one manifest the harness can apply.
+pub fn guest_rbac_manifest(args: &[&str], version: KubeVersion) -> Result<String> {
+    let version = version.to_string();
+    let mut all = vec!["--set", "cluster=guest", "--kube-version", &version];
     all.extend_from_slice(args);
     let docs = template("default", &all)?;
     // JSON is YAML: one document per object.

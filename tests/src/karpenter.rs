@@ -169,3 +169,25 @@ pub async fn create_nodeclass(
         .await
         .with_context(|| format!("creating EC2NodeClass {name}"))
 }
+
+/// Grants the guest user `user` `verbs` on EC2NodeClasses, nothing more
+/// (a ClusterRole and binding named after the user).
+pub async fn grant_on_nodeclasses(admin: &Client, user: &str, verbs: &[&str]) -> Result<()> {
+    let name = format!("nodeclass-{user}");
+    let manifest = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": name},
+        "rules": [{"apiGroups": ["karpenter.k8s.aws"], "resources": ["ec2nodeclasses"],
+                   "verbs": verbs}],
+    });
+    let binding = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    });
+    let yaml = format!("{manifest}\n---\n{binding}");
+    crate::server::apply_manifest(admin, &yaml)
+        .await
+        .with_context(|| format!("granting {user} {verbs:?} on EC2NodeClasses"))
+}

@@ -7,6 +7,7 @@
 
 use crate::controlplane::{free_port, ControlPlane};
 use crate::fakecloud::ec2::{TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY};
+use crate::kubeversion::KubeVersion;
 use crate::pki::Ca;
 use crate::poll::Seen;
 use crate::process::Daemon;
@@ -25,7 +26,7 @@ use tempfile::TempDir;
 /// The guest-cluster RBAC the project ships: every file of
 /// `packaging/guest/` but its `kustomization.yaml`, by name. `rbac.yaml` is
 /// the base; the others are each for one feature ([`GuestRbac`]).
-pub const GUEST_RBAC_FILES: [(&str, &str); 5] = [
+pub const GUEST_RBAC_FILES: [(&str, &str); 6] = [
     ("rbac.yaml", include_str!("../../packaging/guest/rbac.yaml")),
     (
         "rbac-ignition-secrets.yaml",
@@ -43,7 +44,16 @@ pub const GUEST_RBAC_FILES: [(&str, &str); 5] = [
         "rbac-install-crds.yaml",
         include_str!("../../packaging/guest/rbac-install-crds.yaml"),
     ),
+    (
+        NODECLASS_ADMISSION_FILE,
+        include_str!("../../packaging/guest/admission-manage-nodeclasses.yaml"),
+    ),
 ];
+/// The file that refuses class editors' changes to the kept EC2NodeClass
+/// fields at admission (`--manage-nodeclasses`, Kubernetes 1.30+).
+pub const NODECLASS_ADMISSION_FILE: &str = "admission-manage-nodeclasses.yaml";
+/// The ConfigMap in that file that tells the policy what the server keeps.
+pub const NODECLASS_ADMISSION_SETTINGS: &str = "autonode-nodeclass-admission";
 /// `packaging/guest/kustomization.yaml`: the files the default flags need.
 pub const GUEST_KUSTOMIZATION: &str = include_str!("../../packaging/guest/kustomization.yaml");
 /// Where a [`ServerToken::File`] server's kubeconfig reads its token
@@ -71,6 +81,10 @@ pub struct GuestRbac {
     pub manage_nodeclasses: bool,
     /// `rbac-install-crds.yaml`: `--install-crds`.
     pub install_crds: bool,
+    /// [`NODECLASS_ADMISSION_FILE`]: `--manage-nodeclasses`, applied only
+    /// where the API server serves the policy's API
+    /// ([`serves_nodeclass_admission`]).
+    pub nodeclass_admission: bool,
 }
 
 impl Default for GuestRbac {
@@ -89,6 +103,18 @@ impl GuestRbac {
             delete_nodeclaims: bool_flag(args, "delete-failed-nodeclaims").unwrap_or(true),
             manage_nodeclasses: bool_flag(args, "manage-nodeclasses").unwrap_or(true),
             install_crds: bool_flag(args, "install-crds").unwrap_or(false),
+            nodeclass_admission: bool_flag(args, "manage-nodeclasses").unwrap_or(true),
+        }
+    }
+
+    /// These files but the admission policy: what a test server runs
+    /// under unless the test asks for the policy. Most tests play a class
+    /// editor with the admin's credential to see what the upkeep does, and
+    /// the policy would refuse those edits before the upkeep saw them.
+    pub fn without_admission(self) -> Self {
+        Self {
+            nodeclass_admission: false,
+            ..self
         }
     }
 
@@ -107,15 +133,21 @@ impl GuestRbac {
             "rbac-delete-nodeclaims.yaml" => self.delete_nodeclaims,
             "rbac-manage-nodeclasses.yaml" => self.manage_nodeclasses,
             "rbac-install-crds.yaml" => self.install_crds,
+            NODECLASS_ADMISSION_FILE => self.nodeclass_admission,
             _ => true,
         }
     }
 
-    /// Makes the guest cluster grant the server exactly these files:
-    /// applies them and deletes the objects of the others (an earlier
-    /// server's, on the same control plane).
-    pub async fn apply(&self, admin: &Client) -> Result<()> {
+    /// Makes the guest cluster (at `version`) grant the server exactly
+    /// these files: applies them and deletes the objects of the others (an
+    /// earlier server's, on the same control plane). The admission policy
+    /// is left out where the API server does not serve its API, as the
+    /// docs tell operators to.
+    pub async fn apply(&self, admin: &Client, version: KubeVersion) -> Result<()> {
         for (name, text) in GUEST_RBAC_FILES {
+            if name == NODECLASS_ADMISSION_FILE && !serves_nodeclass_admission(version) {
+                continue;
+            }
             if self.wants(name) {
                 apply_manifest(admin, text)
                     .await
@@ -128,6 +160,55 @@ impl GuestRbac {
         }
         Ok(())
     }
+}
+
+/// Whether an API server at `version` serves what the admission policy
+/// file is written in (`admissionregistration.k8s.io/v1`
+/// ValidatingAdmissionPolicy: GA, on by default, from 1.30).
+pub fn serves_nodeclass_admission(version: KubeVersion) -> bool {
+    version.at_least(1, 30)
+}
+
+/// The data of [`NODECLASS_ADMISSION_SETTINGS`] for a server run with
+/// `args`: the values of its flags of the same names, as the file's header
+/// tells operators to write them (the last setting wins).
+pub fn nodeclass_admission_settings(args: &[String]) -> serde_json::Value {
+    let enforce = bool_flag(args, "enforce-metadata-options").unwrap_or(true);
+    serde_json::json!({
+        "nodeclass-names": string_flag(args, "nodeclass-names").unwrap_or_default(),
+        "ami-ids": string_flag(args, "ami-ids").unwrap_or_default(),
+        "enforce-metadata-options": enforce.to_string(),
+    })
+}
+
+/// Tells the admission policy what a server run with `args` keeps (the
+/// settings ConfigMap, [`nodeclass_admission_settings`]).
+pub async fn set_nodeclass_admission_settings(admin: &Client, args: &[String]) -> Result<()> {
+    let map = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": NODECLASS_ADMISSION_SETTINGS, "namespace": SERVER_SERVICE_ACCOUNT.0},
+        "data": nodeclass_admission_settings(args),
+    });
+    apply_manifest(admin, &map.to_string())
+        .await
+        .context("the admission policy's settings")
+}
+
+/// The value `args` give the flag `--name` (`--name=V` or `--name V`), the
+/// last one winning.
+fn string_flag(args: &[String], name: &str) -> Option<String> {
+    let long = format!("--{name}");
+    let mut found = None;
+    let mut iter = args.iter();
+    while let Some(arg) = iter.next() {
+        if let Some(value) = arg.strip_prefix(&format!("{long}=")) {
+            found = Some(value.to_string());
+        } else if arg == &long {
+            found = iter.next().cloned();
+        }
+    }
+    found
 }
 
 /// The value `args` give the boolean flag `--name` (`--name=V`, `--name V`,
@@ -177,7 +258,9 @@ pub struct Setup<'a> {
     /// tests of what keeps it unready).
     pub wait_ready: bool,
     /// The guest RBAC files to run under; `None`: those `extra_args` call
-    /// for ([`GuestRbac::for_flags`]).
+    /// for ([`GuestRbac::for_flags`]) but the admission policy
+    /// ([`GuestRbac::without_admission`]). With the policy, its settings
+    /// are those of `extra_args`.
     pub rbac: Option<GuestRbac>,
     /// A guest RBAC manifest to run under instead of the shipped files
     /// (the Helm chart's rendering); it must create the server's
@@ -290,12 +373,17 @@ impl TestServer {
         let admin = cp.admin().await?;
         let rbac = setup
             .rbac
-            .unwrap_or_else(|| GuestRbac::for_flags(setup.extra_args));
+            .unwrap_or_else(|| GuestRbac::for_flags(setup.extra_args).without_admission());
         match setup.rbac_manifest {
             Some(yaml) => apply_manifest(&admin, yaml)
                 .await
                 .context("applying the test's guest RBAC manifest")?,
-            None => rbac.apply(&admin).await?,
+            None => {
+                rbac.apply(&admin, cp.version()).await?;
+                if rbac.nodeclass_admission && serves_nodeclass_admission(cp.version()) {
+                    set_nodeclass_admission_settings(&admin, setup.extra_args).await?;
+                }
+            }
         }
         let dir = tempfile::Builder::new()
             .prefix("autonode-server-")

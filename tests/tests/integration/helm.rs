@@ -13,7 +13,11 @@ use autonode_tests::fakecloud::FakeCloud;
 use autonode_tests::helm::{self, chart_dir, documents, guest_rbac_manifest, only, template};
 use autonode_tests::joiner::Joiner;
 use autonode_tests::karpenter;
-use autonode_tests::server::{server_binary, GuestRbac, Setup, TestServer, GUEST_RBAC_FILES};
+use autonode_tests::kubeversion::KubeVersion;
+use autonode_tests::server::{
+    nodeclass_admission_settings, server_binary, GuestRbac, Setup, TestServer, GUEST_RBAC_FILES,
+    NODECLASS_ADMISSION_SETTINGS,
+};
 use autonode_tests::world::{cloud_settings, World, REGION};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
@@ -934,9 +938,19 @@ fn optional_objects_follow_their_values() -> Result<()> {
 }
 
 /// The guest RBAC the chart renders (`cluster=guest`), metadata.labels
-/// left out, for `sets` (`serve.<flag>=<bool>`).
+/// left out, for `sets` (`serve.<flag>=<bool>`), for helm's default
+/// Kubernetes version.
 fn chart_guest_rbac(sets: &[String]) -> Result<Vec<Value>> {
+    chart_guest_rbac_at(None, sets)
+}
+
+/// [`chart_guest_rbac`] for a guest cluster at `version`.
+fn chart_guest_rbac_at(version: Option<KubeVersion>, sets: &[String]) -> Result<Vec<Value>> {
+    let version = version.map(|v| v.to_string());
     let mut args = vec!["--set", "cluster=guest"];
+    if let Some(version) = &version {
+        args.extend(["--kube-version", version.as_str()]);
+    }
     for set in sets {
         args.extend(["--set", set.as_str()]);
     }
@@ -1018,6 +1032,11 @@ fn guest_rbac_matches_packaging_guest_for_every_flag_setting() -> Result<()> {
         "ignition"
     );
     assert_eq!(namespace_of("autonode-server-leader-election")?, "leader");
+    assert_eq!(
+        namespace_of_settings(&moved)?,
+        "autonode-system",
+        "the policy's settings stay beside the server's ServiceAccount"
+    );
     assert_eq!(namespace_of("autonode-server-events")?, "default");
     let namespaces: BTreeSet<&str> = moved
         .iter()
@@ -1028,6 +1047,63 @@ fn guest_rbac_matches_packaging_guest_for_every_flag_setting() -> Result<()> {
         namespaces,
         BTreeSet::from(["autonode-system", "ignition", "leader"])
     );
+    Ok(())
+}
+
+/// The namespace of the admission policy's settings ConfigMap in `docs`.
+fn namespace_of_settings(docs: &[Value]) -> Result<String> {
+    let map = admission_settings(docs).context("no admission settings")?;
+    Ok(map["metadata"]["namespace"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string())
+}
+
+/// The admission policy's settings ConfigMap among `docs`.
+fn admission_settings(docs: &[Value]) -> Option<&Value> {
+    docs.iter()
+        .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == NODECLASS_ADMISSION_SETTINGS)
+}
+
+/// The EC2NodeClass admission policy follows the upkeep's values as the
+/// harness (and docs/rbac.md, for Kustomize) turn the flags into its
+/// settings, and is rendered for a guest at 1.30 or later only: the
+/// version `helm template --kube-version` names.
+#[test]
+fn the_nodeclass_admission_policy_follows_the_upkeep_values_and_the_version() -> Result<()> {
+    let sets = [
+        "serve.nodeclass-names={kept,other}".to_string(),
+        "serve.ami-ids={amd64=ami-1,arm64=ami-2}".to_string(),
+        "serve.enforce-metadata-options=false".to_string(),
+    ];
+    let args = [
+        "--nodeclass-names=kept,other".to_string(),
+        "--ami-ids=amd64=ami-1,arm64=ami-2".to_string(),
+        "--enforce-metadata-options=false".to_string(),
+    ];
+    let chart = chart_guest_rbac(&sets)?;
+    let settings = admission_settings(&chart).context("no admission settings")?;
+    assert_eq!(settings["data"], nodeclass_admission_settings(&args));
+    let defaults = chart_guest_rbac(&[])?;
+    let settings = admission_settings(&defaults).context("no admission settings")?;
+    assert_eq!(settings["data"], nodeclass_admission_settings(&[]));
+
+    let policy_kinds = |docs: &[Value]| -> BTreeSet<String> {
+        docs.iter()
+            .filter_map(|d| d["kind"].as_str())
+            .filter(|k| k.starts_with("ValidatingAdmissionPolicy"))
+            .map(str::to_string)
+            .collect()
+    };
+    let both = BTreeSet::from([
+        "ValidatingAdmissionPolicy".to_string(),
+        "ValidatingAdmissionPolicyBinding".to_string(),
+    ]);
+    let at = |minor| chart_guest_rbac_at(Some(KubeVersion::new(1, minor, 0)), &[]);
+    assert_eq!(policy_kinds(&at(30)?), both);
+    let older = at(29)?;
+    assert!(policy_kinds(&older).is_empty(), "a policy for 1.29");
+    assert!(admission_settings(&older).is_none());
     Ok(())
 }
 
@@ -1340,7 +1416,7 @@ async fn rendered_objects_pass_a_server_side_dry_run() -> Result<()> {
     // The guest RBAC: its Namespace first (helm orders it so), then the
     // rest; a dry-run Namespace is not created, so create it for real.
     for sets in [vec![], vec!["serve.install-crds=true".to_string()]] {
-        for doc in chart_guest_rbac(&sets)? {
+        for doc in chart_guest_rbac_at(Some(cp.version()), &sets)? {
             if doc["kind"] == "Namespace" {
                 let name = doc["metadata"]["name"].as_str().unwrap_or_default();
                 if namespaces.get_opt(name).await?.is_none() {
@@ -1389,8 +1465,8 @@ async fn world_under_chart_rbac(sets: &[&str]) -> Result<World> {
     for set in sets {
         guest_args.extend(["--set", *set]);
     }
-    let manifest = guest_rbac_manifest(&guest_args)?;
     let cp = ControlPlane::start().await?;
+    let manifest = guest_rbac_manifest(&guest_args, cp.version())?;
     let cloud = FakeCloud::new()?;
     let ec2 = cloud.start_ec2(REGION)?;
     let setup = Setup {
@@ -1412,7 +1488,10 @@ async fn world_under_chart_rbac(sets: &[&str]) -> Result<World> {
 /// Whether the server's ServiceAccount may delete NodeClaims (a dry run).
 async fn may_delete_nodeclaims(world: &World) -> Result<bool> {
     let admin = world.cp.admin().await?;
-    karpenter::create_ec2nodeclass(&admin, "probe", "probe").await?;
+    // A class the admission policy lets anyone create: no userData, the
+    // kept amiFamily and metadata options.
+    let spec = karpenter::custom_spec(json!({}));
+    karpenter::create_nodeclass(&admin, "probe", json!({}), spec).await?;
     karpenter::create_nodeclaim(&admin, "probe", "probe").await?;
     let params = DeleteParams {
         dry_run: true,

@@ -33,6 +33,7 @@ mod limits;
 mod memory;
 mod msrv;
 mod nodeclass;
+mod nodeclass_admission;
 mod nodeconfig;
 mod packaging;
 mod rbac;

@@ -21,19 +21,19 @@ use tempfile::TempDir;
 
 const PUBLIC_URL: &str = "https://autonode.example.com:8443";
 const CLUSTER: &str = "prod-eu-1";
-const AMD64: &str = "ami-0123456789abcdef0";
-const ARM64: &str = "ami-0fedcba987654321f";
+pub(crate) const AMD64: &str = "ami-0123456789abcdef0";
+pub(crate) const ARM64: &str = "ami-0fedcba987654321f";
 
 /// The userData flags, with a join CA of their own (rendering does not
 /// need it to be the serving certificate's).
-struct NodeFlags {
+pub(crate) struct NodeFlags {
     _dir: TempDir,
     ca_pem: String,
-    flags: Vec<String>,
+    pub(crate) flags: Vec<String>,
 }
 
 impl NodeFlags {
-    fn new(extra: &[&str]) -> Result<Self> {
+    pub(crate) fn new(extra: &[&str]) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let ca = Ca::new("autonode-join-ca")?;
         let path: PathBuf = dir.path().join("join-ca.pem");
@@ -53,7 +53,7 @@ impl NodeFlags {
     }
 
     /// What `autonode-server render-userdata` prints for these flags.
-    fn rendered(&self) -> Result<String> {
+    pub(crate) fn rendered(&self) -> Result<String> {
         let output = std::process::Command::new(server::binary("autonode-server")?)
             .arg("render-userdata")
             .args(&self.flags)
@@ -77,12 +77,12 @@ fn serve_flags(node: &NodeFlags, extra: &[&str]) -> Vec<String> {
     flags
 }
 
-fn spec(class: &DynamicObject) -> &Value {
+pub(crate) fn spec(class: &DynamicObject) -> &Value {
     &class.data["spec"]
 }
 
 /// Polls the class until `done` holds.
-async fn wait_for(
+pub(crate) async fn wait_for(
     api: &Api<DynamicObject>,
     name: &str,
     what: &str,
@@ -207,7 +207,7 @@ fn applied_metadata_options(class: &DynamicObject, manager: &str) -> Vec<String>
 }
 
 /// Whether the class has the metadata options autonode keeps.
-fn imds_locked(class: &DynamicObject) -> bool {
+pub(crate) fn imds_locked(class: &DynamicObject) -> bool {
     let options = &spec(class)["metadataOptions"];
     options["httpTokens"] == "required"
         && options["httpPutResponseHopLimit"] == 1
@@ -865,7 +865,7 @@ fn attackers_edit() -> Value {
 
 /// Whether `class` has every kept field back: IMDS locked, the rendered
 /// userData, the configured AMIs.
-fn fully_kept(rendered: &str) -> impl Fn(&DynamicObject) -> bool + '_ {
+pub(crate) fn fully_kept(rendered: &str) -> impl Fn(&DynamicObject) -> bool + '_ {
     move |c| {
         imds_locked(c)
             && spec(c)["userData"] == rendered

