@@ -182,15 +182,7 @@ where
     /// strips what the cache's readers do not read; managedFields are
     /// dropped after it in any case: they can outweigh a small object.
     pub fn start_filtered(api: Api<K>, what: &'static str, filter: fn(&mut K)) -> Self {
-        let config = watcher::Config::default().page_size(LIST_PAGE);
-        let (cache, task) = Self::build(
-            api,
-            config,
-            what,
-            Arc::new(filter),
-            false,
-            Gone::new(0, None),
-        );
+        let (cache, task) = Self::new(api, what, filter);
         tokio::spawn(task);
         cache
     }

@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 /// remembered, one entry per name however often it changes hands, so the
 /// entries are at most the VPC's addresses that ever held a node: churning
 /// NodeClaims that never bound adds none. 65,536 is a /16, the largest
-/// CIDR block a VPC has; an entry is about 150 bytes (10 MiB in all).
+/// CIDR block a VPC has; an entry is a few hundred bytes (under 20 MiB in all).
 pub const MAX_NAMES: usize = 65_536;
 
 /// Whether `name` is one of EC2's IP-based hostnames (`ip-` and the four

@@ -268,14 +268,14 @@ async fn csrs_in_a_loop_get_at_most_the_cap_and_bounded_ec2_calls() -> Result<()
 /// passed. X's own join certificates had the bounded join lifetime.
 #[tokio::test]
 async fn a_dead_nodes_credential_gets_nothing_for_the_next_machine_with_its_name() -> Result<()> {
-    let [SIGNING, JOIN] = REUSE_LIFETIMES;
+    let [signing, join] = REUSE_LIFETIMES;
     let world = reuse_world().await?;
     let (x, x_answer) = Joined::with_answer(&world, |i| i).await?;
     register(&x.client, &x.name, &x.provider_id()).await?;
     // kube-controller-manager backdates notBefore by 5 minutes.
     let backdated = Duration::from_secs(5 * 60);
     let bounded = lifetime(&x_answer.client_certificate)?;
-    assert_eq!(bounded, JOIN + backdated, "X's join certificate");
+    assert_eq!(bounded, join + backdated, "X's join certificate");
 
     let admin = world.cp.admin().await?;
     x.goes_away(&world, &admin).await?;
@@ -285,7 +285,7 @@ async fn a_dead_nodes_credential_gets_nothing_for_the_next_machine_with_its_name
     for certificate in [&y_answer.client_certificate, &y_answer.serving_certificate] {
         let full = lifetime(certificate)?;
         assert!(
-            full >= SIGNING,
+            full >= signing,
             "Y's join certificate lasts {full:?}: it would expire inside the window"
         );
     }
