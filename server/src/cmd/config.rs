@@ -592,7 +592,7 @@ impl NodeClassArgs {
         node: &UserDataArgs,
         metrics: &autonode_server::kube::metrics::Metrics,
         events: &autonode_server::kube::events::Events,
-        tls_key: &std::path::Path,
+        key: autonode_server::kube::seal::StateKey,
         clock: autonode_server::kube::clock::Clock,
     ) -> Result<Option<autonode_server::controllers::nodeclass::Settings>> {
         use autonode_server::controllers::nodeclass::{
@@ -608,7 +608,6 @@ impl NodeClassArgs {
         let user_data =
             autonode_server::controllers::nodeclass::userdata::Rendered::new(&node.settings()?);
         let ami_terms = ami_selector_terms(&self.ami_ids).context("--ami-ids")?;
-        let key = self.rollout_state_key(tls_key)?;
         let metadata_options = if self.enforce_metadata_options {
             MetadataOptionsPolicy::Enforce
         } else {
@@ -639,19 +638,22 @@ impl NodeClassArgs {
         }))
     }
 
-    /// The rollout state's key: from --rollout-state-key-file, else
-    /// derived from the TLS key's file.
-    fn rollout_state_key(
+    /// The replicas' sealing key (the rollout state's, and NodeClaim
+    /// marks'): from --rollout-state-key-file, else derived from the TLS
+    /// key's file.
+    pub fn state_key(
         &self,
         tls_key: &std::path::Path,
-    ) -> Result<autonode_server::controllers::nodeclass::rollout::StateKey> {
-        use autonode_server::controllers::nodeclass::rollout::StateKey;
+    ) -> Result<autonode_server::kube::seal::StateKey> {
+        use autonode_server::kube::seal::StateKey;
         match &self.rollout_state_key_file {
             Some(path) => StateKey::from_key_file(path).context("--rollout-state-key-file"),
             None => {
                 tracing::info!(
                     "rollout state key derived from --tls-key (--rollout-state-key-file is unset): \
-                     a new TLS key makes the rollout guard forget each class's state once"
+                     a new TLS key makes the rollout guard forget each class's state once, \
+                     and leaves NodeClaim marks sealed before it counting only as marks from \
+                     before seals do"
                 );
                 StateKey::from_tls_key(tls_key).context("--tls-key, for the rollout state key")
             }

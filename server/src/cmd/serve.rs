@@ -17,6 +17,7 @@ use autonode_server::kube::events::Events;
 use autonode_server::kube::issuer::Issuer;
 use autonode_server::kube::metrics::Metrics;
 use autonode_server::kube::nodeclaim::{NodeClaims, OnFailure};
+use autonode_server::kube::seal::StateKey;
 use autonode_server::{controllers::approver, controllers::leader};
 use autonode_shared::identity::{Policy, TrustStore};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -44,10 +45,21 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     let clock = Clock::SYSTEM;
     let metrics = Metrics::new();
     let events = Events::new(client.clone(), args.instance_name.clone(), &metrics, clock);
-    let claims = NodeClaims::start(client.clone());
+    // The one sealing key: the rollout guard's state and NodeClaim marks.
+    let key = args.nodeclasses.state_key(&args.tls_key)?;
+    let signing = args.certificate_lifetimes().signing;
+    let claims = NodeClaims::start(client.clone(), key, clock, signing);
     let issuer = Issuer::start(client.clone(), args.csr_timeout());
     let ec2 = ec2_lookup(&args).await?;
-    let leader = leader(&args, &client, &claims, &ec2, &metrics, &events, clock)?;
+    let leader = leader(
+        &args,
+        &client,
+        (&claims, key),
+        &ec2,
+        &metrics,
+        &events,
+        clock,
+    )?;
     // The approver, the feedback and the EC2NodeClass upkeep, on the
     // watches they share (see `watches`).
     let leading = start_election(&args, &client, &metrics, clock);
@@ -110,7 +122,7 @@ async fn ec2_lookup(args: &ServeArgs) -> Result<Arc<dyn InstanceLookup>> {
 fn leader(
     args: &ServeArgs,
     client: &kube::Client,
-    claims: &NodeClaims,
+    (claims, key): (&NodeClaims, StateKey),
     ec2: &Arc<dyn InstanceLookup>,
     metrics: &Metrics,
     events: &Events,
@@ -130,13 +142,9 @@ fn leader(
             signing_duration: args.certificate_lifetimes().signing,
             clock,
         }),
-        nodeclasses: args.nodeclasses.settings(
-            &args.user_data,
-            metrics,
-            events,
-            &args.tls_key,
-            clock,
-        )?,
+        nodeclasses: args
+            .nodeclasses
+            .settings(&args.user_data, metrics, events, key, clock)?,
         capacity: args.capacity_tolerance(),
         clock,
     })

@@ -50,7 +50,7 @@ use crate::kube::events::Events;
 use crate::kube::karpenter::NodeClaim;
 use crate::kube::marks;
 use crate::kube::metrics::Metrics;
-use crate::kube::nodeclaim::{self, pending, Milestone, NodeClaims};
+use crate::kube::nodeclaim::{pending, Milestone, NodeClaims};
 use crate::kube::reason::Reason;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, NodeCondition};
@@ -155,7 +155,7 @@ pub async fn run(
 
 async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Action, Error> {
     // The marks were judged, and foreign ones removed, before the claim
-    // was kept (nodeclaim::strip), so a NodePool's copied annotations
+    // was kept (NodeClaims::strip), so a NodePool's copied annotations
     // neither start feedback nor mark a machine failed.
     // Machines autonode joined, and those it marked failed before any
     // binding (a join refused for good, kept by the failure policy): the
@@ -173,7 +173,7 @@ async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Action, E
     let claim = match written {
         Some(mut written) => {
             // Judged like every claim read, so its marks are our own.
-            nodeclaim::strip(&mut written);
+            ctx.claims.strip(&mut written);
             Arc::new(written)
         }
         None => claim,
@@ -215,7 +215,7 @@ fn marked_failed(claim: &NodeClaim) -> bool {
 
 /// Derives the stage from the NodeClaim and its Node (if registered).
 /// Ready once the Ready milestone is in the claim's own
-/// [`marks::REPORTED`] mark (judged ours, see [`nodeclaim::strip`]),
+/// [`marks::REPORTED`] mark (judged ours, see [`NodeClaims::strip`]),
 /// whatever the Node says since.
 pub fn stage(claim: &NodeClaim, node: Option<&Node>) -> Stage {
     if marked_failed(claim) {
@@ -381,7 +381,7 @@ async fn report_milestones(
     }
     let written = ctx
         .claims
-        .mark_reported(&claim.name_any(), &marks::with_reported(reported, &more))
+        .mark_reported(claim, &marks::with_reported(reported, &more))
         .await?;
     for (milestone, seconds) in due {
         if let Some(seconds) = seconds {

@@ -229,14 +229,13 @@ pub async fn write(
     (reported, held): (&[&str], Option<&str>),
 ) -> Result<NodeClaim, BindingError> {
     let name = claim.metadata.name.clone().unwrap_or_default();
-    let version = claim.metadata.resource_version.as_deref();
     let value = serde_json::to_string(record).map_err(kube::Error::SerdeError)?;
     let mark = |over: &NodeClaim| {
         (!reported.is_empty())
             .then(|| marks::with_reported(marks::reported(&over.metadata), reported))
     };
     match claims
-        .write_binding(&name, version, &value, (mark(claim).as_deref(), held))
+        .write_binding(claim, &value, (mark(claim).as_deref(), held))
         .await
     {
         Ok(written) => return Ok(written),
@@ -255,9 +254,8 @@ pub async fn write(
     if now_bound != resuming {
         return Err(BindingError::Changed(name));
     }
-    let version = fresh.metadata.resource_version.as_deref();
     let written = claims
-        .write_binding(&name, version, &value, (mark(&fresh).as_deref(), held))
+        .write_binding(&fresh, &value, (mark(&fresh).as_deref(), held))
         .await?;
     Ok(written)
 }

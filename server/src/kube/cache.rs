@@ -102,26 +102,46 @@ where
 struct Gone<K> {
     objects: Arc<Mutex<VecDeque<Arc<K>>>>,
     limit: usize,
+    /// Also handed every object gone, before the store drops it: for a
+    /// memory kept by other rules than the last `limit`.
+    also: Option<OnGone<K>>,
 }
+
+/// What [`Cache::start_remembering`] hands each object gone (see [`Gone`]).
+pub type OnGone<K> = Arc<dyn Fn(&K) + Send + Sync>;
+
+/// What a cache runs on every object before keeping it (see
+/// [`Cache::start_filtered`]).
+type Filter<K> = Arc<dyn Fn(&mut K) + Send + Sync>;
 
 impl<K> Clone for Gone<K> {
     fn clone(&self) -> Self {
         Self {
             objects: self.objects.clone(),
             limit: self.limit,
+            also: self.also.clone(),
         }
     }
 }
 
 impl<K> Gone<K> {
-    fn new(limit: usize) -> Self {
+    fn new(limit: usize, also: Option<OnGone<K>>) -> Self {
         Self {
             objects: Arc::default(),
             limit,
+            also,
         }
     }
 
+    /// Whether anything is done with gone objects.
+    fn wanted(&self) -> bool {
+        self.limit > 0 || self.also.is_some()
+    }
+
     fn record(&self, object: Arc<K>) {
+        if let Some(also) = &self.also {
+            also(&object);
+        }
         if self.limit == 0 {
             return;
         }
@@ -162,20 +182,24 @@ where
     /// strips what the cache's readers do not read; managedFields are
     /// dropped after it in any case: they can outweigh a small object.
     pub fn start_filtered(api: Api<K>, what: &'static str, filter: fn(&mut K)) -> Self {
-        Self::start_remembering(api, what, filter, 0)
+        let (cache, task) = Self::new(api, what, filter);
+        tokio::spawn(task);
+        cache
     }
 
-    /// Like [`Cache::start_filtered`], also keeping the last `gone`
-    /// objects the watch saw deleted (or a relist no longer had), for
-    /// [`Cache::gone`].
+    /// Like [`Cache::start_filtered`] (with a `filter` that may hold
+    /// state, such as a key), also keeping the last `gone` objects the
+    /// watch saw deleted (or a relist no longer had), for [`Cache::gone`],
+    /// and handing each, filtered, to `on_gone` before the store drops it.
     pub fn start_remembering(
         api: Api<K>,
         what: &'static str,
-        filter: fn(&mut K),
-        gone: usize,
+        filter: impl Fn(&mut K) + Send + Sync + 'static,
+        (gone, on_gone): (usize, OnGone<K>),
     ) -> Self {
         let config = watcher::Config::default().page_size(LIST_PAGE);
-        let (cache, task) = Self::build(api, config, what, filter, false, gone);
+        let gone = Gone::new(gone, Some(on_gone));
+        let (cache, task) = Self::build(api, config, what, Arc::new(filter), false, gone);
         tokio::spawn(task);
         cache
     }
@@ -201,7 +225,14 @@ where
         what: &'static str,
         filter: fn(&mut K),
     ) -> (Self, impl Future<Output = ()> + Send + 'static) {
-        Self::build(api, config, what, filter, false, 0)
+        Self::build(
+            api,
+            config,
+            what,
+            Arc::new(filter),
+            false,
+            Gone::new(0, None),
+        )
     }
 
     /// Like [`Cache::with_config`], keeping whole objects, managedFields
@@ -212,19 +243,25 @@ where
         config: watcher::Config,
         what: &'static str,
     ) -> (Self, impl Future<Output = ()> + Send + 'static) {
-        Self::build(api, config, what, |_| {}, true, 0)
+        Self::build(
+            api,
+            config,
+            what,
+            Arc::new(|_: &mut K| {}),
+            true,
+            Gone::new(0, None),
+        )
     }
 
     fn build(
         api: Api<K>,
         config: watcher::Config,
         what: &'static str,
-        filter: fn(&mut K),
+        filter: Filter<K>,
         keep_managed_fields: bool,
-        gone: usize,
+        gone: Gone<K>,
     ) -> (Self, impl Future<Output = ()> + Send + 'static) {
         let (store, writer) = reflector::store();
-        let gone = Gone::new(gone);
         let (listed_tx, listed) = watch::channel(false);
         let (changes, _) = broadcast::channel(CHANGES_BUFFER);
         let fresh = Arc::new(AtomicBool::new(false));
@@ -369,7 +406,7 @@ where
     listed: watch::Sender<bool>,
     fresh: Arc<AtomicBool>,
     what: &'static str,
-    filter: fn(&mut K),
+    filter: Filter<K>,
     keep_managed_fields: bool,
     changes: broadcast::Sender<Arc<K>>,
     gone: Gone<K>,
@@ -392,7 +429,7 @@ where
             while let Some(event) = events.next().await {
                 match event {
                     Ok(event) => {
-                        let (filter, keep) = (self.filter, self.keep_managed_fields);
+                        let (filter, keep) = (self.filter.clone(), self.keep_managed_fields);
                         let event = event.modify(|object| {
                             filter(object);
                             if !keep {
@@ -449,7 +486,7 @@ where
     /// watch did not deliver), or at a list's end every object the list
     /// did not have.
     fn remember_gone(&mut self, event: &watcher::Event<K>) {
-        if self.gone.limit == 0 {
+        if !self.gone.wanted() {
             return;
         }
         let key = |o: &K| (ObjectRef::from_obj(o), o.meta().uid.clone());

@@ -2,27 +2,45 @@
 //! and every `autonode.dev/*` name autonode reads or writes, in one place.
 //!
 //! autonode records facts on Karpenter's NodeClaims as annotations: the
-//! one-shot binding, a bootstrap failure, the milestones already reported.
-//! Annotations are not autonode's alone to write: Karpenter copies a
-//! NodePool's `spec.template.metadata.annotations` onto every NodeClaim it
-//! creates, so whoever may edit a NodePool can put any `autonode.dev/*`
-//! value on a NodeClaim before autonode ever sees it. A pre-seeded binding
-//! would refuse the real machine as a "replay" (or let a chosen key resume);
-//! a pre-seeded failure would get a healthy machine marked failed.
+//! one-shot binding, a bootstrap failure, the milestones already reported,
+//! when another instance last held a reused node name. Annotations are not
+//! autonode's alone to write: Karpenter copies a NodePool's
+//! `spec.template.metadata.annotations` onto every NodeClaim it creates, so
+//! whoever may edit a NodePool can put any `autonode.dev/*` value on a
+//! NodeClaim before autonode ever sees it. A pre-seeded binding would
+//! refuse the real machine as a "replay" (or let a chosen key resume); a
+//! pre-seeded failure would get a healthy machine marked failed.
 //!
-//! So a mark counts only when the API server's own record of who wrote it,
-//! `metadata.managedFields`, names [`FIELD_MANAGER`] as the field's only
-//! manager. Every write of a mark goes through [`patch_params`], so the API
-//! server records it under that name; a write by Karpenter (or by anyone
-//! else through their own client) is recorded under theirs. What this does
-//! not stop: a principal with direct write access to NodeClaims who sends
-//! `fieldManager=autonode-server` on purpose. Such a principal can already
-//! set `status.providerID` and is trusted like Karpenter (docs/design.md,
-//! threat model).
+//! Nor does managedFields settle it. autonode writes marks with merge
+//! patches, and a write of the value already there takes no ownership:
+//! a NodePool author who puts in the template the very value autonode
+//! will write (`name-last-held` is the earlier holder's deletion time,
+//! which anyone who may read NodeClaims can read; `reported` is a list of
+//! milestone names) stays the mark's co-owner, and a rule of "autonode
+//! its only manager" then drops autonode's own mark: the name-reuse
+//! window forgotten after a restart, a failure unseen.
 //!
-//! [`keep_own`] removes every mark that fails this test from an object's
+//! So every mark is written with a seal beside it ([`seal_key`]): a MAC,
+//! under the replicas' key ([`StateKey`], the rollout guard's), over the
+//! NodeClaim's UID, the mark's name and its exact value. No one without
+//! the key can make one, and none opens on another NodeClaim (a UID exists
+//! only once the NodeClaim does, after its template was copied). A mark
+//! counts when its seal opens, whoever else manages the field: nothing can
+//! be pre-seeded to erase it, and nothing can be forged, not even by a
+//! client sending `fieldManager=autonode-server`.
+//!
+//! Marks written before seals (by an older autonode-server, or by one
+//! still running during a rolling upgrade, which leaves a stale seal
+//! behind) count as they did: when managedFields name [`FIELD_MANAGER`]
+//! as their only writer. No NodePool author can produce that; a client
+//! sending autonode's field manager name on purpose can, and such a
+//! principal may write NodeClaims, so is trusted (docs/design.md, threat
+//! model). An older server reads the marks as before and ignores the seals.
+//!
+//! [`keep_own`] removes every mark that fails both tests from an object's
 //! metadata, so the code that reads marks never sees a foreign one.
 
+pub use crate::kube::seal::StateKey;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::PatchParams;
 
@@ -124,6 +142,51 @@ pub fn capped(text: &str, max: usize) -> String {
     format!("{}{MORE}", &text[..end])
 }
 
+/// What a mark's seal is a MAC for (see [`StateKey::mac`]).
+const SEAL_PURPOSE: &[u8] = b"autonode.dev/nodeclaim mark v1";
+
+/// The annotation holding the seal of `mark` (one of [`NODECLAIM_MARKS`]):
+/// beside the mark, not in it, so an older autonode-server, which reads
+/// the mark's value as it always did, still can.
+pub fn seal_key(mark: &str) -> String {
+    format!("{mark}-seal")
+}
+
+/// The seal of `mark` set to `value` on the NodeClaim with `uid`: the
+/// mark's name is under the MAC too, so a seal does not open for another
+/// mark of the same value.
+pub fn seal(key: &StateKey, uid: &str, mark: &str, value: &str) -> String {
+    key.mac(SEAL_PURPOSE, uid, &format!("{mark}={value}"))
+}
+
+/// Whether `mac` is [`seal`]'s for these; never for an object without a UID.
+fn opens(key: &StateKey, uid: &str, mark: &str, value: &str, mac: &str) -> bool {
+    !uid.is_empty() && key.opens(SEAL_PURPOSE, uid, &format!("{mark}={value}"), mac)
+}
+
+/// `annotations` (marks to write, as a JSON object: a string sets a mark,
+/// `null` removes it) with each mark's seal beside it, for the NodeClaim
+/// with `uid`. A write of marks goes through here, in the same patch as the
+/// marks, so no mark is ever written without its seal.
+pub fn with_seals(
+    key: &StateKey,
+    uid: &str,
+    mut annotations: serde_json::Map<String, serde_json::Value>,
+) -> serde_json::Map<String, serde_json::Value> {
+    let seals: Vec<(String, serde_json::Value)> = annotations
+        .iter()
+        .filter(|(mark, _)| NODECLAIM_MARKS.contains(&mark.as_str()))
+        .map(|(mark, value)| {
+            let sealed = value
+                .as_str()
+                .map(|v| serde_json::Value::from(seal(key, uid, mark, v)));
+            (seal_key(mark), sealed.unwrap_or(serde_json::Value::Null))
+        })
+        .collect();
+    annotations.extend(seals);
+    annotations
+}
+
 /// Patch parameters for every write of a mark: names [`FIELD_MANAGER`].
 pub fn patch_params() -> PatchParams {
     PatchParams {
@@ -133,19 +196,30 @@ pub fn patch_params() -> PatchParams {
 }
 
 /// Removes from `meta` each of [`NODECLAIM_MARKS`] that autonode did not
-/// write, and returns the keys removed. Call it on an object as the API
-/// server sent it, before managedFields are dropped: without them no mark
-/// can be trusted, so all are removed.
-pub fn keep_own(meta: &mut ObjectMeta) -> Vec<&'static str> {
-    let Some(annotations) = meta.annotations.as_mut() else {
+/// write, and returns the keys removed: a mark stays when its seal opens
+/// under `key` for this object's UID, or (a mark from before seals) when
+/// managedFields name autonode its only writer. Call it on an object as
+/// the API server sent it, before managedFields are dropped.
+pub fn keep_own(meta: &mut ObjectMeta, key: &StateKey) -> Vec<&'static str> {
+    let Some(annotations) = meta.annotations.as_ref() else {
         return Vec::new();
     };
+    let uid = meta.uid.as_deref().unwrap_or_default();
     let managed = meta.managed_fields.as_deref().unwrap_or_default();
-    let mut removed = Vec::new();
-    for key in NODECLAIM_MARKS {
-        if annotations.contains_key(key) && !written_only_by_us(managed, key) {
-            annotations.remove(key);
-            removed.push(key);
+    let removed: Vec<&'static str> = NODECLAIM_MARKS
+        .into_iter()
+        .filter(|mark| {
+            let Some(value) = annotations.get(*mark) else {
+                return false;
+            };
+            let mac = annotations.get(&seal_key(mark));
+            let sealed = mac.is_some_and(|mac| opens(key, uid, mark, value, mac));
+            !sealed && !written_only_by_us(managed, mark)
+        })
+        .collect();
+    if let Some(annotations) = meta.annotations.as_mut() {
+        for mark in &removed {
+            annotations.remove(*mark);
         }
     }
     removed
@@ -183,9 +257,16 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn key() -> StateKey {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("key");
+        std::fs::write(&path, [9; 32]).unwrap();
+        StateKey::from_key_file(&path).unwrap()
+    }
+
     fn meta(annotations: serde_json::Value, managed: serde_json::Value) -> ObjectMeta {
         serde_json::from_value(json!({
-            "name": "c1",
+            "name": "c1", "uid": "u1",
             "annotations": annotations,
             "managedFields": managed,
         }))
@@ -206,7 +287,7 @@ mod tests {
             json!({BINDING: "x", "other": "y"}),
             json!([entry(FIELD_MANAGER, BINDING)]),
         );
-        assert!(keep_own(&mut m).is_empty());
+        assert!(keep_own(&mut m, &key()).is_empty());
         assert_eq!(m.annotations.unwrap().len(), 2);
     }
 
@@ -219,7 +300,7 @@ mod tests {
                 entry("karpenter", BOOTSTRAP_FAILED)
             ]),
         );
-        assert_eq!(keep_own(&mut m), vec![BINDING, BOOTSTRAP_FAILED]);
+        assert_eq!(keep_own(&mut m, &key()), vec![BINDING, BOOTSTRAP_FAILED]);
         let left = m.annotations.unwrap();
         assert_eq!(left.keys().collect::<Vec<_>>(), vec!["other"]);
     }
@@ -233,7 +314,84 @@ mod tests {
                 entry("kubectl-edit", REPORTED)
             ]),
         );
-        assert_eq!(keep_own(&mut m), vec![REPORTED]);
+        assert_eq!(keep_own(&mut m, &key()), vec![REPORTED]);
+    }
+
+    #[test]
+    fn a_sealed_mark_counts_whoever_else_manages_it() {
+        // The NodePool author's template put the value first: Karpenter
+        // co-owns it, and autonode's write of the same value took nothing.
+        let held = "2026-01-01T00:00:00Z";
+        let sealed = seal(&key(), "u1", NAME_LAST_HELD, held);
+        let mut m = meta(
+            json!({NAME_LAST_HELD: held, seal_key(NAME_LAST_HELD): sealed}),
+            json!([
+                entry("karpenter", NAME_LAST_HELD),
+                entry(FIELD_MANAGER, &seal_key(NAME_LAST_HELD))
+            ]),
+        );
+        assert!(keep_own(&mut m, &key()).is_empty());
+        assert_eq!(m.annotations.unwrap()[NAME_LAST_HELD], held);
+    }
+
+    #[test]
+    fn a_seal_opens_only_for_its_claim_mark_value_and_key() {
+        let k = key();
+        let dir = tempfile::tempdir().unwrap();
+        let tls_key = dir.path().join("tls.key");
+        std::fs::write(&tls_key, b"another").unwrap();
+        let other_key = StateKey::from_tls_key(&tls_key).unwrap();
+        let cases = [
+            seal(&k, "u2", REPORTED, "attested"),
+            seal(&k, "u1", BOOTSTRAP_FAILED, "attested"),
+            seal(&k, "u1", REPORTED, "attested,ready"),
+            seal(&other_key, "u1", REPORTED, "attested"),
+            "forged".to_string(),
+        ];
+        for mac in cases {
+            // Even under autonode's field manager name (anyone may send it),
+            // a wrong seal alone is no proof; copied by Karpenter, no mark.
+            let mut m = meta(
+                json!({REPORTED: "attested", seal_key(REPORTED): mac}),
+                json!([entry("karpenter", REPORTED)]),
+            );
+            assert_eq!(keep_own(&mut m, &k), vec![REPORTED], "{mac}");
+        }
+        let mut no_uid = meta(
+            json!({REPORTED: "attested", seal_key(REPORTED): seal(&k, "", REPORTED, "attested")}),
+            json!([entry("karpenter", REPORTED)]),
+        );
+        no_uid.uid = None;
+        assert_eq!(keep_own(&mut no_uid, &k), vec![REPORTED]);
+    }
+
+    #[test]
+    fn a_mark_from_before_seals_counts_only_as_autonodes_alone() {
+        // An older server wrote it (no seal), or changed it (a stale seal).
+        let stale = seal(&key(), "u1", REPORTED, "attested");
+        let mut m = meta(
+            json!({REPORTED: "attested,ready", seal_key(REPORTED): stale}),
+            json!([entry(FIELD_MANAGER, REPORTED)]),
+        );
+        assert!(keep_own(&mut m, &key()).is_empty());
+    }
+
+    #[test]
+    fn every_mark_written_is_sealed_and_a_removed_one_loses_its_seal() {
+        let written = with_seals(
+            &key(),
+            "u1",
+            json!({BINDING: "{}", BOOTSTRAP_FAILED: null, "resourceVersion": "7"})
+                .as_object()
+                .cloned()
+                .unwrap(),
+        );
+        assert_eq!(
+            written[&seal_key(BINDING)],
+            seal(&key(), "u1", BINDING, "{}")
+        );
+        assert_eq!(written[&seal_key(BOOTSTRAP_FAILED)], json!(null));
+        assert!(!written.contains_key(&seal_key("resourceVersion")));
     }
 
     #[test]
@@ -260,6 +418,6 @@ mod tests {
     #[test]
     fn without_managed_fields_nothing_is_trusted() {
         let mut m = meta(json!({BINDING: "x"}), json!(null));
-        assert_eq!(keep_own(&mut m), vec![BINDING]);
+        assert_eq!(keep_own(&mut m, &key()), vec![BINDING]);
     }
 }

@@ -19,4 +19,5 @@ pub mod nodeclaim;
 pub mod quantity;
 pub mod reason;
 pub mod reuse;
+pub mod seal;
 pub mod told;

@@ -4,28 +4,31 @@
 //! [`NodeClaims`] is the only writer of NodeClaims: the binding, the
 //! bootstrap-failed and reported marks, the feedback condition and the
 //! deletion of a failed machine's NodeClaim all go through its methods, each
-//! under [`marks::FIELD_MANAGER`], so what the API server records under that
-//! name (and [`marks::keep_own`] trusts) is exactly what these methods write.
+//! under [`marks::FIELD_MANAGER`], every mark with its seal in the same
+//! write ([`marks::with_seals`]), so what [`marks::keep_own`] trusts is
+//! exactly what these methods write.
 //!
 //! Lookups come from a watch-backed cache (a kube-runtime reflector), never
 //! a LIST per join: a scale-out of a thousand machines must not become a
 //! thousand LISTs of every NodeClaim.
 
-use crate::kube::cache::{self, Cache};
+use crate::kube::cache::{self, Cache, OnGone};
 use crate::kube::clock::{self, Clock, KubeTime};
 use crate::kube::karpenter::{Condition, NodeClaim};
-use crate::kube::marks;
+use crate::kube::marks::{self, StateKey};
+use crate::kube::reuse::History;
 use kube::api::{DeleteParams, Patch, Preconditions};
 use kube::{Api, Client};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use time::OffsetDateTime;
 
 /// How long a join waits for the cache to show a NodeClaim it lacks.
 pub const CACHE_GRACE: Duration = Duration::from_secs(3);
 
 /// The most deleted NodeClaims remembered (see [`NodeClaims::gone`]):
-/// stripped NodeClaims are small, and a rollout trial watches fewer.
+/// stripped NodeClaims are small, and a rollout trial watches fewer. The
+/// node names they held are remembered apart, by time ([`History`]).
 pub const MAX_GONE: usize = 1024;
 
 /// The NodeClaim cache.
@@ -33,16 +36,49 @@ pub const MAX_GONE: usize = 1024;
 pub struct NodeClaims {
     cache: Cache<NodeClaim>,
     api: Api<NodeClaim>,
+    /// Seals every mark written, and opens those read.
+    key: StateKey,
+    history: History,
 }
 
 impl NodeClaims {
-    /// Starts watching NodeClaims in the background.
-    pub fn start(client: Client) -> Self {
+    /// Starts watching NodeClaims in the background. `key` seals and opens
+    /// marks; the names of bound NodeClaims seen gone (`clock`'s time)
+    /// are remembered for `signing` (`--signing-duration`).
+    pub fn start(client: Client, key: StateKey, clock: Clock, signing: Duration) -> Self {
         let api: Api<NodeClaim> = Api::all(client);
+        let history = History::new(signing);
+        let remember = history.clone();
+        let on_gone: OnGone<NodeClaim> = Arc::new(move |claim: &NodeClaim| {
+            remember.record(claim, clock.stamp(), Instant::now());
+        });
+        let filter = move |claim: &mut NodeClaim| strip(claim, &key);
         Self {
-            cache: Cache::start_remembering(api.clone(), "NodeClaim", strip, MAX_GONE),
+            cache: Cache::start_remembering(api.clone(), "NodeClaim", filter, (MAX_GONE, on_gone)),
             api,
+            key,
+            history,
         }
+    }
+
+    /// The node names gone NodeClaims held (see [`crate::kube::reuse`]).
+    pub fn history(&self) -> &History {
+        &self.history
+    }
+
+    /// `claim`, as the API server sent it, stripped as the cache's are
+    /// (see [`strip`]): only autonode's own marks are left.
+    pub fn strip(&self, claim: &mut NodeClaim) {
+        strip(claim, &self.key);
+    }
+
+    /// `annotations` (marks to write) with their seals, for `claim`.
+    fn sealed(&self, claim: &NodeClaim, annotations: serde_json::Value) -> serde_json::Value {
+        let uid = claim.metadata.uid.as_deref().unwrap_or_default();
+        let serde_json::Value::Object(annotations) = annotations else {
+            return annotations;
+        };
+        marks::with_seals(&self.key, uid, annotations).into()
     }
 
     /// Waits until the first full list has arrived.
@@ -122,24 +158,25 @@ impl NodeClaims {
     pub async fn get_fresh(&self, name: &str) -> Result<Option<NodeClaim>, kube::Error> {
         let mut claim = self.api.get_opt(name).await?;
         if let Some(claim) = claim.as_mut() {
-            strip(claim);
+            self.strip(claim);
         }
         Ok(claim)
     }
 
     /// Writes `value` (a serialized [`crate::kube::binding::Record`]; the binding
-    /// owns its format) as `name`'s binding, and `reported` as its
+    /// owns its format) as the binding of `over`, and `reported` as its
     /// [`marks::REPORTED`] mark when given, only if the NodeClaim is still
-    /// at `resource_version` (the API server answers 409 otherwise), and
-    /// `held` as its [`marks::NAME_LAST_HELD`] mark when given.
+    /// at `over`'s resourceVersion (the API server answers 409 otherwise),
+    /// and `held` as its [`marks::NAME_LAST_HELD`] mark when given.
     /// Returns the NodeClaim as written, with only autonode's own marks.
     pub async fn write_binding(
         &self,
-        name: &str,
-        resource_version: Option<&str>,
+        over: &NodeClaim,
         value: &str,
         (reported, held): (Option<&str>, Option<&str>),
     ) -> Result<NodeClaim, kube::Error> {
+        let name = over.metadata.name.as_deref().unwrap_or_default();
+        let resource_version = over.metadata.resource_version.as_deref();
         let mut annotations = serde_json::json!({ marks::BINDING: value });
         if let Some(reported) = reported {
             annotations[marks::REPORTED] = reported.into();
@@ -151,11 +188,11 @@ impl NodeClaims {
         let patch = serde_json::json!({
             "metadata": {
                 "resourceVersion": resource_version,
-                "annotations": annotations,
+                "annotations": self.sealed(over, annotations),
             }
         });
         let mut written = self.merge(name, &patch).await?;
-        strip(&mut written);
+        self.strip(&mut written);
         Ok(written)
     }
 
@@ -169,9 +206,11 @@ impl NodeClaims {
         let name = claim.metadata.name.clone().unwrap_or_default();
         // The uid in a patch is a precondition: a NodeClaim of the same
         // name made since is not marked (409).
+        let note =
+            serde_json::json!({marks::BOOTSTRAP_FAILED: marks::capped(why, marks::MAX_NOTE)});
         let patch = serde_json::json!({"metadata": {
             "uid": claim.metadata.uid,
-            "annotations": {marks::BOOTSTRAP_FAILED: marks::capped(why, marks::MAX_NOTE)},
+            "annotations": self.sealed(claim, note),
         }});
         match self.merge(&name, &patch).await {
             Ok(_) => {}
@@ -225,9 +264,11 @@ impl NodeClaims {
     /// replaced.
     async fn mark_failed(&self, claim: &NodeClaim, note: &str) -> Result<bool, kube::Error> {
         let name = claim.metadata.name.clone().unwrap_or_default();
+        let note =
+            serde_json::json!({marks::BOOTSTRAP_FAILED: marks::capped(note, marks::MAX_NOTE)});
         let patch = serde_json::json!({"metadata": {
             "uid": claim.metadata.uid,
-            "annotations": {marks::BOOTSTRAP_FAILED: marks::capped(note, marks::MAX_NOTE)},
+            "annotations": self.sealed(claim, note),
         }});
         match self.merge(&name, &patch).await {
             Ok(_) => Ok(true),
@@ -236,14 +277,20 @@ impl NodeClaims {
         }
     }
 
-    /// Records `reported` (comma-separated milestones) as `name`'s
-    /// [`marks::REPORTED`] mark; returns the NodeClaim as the write left it.
+    /// Records `reported` (comma-separated milestones) as `claim`'s
+    /// [`marks::REPORTED`] mark, if it is still the object read (same
+    /// uid: the seal is for it); returns the NodeClaim as the write left it.
     pub async fn mark_reported(
         &self,
-        name: &str,
+        claim: &NodeClaim,
         reported: &str,
     ) -> Result<NodeClaim, kube::Error> {
-        let patch = serde_json::json!({"metadata": {"annotations": {marks::REPORTED: reported}}});
+        let mark = serde_json::json!({marks::REPORTED: reported});
+        let patch = serde_json::json!({"metadata": {
+            "uid": claim.metadata.uid,
+            "annotations": self.sealed(claim, mark),
+        }});
+        let name = claim.metadata.name.as_deref().unwrap_or_default();
         self.merge(name, &patch).await
     }
 
@@ -256,13 +303,14 @@ impl NodeClaims {
         claim: &NodeClaim,
         reported: &str,
     ) -> Result<NodeClaim, kube::Error> {
+        let mark = serde_json::json!({marks::REPORTED: reported});
         let patch = serde_json::json!({"metadata": {
             "resourceVersion": claim.metadata.resource_version,
-            "annotations": {marks::REPORTED: reported},
+            "annotations": self.sealed(claim, mark),
         }});
         let name = claim.metadata.name.as_deref().unwrap_or_default();
         let mut written = self.merge(name, &patch).await?;
-        strip(&mut written);
+        self.strip(&mut written);
         Ok(written)
     }
 
@@ -336,11 +384,12 @@ pub fn age_seconds(claim: &NodeClaim, clock: Clock) -> Option<f64> {
 /// What is kept of a NodeClaim (in this cache and the feedback controller's):
 /// its identity, the typed spec and status (unknown fields are never
 /// parsed), its labels (the renderer gives them to the node) and, of its
-/// annotations, only autonode's own marks. Everything else a NodePool's
-/// template copies on (annotations of any size) is dropped, as are
+/// annotations, only autonode's own marks (judged with `key`). Everything
+/// else a NodePool's template copies on (annotations of any size) is
+/// dropped, seals included once they have been checked, as are
 /// managedFields once `keep_own_marks` has judged the marks by them.
-pub fn strip(claim: &mut NodeClaim) {
-    keep_own_marks(claim);
+pub fn strip(claim: &mut NodeClaim, key: &StateKey) {
+    keep_own_marks(claim, key);
     let marks = claim.metadata.annotations.take().and_then(|mut all| {
         all.retain(|key, _| marks::NODECLAIM_MARKS.contains(&key.as_str()));
         (!all.is_empty()).then_some(all)
@@ -353,8 +402,8 @@ pub fn strip(claim: &mut NodeClaim) {
 
 /// Drops the `autonode.dev/*` marks on `claim` that autonode did not write
 /// (see [`marks`]): from here on, nothing reads a foreign one.
-fn keep_own_marks(claim: &mut NodeClaim) {
-    let removed = marks::keep_own(&mut claim.metadata);
+fn keep_own_marks(claim: &mut NodeClaim, key: &StateKey) {
+    let removed = marks::keep_own(&mut claim.metadata, key);
     if !removed.is_empty() {
         let name = claim.metadata.name.as_deref().unwrap_or_default();
         tracing::warn!(nodeclaim = name, annotations = ?removed, "ignoring autonode annotations that autonode did not write (copied from a NodePool template, or set by hand)");
@@ -529,6 +578,9 @@ mod tests {
 
     #[test]
     fn only_labels_and_own_marks_are_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let tls_key = dir.path().join("tls.key");
+        std::fs::write(&tls_key, b"key").unwrap();
         let own = json!({
             "manager": marks::FIELD_MANAGER, "operation": "Update",
             "apiVersion": "karpenter.sh/v1", "fieldsType": "FieldsV1",
@@ -547,7 +599,7 @@ mod tests {
             "finalizers": ["karpenter.sh/termination"],
         }}));
         let mut claim = (*claim).clone();
-        strip(&mut claim);
+        strip(&mut claim, &StateKey::from_tls_key(&tls_key).unwrap());
         let meta = serde_json::to_value(&claim.metadata).unwrap();
         assert_eq!(
             meta,

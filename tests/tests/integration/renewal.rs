@@ -268,60 +268,164 @@ async fn csrs_in_a_loop_get_at_most_the_cap_and_bounded_ec2_calls() -> Result<()
 /// passed. X's own join certificates had the bounded join lifetime.
 #[tokio::test]
 async fn a_dead_nodes_credential_gets_nothing_for_the_next_machine_with_its_name() -> Result<()> {
-    // The harness's signer signs for at most a day (its CA's own
-    // validity): the server is told so, and bounds joins to an hour.
-    const SIGNING: Duration = Duration::from_secs(24 * 3600);
-    const JOIN: Duration = Duration::from_secs(3600);
-    let world = World::start_with(&[
-        format!("--signing-duration={}", SIGNING.as_secs()),
-        format!("--join-certificate-lifetime={}", JOIN.as_secs()),
-    ])
-    .await?;
+    let [signing, join] = REUSE_LIFETIMES;
+    let world = reuse_world().await?;
     let (x, x_answer) = Joined::with_answer(&world, |i| i).await?;
     register(&x.client, &x.name, &x.provider_id()).await?;
     // kube-controller-manager backdates notBefore by 5 minutes.
     let backdated = Duration::from_secs(5 * 60);
     let bounded = lifetime(&x_answer.client_certificate)?;
-    assert_eq!(bounded, JOIN + backdated, "X's join certificate");
+    assert_eq!(bounded, join + backdated, "X's join certificate");
 
     let admin = world.cp.admin().await?;
     x.goes_away(&world, &admin).await?;
 
-    let (y, y_answer) = Joined::with_answer(&world, |i| Instance {
-        private_ip: x.instance.private_ip,
-        private_dns_name: x.instance.private_dns_name.clone(),
-        local_hostname: x.instance.local_hostname.clone(),
-        ..i
-    })
-    .await?;
+    let (y, y_answer) = Joined::with_answer(&world, named_as(&x)).await?;
     assert_eq!(y.name, x.name, "EC2 gave Y X's name");
     for certificate in [&y_answer.client_certificate, &y_answer.serving_certificate] {
         let full = lifetime(certificate)?;
         assert!(
-            full >= SIGNING,
+            full >= signing,
             "Y's join certificate lasts {full:?}: it would expire inside the window"
         );
     }
     register(&y.client, &y.name, &y.provider_id()).await?;
     // Forget what this server saw of X: only the mark on Y's NodeClaim is left.
     world.server.restart().await?;
-
-    let as_x: Api<CertificateSigningRequest> = Api::all(x.client.clone());
-    let renewed = renewal(&as_x, "renew-dead", &x.name).await?;
-    let served = serving(&as_x, "serving-dead", &CsrShape::serving(&y.instance)).await?;
-    let csrs: Api<CertificateSigningRequest> = Api::all(admin.clone());
-    for csr in [&renewed, &served] {
-        let line = left_pending_within(&world, csr, Duration::from_secs(30)).await?;
-        assert!(line.contains("name_reused"), "{line}");
-        assert!(undecided(&csrs, csr).await?, "{csr} was decided");
-        // Said where `kubectl describe csr` shows it, not only in a log.
-        world.event_reasons(csr, "NodeNameReused").await?;
-    }
+    dead_credential_gets_nothing(&world, &x, &y).await?;
 
     // A machine whose name no one held before renews as always.
     let z = Joined::new(&world, |i| i).await?;
     register(&z.client, &z.name, &z.provider_id()).await?;
     own_csrs_are_issued(&world, &z, "fresh-name").await
+}
+
+/// The signer's lifetime and the join's, in the name-reuse tests: the
+/// harness's signer signs for at most a day (its CA's own validity).
+const REUSE_LIFETIMES: [Duration; 2] = [Duration::from_secs(24 * 3600), Duration::from_secs(3600)];
+
+/// A world whose server knows [`REUSE_LIFETIMES`].
+async fn reuse_world() -> Result<World> {
+    let [signing, join] = REUSE_LIFETIMES;
+    World::start_with(&[
+        format!("--signing-duration={}", signing.as_secs()),
+        format!("--join-certificate-lifetime={}", join.as_secs()),
+    ])
+    .await
+}
+
+/// `instance` with `x`'s address and name, as EC2 gives them again.
+fn named_as(x: &Joined) -> impl FnOnce(Instance) -> Instance + '_ {
+    |i| Instance {
+        private_ip: x.instance.private_ip,
+        private_dns_name: x.instance.private_dns_name.clone(),
+        local_hostname: x.instance.local_hostname.clone(),
+        ..i
+    }
+}
+
+/// X's kubelet credential, its machine gone, asks for a client renewal and
+/// a serving certificate for Y's name and address: both are left pending
+/// as `name_reused`, with a `NodeNameReused` Event.
+async fn dead_credential_gets_nothing(world: &World, x: &Joined, y: &Joined) -> Result<()> {
+    let as_x: Api<CertificateSigningRequest> = Api::all(x.client.clone());
+    let renewed = renewal(&as_x, "renew-dead", &x.name).await?;
+    let served = serving(&as_x, "serving-dead", &CsrShape::serving(&y.instance)).await?;
+    let csrs: Api<CertificateSigningRequest> = Api::all(world.cp.admin().await?);
+    for csr in [&renewed, &served] {
+        let line = left_pending_within(world, csr, Duration::from_secs(30)).await?;
+        assert!(line.contains("name_reused"), "{line}");
+        assert!(undecided(&csrs, csr).await?, "{csr} was decided");
+        // Said where `kubectl describe csr` shows it, not only in a log.
+        world.event_reasons(csr, "NodeNameReused").await?;
+    }
+    Ok(())
+}
+
+/// Item 2 of issue 35. The join's `autonode.dev/name-last-held` mark is the
+/// earlier holder's deletion time, which anyone who may read NodeClaims
+/// reads. A NodePool author puts that very value in the template: Karpenter
+/// copies it onto Y's NodeClaim, the join writes the same value (a merge
+/// patch that changes nothing takes no ownership), and Karpenter stays its
+/// co-owner. Before marks were sealed, a mark counted only with autonode
+/// its only manager: after a restart the mark was dropped, and the dead
+/// node's credential was renewed and given a serving certificate for Y.
+/// Now the mark's seal (a MAC only the replicas can make, over Y's
+/// NodeClaim's UID and the value) counts, whoever else manages the value.
+#[tokio::test]
+async fn a_name_reuse_mark_copied_from_a_nodepool_does_not_erase_the_window() -> Result<()> {
+    let world = reuse_world().await?;
+    let x = Joined::new(&world, |i| i).await?;
+    register(&x.client, &x.name, &x.provider_id()).await?;
+    let admin = world.cp.admin().await?;
+    let deleted = x.goes_away_held(&world, &admin).await?;
+
+    let template = serde_json::json!({ "autonode.dev/name-last-held": deleted });
+    let y = Joined::annotated(&world, template, named_as(&x)).await?;
+    assert_eq!(y.name, x.name, "EC2 gave Y X's name");
+    let marks = autonode_tests::karpenter::annotations(&admin, &y.claim).await?;
+    let mark = marks.get("autonode.dev/name-last-held").map(String::as_str);
+    assert_eq!(
+        mark,
+        Some(deleted.as_str()),
+        "the attacker predicted the mark"
+    );
+    register(&y.client, &y.name, &y.provider_id()).await?;
+    // Forget what this server saw of X: only the marks on Y's NodeClaim are left.
+    world.server.restart().await?;
+    dead_credential_gets_nothing(&world, &x, &y).await
+}
+
+/// Item 3 of issue 35. The replica that watched X's NodeClaim go used to
+/// remember it among the last 1,024 NodeClaims deleted, of any kind: 1,100
+/// NodeClaims created and deleted since (anyone whose pods Karpenter scales
+/// for can cause that) and Y's join wrote no mark, its certificates were
+/// the bounded join ones, and X's credential was renewed and given a
+/// serving certificate for Y. Now a bound NodeClaim's IP-based name is
+/// remembered for the signer's lifetime, and NodeClaims that never bound
+/// take no room.
+#[tokio::test]
+async fn a_dead_nodes_name_is_remembered_through_a_churn_of_nodeclaims() -> Result<()> {
+    const CHURN: usize = 1100;
+    let world = reuse_world().await?;
+    let x = Joined::new(&world, |i| i).await?;
+    register(&x.client, &x.name, &x.provider_id()).await?;
+    let admin = world.cp.admin().await?;
+    x.goes_away(&world, &admin).await?;
+    churn(&admin, CHURN).await?;
+
+    let (y, y_answer) = Joined::with_answer(&world, named_as(&x)).await?;
+    assert_eq!(y.name, x.name, "EC2 gave Y X's name");
+    let full = lifetime(&y_answer.client_certificate)?;
+    assert!(
+        full >= REUSE_LIFETIMES[0],
+        "Y's join certificate lasts {full:?}: X's name was forgotten"
+    );
+    register(&y.client, &y.name, &y.provider_id()).await?;
+    dead_credential_gets_nothing(&world, &x, &y).await
+}
+
+/// `count` NodeClaims created and deleted (no finalizer, no instance), as
+/// a busy or hostile cluster's pods make Karpenter do.
+async fn churn(admin: &kube::Client, count: usize) -> Result<()> {
+    use futures::{StreamExt, TryStreamExt};
+    let claims = autonode_tests::karpenter::nodeclaims(admin);
+    let started = std::time::Instant::now();
+    futures::stream::iter(0..count)
+        .map(|n| {
+            let claims = claims.clone();
+            async move {
+                let name = format!("churn-{n}");
+                autonode_tests::karpenter::create_nodeclaim(admin, &name, "default").await?;
+                claims.delete(&name, &DeleteParams::default()).await?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect::<()>()
+        .await?;
+    eprintln!("churned {count} NodeClaims in {:?}", started.elapsed());
+    Ok(())
 }
 
 /// EC2's resource-based hostnames (`i-0123456789abcdef0.<region>.compute.internal`,
@@ -441,6 +545,54 @@ impl Joined {
 
     fn provider_id(&self) -> String {
         self.instance.provider_id()
+    }
+
+    /// Like [`Joined::new`], its NodeClaim carrying `annotations` as
+    /// Karpenter copies them from a NodePool's template.
+    async fn annotated(
+        world: &World,
+        annotations: serde_json::Value,
+        customise: impl FnOnce(Instance) -> Instance,
+    ) -> Result<Self> {
+        let (claim, instance) = world.launch_annotated(annotations, customise).await?;
+        let keys = autonode_tests::joiner::NodeKeys::generate()?;
+        let request = autonode_tests::joiner::honest_request(&instance, world.cloud.ca(), &keys)?;
+        let response = world.joiner.join(&request).await?.granted();
+        Ok(Self {
+            claim,
+            client: world.node_client(&response, &keys).await?,
+            name: response.node_name,
+            instance,
+        })
+    }
+
+    /// Like [`Joined::goes_away`], its NodeClaim held by a finalizer
+    /// (Karpenter's termination) while deleted, so it carries a
+    /// `deletionTimestamp`; returns it, as anyone who may read NodeClaims
+    /// sees it.
+    async fn goes_away_held(&self, world: &World, admin: &kube::Client) -> Result<String> {
+        use kube::api::{Patch, PatchParams};
+        let claims = autonode_tests::karpenter::nodeclaims(admin);
+        let finalizers = |f: serde_json::Value| serde_json::json!({"metadata": {"finalizers": f}});
+        let params = PatchParams::default();
+        let hold = finalizers(serde_json::json!(["karpenter.sh/termination"]));
+        claims
+            .patch(&self.claim, &params, &Patch::Merge(&hold))
+            .await?;
+        self.goes_away(world, admin).await?;
+        let deleting = claims.get(&self.claim).await?;
+        let deleted = deleting
+            .metadata
+            .deletion_timestamp
+            .context("no deletionTimestamp")?;
+        let deleted = serde_json::to_value(&deleted)?;
+        let deleted = deleted.as_str().context("a timestamp")?.to_string();
+        let release = finalizers(serde_json::Value::Null);
+        claims
+            .patch(&self.claim, &params, &Patch::Merge(&release))
+            .await?;
+        wait_deleted(&claims, &self.claim).await?;
+        Ok(deleted)
     }
 
     /// The machine is terminated, and its Node and NodeClaim deleted
