@@ -30,6 +30,16 @@ pub type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
 /// An HTTPS client trusting only `ca_pem`, whose connections come from
 /// `source`, one per request.
 pub fn client_from(ca_pem: &str, source: IpAddr) -> Result<Client<Https, Body>> {
+    client_builder(ca_pem, source, 0)
+}
+
+/// Like [`client_from`], but keeping one connection alive between requests
+/// (and opening a new one when the server closes it).
+pub fn keep_alive_client_from(ca_pem: &str, source: IpAddr) -> Result<Client<Https, Body>> {
+    client_builder(ca_pem, source, 1)
+}
+
+fn client_builder(ca_pem: &str, source: IpAddr, idle: usize) -> Result<Client<Https, Body>> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_local_address(Some(source));
@@ -40,7 +50,7 @@ pub fn client_from(ca_pem: &str, source: IpAddr) -> Result<Client<Https, Body>> 
         .enable_http1()
         .wrap_connector(http);
     Ok(Client::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(0)
+        .pool_max_idle_per_host(idle)
         .build(https))
 }
 
@@ -132,6 +142,47 @@ impl Attackers {
         }));
         Ok(())
     }
+}
+
+impl Attackers {
+    /// `count` callers from `source`, each on a connection of its own kept
+    /// alive, asking `server` for a page that does not exist every second
+    /// (on a new connection at once when the server closes theirs). Each
+    /// answer's status goes to `answers`.
+    pub fn not_found_every_second(
+        &mut self,
+        ca_pem: &str,
+        source: IpAddr,
+        server: &str,
+        count: usize,
+        answers: &Answers,
+    ) -> Result<()> {
+        for _ in 0..count {
+            let client = keep_alive_client_from(ca_pem, source)?;
+            let (server, answers) = (server.to_string(), answers.clone());
+            self.tasks.push(tokio::spawn(async move {
+                loop {
+                    let started = Instant::now();
+                    let status = not_found(&client, &server).await.unwrap_or(0);
+                    if let Ok(mut answers) = answers.lock() {
+                        answers.push((status, started.elapsed()));
+                    }
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }));
+        }
+        Ok(())
+    }
+}
+
+/// GET of a path the join API does not serve: the status.
+async fn not_found(client: &Client<Https, Body>, server: &str) -> Result<u16> {
+    let request = hyper::Request::get(format!("{server}/no-such-page"))
+        .body(http_body_util::Empty::new().boxed())?;
+    let response = client.request(request).await?;
+    let status = response.status().as_u16();
+    response.into_body().collect().await?;
+    Ok(status)
 }
 
 impl Drop for Attackers {

@@ -102,6 +102,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         clock,
         replays: Replays::default(),
         unbound_reads: autonode_server::front::report::unbound_read_limiter(),
+        refusal_lines: autonode_server::front::report::refusal_line_limiter(),
     });
     let readiness = probes::Readiness { claims, nodeconfig };
     serve(&args, join, report, readiness, metrics).await

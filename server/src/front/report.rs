@@ -106,6 +106,25 @@ pub fn unbound_read_limiter() -> Limiter {
     Limiter::new(UNBOUND_READ_BURST, UNBOUND_READ_PERIOD, QUOTA_INSTANCES)
 }
 
+/// Warn lines about refused reports one reason may take at once, past
+/// which they are one per [`REFUSAL_LINE_PERIOD`]: any network client can
+/// send a report that is refused, and each refusal was a warn line of up to
+/// ~1 KiB. Every refusal is still counted
+/// (`autonode_agent_reports_refused_total{reason}`) and logged at debug.
+pub const REFUSAL_LINE_BURST: u32 = 5;
+
+/// One more warn line per refusal reason per this long.
+pub const REFUSAL_LINE_PERIOD: Duration = Duration::from_secs(60);
+
+/// Keys [`refusal_line_limiter`] tracks: the refusal reasons, and
+/// "unavailable", with room to spare.
+const REFUSAL_LINE_KEYS: usize = 32;
+
+/// The warn lines' limiter, as [`ReportContext::refusal_lines`] holds it.
+pub fn refusal_line_limiter() -> Limiter {
+    Limiter::new(REFUSAL_LINE_BURST, REFUSAL_LINE_PERIOD, REFUSAL_LINE_KEYS)
+}
+
 /// What report handling needs.
 pub struct ReportContext {
     pub trust: TrustStore,
@@ -123,6 +142,9 @@ pub struct ReportContext {
     /// API reads of unbound NodeClaims, per instance (see
     /// [`unbound_read_limiter`]).
     pub unbound_reads: Limiter,
+    /// Warn lines about refused reports, per reason (see
+    /// [`refusal_line_limiter`]).
+    pub refusal_lines: Limiter,
 }
 
 #[derive(Debug, Error)]
@@ -241,26 +263,9 @@ pub async fn handle(
     request_id: &str,
     report: ReportRequest,
 ) -> Result<(), ReportError> {
-    let sender = authenticate(ctx, &report).await.inspect_err(|e| {
-        let reason = match e {
-            ReportError::Refused(refusal) => Some(refusal.reason()),
-            ReportError::TooMany { .. } => Some("over_quota"),
-            ReportError::Unavailable(_) => None,
-        };
-        if let Some(reason) = reason {
-            ctx.metrics
-                .agent_reports_refused
-                .get_or_create(&ReportRefusalLabels { reason })
-                .inc();
-        }
-        if let ReportError::TooMany { .. } = e {
-            // Counted above; a line per report would let the flooder fill
-            // the logs as well.
-            tracing::debug!(request_id, error = %e, "agent report refused");
-        } else {
-            tracing::warn!(request_id, error = %e, "agent report refused");
-        }
-    })?;
+    let sender = authenticate(ctx, &report)
+        .await
+        .inspect_err(|e| refused(ctx, request_id, e))?;
     let mut admitted = Admitted {
         replays: &ctx.replays,
         digest: match sender.trust {
@@ -273,6 +278,31 @@ pub async fn handle(
         admitted.digest = None;
     }
     handled
+}
+
+/// Counts a report refused (or not handled, for `Unavailable`) and logs it:
+/// at warn within its reason's line budget, else at debug.
+fn refused(ctx: &ReportContext, request_id: &str, e: &ReportError) {
+    let reason = match e {
+        ReportError::Refused(refusal) => refusal.reason(),
+        ReportError::TooMany { .. } => "over_quota",
+        ReportError::Unavailable(_) => "unavailable",
+    };
+    if !matches!(e, ReportError::Unavailable(_)) {
+        ctx.metrics
+            .agent_reports_refused
+            .get_or_create(&ReportRefusalLabels { reason })
+            .inc();
+    }
+    // Over its quota, an instance is told so at every report: a line each
+    // would let the flooder fill the logs as well.
+    let budget = !matches!(e, ReportError::TooMany { .. })
+        && ctx.refusal_lines.try_take(reason, Instant::now()).is_ok();
+    if budget {
+        tracing::warn!(request_id, reason, error = %e, "agent report refused (warn lines limited per reason; all counted in autonode_agent_reports_refused_total)");
+    } else {
+        tracing::debug!(request_id, reason, error = %e, "agent report refused");
+    }
 }
 
 /// Forgets an admitted report unless its handling completes: a failure, or
@@ -770,6 +800,20 @@ mod tests {
         }
         assert_eq!(replays.quota.try_take("i-1", t0), Err(QUOTA_PERIOD));
         assert!(replays.quota.try_take("i-2", t0).is_ok());
+    }
+
+    #[test]
+    fn each_refusal_reason_has_its_own_budget_of_warn_lines() {
+        let lines = refusal_line_limiter();
+        let t0 = Instant::now();
+        for _ in 0..REFUSAL_LINE_BURST {
+            assert!(lines.try_take("identity", t0).is_ok());
+        }
+        assert!(lines.try_take("identity", t0).is_err(), "past its burst");
+        assert!(lines.try_take("wrong_key", t0).is_ok(), "another reason");
+        let later = t0 + REFUSAL_LINE_PERIOD;
+        assert!(lines.try_take("identity", later).is_ok());
+        assert!(lines.try_take("identity", later).is_err());
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The join API under hostile load, against the real control plane: slow
 //! bodies, a stream of foreign-account documents, idle connections past a
-//! source's cap, one source past its join cap. Honest joins must go on.
+//! source's cap, connections kept open by a 404 a second at the nodes' own
+//! address, one source past its join cap. Honest joins must go on.
 //!
 //! A second loopback address (127.0.0.2) is a second source to the server:
 //! the whole of 127.0.0.0/8 is local on Linux, so a socket bound to it
@@ -10,9 +11,9 @@ use anyhow::Result;
 use autonode_shared::protocol::{JoinRequest, JOIN_PATH};
 use autonode_tests::fakecloud::Instance;
 use autonode_tests::hostile::{
-    client_from, dribble, json_body, post, Answers, Attackers, OTHER_SOURCE,
+    client_from, dribble, json_body, post, Answers, Attackers, Body, OTHER_SOURCE,
 };
-use autonode_tests::joiner::{self, NodeKeys};
+use autonode_tests::joiner::{self, Https, NodeKeys};
 use autonode_tests::server::http_get;
 use autonode_tests::world::{World, REGION};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -60,13 +61,15 @@ async fn turned_away(world: &World, reason: &str) -> Result<u64> {
 }
 
 /// (a) Clients that send their headers and then a body a byte at a time,
-/// as many as one source may connect, more than there are join permits:
-/// they are cut off at the body timeout and hold no permit meanwhile, so
-/// honest joins are answered at once. (Before admission came first, each
-/// held a permit for its body's 10 s: every honest join got 503.)
+/// as many as one source may connect (64: past that, each newcomer would
+/// take the place of the oldest, cutting bodies short), more than there
+/// are join permits: they are cut off at the body timeout and hold no
+/// permit meanwhile, so honest joins are answered at once. (Before
+/// admission came first, each held a permit for its body's 10 s: every
+/// honest join got 503.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_bodies_hold_no_join_permits() -> Result<()> {
-    const SLOW: usize = 100;
+    const SLOW: usize = 64;
     const PERMITS: usize = 8;
     let world = World::start_with(&[format!("--max-concurrent-joins={PERMITS}")]).await?;
     let requests = honest_requests(&world, 6).await?;
@@ -118,7 +121,6 @@ async fn slow_bodies_hold_no_join_permits() -> Result<()> {
         "fewer slow bodies than join permits were ever held ({held_to_timeout} before the honest joins)"
     );
     assert!(turned_away(&world, "body_timeout").await? > 0);
-    assert!(turned_away(&world, "source_connections").await? > 0);
     Ok(())
 }
 
@@ -198,6 +200,106 @@ async fn idle_connections_from_one_source_do_not_lock_others_out() -> Result<()>
     assert!(turned_away(&world, "source_connections").await? > 0);
     drop(idle);
     Ok(())
+}
+
+/// How long an honest join from the attacked source keeps trying, as an
+/// agent would within its deadline (far shorter than an agent's).
+const HONEST_TRIES_FOR: Duration = Duration::from_secs(10);
+
+/// (e) Something sharing the nodes' NAT address (a pod, another booting
+/// machine's process) keeps as many connections open as its source may,
+/// each asking for a page that does not exist every second, then opening
+/// another when closed. Honest joins from that same address all succeed.
+/// (Before, a request a second kept each connection, so the source's 64
+/// places were held and every join from the address was closed on
+/// accept.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_never_join_do_not_lock_out_their_sources_joins() -> Result<()> {
+    let world = World::start().await?;
+    busy_neighbours_leave_joins_alone(&world, 64).await
+}
+
+/// (f) The same with the per-source caps off (the advice behind a load
+/// balancer that hides client addresses), against the global cap: the 404
+/// senders hold every place the server has, and honest joins from the
+/// same address still all succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_never_join_do_not_hold_the_global_cap() -> Result<()> {
+    const CAP: usize = 64;
+    let world = World::start_with(&[
+        format!("--max-connections={CAP}"),
+        "--max-connections-per-source=0".into(),
+        "--max-joins-per-source=0".into(),
+    ])
+    .await?;
+    busy_neighbours_leave_joins_alone(&world, CAP).await
+}
+
+/// `neighbours` connections from [`OTHER_SOURCE`] sending a 404 a second,
+/// and 10 honest joins from there meanwhile: all must be granted.
+async fn busy_neighbours_leave_joins_alone(world: &World, neighbours: usize) -> Result<()> {
+    const HONEST: usize = 10;
+    let requests = honest_requests(world, HONEST).await?;
+    let url = world.server.url();
+    let answers = Answers::default();
+    let mut attackers = Attackers::default();
+    attackers.not_found_every_second(
+        world.server.ca_pem(),
+        OTHER_SOURCE,
+        url,
+        neighbours,
+        &answers,
+    )?;
+    // Every neighbour connected and answered at least once.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let client = client_from(world.server.ca_pem(), OTHER_SOURCE)?;
+    let mut outcomes = Vec::with_capacity(HONEST);
+    for request in &requests {
+        outcomes.push(join_retrying(&client, url, request).await?);
+    }
+    drop(attackers);
+    let answers = std::mem::take(&mut *answers.lock().expect("no panics"));
+    let not_found = answers.iter().filter(|(s, _)| *s == 404).count();
+    let turned =
+        turned_away(world, "source_connections").await? + turned_away(world, "connections").await?;
+    eprintln!(
+        "honest joins (status, attempts): {outcomes:?}; neighbours: {not_found} pages not found, {} failed; turned away at the caps: {turned}",
+        answers.len() - not_found
+    );
+    assert!(
+        not_found >= neighbours,
+        "the neighbours never got going: {not_found} 404s"
+    );
+    let granted = outcomes.iter().filter(|(s, _)| *s == 200).count();
+    assert_eq!(
+        granted, HONEST,
+        "{granted} of {HONEST} honest joins from the neighbours' address granted: {outcomes:?}"
+    );
+    Ok(())
+}
+
+/// `request` POSTed from `client` until it is answered other than with a
+/// transient failure (no connection, 429, 5xx) or [`HONEST_TRIES_FOR`]
+/// passes: (last status, 0 for no connection; attempts).
+async fn join_retrying(
+    client: &hyper_util::client::legacy::Client<Https, Body>,
+    url: &str,
+    request: &JoinRequest,
+) -> Result<(u16, usize)> {
+    let started = Instant::now();
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let status = match post(client, url, json_body(request)?).await {
+            Ok((status, _, _)) => status,
+            Err(_) => 0,
+        };
+        let transient = status == 0 || status == 429 || status >= 500;
+        if !transient || started.elapsed() >= HONEST_TRIES_FOR {
+            return Ok((status, attempts));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Whether `socket` has nothing to read yet (and so is still open).

@@ -322,3 +322,53 @@ async fn warning_messages(world: &World, claim: &str, reason: &str) -> Result<Ve
         .filter_map(|e| e.message)
         .collect())
 }
+
+/// Anyone on the network can send a report that is refused, and each
+/// refusal was a warn line of up to ~1 KiB: a flood of them was a log
+/// flood. Now each refusal reason has its own budget of warn lines (the
+/// rest are counted and logged at debug), so 200 refused reports of two
+/// reasons make at most two budgets of lines, and all 200 are counted.
+#[tokio::test]
+async fn a_flood_of_refused_reports_is_counted_but_not_a_log_flood() -> Result<()> {
+    use autonode_server::front::report::{REFUSAL_LINE_BURST, REFUSAL_LINE_PERIOD};
+    const FLOOD: usize = 100;
+    let world = World::start().await?;
+    let started = std::time::Instant::now();
+    let (_, outsider) = world
+        .launch(|i| Instance {
+            account_id: "999999999999".into(),
+            ..i
+        })
+        .await?;
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let not_allowed = report(&world, &outsider, Outcome::Fatal, now, None)?;
+    let mut unsigned_garbage = not_allowed.clone();
+    unsigned_garbage.identity.rsa2048 = "x".repeat(900);
+    for refused in [&not_allowed, &unsigned_garbage] {
+        for _ in 0..FLOOD {
+            let (status, body) = post_report(&world, refused).await?;
+            ensure!(status == 403, "answered {status}: {body}");
+        }
+    }
+    let metrics = metrics(&world).await?;
+    for reason in ["not_allowed", "identity"] {
+        let line = format!(r#"autonode_agent_reports_refused_total{{reason="{reason}"}} {FLOOD}"#);
+        ensure!(metrics.contains(&line), "{line} missing:\n{metrics}");
+    }
+    let log = world.server.log();
+    let warned = log
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("agent report refused"))
+        .count();
+    eprintln!("warn lines for {FLOOD} refused reports of each of two reasons: {warned}");
+    // The burst, and one per period the flood lasted (however slow), for
+    // each of the two reasons.
+    let periods = started.elapsed().as_secs() / REFUSAL_LINE_PERIOD.as_secs();
+    let budget = 2 * usize::try_from(u64::from(REFUSAL_LINE_BURST) + periods + 1)?;
+    ensure!(
+        (2..=budget).contains(&warned),
+        "{warned} warn lines for {} refused reports (budget {budget})",
+        2 * FLOOD
+    );
+    Ok(())
+}

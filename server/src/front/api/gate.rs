@@ -4,13 +4,21 @@
 //! The global caps bound what the server spends; the per-source ones keep
 //! one address from taking all of it, so an honest machine elsewhere still
 //! gets a connection and a join slot while one source floods.
+//!
+//! A place under a connection cap is held only while it is used: a
+//! connection inside a join or a report, its body read and parsed, keeps
+//! its place; any other (handshaking, sending headers or a body, idle
+//! between requests) gives it up to a newcomer over the cap, the one idle
+//! longest first ([`Gate::connection`]). Without that, whatever shares the nodes'
+//! NAT address held every place of that source with connections that never
+//! joined, and every booting node behind it was closed on accept.
 
 use crate::kube::metrics::{AdmissionLabels, Metrics};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, Ipv6Addr};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 /// The join API's load limits and timeouts.
 #[derive(Debug, Clone, Copy)]
@@ -19,14 +27,16 @@ pub struct Limits {
     pub max_concurrent_joins: usize,
     /// Joins one source may have in flight; more get 429. 0: no limit.
     pub max_joins_per_source: usize,
-    /// Open connections at once; more are closed on accept.
+    /// Open connections at once; past it a newcomer takes the place of
+    /// the one longest not in a join or report, or is closed on accept.
     pub max_connections: usize,
-    /// Open connections from one source; more are closed on accept.
-    /// 0: no limit.
+    /// Open connections from one source, likewise. 0: no limit.
     pub max_connections_per_source: usize,
     /// Time allowed for the TLS handshake.
     pub handshake_timeout: Duration,
-    /// Time allowed for the request headers, and again for the body.
+    /// Time allowed for the request headers (on a kept-alive connection,
+    /// counted from the previous answer: its idle time), and again for the
+    /// body.
     pub body_timeout: Duration,
     /// Seconds a refused-for-load caller is told to wait.
     pub retry_after_secs: u64,
@@ -49,9 +59,10 @@ impl Default for Limits {
 /// Why a caller was turned away before any join work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Turned {
-    /// The global connection cap: closed on accept.
+    /// The global connection cap: closed on accept, or an older connection
+    /// doing nothing closed to make room.
     Connections,
-    /// Its source's connection cap: closed on accept.
+    /// Its source's connection cap: likewise.
     SourceConnections,
     /// The global join cap: 503.
     Joins,
@@ -86,6 +97,7 @@ const WARN_EVERY: Duration = Duration::from_secs(10);
 /// The caps, shared by every connection.
 pub struct Gate {
     connections: Arc<Semaphore>,
+    open: Arc<Mutex<Open>>,
     joins: Arc<Semaphore>,
     source_connections: PerSource,
     source_joins: PerSource,
@@ -104,6 +116,7 @@ impl Gate {
     pub fn new(limits: &Limits, metrics: Metrics) -> Self {
         Self {
             connections: Arc::new(Semaphore::new(limits.max_connections)),
+            open: Arc::default(),
             joins: Arc::new(Semaphore::new(limits.max_concurrent_joins)),
             source_connections: PerSource::new(limits.max_connections_per_source),
             source_joins: PerSource::new(limits.max_joins_per_source),
@@ -112,10 +125,28 @@ impl Gate {
         }
     }
 
-    /// A place for a new connection from `peer`.
-    pub fn connection(&self, peer: IpAddr) -> Result<Pass, Turned> {
-        let why = (Turned::SourceConnections, Turned::Connections);
-        take(&self.source_connections, &self.connections, peer, why)
+    /// A place for a new connection from `peer`. Over a cap, the connection
+    /// under that cap not [`Ticket::busy`] for longest is told to close and
+    /// its place is `peer`'s; with none, `peer` is turned away.
+    ///
+    /// Only the accept loop calls this, so a place given up here is not
+    /// taken by anyone else before `peer` takes it.
+    pub fn connection(&self, peer: IpAddr) -> Result<Ticket, Turned> {
+        let caps = (Turned::SourceConnections, Turned::Connections);
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        // Two tries: making room under the source's cap frees a global
+        // place too, so a second eviction is never needed, only allowed.
+        for _ in 0..2 {
+            let why = match take(&self.source_connections, &self.connections, peer, caps) {
+                Ok(pass) => return Ok(open.admit(peer, pass, &self.open)),
+                Err(why) => why,
+            };
+            let only = (why == Turned::SourceConnections).then(|| source_of(peer));
+            let victim = open.evict(only).ok_or(why)?;
+            self.turned(why, victim, None);
+        }
+        take(&self.source_connections, &self.connections, peer, caps)
+            .map(|pass| open.admit(peer, pass, &self.open))
     }
 
     /// A place for an admitted join from `peer`.
@@ -153,6 +184,147 @@ impl Gate {
         }
         *last = Some(now);
         true
+    }
+}
+
+/// The connections holding a place, and those not busy by how long they
+/// have been so.
+#[derive(Default)]
+struct Open {
+    /// Gives ticket ids and idle times alike: later is larger.
+    next: u64,
+    entries: HashMap<u64, Entry>,
+    /// The ticket ids of connections not busy, by when they became so. A
+    /// connection that just answered a join counts from its answer, so it
+    /// is the last to give its place while the answer is still being sent.
+    idle: BTreeMap<u64, u64>,
+}
+
+/// One connection's place, and how to close it.
+struct Entry {
+    peer: IpAddr,
+    source: IpAddr,
+    /// Since when it is not busy (its key in [`Open::idle`]); `None`
+    /// inside a join or a report: not to be closed for a newcomer.
+    idle_since: Option<u64>,
+    close: Arc<Notify>,
+    _pass: Pass,
+}
+
+impl Open {
+    fn tick(&mut self) -> u64 {
+        self.next += 1;
+        self.next
+    }
+
+    fn admit(&mut self, peer: IpAddr, pass: Pass, open: &Arc<Mutex<Open>>) -> Ticket {
+        let id = self.tick();
+        let close = Arc::new(Notify::new());
+        let entry = Entry {
+            peer,
+            source: source_of(peer),
+            idle_since: Some(id),
+            close: close.clone(),
+            _pass: pass,
+        };
+        self.entries.insert(id, entry);
+        self.idle.insert(id, id);
+        Ticket {
+            id,
+            open: open.clone(),
+            close,
+        }
+    }
+
+    /// Closes the connection idle longest (from source `only`, if given),
+    /// giving its place back; its peer.
+    fn evict(&mut self, only: Option<IpAddr>) -> Option<IpAddr> {
+        let (since, id) = self
+            .idle
+            .iter()
+            .find(|(_, id)| {
+                let source = self.entries.get(id).map(|e| e.source);
+                only.is_none_or(|only| source == Some(only))
+            })
+            .map(|(since, id)| (*since, *id))?;
+        self.idle.remove(&since);
+        let entry = self.entries.remove(&id)?;
+        // A stored permit: the connection closes even if it is not
+        // waiting yet.
+        entry.close.notify_one();
+        Some(entry.peer)
+    }
+
+    fn set_busy(&mut self, id: u64, busy: bool) {
+        let now = self.tick();
+        let Some(entry) = self.entries.get_mut(&id) else {
+            return;
+        };
+        match (busy, entry.idle_since) {
+            (true, Some(since)) => {
+                entry.idle_since = None;
+                self.idle.remove(&since);
+            }
+            (false, None) => {
+                entry.idle_since = Some(now);
+                self.idle.insert(now, id);
+            }
+            _ => {}
+        }
+    }
+
+    fn remove(&mut self, id: u64) -> Option<Entry> {
+        let entry = self.entries.remove(&id)?;
+        if let Some(since) = entry.idle_since {
+            self.idle.remove(&since);
+        }
+        Some(entry)
+    }
+}
+
+/// A connection's place: given back when dropped, or taken by a newcomer
+/// while the connection is not [`Ticket::busy`] (then [`Ticket::closed`]
+/// completes).
+pub struct Ticket {
+    id: u64,
+    open: Arc<Mutex<Open>>,
+    close: Arc<Notify>,
+}
+
+/// Keeps a connection's place while a join or report is handled.
+pub struct Busy<'a>(&'a Ticket);
+
+impl Ticket {
+    /// Completes once the place was given to a newcomer: close.
+    pub async fn closed(&self) {
+        self.close.notified().await;
+    }
+
+    /// Holds the place until the guard is dropped; no-op if it is gone.
+    pub fn busy(&self) -> Busy<'_> {
+        self.set_busy(true);
+        Busy(self)
+    }
+
+    fn set_busy(&self, busy: bool) {
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        open.set_busy(self.id, busy);
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.set_busy(false);
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        let entry = open.remove(self.id);
+        // Its place is given back outside the lock.
+        drop(open);
+        drop(entry);
     }
 }
 
@@ -268,6 +440,7 @@ pub fn source_of(peer: IpAddr) -> IpAddr {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::future::Future;
 
     fn ip(text: &str) -> IpAddr {
         text.parse().unwrap()
@@ -318,23 +491,93 @@ mod tests {
         assert!(limiter.try_acquire(ip("::ffff:192.0.2.7")).is_none());
     }
 
-    #[test]
-    fn the_gate_checks_the_source_before_the_global_cap() {
+    fn gate(connections: usize, per_source: usize) -> Gate {
         let limits = Limits {
-            max_connections: 3,
-            max_connections_per_source: 2,
+            max_connections: connections,
+            max_connections_per_source: per_source,
             max_concurrent_joins: 1,
             max_joins_per_source: 1,
             ..Limits::default()
         };
-        let gate = Gate::new(&limits, Metrics::new());
+        Gate::new(&limits, Metrics::new())
+    }
+
+    /// Whether `ticket` was told to close (without waiting for it).
+    fn told_to_close(ticket: &Ticket) -> bool {
+        let closed = std::pin::pin!(ticket.closed());
+        let waker = futures::task::noop_waker();
+        let mut cx = std::task::Context::from_waker(&waker);
+        closed.poll(&mut cx).is_ready()
+    }
+
+    #[test]
+    fn the_gate_checks_the_source_before_the_global_cap() {
+        let gate = gate(3, 2);
         let (a, b) = (ip("10.0.0.1"), ip("10.0.0.2"));
-        let _held = [gate.connection(a).ok(), gate.connection(a).ok()];
+        let held: Vec<Ticket> = [a, a, b].map(|p| gate.connection(p).unwrap()).into();
+        let _busy: Vec<Busy<'_>> = held.iter().map(Ticket::busy).collect();
         assert_eq!(gate.connection(a).err(), Some(Turned::SourceConnections));
-        let _third = gate.connection(b).ok();
         assert_eq!(gate.connection(b).err(), Some(Turned::Connections));
         let _join = gate.join(a).ok();
         assert_eq!(gate.join(a).err(), Some(Turned::SourceJoins));
         assert_eq!(gate.join(b).err(), Some(Turned::Joins));
+    }
+
+    #[test]
+    fn over_its_sources_cap_a_newcomer_takes_the_place_of_its_oldest_idle_connection() {
+        let gate = gate(10, 2);
+        let (a, b) = (ip("10.0.0.1"), ip("10.0.0.2"));
+        let other = gate.connection(b).unwrap();
+        let first = gate.connection(a).unwrap();
+        let second = gate.connection(a).unwrap();
+        let third = gate.connection(a).unwrap();
+        assert!(
+            told_to_close(&first),
+            "the oldest of the source's is closed"
+        );
+        assert!(!told_to_close(&second) && !told_to_close(&third));
+        assert!(!told_to_close(&other), "another source's is not");
+        assert_eq!(gate.source_connections.held_by(a), 2);
+        drop(first);
+        assert_eq!(gate.source_connections.held_by(a), 2, "given once");
+    }
+
+    #[test]
+    fn a_connection_inside_a_join_keeps_its_place_and_gives_it_up_after() {
+        let gate = gate(10, 2);
+        let a = ip("10.0.0.1");
+        let joining = gate.connection(a).unwrap();
+        let idle = gate.connection(a).unwrap();
+        let busy = joining.busy();
+        let newcomer = gate.connection(a).unwrap();
+        assert!(told_to_close(&idle) && !told_to_close(&joining));
+        let _busy_too = newcomer.busy();
+        assert_eq!(gate.connection(a).err(), Some(Turned::SourceConnections));
+        drop(busy);
+        assert!(gate.connection(a).is_ok());
+        assert!(told_to_close(&joining), "idle again after its join");
+    }
+
+    #[test]
+    fn a_connection_that_just_answered_a_join_is_the_last_to_give_its_place() {
+        let gate = gate(10, 2);
+        let a = ip("10.0.0.1");
+        let (joined, idle) = (gate.connection(a).unwrap(), gate.connection(a).unwrap());
+        drop(joined.busy());
+        let _newcomer = gate.connection(a).unwrap();
+        assert!(told_to_close(&idle) && !told_to_close(&joined));
+    }
+
+    #[test]
+    fn over_the_global_cap_the_oldest_idle_connection_anywhere_makes_room() {
+        let gate = gate(2, 0);
+        let (a, b, c) = (ip("10.0.0.1"), ip("10.0.0.2"), ip("10.0.0.3"));
+        let oldest = gate.connection(a).unwrap();
+        let busy_one = gate.connection(b).unwrap();
+        let _busy = busy_one.busy();
+        let newcomer = gate.connection(c).unwrap();
+        assert!(told_to_close(&oldest) && !told_to_close(&busy_one));
+        let _also = newcomer.busy();
+        assert_eq!(gate.connection(a).err(), Some(Turned::Connections));
     }
 }

@@ -1,14 +1,20 @@
 //! The join API: HTTPS, small bodies, short timeouts, bounded concurrency.
 //!
 //! Machines that are not yet nodes talk to this endpoint, so it assumes
-//! nothing of its callers. A connection is closed on accept past the
-//! global or its source's connection cap (`gate`); it must finish its TLS
-//! handshake within [`Limits::handshake_timeout`], and send its headers,
-//! then its body (at most [`MAX_REQUEST_BYTES`]), each within
-//! [`Limits::body_timeout`]. A join is then admitted ([`join::admit`]:
-//! parsed, its document verified and within policy) before it takes a
-//! join permit, so neither a slow body nor a document that will never pass
-//! holds one. Past its source's join cap it is answered 429, past the
+//! nothing of its callers. Past the global or its source's connection cap
+//! (`gate`) a connection takes the place of the one longest not inside a
+//! join or report, or is closed on accept if there is none; it must finish
+//! its TLS handshake within [`Limits::handshake_timeout`], and send its
+//! headers (again after each answer, when kept alive), then its body (at
+//! most [`MAX_REQUEST_BYTES`]), each within [`Limits::body_timeout`]. Only a
+//! join or a report keeps a connection alive: after any other request (an
+//! unknown path, a wrong method, a body that is not a join or a report)
+//! the server closes it, so a cheap request every second does not keep a
+//! place. Agents send one request per connection, and always have.
+//!
+//! A join is admitted ([`join::admit`]: parsed, its document verified and
+//! within policy) before it takes a join permit, so neither a slow body nor
+//! a document that will never pass holds one. Past its source's join cap it is answered 429, past the
 //! global one 503, both with `Retry-After`, at once instead of queueing.
 
 mod gate;
@@ -24,10 +30,10 @@ use autonode_shared::protocol::{
     REQUEST_ID_HEADER,
 };
 use bytes::Bytes;
-use gate::Gate;
+use gate::{Gate, Ticket};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::header::{CONTENT_TYPE, RETRY_AFTER};
+use hyper::header::{HeaderValue, CONNECTION, CONTENT_TYPE, RETRY_AFTER};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use serde::Serialize;
@@ -74,8 +80,8 @@ pub async fn serve(listener: TcpListener, tls: TlsAcceptor, api: Arc<Api>) {
         };
         // Refused before the handshake: what the caps protect is what a
         // handshake would cost.
-        let pass = match api.gate.connection(peer.ip()) {
-            Ok(pass) => pass,
+        let ticket = match api.gate.connection(peer.ip()) {
+            Ok(ticket) => Arc::new(ticket),
             Err(why) => {
                 api.gate.turned(why, peer.ip(), None);
                 continue;
@@ -90,14 +96,24 @@ pub async fn serve(listener: TcpListener, tls: TlsAcceptor, api: Arc<Api>) {
         }
         let (tls, api) = (tls.clone(), api.clone());
         tokio::spawn(async move {
-            let _pass = pass;
-            connection(api, tls, stream, peer).await;
+            tokio::select! {
+                () = connection(api, tls, stream, peer, ticket.clone()) => {}
+                () = ticket.closed() => {
+                    tracing::debug!(%peer, "connection closed to make room for a newcomer");
+                }
+            }
         });
     }
 }
 
 /// One connection: the handshake, then HTTP/1.1 requests until it closes.
-async fn connection(api: Arc<Api>, tls: TlsAcceptor, stream: TcpStream, peer: SocketAddr) {
+async fn connection(
+    api: Arc<Api>,
+    tls: TlsAcceptor,
+    stream: TcpStream,
+    peer: SocketAddr,
+    ticket: Arc<Ticket>,
+) {
     let handshake = tokio::time::timeout(api.limits.handshake_timeout, tls.accept(stream));
     let stream = match handshake.await {
         Ok(Ok(stream)) => stream,
@@ -106,7 +122,9 @@ async fn connection(api: Arc<Api>, tls: TlsAcceptor, stream: TcpStream, peer: So
     };
     let header_timeout = api.limits.body_timeout;
     let service_api = api.clone();
-    let service = hyper::service::service_fn(move |req| route(service_api.clone(), peer, req));
+    let service = hyper::service::service_fn(move |req| {
+        route(service_api.clone(), peer, ticket.clone(), req)
+    });
     let result = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(header_timeout)
@@ -125,18 +143,20 @@ type Reply = Response<Full<Bytes>>;
 async fn route(
     api: Arc<Api>,
     peer: SocketAddr,
+    ticket: Arc<Ticket>,
     req: Request<Incoming>,
 ) -> Result<Reply, std::convert::Infallible> {
     let request_id = new_request_id();
     let started = std::time::Instant::now();
     let path = req.uri().path().to_string();
+    let (ip, id) = (peer.ip(), request_id.as_str());
     let reply = match (req.method(), path.as_str()) {
-        (&Method::POST, JOIN_PATH) => handle_join(&api, peer.ip(), &request_id, req).await,
-        (&Method::POST, REPORT_PATH) => handle_report(&api, peer.ip(), &request_id, req).await,
+        (&Method::POST, JOIN_PATH) => handle_join(&api, ip, &ticket, id, req).await,
+        (&Method::POST, REPORT_PATH) => handle_report(&api, ip, &ticket, id, req).await,
         (_, JOIN_PATH | REPORT_PATH) => {
-            error(StatusCode::METHOD_NOT_ALLOWED, "use POST", &request_id)
+            closing(error(StatusCode::METHOD_NOT_ALLOWED, "use POST", id))
         }
-        _ => error(StatusCode::NOT_FOUND, "no such endpoint", &request_id),
+        _ => closing(error(StatusCode::NOT_FOUND, "no such endpoint", id)),
     };
     tracing::debug!(
         request_id,
@@ -150,12 +170,20 @@ async fn route(
 }
 
 /// A join: admission (body, parse, verify) with no permit held, then a
-/// place under the join caps, then the join.
-async fn handle_join(api: &Api, peer: IpAddr, request_id: &str, req: Request<Incoming>) -> Reply {
+/// place under the join caps, then the join. Its connection keeps its
+/// place from the parsed body on.
+async fn handle_join(
+    api: &Api,
+    peer: IpAddr,
+    ticket: &Ticket,
+    request_id: &str,
+    req: Request<Incoming>,
+) -> Reply {
     let request: JoinRequest = match read_json(api, peer, req, request_id).await {
         Ok(request) => request,
-        Err(reply) => return reply,
+        Err(reply) => return closing(reply),
     };
+    let _busy = ticket.busy();
     let admitted = match join::admit(&api.join, request_id, request) {
         Ok(admitted) => admitted,
         Err(e) => return join_verdict(api, request_id, e),
@@ -216,11 +244,18 @@ fn retry_later(api: &Api, mut reply: Reply) -> Reply {
     reply
 }
 
-async fn handle_report(api: &Api, peer: IpAddr, request_id: &str, req: Request<Incoming>) -> Reply {
+async fn handle_report(
+    api: &Api,
+    peer: IpAddr,
+    ticket: &Ticket,
+    request_id: &str,
+    req: Request<Incoming>,
+) -> Reply {
     let request: ReportRequest = match read_json(api, peer, req, request_id).await {
         Ok(request) => request,
-        Err(reply) => return reply,
+        Err(reply) => return closing(reply),
     };
+    let _busy = ticket.busy();
     match report::handle(&api.report, request_id, request).await {
         Ok(()) => json(StatusCode::ACCEPTED, &serde_json::json!({})),
         Err(report::ReportError::Refused(_)) => {
@@ -294,10 +329,9 @@ fn json<T: Serialize>(status: StatusCode, body: &T) -> Reply {
     let bytes = serde_json::to_vec(body).unwrap_or_default();
     let mut reply = Response::new(Full::new(Bytes::from(bytes)));
     *reply.status_mut() = status;
-    reply.headers_mut().insert(
-        CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static("application/json"),
-    );
+    reply
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     reply
 }
 
@@ -309,6 +343,15 @@ fn error(status: StatusCode, message: &str, request_id: &str) -> Reply {
             request_id: request_id.to_string(),
         },
     )
+}
+
+/// `reply`, after which the connection closes: the request was not a join
+/// or a report, so the connection has no more use for its place.
+fn closing(mut reply: Reply) -> Reply {
+    reply
+        .headers_mut()
+        .insert(CONNECTION, HeaderValue::from_static("close"));
+    reply
 }
 
 fn with_request_id(mut reply: Reply, request_id: &str) -> Reply {
