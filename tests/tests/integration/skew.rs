@@ -464,12 +464,17 @@ async fn a_rolling_upgrade_with_joins_in_flight_fails_no_join_and_drifts_no_clas
         .iter()
         .filter(|(_, code, _)| *code != Some(0))
         .collect();
+    let granted = |log: String| log.lines().filter(|l| l.contains("join granted")).count();
+    let by_old = granted(world.server.log()) + granted(old_b.log());
+    let by_new = granted(new_a.log()) + granted(new_b.log());
     eprintln!(
-        "rolling upgrade: {} machines, {} failed joins; old replicas stopped by SIGTERM: {a_stopped}, {b_stopped}",
+        "rolling upgrade: {} machines, {} failed joins, {by_old} granted by the previous release's \
+         replicas and {by_new} by this one's; old replicas stopped by SIGTERM: {a_stopped}, {b_stopped}",
         runs.len(),
         failed.len()
     );
     assert!(failed.is_empty(), "failed joins: {failed:#?}");
+    assert!(by_old > 0 && by_new > 0, "the joins did not span the rollout: {by_old} old, {by_new} new");
     assert!(
         a_stopped && b_stopped,
         "an old replica did not stop on SIGTERM"
