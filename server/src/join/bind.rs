@@ -6,11 +6,11 @@ use super::attest::Attested;
 use super::JoinContext;
 use crate::join::refusal::JoinError;
 use crate::join::render::NodeFacts;
-use crate::kube::binding::{self, Binding, BindingError, CsrRef, Keys, Record};
+use crate::kube::binding::{self, Binding, BindingError, BindingRefusal, CsrRef, Keys, Record};
 use crate::kube::issuer::{self, IssueError, IssueRequest};
 use crate::kube::karpenter::NodeClaim;
 use crate::kube::marks;
-use crate::kube::nodeclaim::Milestone;
+use crate::kube::nodeclaim::{Milestone, NodeClaims};
 use autonode_shared::csr::ParsedCsr;
 use autonode_shared::csr::Purpose;
 use autonode_shared::protocol::KubeletSettings;
@@ -202,7 +202,7 @@ async fn record_binding(
         Some(record) if record.csrs == refs => Ok((Binding::Resumed, None)),
         Some(mut record) => {
             record.csrs = refs;
-            let written = binding::write(&ctx.claims, claim, &record, true, (&[], None)).await?;
+            let written = write(&ctx.claims, claim, &record, true, (&[], None)).await?;
             Ok((Binding::Resumed, Some(written)))
         }
         None => {
@@ -217,10 +217,62 @@ async fn record_binding(
             let held = attested.held.map(|t| t.to_string());
             let reported = [Milestone::Attested.name()];
             let marks = (&reported[..], held.as_deref());
-            let written = binding::write(&ctx.claims, claim, &record, false, marks).await?;
+            let written = write(&ctx.claims, claim, &record, false, marks).await?;
             Ok((Binding::New, Some(written)))
         }
     }
+}
+
+/// Writes `record` on `claim` (the binding's one writer: the join's bind
+/// step), on the version the decision was made on
+/// (`resuming`: `claim` already carries a record for the same keys, and
+/// this one names new CSR objects). On a conflict the NodeClaim is read
+/// again and judged again; the write is tried once more on the new version
+/// only when the judgement is unchanged. A binding that appeared meanwhile
+/// for the same keys is the same agent's concurrent attempt: this one is
+/// left to its retry, which resumes it.
+///
+/// `reported` are added to the [`marks::REPORTED`] mark in the same write
+/// (a new binding is the attested milestone), and `held` written as the
+/// [`marks::NAME_LAST_HELD`] mark (see [`crate::kube::reuse`]). Returns the
+/// NodeClaim as written.
+async fn write(
+    claims: &NodeClaims,
+    claim: &NodeClaim,
+    record: &Record,
+    resuming: bool,
+    (reported, held): (&[&str], Option<&str>),
+) -> Result<NodeClaim, BindingError> {
+    let name = claim.metadata.name.clone().unwrap_or_default();
+    let value = serde_json::to_string(record).map_err(kube::Error::SerdeError)?;
+    let mark = |over: &NodeClaim| {
+        (!reported.is_empty())
+            .then(|| marks::with_reported(marks::reported(&over.metadata), reported))
+    };
+    match claims
+        .write_binding(claim, &value, (mark(claim).as_deref(), held))
+        .await
+    {
+        Ok(written) => return Ok(written),
+        Err(kube::Error::Api(status)) if status.code == 409 => {}
+        Err(e) => return Err(e.into()),
+    }
+    let fresh = claims
+        .get_fresh(&name)
+        .await?
+        .ok_or_else(|| BindingRefusal::Gone(name.clone()))?;
+    let keys = Keys {
+        client: &record.client_key,
+        serving: &record.serving_key,
+    };
+    let now_bound = binding::judge(&fresh, &record.instance_id, keys)?.is_some();
+    if now_bound != resuming {
+        return Err(BindingError::Changed(name));
+    }
+    let written = claims
+        .write_binding(&fresh, &value, (mark(&fresh).as_deref(), held))
+        .await?;
+    Ok(written)
 }
 
 fn node_ip(attested: &Attested) -> String {

@@ -22,7 +22,6 @@
 
 use crate::kube::karpenter::{parse_aws_provider_id, NodeClaim};
 use crate::kube::marks;
-use crate::kube::nodeclaim::NodeClaims;
 use autonode_shared::csr::Purpose;
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -66,7 +65,7 @@ pub struct CsrRef {
 
 /// The binding recorded on `claim`, if any. Only meaningful on a NodeClaim
 /// that went through [`marks::keep_own`] (the NodeClaim cache's objects and
-/// [`NodeClaims::get_fresh`]'s do).
+/// [`NodeClaims::get_fresh`](crate::kube::nodeclaim::NodeClaims::get_fresh)'s do).
 pub fn recorded(claim: &NodeClaim) -> Result<Option<Record>, Unreadable> {
     let Some(value) = claim
         .metadata
@@ -207,57 +206,6 @@ pub fn judge(
             short(keys.serving)
         ),
     }))
-}
-
-/// Writes `record` on `claim`, on the version the decision was made on
-/// (`resuming`: `claim` already carries a record for the same keys, and
-/// this one names new CSR objects). On a conflict the NodeClaim is read
-/// again and judged again; the write is tried once more on the new version
-/// only when the judgement is unchanged. A binding that appeared meanwhile
-/// for the same keys is the same agent's concurrent attempt: this one is
-/// left to its retry, which resumes it.
-///
-/// `reported` are added to the [`marks::REPORTED`] mark in the same write
-/// (a new binding is the attested milestone), and `held` written as the
-/// [`marks::NAME_LAST_HELD`] mark (see [`crate::kube::reuse`]). Returns the
-/// NodeClaim as written.
-pub async fn write(
-    claims: &NodeClaims,
-    claim: &NodeClaim,
-    record: &Record,
-    resuming: bool,
-    (reported, held): (&[&str], Option<&str>),
-) -> Result<NodeClaim, BindingError> {
-    let name = claim.metadata.name.clone().unwrap_or_default();
-    let value = serde_json::to_string(record).map_err(kube::Error::SerdeError)?;
-    let mark = |over: &NodeClaim| {
-        (!reported.is_empty())
-            .then(|| marks::with_reported(marks::reported(&over.metadata), reported))
-    };
-    match claims
-        .write_binding(claim, &value, (mark(claim).as_deref(), held))
-        .await
-    {
-        Ok(written) => return Ok(written),
-        Err(kube::Error::Api(status)) if status.code == 409 => {}
-        Err(e) => return Err(e.into()),
-    }
-    let fresh = claims
-        .get_fresh(&name)
-        .await?
-        .ok_or_else(|| BindingRefusal::Gone(name.clone()))?;
-    let keys = Keys {
-        client: &record.client_key,
-        serving: &record.serving_key,
-    };
-    let now_bound = judge(&fresh, &record.instance_id, keys)?.is_some();
-    if now_bound != resuming {
-        return Err(BindingError::Changed(name));
-    }
-    let written = claims
-        .write_binding(&fresh, &value, (mark(&fresh).as_deref(), held))
-        .await?;
-    Ok(written)
 }
 
 /// The first 16 hex digits of a fingerprint, for messages.

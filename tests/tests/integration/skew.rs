@@ -474,7 +474,10 @@ async fn a_rolling_upgrade_with_joins_in_flight_fails_no_join_and_drifts_no_clas
         failed.len()
     );
     assert!(failed.is_empty(), "failed joins: {failed:#?}");
-    assert!(by_old > 0 && by_new > 0, "the joins did not span the rollout: {by_old} old, {by_new} new");
+    assert!(
+        by_old > 0 && by_new > 0,
+        "the joins did not span the rollout: {by_old} old, {by_new} new"
+    );
     assert!(
         a_stopped && b_stopped,
         "an old replica did not stop on SIGTERM"
