@@ -203,7 +203,8 @@ fn name_held_by_others(
 ) -> Option<Timestamp> {
     let now = ctx.clock.stamp();
     let name = &instance.private_dns_name;
-    let held = reuse::last_held_by_others(&ctx.claims, name, instance_id, now)?;
+    let known = (&ctx.claims.store(), ctx.claims.history());
+    let held = reuse::last_held_by_others(known, name, instance_id, now)?;
     let open = reuse::window_end(held, ctx.lifetimes.signing) > now;
     if open {
         tracing::warn!(node = %name, instance = %instance_id, last_held = %held, "this node name was another instance's within a certificate's lifetime: its kubelet CSRs stay pending until then, and this join's certificates last the signer's full lifetime");

@@ -32,8 +32,8 @@ use crate::kube::binding;
 use crate::kube::bounded::Bounded;
 use crate::kube::karpenter::NodeClaim;
 use crate::kube::marks;
-use crate::kube::nodeclaim::NodeClaims;
 use k8s_openapi::jiff::Timestamp;
+use kube::runtime::reflector::Store;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -62,9 +62,11 @@ pub fn is_ip_based(name: &str) -> bool {
 /// deletion time for a deleted one (`now` when the watch did not show
 /// one), and any [`marks::NAME_LAST_HELD`] such a NodeClaim carried (the
 /// name may have changed hands more than once). `None` for a name that is
-/// not IP-based: no other instance can have held it.
+/// not IP-based: no other instance can have held it. `live` and `gone` are
+/// the NodeClaim cache's store and history
+/// ([`NodeClaims`](crate::kube::nodeclaim::NodeClaims)`::store`, `::history`).
 pub fn last_held_by_others(
-    claims: &NodeClaims,
+    (live, gone): (&Store<NodeClaim>, &History),
     name: &str,
     instance_id: &str,
     now: Timestamp,
@@ -89,12 +91,12 @@ pub fn last_held_by_others(
     };
     // The store first, then the history: a NodeClaim the store no longer
     // holds was recorded there before it was dropped.
-    let live = claims.store().state_filter(held_by_another);
+    let live = live.state_filter(held_by_another);
     let live = live
         .iter()
         .flat_map(|claim| [Some(now), marked(claim)])
         .flatten();
-    let gone = claims.history().latest_other(name, instance_id);
+    let gone = gone.latest_other(name, instance_id);
     live.chain(gone).max()
 }
 

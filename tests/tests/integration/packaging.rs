@@ -1034,3 +1034,56 @@ async fn example_nodeclass_and_nodepool_are_accepted() -> Result<()> {
     assert_eq!(class_ref["name"], "autonode");
     Ok(())
 }
+
+/// What `packaging/release --here` (tests/run makes it) left for this
+/// version: the four agent packages, the image, the chart packaged at the
+/// workspace's version, a CycloneDX SBOM per binary describing that binary
+/// and its dependencies, and `SHA256SUMS` naming exactly those files and
+/// verifying every one.
+#[test]
+fn the_release_has_every_artifact_an_sbom_per_binary_and_checksums_that_verify() -> Result<()> {
+    let version = env!("CARGO_PKG_VERSION");
+    let dir = workspace().join("target/release").join(version);
+    let mut expected: Vec<String> = vec![
+        format!("autonode-agent_{version}-1_amd64.deb"),
+        format!("autonode-agent_{version}-1_arm64.deb"),
+        format!("autonode-agent-{version}-1.x86_64.rpm"),
+        format!("autonode-agent-{version}-1.aarch64.rpm"),
+        "autonode-server-oci.tar".into(),
+        format!("autonode-server-{version}.tgz"),
+        "autonode-agent.cdx.json".into(),
+        "autonode-server.cdx.json".into(),
+    ];
+    expected.sort();
+    let sums = fs::read_to_string(dir.join("SHA256SUMS")).with_context(|| {
+        format!(
+            "{}: run packaging/release --here (tests/run does)",
+            dir.display()
+        )
+    })?;
+    let mut listed: Vec<String> = sums
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .map(|name| name.trim_start_matches('*').to_string())
+        .collect();
+    listed.sort();
+    assert_eq!(listed, expected, "SHA256SUMS lists other files");
+    let check = Command::new("sha256sum")
+        .args(["--check", "--strict", "SHA256SUMS"])
+        .current_dir(&dir)
+        .output()?;
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stdout)
+    );
+    for binary in ["autonode-agent", "autonode-server"] {
+        let text = fs::read_to_string(dir.join(format!("{binary}.cdx.json")))?;
+        let sbom: serde_json::Value = serde_json::from_str(&text)?;
+        assert_eq!(sbom["bomFormat"], "CycloneDX", "{binary}");
+        assert_eq!(sbom["metadata"]["component"]["name"], binary);
+        let components = sbom["components"].as_array().map_or(0, Vec::len);
+        assert!(components > 20, "{binary}: {components} components");
+    }
+    Ok(())
+}

@@ -122,7 +122,9 @@ fn not_reused(
     instance_id: &str,
 ) -> Result<(), Decline> {
     let now = ctx.settings.clock.stamp();
-    let remembered = reuse::last_held_by_others(&ctx.settings.claims, node, instance_id, now);
+    let claims = &ctx.settings.claims;
+    let known = (&claims.store(), claims.history());
+    let remembered = reuse::last_held_by_others(known, node, instance_id, now);
     let held = remembered.max(reuse::marked(claim).filter(|_| reuse::is_ip_based(node)));
     let Some(held) = held else {
         return Ok(());
