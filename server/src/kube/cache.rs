@@ -107,7 +107,7 @@ struct Gone<K> {
     also: Option<OnGone<K>>,
 }
 
-/// What [`Cache::start_remembering`] hands each object gone (see [`Gone`]).
+/// What [`Cache::start_remembering`] hands each object gone (kept in the `Gone` list).
 pub type OnGone<K> = Arc<dyn Fn(&K) + Send + Sync>;
 
 /// What a cache runs on every object before keeping it (see
