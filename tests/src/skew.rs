@@ -41,6 +41,22 @@ impl Revision {
         self.dir.join("helm/autonode-server")
     }
 
+    /// What its agent says its version is (`autonode-agent --version`):
+    /// `(major, minor, patch)`.
+    pub fn agent_version(&self) -> Result<(u64, u64, u64)> {
+        let output = std::process::Command::new(self.agent())
+            .arg("--version")
+            .output()
+            .with_context(|| format!("running {} --version", self.agent().display()))?;
+        let text = String::from_utf8_lossy(&output.stdout);
+        let version = text.split_whitespace().nth(1).unwrap_or_default();
+        let mut parts = version.split('.').map(str::parse::<u64>);
+        match (parts.next(), parts.next(), parts.next()) {
+            (Some(Ok(a)), Some(Ok(b)), Some(Ok(c))) => Ok((a, b, c)),
+            _ => bail!("{}: no version in {text:?}", self.label()),
+        }
+    }
+
     /// `name (short commit)`, for messages.
     pub fn label(&self) -> String {
         let short: String = self.commit.chars().take(7).collect();

@@ -22,6 +22,7 @@ use kube::api::{Api, PostParams};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Output;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// userData as `autonode-server render-userdata` (this tree's) prints it
@@ -210,11 +211,11 @@ async fn the_current_agent_joins_the_previous_releases_server() -> Result<()> {
     Ok(())
 }
 
-/// Every earlier agent on an instance with secondary IPv4s and several
-/// IPv6s: refused for good with the reason said (an earlier server refused
-/// it as `serving_csr`, which dooms nothing: the machine waited out
-/// Karpenter's 15 minutes and its replacement failed the same way). This
-/// tree's agent joins the same shape.
+/// Every earlier agent before 0.2.0 on an instance with secondary IPv4s
+/// and several IPv6s: refused for good with the reason said (an earlier
+/// server refused it as `serving_csr`, which dooms nothing: the machine
+/// waited out Karpenter's 15 minutes and its replacement failed the same
+/// way). Agents of 0.2.0 on, this tree's among them, join the same shape.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_earlier_agent_on_a_multi_address_instance_is_told_it_is_too_old_and_replaced(
 ) -> Result<()> {
@@ -223,6 +224,10 @@ async fn an_earlier_agent_on_a_multi_address_instance_is_told_it_is_too_old_and_
         let who = format!("{} multi-address", revision.label());
         let (claim, node) = machine(&world, multi_address).await?;
         let run = node.run_agent_binary(&revision.agent(), &[]).await?;
+        if revision.agent_version()? >= (0, 2, 0) {
+            assert_eq!(run.status.code(), Some(0), "{who}:\n{}", stderr(&run));
+            continue;
+        }
         assert_too_old(&world, &claim, &run, &who).await?;
         assert!(
             world.csrs_for(&node.instance).await?.is_empty(),
@@ -364,18 +369,27 @@ async fn kept(world: &World) -> Result<(serde_json::Value, serde_json::Value, Op
     ))
 }
 
-/// Machines launched one after another through the Service, half with
-/// the previous release's agent and half with this one's: each agent's
-/// exit code, with who it was.
+/// Machines launched one after another through the Service, alternately
+/// with the previous release's agent and this one's, every 1.5 s until
+/// `rolled` is set and for `after` more once it is (so that joins meet
+/// every stage of the rollout however slowly the machine runs it): each
+/// agent's exit code, with who it was.
 async fn join_through(
     world: Arc<World>,
     service: SocketAddr,
     user_data: String,
     agents: [PathBuf; 2],
-    machines: usize,
+    (rolled, after): (Arc<AtomicBool>, usize),
 ) -> Result<Vec<(String, Option<i32>, String)>> {
     let mut runs = Vec::new();
-    for n in 0..machines {
+    let mut left = after;
+    for n in 0.. {
+        if rolled.load(Ordering::Acquire) {
+            if left == 0 {
+                break;
+            }
+            left -= 1;
+        }
         let user_data = user_data.clone().into_bytes();
         let (claim, instance) = world.launch(|i| Instance { user_data, ..i }).await?;
         let node = SimulatedNode::boot_at(&instance, world.cloud.ca(), service, service)?;
@@ -438,12 +452,13 @@ async fn a_rolling_upgrade_with_joins_in_flight_fails_no_join_and_drifts_no_clas
 
     let service = skew::Endpoints::start(&[world.server.url(), old_b.url()]).await?;
     let addr: SocketAddr = service.url().trim_start_matches("https://").parse()?;
+    let rolled = Arc::new(AtomicBool::new(false));
     let joins = tokio::spawn(join_through(
         world.clone(),
         addr,
         fleet.user_data(&service.url()),
         [previous.agent(), agent_binary()?],
-        10,
+        (rolled.clone(), 3),
     ));
 
     // The rollout: one replica at a time, each new one ready first.
@@ -458,6 +473,7 @@ async fn a_rolling_upgrade_with_joins_in_flight_fails_no_join_and_drifts_no_clas
     let b_stopped = old_b.terminate(grace);
     let new_b = fleet.replica(&world, None).await?;
     service.set(&[new_a.url(), new_b.url()])?;
+    rolled.store(true, Ordering::Release);
 
     let runs = joins.await??;
     let failed: Vec<&(String, Option<i32>, String)> = runs
@@ -508,58 +524,95 @@ async fn a_rolling_upgrade_with_joins_in_flight_fails_no_join_and_drifts_no_clas
     Ok(())
 }
 
-/// `helm upgrade` from the previous release's chart to this one, on a real
-/// API server: the server's release (namespace `hosted-cp`) and the guest
-/// RBAC's (`cluster=guest`), each upgraded in place to revision 2, and the
-/// upgraded Deployment's flags ones this server accepts.
+/// `helm upgrade` from each earlier revision's chart (the previous
+/// release's among them) to this one, on a real API server: the server's
+/// release (namespace `hosted-cp`) and the guest RBAC's (`cluster=guest`),
+/// each upgraded in place to revision 2, the Deployment then running this
+/// version's image with flags rendered; each pair uninstalled before the
+/// next revision's (the guest release's objects are cluster-wide).
 #[tokio::test]
-async fn helm_upgrade_from_the_previous_releases_chart_works_in_place() -> Result<()> {
+async fn helm_upgrade_from_every_earlier_chart_works_in_place() -> Result<()> {
     use autonode_tests::helm;
-    let previous = skew::previous_release()?;
     let cp = autonode_tests::controlplane::ControlPlane::start().await?;
     let kubeconfig = cp.admin_kubeconfig().to_string_lossy().into_owned();
-    let (old_chart, new_chart) = (previous.chart(), helm::chart_dir());
+    let new_chart = helm::chart_dir();
     let releases: [(&str, &str, &[&str]); 2] = [
         ("autonode-server", "hosted-cp", &[]),
         ("autonode-guest", "guest-rbac", &["--set", "cluster=guest"]),
     ];
-    for (release, namespace, sets) in releases {
-        for (verb, chart) in [("install", &old_chart), ("upgrade", &new_chart)] {
-            let chart = chart.to_string_lossy();
-            let mut args = vec![verb, release, &*chart, "--namespace", namespace];
-            args.extend(["--create-namespace", "--kubeconfig", &kubeconfig]);
-            args.extend(sets.iter().copied());
-            helm::helm(&args).with_context(|| format!("helm {verb} {release}"))?;
+    for revision in skew::all()? {
+        let who = revision.label();
+        let old_chart = revision.chart();
+        for (release, namespace, sets) in releases {
+            for (verb, chart) in [("install", &old_chart), ("upgrade", &new_chart)] {
+                let chart = chart.to_string_lossy();
+                let mut args = vec![verb, release, &*chart, "--namespace", namespace];
+                args.extend(["--create-namespace", "--kubeconfig", &kubeconfig]);
+                args.extend(sets.iter().copied());
+                helm::helm(&args).with_context(|| format!("{who}: helm {verb} {release}"))?;
+            }
+            let history = helm::helm(&[
+                "history",
+                release,
+                "--namespace",
+                namespace,
+                "--kubeconfig",
+                &kubeconfig,
+            ])?;
+            let last = history.lines().last().unwrap_or_default();
+            assert!(
+                last.trim_start().starts_with('2') && last.contains("deployed"),
+                "{who}: {history}"
+            );
         }
-        let history = helm::helm(&[
-            "history",
-            release,
-            "--namespace",
-            namespace,
-            "--kubeconfig",
-            &kubeconfig,
-        ])?;
-        let last = history.lines().last().unwrap_or_default();
+        let deployment = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(
+            cp.admin().await?,
+            "hosted-cp",
+        )
+        .get("autonode-server")
+        .await?;
+        let container = deployment
+            .spec
+            .and_then(|s| s.template.spec)
+            .and_then(|s| s.containers.into_iter().next())
+            .context("no container")?;
+        let image = container.image.unwrap_or_default();
         assert!(
-            last.trim_start().starts_with('2') && last.contains("deployed"),
-            "{history}"
+            image.ends_with(&format!(":{}", env!("CARGO_PKG_VERSION"))),
+            "{who}: {image}"
         );
+        assert!(
+            !container.args.unwrap_or_default().is_empty(),
+            "{who}: no flags"
+        );
+        for (release, namespace, _) in releases {
+            let args = [
+                "uninstall",
+                release,
+                "--namespace",
+                namespace,
+                "--kubeconfig",
+                &kubeconfig,
+            ];
+            helm::helm(&args).with_context(|| format!("{who}: helm uninstall {release}"))?;
+        }
+        // The guest chart's own namespace goes with it: the next install
+        // needs it gone, not terminating.
+        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(cp.admin().await?);
+        poll::until(
+            "no namespace terminating",
+            std::time::Duration::from_secs(60),
+            std::time::Duration::from_millis(250),
+            || async {
+                let all = namespaces.list(&Default::default()).await?;
+                let gone = all
+                    .items
+                    .iter()
+                    .all(|n| n.metadata.deletion_timestamp.is_none());
+                Ok(gone.then_some(()))
+            },
+        )
+        .await?;
     }
-    let deployment =
-        Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(cp.admin().await?, "hosted-cp")
-            .get("autonode-server")
-            .await?;
-    let container = deployment
-        .spec
-        .and_then(|s| s.template.spec)
-        .and_then(|s| s.containers.into_iter().next())
-        .context("no container")?;
-    let image = container.image.unwrap_or_default();
-    assert!(
-        image.ends_with(&format!(":{}", env!("CARGO_PKG_VERSION"))),
-        "{image}"
-    );
-    let args = container.args.unwrap_or_default();
-    assert!(!args.is_empty(), "no server flags rendered");
     Ok(())
 }
