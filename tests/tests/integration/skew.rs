@@ -616,3 +616,32 @@ async fn helm_upgrade_from_every_earlier_chart_works_in_place() -> Result<()> {
     }
     Ok(())
 }
+
+/// The real Karpenter launches a machine whose AMI carries the oldest
+/// earlier agent, from the class whose userData this server's upkeep
+/// keeps: the old agent joins through this server, the Node registers and
+/// Karpenter initializes it, as for this tree's agent.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_earlier_agent_joins_a_machine_the_real_karpenter_launched() -> Result<()> {
+    use autonode_tests::karpenter_cluster::{create_pending_pod, KarpenterCluster};
+    let oldest = skew::all()?.remove(0);
+    let cluster = KarpenterCluster::start(&[]).await?;
+    cluster.launcher.run_agent(oldest.agent());
+    cluster.create_class_and_pool().await?;
+    let t0 = std::time::Instant::now();
+    create_pending_pod(&cluster.cp.admin().await?).await?;
+    let journey = crate::karpenter_real::follow(&cluster, &[], t0).await?;
+    let log = cluster.server.log();
+    let granted = log
+        .lines()
+        .find(|l| l.contains("join granted") && l.contains(&journey.claim))
+        .with_context(|| format!("{}: no grant for {}", oldest.label(), journey.claim))?;
+    assert!(granted.contains("0.1.0"), "{}: {granted}", oldest.label());
+    eprintln!(
+        "{}'s agent: {} joined, Node {}",
+        oldest.label(),
+        journey.claim,
+        journey.node
+    );
+    Ok(())
+}
