@@ -5,7 +5,7 @@
 //! release's server, in the scenarios an upgrade meets: userData as the
 //! upkeep renders it, a reboot, a resumed join, instances with more than
 //! one address. The real Karpenter's launch with an earlier agent is in
-//! `every_earlier_agent_joins_a_machine_the_real_karpenter_launched`.
+//! `an_earlier_agent_joins_a_machine_the_real_karpenter_launched`.
 
 use anyhow::{Context, Result};
 use autonode_tests::events::events_of;
