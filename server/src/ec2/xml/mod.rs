@@ -80,7 +80,7 @@ fn instance(item: Node) -> Result<Ec2Instance, LookupError> {
         architecture: optional(&["architecture"]),
         private_dns_name: optional(&["privateDnsName"]),
         private_ips: addresses(item)?,
-        interface_ips: interface_addresses(item)?,
+        interface_ips: interface_addresses(item),
         tags: tags(item),
     })
 }
@@ -111,8 +111,9 @@ fn addresses(item: Node) -> Result<Vec<IpAddr>, LookupError> {
 /// Every address of the primary interface, primary ones included: what an
 /// agent of before 0.2.0 read from IMDS (`local-ipv4s`, `ipv6s`) and
 /// asked a serving certificate for. Only ever used to recognise such an
-/// agent, never to allow a name.
-fn interface_addresses(item: Node) -> Result<Vec<IpAddr>, LookupError> {
+/// agent, never to allow a name, so an address that does not parse is
+/// skipped rather than failing the whole lookup.
+fn interface_addresses(item: Node) -> Vec<IpAddr> {
     let interface = primary_interface(item);
     let v4 = interface
         .and_then(|i| child(i, "privateIpAddressesSet"))
@@ -122,7 +123,7 @@ fn interface_addresses(item: Node) -> Result<Vec<IpAddr>, LookupError> {
     let v6 = interface_ipv6(interface)
         .into_iter()
         .filter_map(|a| text(a, &["ipv6Address"]));
-    parse_addresses(v4.chain(v6).collect())
+    v4.chain(v6).filter_map(|t| t.parse().ok()).collect()
 }
 
 /// The interface at device index 0.

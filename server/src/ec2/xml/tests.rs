@@ -284,3 +284,22 @@ fn non_errors_are_not_errors() {
         assert_eq!(parse_error(body.as_bytes()), None, "{body}");
     }
 }
+
+/// The interface's other addresses only recognise an agent of before
+/// 0.2.0: one that does not parse is skipped, and the lookup (and the
+/// instance's own addresses) stand.
+#[test]
+fn an_unparsable_interface_address_is_skipped_not_a_failed_lookup() {
+    let xml = RUNNING.replace(
+        "<privateIpAddress>10.0.1.24</privateIpAddress>",
+        "<privateIpAddress>10.0.1.x</privateIpAddress>",
+    );
+    let instance = parse(&xml).expect("parses").expect("holds the instance");
+    let interface: Vec<String> = instance
+        .interface_ips
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(interface, ["10.0.1.23", "2600:1f14:abc:de00::17"]);
+    assert_eq!(instance.private_ips.len(), 2);
+}
