@@ -151,6 +151,8 @@ pub struct Machine {
     pub root: Option<PathBuf>,
     /// A VM's serial console log (the test image's report is on it).
     pub console: Option<PathBuf>,
+    /// The instance as its IMDS describes it, once booted.
+    pub instance: Option<Instance>,
 }
 
 /// The agent's run on a machine.
@@ -172,6 +174,14 @@ pub enum Flaw {
     /// says it runs: the server refuses the join for good
     /// (`image_mismatch`), before anything is bound.
     SignedForAnotherImage,
+    /// Its agent does not start until [`Launcher::release_late_machines`]
+    /// (a slow boot): whatever happens to its NodeClaim before, happens
+    /// before the join.
+    AgentStartsLate,
+    /// Its agent joins, but its kubelet does not register the Node until
+    /// [`Launcher::release_late_machines`]: whatever happens to its NodeClaim
+    /// before, happens between the join and the registration.
+    KubeletStartsLate,
 }
 
 /// The image a [`Flaw::SignedForAnotherImage`] document names: one moto
@@ -186,6 +196,9 @@ struct Shared {
     /// The agent binary simulated machines run from now on, if not the
     /// tree's ([`Launcher::run_agent`]).
     agent: Mutex<Option<PathBuf>>,
+    /// Whether machines given [`Flaw::AgentStartsLate`] or
+    /// [`Flaw::KubeletStartsLate`] may go on.
+    late_released: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -196,6 +209,14 @@ impl Shared {
     fn update(&self, id: &str, f: impl FnOnce(&mut Machine)) {
         if let Some(machine) = self.machines().get_mut(id) {
             f(machine);
+        }
+    }
+
+    /// Waits until late machines may go on ([`Flaw::AgentStartsLate`],
+    /// [`Flaw::KubeletStartsLate`]).
+    async fn late_machines_released(&self) {
+        while !self.late_released.load(std::sync::atomic::Ordering::SeqCst) {
+            tokio::time::sleep(POLL).await;
         }
     }
 
@@ -243,6 +264,14 @@ impl Launcher {
     pub fn flaw_next(&self, flaw: Flaw, count: usize) {
         let mut flaws = self.shared.flaws.lock().unwrap_or_else(|e| e.into_inner());
         flaws.extend(std::iter::repeat_n(flaw, count));
+    }
+
+    /// Lets the machines given [`Flaw::AgentStartsLate`] run their agent,
+    /// and those given [`Flaw::KubeletStartsLate`] register their Node.
+    pub fn release_late_machines(&self) {
+        self.shared
+            .late_released
+            .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Every machine booted so far, by instance id.
@@ -334,6 +363,7 @@ fn boot(
             error: None,
             root: None,
             console: None,
+            instance: None,
         },
     );
     let task_shared = shared.clone();
@@ -365,10 +395,15 @@ async fn live(
     if flaw == Some(Flaw::SignedForAnotherImage) {
         instance.image_id = ANOTHER_IMAGE.into();
     }
-    let broken = flaw == Some(Flaw::KubeletWontStart);
+    shared.update(&id, |m| m.instance = Some(instance.clone()));
+    if flaw == Some(Flaw::AgentStartsLate) {
+        shared.late_machines_released().await;
+    }
     match cluster.kind {
-        MachineKind::Simulated => live_simulated(cluster, shared, instance, broken).await,
-        MachineKind::Vm if flaw.is_some() => bail!("a VM's image cannot be broken"),
+        MachineKind::Simulated => live_simulated(cluster, shared, instance, flaw).await,
+        MachineKind::Vm if flaw.is_some_and(|f| f != Flaw::AgentStartsLate) => {
+            bail!("a VM's image cannot be broken")
+        }
         MachineKind::Vm => live_vm(cluster, shared, instance).await,
     }
 }
@@ -379,7 +414,7 @@ async fn live_simulated(
     cluster: &Cluster,
     shared: &Shared,
     instance: Instance,
-    broken: bool,
+    flaw: Option<Flaw>,
 ) -> Result<()> {
     let id = instance.instance_id.clone();
     let node = SimulatedNode::boot_at(
@@ -388,7 +423,7 @@ async fn live_simulated(
         cluster.server_inside,
         cluster.server_host,
     )?;
-    if broken {
+    if flaw == Some(Flaw::KubeletWontStart) {
         node.break_systemctl()?;
     }
     shared.update(&id, |m| m.root = Some(node.root.path().to_path_buf()));
@@ -402,6 +437,9 @@ async fn live_simulated(
     };
     shared.update(&id, |m| m.agent = Some(exit));
     if run.status.success() && node.systemctl_calls().contains("kubelet.service") {
+        if flaw == Some(Flaw::KubeletStartsLate) {
+            shared.late_machines_released().await;
+        }
         let kubelet = node.kubelet_client().await?;
         Api::<Node>::all(kubelet.clone())
             .create(&PostParams::default(), &kubelet_node(&instance))

@@ -148,6 +148,7 @@ fn leader(
             .settings(&args.user_data, metrics, events, key, clock)?,
         capacity: args.capacity_tolerance(),
         clock,
+        on_failure: OnFailure::from_flag(args.delete_failed_nodeclaims),
     })
 }
 

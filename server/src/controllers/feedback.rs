@@ -37,6 +37,12 @@
 //! never any Node that carries its providerID: a node may register its own
 //! Node with another instance's, and must not make that machine Ready.
 //!
+//! A bound NodeClaim that Karpenter Registered to another Node than the one
+//! its binding names is an impostor's (a Node registered with this
+//! instance's providerID by another node, before this machine's kubelet):
+//! it is reported, counted and failed like a doomed machine, so Karpenter
+//! replaces it ([`fail_impostor`]).
+//!
 //! Once the Node is Ready, its allocatable is compared with what Karpenter
 //! planned with, once per NodeClaim ([`crate::controllers::capacity`]): recorded in the
 //! same mark, with the same write as the Ready milestone.
@@ -50,7 +56,7 @@ use crate::kube::events::Events;
 use crate::kube::karpenter::NodeClaim;
 use crate::kube::marks;
 use crate::kube::metrics::Metrics;
-use crate::kube::nodeclaim::{pending, Milestone, NodeClaims};
+use crate::kube::nodeclaim::{pending, Failed, Milestone, NodeClaims, OnFailure};
 use crate::kube::reason::Reason;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, NodeCondition};
@@ -77,6 +83,8 @@ pub struct Context {
     pub capacity: capacity::Check,
     /// When milestones are due and conditions change.
     pub clock: Clock,
+    /// What becomes of a NodeClaim Registered to an impostor Node.
+    pub on_failure: OnFailure,
 }
 
 #[derive(Debug, Error)]
@@ -107,6 +115,7 @@ pub async fn run(
     metrics: Metrics,
     capacity: capacity::Check,
     clock: Clock,
+    on_failure: OnFailure,
 ) {
     let claim_changes = claims.changes().map(Ok::<_, Infallible>);
     let node_changes = nodes.changes().map(Ok::<_, Infallible>);
@@ -132,6 +141,7 @@ pub async fn run(
         metrics,
         capacity,
         clock,
+        on_failure,
     });
     // Debounced: a NodeClaim's events come in bursts while its machine
     // joins (the binding, Karpenter's status writes), and writing the
@@ -163,6 +173,9 @@ async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Action, E
     let bound = matches!(binding::recorded(&claim), Ok(Some(_)));
     if !(bound || marked_failed(&claim)) || claim.is_deleting() {
         return Ok(Action::await_change());
+    }
+    if let Some(impostor) = impostor(&claim) {
+        return fail_impostor(&claim, &impostor, &ctx).await;
     }
     let node = binding::node_of(&claim, &ctx.nodes);
     let stage = stage(&claim, node.as_deref());
@@ -201,6 +214,46 @@ async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Action, E
         Stage::Attested | Stage::Registered => Duration::from_secs(3),
     };
     Ok(Action::requeue(next))
+}
+
+/// The Node Karpenter Registered `claim` to, when that is not the
+/// machine its binding names (EC2's name for the bound instance): a Node
+/// another node registered with this instance's providerID before the
+/// machine's own kubelet did. Not for a claim already marked failed (this
+/// is how it got marked). An unbound NodeClaim's impostor is found when
+/// the machine's agent joins (`join::attest`).
+fn impostor(claim: &NodeClaim) -> Option<String> {
+    let record = binding::recorded(claim).ok()??;
+    let registered = claim.status.as_ref()?.node_name.clone()?;
+    (claim.is_registered() && !marked_failed(claim) && registered != record.node_name)
+        .then_some(registered)
+}
+
+/// Reports, meters and fails (`--delete-failed-nodeclaims`: deletes, so
+/// Karpenter terminates the machine, deletes the impostor Node and
+/// launches another) a NodeClaim Registered to an impostor Node.
+async fn fail_impostor(claim: &NodeClaim, impostor: &str, ctx: &Context) -> Result<Action, Error> {
+    let name = claim.name_any();
+    let why = format!(
+        "NodeClaim {name} is Registered to Node {impostor}, but its machine is {}: a Node \
+         carrying this instance's providerID was registered by another node",
+        binding::recorded(claim)
+            .ok()
+            .flatten()
+            .map(|r| r.node_name)
+            .unwrap_or_default()
+    );
+    tracing::warn!(nodeclaim = %name, node = %impostor, "{why}");
+    ctx.metrics.spoofed_nodes.inc();
+    ctx.events.warning(claim, Reason::NodeSpoofed, why.clone());
+    let failed = ctx
+        .claims
+        .failed_impostor(claim, &why, ctx.on_failure)
+        .await?;
+    if failed == Failed::Deleted {
+        ctx.metrics.nodeclaims_deleted.inc();
+    }
+    Ok(Action::requeue(Duration::from_secs(3)))
 }
 
 /// Whether autonode marked `claim` failed (a foreign mark was dropped when

@@ -35,7 +35,7 @@ use crate::kube::cache::{self, Cache};
 use crate::kube::clock::Clock;
 use crate::kube::events::Events;
 use crate::kube::metrics::Metrics;
-use crate::kube::nodeclaim::NodeClaims;
+use crate::kube::nodeclaim::{NodeClaims, OnFailure};
 use crate::{
     controllers::approver, controllers::capacity, controllers::feedback, controllers::nodeclass,
 };
@@ -58,6 +58,9 @@ pub struct Leader {
     pub capacity: capacity::Tolerance,
     /// What "now" is for the feedback controller.
     pub clock: Clock,
+    /// What becomes of a NodeClaim the feedback controller finds
+    /// Registered to an impostor Node (`--delete-failed-nodeclaims`).
+    pub on_failure: OnFailure,
 }
 
 impl Leader {
@@ -84,6 +87,7 @@ impl Leader {
             self.metrics,
             check,
             self.clock,
+            self.on_failure,
         );
         let nodeclasses = {
             let client = self.client.clone();

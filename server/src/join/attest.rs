@@ -2,7 +2,9 @@
 //! binding (if any) names this join's keys, EC2 says the instance is live
 //! and runs the signed image, the CSRs ask for nothing but the names and
 //! addresses EC2 gives the machine, and whether that name was another
-//! instance's lately ([`reuse`]).
+//! instance's lately ([`reuse`]). A NodeClaim already Registered refuses
+//! the join; when its Node is not the machine EC2 names for the instance,
+//! as `node_spoofed`, which replaces it ([`registered_refusal`]).
 //!
 //! The binding is judged on the cached NodeClaim before EC2 is asked: a
 //! replayed document (another key than the bound one) costs no
@@ -16,7 +18,8 @@ use crate::join::refusal::{JoinError, Refusal};
 use crate::kube::binding::{self, Keys, Record};
 use crate::kube::clock::KubeTime;
 use crate::kube::karpenter::NodeClaim;
-use crate::kube::{nodeclaim, reuse};
+use crate::kube::nodeclaim::{self, SelectError};
+use crate::kube::reuse;
 use autonode_shared::csr::{self, ParsedCsr};
 use autonode_shared::identity::IdentityDocument;
 use k8s_openapi::jiff::Timestamp;
@@ -76,7 +79,12 @@ pub(super) async fn attest(
         provider_id,
         ..
     } = admitted;
-    nodeclaim::check(&claim, doc.pending_time)?;
+    let registered = match nodeclaim::check(&claim, doc.pending_time) {
+        Err(SelectError::Registered(_)) => {
+            Some(claim.status.as_ref().and_then(|s| s.node_name.clone()))
+        }
+        checked => checked.map(|()| None)?,
+    };
     let csrs = Csrs {
         client_pem: request.client_csr,
         serving_pem: request.serving_csr,
@@ -89,6 +97,9 @@ pub(super) async fn attest(
         serving: &serving,
     };
     let existing = binding::judge(&claim, &doc.instance_id, keys)?;
+    if let Some(node) = registered {
+        return Err(registered_refusal(ctx, &claim, &doc, existing.as_ref(), node).await);
+    }
     let instance = lookup(ctx, &doc).await?;
     check_csrs(&csrs, &instance, &request.agent_version)?;
     let held = name_held_by_others(ctx, &instance, &doc.instance_id);
@@ -102,6 +113,47 @@ pub(super) async fn attest(
         held,
         existing,
     })
+}
+
+/// Why a join for a Registered NodeClaim (whose Karpenter `nodeName` is
+/// `node`) is refused. Registered to the machine EC2 names for the
+/// instance (as the binding recorded it, or EC2 says when unbound), the
+/// join is merely late: `nodeclaim_registered`. Registered to any other
+/// Node, that Node carries this instance's providerID without being its
+/// machine (NodeRestriction lets a node choose its providerID), and
+/// Karpenter gave it this NodeClaim's labels, taints and pods:
+/// `node_spoofed`, which fails the NodeClaim so Karpenter replaces it.
+/// The binding was judged first: a bound claim's join here is its own
+/// machine's (or costs a replay nothing), and needs no EC2 lookup.
+async fn registered_refusal(
+    ctx: &JoinContext,
+    claim: &NodeClaim,
+    doc: &IdentityDocument,
+    existing: Option<&Record>,
+    node: Option<String>,
+) -> JoinError {
+    let name = claim.metadata.name.clone().unwrap_or_default();
+    let late = JoinError::from(Refusal::NodeClaim(SelectError::Registered(name.clone())));
+    let Some(node) = node else {
+        return late;
+    };
+    let expected = match existing {
+        Some(record) => record.node_name.clone(),
+        None => match lookup(ctx, doc).await {
+            Ok(instance) => instance.private_dns_name,
+            Err(e) => return e,
+        },
+    };
+    if expected == node {
+        return late;
+    }
+    Refusal::NodeSpoofed {
+        nodeclaim: name,
+        instance_id: doc.instance_id.clone(),
+        registered: node,
+        expected,
+    }
+    .into()
 }
 
 /// This instance's EC2 lookups are spent for now ([`super::lookup_limiter`]).

@@ -174,18 +174,23 @@ fn refused(
         refusal,
         Refusal::Binding(BindingRefusal::PossibleReplay { .. })
     );
+    let spoofed = matches!(refusal, Refusal::NodeSpoofed { .. });
     if replay {
         ctx.metrics.possible_replays.inc();
+    }
+    if spoofed {
+        ctx.metrics.spoofed_nodes.inc();
     }
     if let Some(claim) = claim {
         if dooms_nodeclaim(refusal, claim) {
             let why = format!("join refused for good: {refusal}");
-            fail_doomed(ctx, claim.clone(), request_id.to_string(), why);
+            let impostor = refusal.dooms_registered_instance();
+            fail_doomed(ctx, claim.clone(), request_id.to_string(), why, impostor);
         }
-        let reason = if replay {
-            Reason::PossibleReplay
-        } else {
-            Reason::JoinRefused
+        let reason = match (replay, spoofed) {
+            (true, _) => Reason::PossibleReplay,
+            (_, true) => Reason::NodeSpoofed,
+            _ => Reason::JoinRefused,
         };
         ctx.events
             .warning(claim, reason, format!("{refusal} (request {request_id})"));
@@ -200,19 +205,36 @@ fn refused(
 /// its machine now: only when deleting is on, the refusal dooms the
 /// instance itself ([`Refusal::dooms_instance`]), and the NodeClaim is
 /// neither bound (a join got through once: this may be someone else
-/// holding its document) nor Registered (the node is up).
+/// holding its document) nor Registered (the node is up), unless the
+/// refusal says the binding is this join's own or the Registered Node is
+/// an impostor.
 fn dooms_nodeclaim(refusal: &Refusal, claim: &NodeClaim) -> bool {
     let bound = matches!(binding::recorded(claim), Ok(Some(_)));
-    refusal.dooms_instance() && (!bound || refusal.dooms_bound_instance()) && !claim.is_registered()
+    refusal.dooms_instance()
+        && (!bound || refusal.dooms_bound_instance())
+        && (!claim.is_registered() || refusal.dooms_registered_instance())
 }
 
 /// Does with the NodeClaim of an instance that can never join what the
 /// failure policy says, in the background.
-fn fail_doomed(ctx: &JoinContext, claim: NodeClaim, request_id: String, why: String) {
+/// `impostor`: the NodeClaim is Registered to a Node that is not its
+/// machine's ([`Refusal::dooms_registered_instance`]).
+fn fail_doomed(
+    ctx: &JoinContext,
+    claim: NodeClaim,
+    request_id: String,
+    why: String,
+    impostor: bool,
+) {
     let (claims, metrics, policy) = (ctx.claims.clone(), ctx.metrics.clone(), ctx.on_failure);
     tokio::spawn(async move {
         let name = claim.metadata.name.clone().unwrap_or_default();
-        match claims.failed(&claim, &why, policy).await {
+        let failed = if impostor {
+            claims.failed_impostor(&claim, &why, policy).await
+        } else {
+            claims.failed(&claim, &why, policy).await
+        };
+        match failed {
             Ok(Failed::Deleted) => {
                 metrics.nodeclaims_deleted.inc();
                 tracing::warn!(request_id, nodeclaim = %name, "instance refused for good; NodeClaim deleted so Karpenter replaces it now");
@@ -276,5 +298,29 @@ mod tests {
             "conditions": [{"type": "Registered", "status": "True"}],
         }}));
         assert!(!dooms_nodeclaim(&not_live(), &registered));
+    }
+
+    #[test]
+    fn a_claim_registered_to_an_impostor_node_is_failed_bound_or_not() {
+        let spoofed = Refusal::NodeSpoofed {
+            nodeclaim: "c1".into(),
+            instance_id: "i-1".into(),
+            registered: "evil".into(),
+            expected: "ip-10-0-0-1.ec2.internal".into(),
+        };
+        let registered =
+            json!({"conditions": [{"type": "Registered", "status": "True"}], "nodeName": "evil"});
+        assert!(dooms_nodeclaim(
+            &spoofed,
+            &claim(json!({"status": registered}))
+        ));
+        let bound_and_registered = claim(json!({
+            "metadata": {
+                "name": "c1",
+                "annotations": {marks::BINDING: r#"{"instanceId":"i-1","region":"r","nodeName":"n","clientKey":"c","servingKey":"s","csrs":[]}"#},
+            },
+            "status": registered,
+        }));
+        assert!(dooms_nodeclaim(&spoofed, &bound_and_registered));
     }
 }

@@ -58,6 +58,24 @@ pub enum Refusal {
     },
     #[error("instance {0} has no private DNS name in EC2")]
     NoPrivateDnsName(String),
+    /// The instance's NodeClaim is Registered to a Node that is not the
+    /// machine EC2 names for the instance: another node registered a Node
+    /// carrying its providerID (NodeRestriction lets a node choose it)
+    /// before the machine's agent joined, and Karpenter took that Node for
+    /// the NodeClaim. The machine can never join as it; the NodeClaim is
+    /// replaced, which also removes the impostor Node from Karpenter's
+    /// capacity.
+    #[error(
+        "NodeClaim {nodeclaim} is Registered to Node {registered}, but EC2 names instance \
+         {instance_id} {expected}: a Node carrying this instance's providerID was registered \
+         by another node"
+    )]
+    NodeSpoofed {
+        nodeclaim: String,
+        instance_id: String,
+        registered: String,
+        expected: String,
+    },
     #[error("client CSR refused: {0}")]
     ClientCsr(CsrError),
     #[error("serving CSR refused: {0}")]
@@ -111,6 +129,7 @@ impl Refusal {
                 | Self::ImageMismatch { .. }
                 | Self::NoPrivateDnsName(_)
                 | Self::AgentTooOld { .. }
+                | Self::NodeSpoofed { .. }
         )
     }
 
@@ -120,7 +139,15 @@ impl Refusal {
     /// so it is the bound machine's own (a resume), never another
     /// holder of its document.
     pub fn dooms_bound_instance(&self) -> bool {
-        matches!(self, Self::AgentTooOld { .. })
+        matches!(self, Self::AgentTooOld { .. } | Self::NodeSpoofed { .. })
+    }
+
+    /// Whether the refusal dooms the instance even when its NodeClaim is
+    /// Registered: only when the Registered Node is not the machine's own,
+    /// so the NodeClaim's "node" is an impostor and the machine behind it
+    /// can never become one.
+    pub fn dooms_registered_instance(&self) -> bool {
+        matches!(self, Self::NodeSpoofed { .. })
     }
 
     /// What the caller is told: nothing of the reason (that is in the log,
@@ -160,6 +187,7 @@ impl Refusal {
             Self::ClientCsr(_) => "client_csr",
             Self::ServingCsr(_) => "serving_csr",
             Self::AgentTooOld { .. } => "agent_too_old",
+            Self::NodeSpoofed { .. } => "node_spoofed",
             Self::SigningFailed { .. } => "signing_failed",
             Self::CsrSubstituted { .. } => "csr_substituted",
             Self::CertificateMismatch { .. } => "certificate_mismatch",

@@ -64,6 +64,7 @@ pub struct Metrics {
     pub join_seconds: Histogram,
     pub join_step_seconds: Family<StepLabels, Histogram>,
     pub possible_replays: Counter,
+    pub spoofed_nodes: Counter,
     pub approvals: Family<KindLabels, Counter>,
     pub renewals_refused: Family<KindLabels, Counter>,
     pub agent_reports: Family<PhaseLabels, Counter>,
@@ -138,6 +139,13 @@ impl Metrics {
             "possible_replays",
             "Joins refused because the instance is bound to another client key",
             possible_replays.clone(),
+        );
+        let spoofed_nodes = Counter::default();
+        registry.register(
+            "spoofed_nodes",
+            "NodeClaims found Registered to a Node that is not their machine (another node \
+             registered a Node with their instance's providerID), each then failed",
+            spoofed_nodes.clone(),
         );
         let approvals = Family::<KindLabels, Counter>::default();
         registry.register(
@@ -263,6 +271,7 @@ impl Metrics {
             join_seconds,
             join_step_seconds,
             possible_replays,
+            spoofed_nodes,
             approvals,
             renewals_refused,
             agent_reports,

@@ -245,6 +245,30 @@ impl NodeClaims {
         if claim.is_registered() {
             return Ok(Failed::Left);
         }
+        self.act_on_failure(claim, why, policy).await
+    }
+
+    /// [`NodeClaims::failed`] for a NodeClaim Karpenter Registered to an
+    /// impostor: a Node that is not the machine EC2 names for its instance
+    /// (another node registered it with this instance's providerID). Its
+    /// "node" is not its machine, so the registration protects nothing:
+    /// deleting the NodeClaim makes Karpenter terminate the machine,
+    /// delete the impostor Node and launch another.
+    pub async fn failed_impostor(
+        &self,
+        claim: &NodeClaim,
+        why: &str,
+        policy: OnFailure,
+    ) -> Result<Failed, kube::Error> {
+        self.act_on_failure(claim, why, policy).await
+    }
+
+    async fn act_on_failure(
+        &self,
+        claim: &NodeClaim,
+        why: &str,
+        policy: OnFailure,
+    ) -> Result<Failed, kube::Error> {
         let done = match policy {
             OnFailure::Delete => self
                 .delete_failed(claim, why)

@@ -21,6 +21,9 @@ pub enum Reason {
     /// A join came with keys other than the ones bound: someone else may
     /// hold the identity document (Event).
     PossibleReplay,
+    /// The NodeClaim is Registered to a Node that is not its machine: another
+    /// node registered a Node with its instance's providerID (Event).
+    NodeSpoofed,
     /// The class's or NodeClaim's node config could not be rendered (Event).
     NodeConfigInvalid,
     /// A kubelet setting the server could not fill in was left unset (Event).
@@ -89,10 +92,11 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, for the docs' check and the tests.
-    pub const ALL: [Reason; 29] = [
+    pub const ALL: [Reason; 30] = [
         Reason::Attested,
         Reason::JoinRefused,
         Reason::PossibleReplay,
+        Reason::NodeSpoofed,
         Reason::NodeConfigInvalid,
         Reason::KubeletSettingsUnset,
         Reason::AutonodeAttested,
@@ -127,6 +131,7 @@ impl Reason {
             Reason::Attested => "Attested",
             Reason::JoinRefused => "JoinRefused",
             Reason::PossibleReplay => "PossibleReplay",
+            Reason::NodeSpoofed => "NodeSpoofed",
             Reason::NodeConfigInvalid => "NodeConfigInvalid",
             Reason::KubeletSettingsUnset => "KubeletSettingsUnset",
             Reason::AutonodeAttested => "AutonodeAttested",

@@ -1,7 +1,7 @@
 //! Attested joins against a real control plane, through the real
 //! autonode-server process running under the shipped guest RBAC.
 
-use anyhow::Result;
+use anyhow::{ensure, Result};
 use autonode_tests::fakecloud::{Instance, InstanceState};
 use autonode_tests::joiner::{self, Answer, CsrShape, NodeKeys};
 use autonode_tests::karpenter;
@@ -222,8 +222,11 @@ async fn refusals_approve_nothing_and_log_the_reason() -> Result<()> {
         .assert_refused(answer, &deleting, "nodeclaim_deleting")
         .await?;
 
+    // Registered to the machine's own Node (EC2's name for it), as
+    // Karpenter records it: a late join, refused, and the NodeClaim kept
+    // (an impostor's Node is `node_spoofed`: karpenter_real.rs).
     let (claim, registered) = world.launch(|i| i).await?;
-    let condition = serde_json::json!({"status": {"conditions": [{
+    let condition = serde_json::json!({"status": {"nodeName": registered.private_dns_name, "conditions": [{
         "type": "Registered", "status": "True", "reason": "Registered", "message": "node registered",
         "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
     claims
@@ -238,6 +241,10 @@ async fn refusals_approve_nothing_and_log_the_reason() -> Result<()> {
     world
         .assert_refused(answer, &registered, "nodeclaim_registered")
         .await?;
+    ensure!(
+        claims.get_opt(&claim).await?.is_some(),
+        "a late join deleted its registered NodeClaim"
+    );
 
     // An instance running in EC2 as stopped-then-started keeps the claim
     // but a pendingTime before the NodeClaim existed is not this launch.

@@ -553,6 +553,17 @@ async fn a_machine_whose_join_is_refused_for_good_is_replaced_in_seconds_with_th
     )
 }
 
+/// A cluster whose first machine has `flaw`, its class and pool, and a
+/// pending pod; with an admin client.
+async fn flawed_first(flaw: Flaw) -> Result<(KarpenterCluster, kube::Client)> {
+    let cluster = KarpenterCluster::start(&[]).await?;
+    let admin = cluster.cp.admin().await?;
+    cluster.launcher.flaw_next(flaw, 1);
+    cluster.create_class_and_pool().await?;
+    create_pending_pod(&admin).await?;
+    Ok((cluster, admin))
+}
+
 /// How a flawed machine's NodeClaim went, timed from its agent's exit.
 struct Replaced {
     deleted_s: f64,
@@ -568,11 +579,7 @@ async fn flawed_machine_replaced(
     flaw: Flaw,
     (reason, says): (&str, &str),
 ) -> Result<(KarpenterCluster, Replaced)> {
-    let cluster = KarpenterCluster::start(&[]).await?;
-    let admin = cluster.cp.admin().await?;
-    cluster.launcher.flaw_next(flaw, 1);
-    cluster.create_class_and_pool().await?;
-    create_pending_pod(&admin).await?;
+    let (cluster, admin) = flawed_first(flaw).await?;
     let claims = nodeclaims(&admin);
 
     let (failed_claim, failed) = cluster
@@ -606,13 +613,7 @@ async fn flawed_machine_replaced(
 
     // The server deletes the NodeClaim; Karpenter terminates the instance
     // (the machine stops) and launches another for the pod.
-    cluster
-        .wait_for(
-            "the failed NodeClaim gone",
-            Duration::from_secs(120),
-            || async { Ok(claims.get_opt(&failed_claim).await?.is_none().then_some(())) },
-        )
-        .await?;
+    gone(&cluster, &claims, &failed_claim, Duration::from_secs(120)).await?;
     let deleted_s = agent.at.elapsed().as_secs_f64();
     let replacement = cluster
         .wait_for(
@@ -631,16 +632,7 @@ async fn flawed_machine_replaced(
     eprintln!(
         "agent failed → NodeClaim {failed_claim} deleted {deleted_s:.1} s, → {replacement} created {replaced_s:.1} s"
     );
-    cluster
-        .wait_for(
-            "the failed machine stopped",
-            Duration::from_secs(120),
-            || async {
-                let machine = cluster.launcher.machine(&failed.instance_id);
-                Ok(machine.and_then(|m| m.stopped).map(drop))
-            },
-        )
-        .await?;
+    machine_stopped(&cluster, &failed.instance_id).await?;
 
     // The reason is on the NodeClaim's record for whoever looks.
     let messages: Vec<String> = events_of(&admin, &failed_claim)
@@ -668,6 +660,40 @@ async fn flawed_machine_replaced(
         agent_code: agent.code,
     };
     Ok((cluster, replaced))
+}
+
+/// Waits up to `timeout` for object `name` of `api` to be gone (for a
+/// NodeClaim: Karpenter's finalizer done, the instance terminated and its
+/// Nodes deleted).
+async fn gone<K>(
+    cluster: &KarpenterCluster,
+    api: &Api<K>,
+    name: &str,
+    timeout: Duration,
+) -> Result<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    cluster
+        .wait_for(&format!("{name} gone"), timeout, || async {
+            Ok(api.get_opt(name).await?.is_none().then_some(()))
+        })
+        .await
+}
+
+/// Waits for the launcher to have stopped `instance_id`'s machine (its
+/// instance terminated).
+async fn machine_stopped(cluster: &KarpenterCluster, instance_id: &str) -> Result<()> {
+    cluster
+        .wait_for(
+            &format!("machine {instance_id} stopped"),
+            Duration::from_secs(120),
+            || async {
+                let machine = cluster.launcher.machine(instance_id);
+                Ok(machine.and_then(|m| m.stopped).map(drop))
+            },
+        )
+        .await
 }
 
 /// The server's metric `name` (0 when it has not been set yet).
@@ -852,4 +878,176 @@ fn the_pinned_kubernetes_range_is_the_one_the_pinned_karpenter_declares() -> Res
     let sample = "const (\n\tMinK8sVersion = \"1.26\"\n\tMaxK8sVersion = \"1.37\"\n)";
     assert_eq!(declared(sample, "MaxK8sVersion").as_deref(), Some("1.37"));
     Ok(())
+}
+
+/// The impostor's Node name: a compromised node's own (NodeRestriction
+/// lets a kubelet register only the Node of its name, with any
+/// providerID).
+const IMPOSTOR: &str = "ip-10-66-6-6.ec2.internal";
+
+/// Security review 4, item 7. A compromised node registers a Node carrying
+/// the providerID of a machine Karpenter just launched, before that
+/// machine's agent has joined: Karpenter takes the impostor for the
+/// NodeClaim's node (copies its labels and taints there, sends its pods).
+/// When the machine's agent starts, the server sees the NodeClaim
+/// Registered to a Node that is not the machine EC2 names for the
+/// instance: refused as `node_spoofed`, reported (a `NodeSpoofed` Event),
+/// metered, and the NodeClaim deleted, so Karpenter terminates the machine,
+/// deletes the impostor's Node and launches a replacement that joins.
+/// Before, the join was refused as `nodeclaim_registered` on every retry
+/// and the impostor kept the capacity.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_registered_with_a_booting_machines_provider_id_gets_its_nodeclaim_replaced(
+) -> Result<()> {
+    let deleted_s = impostor_replaced(Flaw::AgentStartsLate).await?;
+    eprintln!(
+        "agent started → deletion of the NodeClaim registered to the impostor {deleted_s:.1} s"
+    );
+    Ok(())
+}
+
+/// The same impostor between the machine's join and its kubelet's
+/// registration: the NodeClaim is bound, so the leader's feedback
+/// controller sees it Registered to a Node other than the one its binding
+/// names (EC2's name for the instance), with no join to refuse; it
+/// reports, meters and deletes it the same way.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_registered_with_a_joined_machines_provider_id_before_its_kubelet_gets_its_nodeclaim_replaced(
+) -> Result<()> {
+    let deleted_s = impostor_replaced(Flaw::KubeletStartsLate).await?;
+    eprintln!("impostor registered → deletion of its NodeClaim {deleted_s:.1} s");
+    Ok(())
+}
+
+/// The impostor scenario: the first machine has `flaw` (it waits before
+/// its join, or before its kubelet registers); an impostor registers a
+/// Node with its providerID, Karpenter takes it, the machine goes on;
+/// then the NodeClaim is deleted with a `NodeSpoofed` Event, the metric
+/// counts it, Karpenter removes the impostor's Node and the machine, and a
+/// replacement joins and takes the pod. Returns the seconds from the
+/// machine going on (bound: from Karpenter's registration of the impostor)
+/// to the NodeClaim's deletion being asked for (autonode's part).
+async fn impostor_replaced(flaw: Flaw) -> Result<f64> {
+    let (cluster, admin) = flawed_first(flaw).await?;
+    let claims = nodeclaims(&admin);
+    let victim = cluster
+        .wait_for("a NodeClaim for the pod", LAUNCH_TIMEOUT, || async {
+            let all = list_nodeclaims(&admin).await?;
+            Ok(all.into_iter().find_map(|c| c.metadata.name))
+        })
+        .await?;
+    let (_, instance_id) = cluster.launched(&victim).await?;
+    let instance = cluster
+        .wait_for("the machine booted", LAUNCH_TIMEOUT, || async {
+            Ok(cluster
+                .launcher
+                .machine(&instance_id)
+                .and_then(|m| m.instance))
+        })
+        .await?;
+    if flaw == Flaw::KubeletStartsLate {
+        wait_autonode_condition(&cluster, &victim, "Unknown", "Attested").await?;
+    }
+
+    // The attack: the impostor's kubelet credential registers its own Node
+    // with the victim's providerID, Ready, as a kubelet would.
+    let attacker = cluster
+        .cp
+        .client_as(&format!("system:node:{IMPOSTOR}"), Some("system:nodes"))
+        .await?;
+    let mut spoof = autonode_tests::launcher::kubelet_node(&instance);
+    spoof.metadata.name = Some(IMPOSTOR.into());
+    if let Some(labels) = spoof.metadata.labels.as_mut() {
+        labels.insert("kubernetes.io/hostname".into(), IMPOSTOR.into());
+    }
+    Api::<Node>::all(attacker)
+        .create(&kube::api::PostParams::default(), &spoof)
+        .await
+        .context("NodeRestriction lets a node choose its Node's providerID")?;
+    cluster
+        .wait_for(
+            "Karpenter to register the impostor for the NodeClaim",
+            LAUNCH_TIMEOUT,
+            || async {
+                let c = claims.get_opt(&victim).await?;
+                // Bound, the NodeClaim may be gone by the time we look.
+                let Some(c) = c else { return Ok(Some(())) };
+                let registered = condition(&c, "Registered").is_some_and(|c| c["status"] == "True");
+                Ok((registered && c.data["status"]["nodeName"] == IMPOSTOR).then_some(()))
+            },
+        )
+        .await?;
+
+    let t0 = Instant::now();
+    cluster.launcher.release_late_machines();
+    cluster
+        .wait_for(
+            "the NodeClaim registered to the impostor being deleted",
+            Duration::from_secs(60),
+            || async {
+                let c = claims.get_opt(&victim).await?;
+                Ok(c.is_none_or(|c| c.metadata.deletion_timestamp.is_some())
+                    .then_some(()))
+            },
+        )
+        .await?;
+    let deleted_s = t0.elapsed().as_secs_f64();
+    // Karpenter's termination (the machine, the impostor's Node, drained
+    // of pods no kubelet will ever stop) takes longer.
+    gone(&cluster, &claims, &victim, Duration::from_secs(300)).await?;
+    eprintln!(
+        "{flaw:?}: NodeClaim gone {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+    let spoofed: Vec<String> = events_of(&admin, &victim)
+        .await?
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("NodeSpoofed"))
+        .filter_map(|e| e.message)
+        .collect();
+    assert!(
+        spoofed
+            .iter()
+            .any(|m| m.contains(IMPOSTOR) && m.contains(&instance.private_dns_name)),
+        "a NodeSpoofed Event names the impostor and the machine: {spoofed:?}"
+    );
+    let metric = server_metric(&cluster.server, "autonode_spoofed_nodes_total").await?;
+    assert!(metric >= 1.0, "autonode_spoofed_nodes_total {metric}");
+    // Karpenter removes the impostor's Node with the NodeClaim, and the
+    // machine with it.
+    let nodes = Api::<Node>::all(admin.clone());
+    gone(&cluster, &nodes, IMPOSTOR, Duration::from_secs(120)).await?;
+    machine_stopped(&cluster, &instance_id).await?;
+    // The pod may have been bound to the impostor: evicted with it, or
+    // left bound to a Node that is gone. A bare pod is not made again, as a
+    // Deployment's would be: do that here.
+    let pods = Api::<Pod>::namespaced(admin.clone(), "default");
+    let on_impostor = pods
+        .get_opt(POD)
+        .await?
+        .and_then(|p| p.spec?.node_name)
+        .is_some_and(|n| n == IMPOSTOR);
+    if on_impostor {
+        let now = kube::api::DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        };
+        pods.delete(POD, &now).await?;
+        gone(&cluster, &pods, POD, Duration::from_secs(60)).await?;
+    }
+    if pods.get_opt(POD).await?.is_none() {
+        create_pending_pod(&admin).await?;
+    }
+    // A replacement joins and takes the pod.
+    let journey = follow(&cluster, std::slice::from_ref(&victim), t0).await?;
+    eprintln!(
+        "{flaw:?}: NodeClaim deleted {deleted_s:.1} s, replacement's pod bound {:.1} s",
+        journey.bound_s
+    );
+    let key = match flaw {
+        Flaw::AgentStartsLate => "spoofed_before_join_nodeclaim_deleted_s",
+        _ => "spoofed_before_kubelet_nodeclaim_deleted_s",
+    };
+    record(&cluster, serde_json::json!({ key: round(deleted_s) }))?;
+    Ok(deleted_s)
 }
