@@ -350,9 +350,10 @@ const AUDIT_LOG: &str = "audit.log";
 /// What the API server audits: writes to NodeClaims' status with the
 /// objects written and returned (who wrote what, and what a write dropped:
 /// [`ControlPlane::audit_events`]); writes to NodeClaims
-/// themselves by who and when; every other write of autonode-server's
-/// ServiceAccount by what and when (what a machine may leave behind);
-/// nothing else. A few lines per machine.
+/// themselves by who and when; every other request of autonode-server's
+/// ServiceAccount by what and when (what a machine may leave behind; what
+/// a join costs the API server, `autonode-bench`); nothing else. A few
+/// lines per machine.
 const AUDIT_POLICY: &str = r#"apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [RequestReceived]
@@ -365,7 +366,6 @@ rules:
   resources: [{group: karpenter.sh, resources: [nodeclaims]}]
 - level: Metadata
   users: ["system:serviceaccount:autonode-system:autonode-server"]
-  verbs: [create, update, patch, delete]
 - level: None
 "#;
 

@@ -8,7 +8,7 @@ use crate::karpenter::nodeclaims;
 use crate::karpenter_cluster::{host_addr, KarpenterCluster, LAUNCH_TIMEOUT, SERVER_INSIDE};
 use crate::launcher::Machine;
 use crate::node::SimulatedNode;
-use crate::server::SERVER_SERVICE_ACCOUNT;
+use crate::server::{server_user, SERVER_SERVICE_ACCOUNT};
 use anyhow::{bail, Context, Result};
 use autonode_server::kube::marks::CSR_INSTANCE_LABEL;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
@@ -161,11 +161,8 @@ pub struct ServerWrite {
     pub name: String,
 }
 
-/// The user the server's writes come as (its ServiceAccount).
-pub fn server_user() -> String {
-    let (namespace, name) = SERVER_SERVICE_ACCOUNT;
-    format!("system:serviceaccount:{namespace}:{name}")
-}
+/// The verbs that write (the audit log also has the server's reads).
+const WRITES: [&str; 4] = ["create", "update", "patch", "delete"];
 
 /// Every write the server made so far, successful ones only.
 pub fn server_writes(cluster: &KarpenterCluster) -> Result<Vec<ServerWrite>> {
@@ -177,6 +174,7 @@ pub fn server_writes(cluster: &KarpenterCluster) -> Result<Vec<ServerWrite>> {
         .iter()
         .filter(|e| {
             e["user"]["username"] == user.as_str()
+                && WRITES.contains(&e["verb"].as_str().unwrap_or_default())
                 && e["stage"] == "ResponseComplete"
                 && e["responseStatus"]["code"]
                     .as_i64()

@@ -66,6 +66,12 @@ pub const TOKEN_ANCHOR: &str = "autonode-test-token-anchor";
 /// The namespace and name of the server's ServiceAccount in that manifest.
 pub const SERVER_SERVICE_ACCOUNT: (&str, &str) = ("autonode-system", "autonode-server");
 
+/// The user the server's requests come as (its ServiceAccount).
+pub fn server_user() -> String {
+    let (namespace, name) = SERVER_SERVICE_ACCOUNT;
+    format!("system:serviceaccount:{namespace}:{name}")
+}
+
 /// Which of the shipped guest RBAC files a server runs under: the base and
 /// one optional file per feature that is on. [`GuestRbac::for_flags`] is
 /// what an operator reads off the server's flags.

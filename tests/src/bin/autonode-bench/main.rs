@@ -39,6 +39,7 @@ mod burst;
 mod layer;
 mod measure;
 mod options;
+mod requests;
 mod sequential;
 mod table;
 

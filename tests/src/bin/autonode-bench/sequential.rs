@@ -7,6 +7,7 @@ use crate::measure::{
     cpu_seconds, join_steps, keep_logs, metric, ms, percentile, round, server_metrics,
 };
 use crate::options::Options;
+use crate::requests;
 use anyhow::{ensure, Context, Result};
 use autonode_server::kube::approval;
 use autonode_shared::csr::{self, Purpose};
@@ -83,6 +84,7 @@ pub(crate) async fn sequential(options: &Options, results: &mut Map<String, Valu
     // shows here even where a join's latency hides it behind API writes.
     let server = world.server.pid();
     let server_cpu_before = cpu_seconds(server)?;
+    let audited = requests::mark(&world.cp)?;
     for round in 0..rounds {
         let counted = round >= options.warmup;
         if let Some(instance) = instances.get(round) {
@@ -115,6 +117,11 @@ pub(crate) async fn sequential(options: &Options, results: &mut Map<String, Valu
         }
     }
     let server_cpu = cpu_seconds(server)? - server_cpu_before;
+    // What the joins asked of the API server, the feedback controller's
+    // writes (a second after each join) included.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let requests = requests::since(&world.cp, &audited)?;
+    results.insert("api_requests_per_join".into(), requests.per_join(runs));
     let metrics = server_metrics(&world).await?;
     // The server's own time per join (its histograms' means): the rest of
     // an agent's run is the agent's work on the node. Includes the warmup

@@ -148,6 +148,25 @@ pub(crate) fn table(results: &Value) -> String {
     for (measure, result) in rows {
         out.push_str(&format!("| {measure} | {result} |\n"));
     }
+    out.push_str(&requests_table(&get("api_requests_per_join")));
+    out
+}
+
+/// The server's API requests per join (the API server's audit log) beside
+/// the floor a join cannot go below.
+fn requests_table(requests: &Value) -> String {
+    let Some(by_request) = requests["by_request"].as_object() else {
+        return String::new();
+    };
+    let mut out = format!(
+        "\nAPI requests per join, from the audit log: {} (floor {})\n\n\
+         | request | per join | floor |\n|---|---|---|\n",
+        requests["total"], requests["floor_total"]
+    );
+    for (request, per_join) in by_request {
+        let floor = requests["floor"].get(request).cloned().unwrap_or(0.into());
+        out.push_str(&format!("| {request} | {per_join} | {floor} |\n"));
+    }
     out
 }
 
