@@ -77,6 +77,11 @@ pub enum Reason {
     RolloutHoldIgnored,
     /// A rollout state autonode did not write is ignored (Event).
     RolloutStateRejected,
+    /// The guard's store may not be used (RBAC): its state is kept on the
+    /// class alone (Event).
+    RolloutStoreUnavailable,
+    /// The guard's store is full: new values are not applied (Event).
+    RolloutStoreFull,
     /// The class runs values that made Ready nodes (condition).
     Settled,
     /// New values are on trial (condition).
@@ -89,7 +94,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, for the docs' check and the tests.
-    pub const ALL: [Reason; 29] = [
+    pub const ALL: [Reason; 31] = [
         Reason::Attested,
         Reason::JoinRefused,
         Reason::PossibleReplay,
@@ -115,6 +120,8 @@ impl Reason {
         Reason::RolloutHeld,
         Reason::RolloutHoldIgnored,
         Reason::RolloutStateRejected,
+        Reason::RolloutStoreUnavailable,
+        Reason::RolloutStoreFull,
         Reason::Settled,
         Reason::OnTrial,
         Reason::Reverted,
@@ -149,6 +156,8 @@ impl Reason {
             Reason::RolloutHeld => "RolloutHeld",
             Reason::RolloutHoldIgnored => "RolloutHoldIgnored",
             Reason::RolloutStateRejected => "RolloutStateRejected",
+            Reason::RolloutStoreUnavailable => "RolloutStoreUnavailable",
+            Reason::RolloutStoreFull => "RolloutStoreFull",
             Reason::Settled => "Settled",
             Reason::OnTrial => "OnTrial",
             Reason::Reverted => "Reverted",

@@ -4,6 +4,7 @@
 use super::fields::{applied, drift, pinned};
 use super::handover::{applied_paths, handover, released, report_released, SpecPath};
 use super::{Context, Desired, Error, MetadataOptionsPolicy, FIELD_MANAGER, HANDOVER_MANAGER};
+use crate::controllers::nodeclass::rollout::cluster::{applied_at, Source};
 use crate::controllers::nodeclass::rollout::{self, Plan};
 use crate::controllers::nodeclass::userdata::Format;
 use crate::kube::events::Events;
@@ -58,24 +59,45 @@ pub(super) async fn reconcile(
         ctx.warn_exposures(&class, &name);
     }
     let format = ctx.format_of(&class, &name);
-    let plan = ctx.guard(&class, &name, format);
+    let source = ctx.source(&class, &name).await?;
+    let stored = match &source {
+        Source::Stored(state) => Some(state.as_ref().clone()),
+        Source::Carried | Source::Annotation => None,
+    };
+    let plan = ctx.guard(&class, &name, format, source.clone());
     let desired = pinned(&settings.desired, &plan.target);
     let fields = drift(&class.spec, &desired, format);
     let released = released(&class.metadata, &desired);
     let key = &settings.rollout.key;
-    let state_changed = !rollout::read_state(&class, key)
+    let annotated = rollout::read_state(&class, key)
         .ok()
         .flatten()
         .is_some_and(|read| rollout::unchanged_but_start(&read, &plan.state));
-    if fields.is_empty() && released.is_empty() && !state_changed {
+    // The store falls behind the plan when its state changed, or when the
+    // class has no entry yet (a state carried over from the annotation).
+    let behind = source.is_store() && stored.as_ref() != Some(&plan.state);
+    if fields.is_empty() && released.is_empty() && annotated {
+        if behind {
+            ctx.record(&class, &name, &plan.state).await?;
+        }
         tracing::debug!(nodeclass = %name, "EC2NodeClass as rendered");
         ctx.announce(&class, &name, &plan);
         ctx.mark_status(&class, &name, &plan).await;
         return Ok(Action::requeue(settings.resync));
     }
-    let Some(restored) = write(&ctx, &class, &desired, format, &released, &plan).await? else {
+    // Checked before the class changes: values applied under a state that
+    // could not be recorded would run unguarded.
+    if source.is_store() && !ctx.fits(&class, &name, &plan.state).await {
+        return Ok(Action::requeue(settings.resync));
+    }
+    let Some(written) = write(&ctx, &class, &desired, format, &released, &plan).await? else {
         return Ok(Action::requeue(Duration::from_secs(1)));
     };
+    let restored = written.class;
+    if source.is_store() {
+        let state = started(&plan.state, &restored, written.changed);
+        ctx.record(&restored, &name, &state).await?;
+    }
     // Told once: from this apply on, autonode owns none of them.
     report_released(&restored, &name, &released, &settings.events);
     if !fields.is_empty() {
@@ -94,6 +116,26 @@ pub(super) async fn reconcile(
     Ok(Action::requeue(settings.resync))
 }
 
+/// `state` with a trial that has no start yet started at autonode's own
+/// apply: its managedFields entry's time in the response to that apply
+/// (the API server's clock, which stamps the NodeClaims too), when the
+/// apply `changed` the class. A no-op apply's entry keeps the time of the
+/// last write made as autonode-server, which may be anyone's.
+fn started(state: &rollout::State, written: &Ec2NodeClass, changed: bool) -> rollout::State {
+    let mut state = state.clone();
+    if let Some(trial) = state.trial.as_mut().filter(|t| t.since.is_none()) {
+        trial.since = applied_at(written).filter(|_| changed);
+    }
+    state
+}
+
+/// The class as autonode's apply left it, and whether that apply changed
+/// it.
+struct Written {
+    class: Ec2NodeClass,
+    changed: bool,
+}
+
 /// Writes `class` as `desired` (userData in `format`) with the rollout
 /// guard's state from `plan`, after handing over the `released` fields;
 /// with the class's resourceVersion as a precondition. `None` when the
@@ -106,7 +148,7 @@ async fn write(
     format: Format,
     released: &[SpecPath],
     plan: &Plan,
-) -> Result<Option<Ec2NodeClass>, Error> {
+) -> Result<Option<Written>, Error> {
     let name = class.name_any();
     let mut version = class.metadata.resource_version.clone();
     let handed_before = applied_paths(&class.metadata, HANDOVER_MANAGER);
@@ -129,7 +171,7 @@ async fn write(
             source,
         })?;
     body["metadata"]["annotations"] = json!({ rollout::ROLLOUT_ANNOTATION: state });
-    body["metadata"]["resourceVersion"] = json!(version);
+    body["metadata"]["resourceVersion"] = json!(&version);
     let params = PatchParams::apply(FIELD_MANAGER).force();
     match ctx.apply(&name, &params, body).await {
         Err(Error::Apply {
@@ -139,7 +181,11 @@ async fn write(
             tracing::debug!(nodeclass = %name, "EC2NodeClass changed since it was read; deciding again");
             Ok(None)
         }
-        other => other.map(Some),
+        Err(error) => Err(error),
+        Ok(class) => Ok(Some(Written {
+            changed: class.metadata.resource_version != version,
+            class,
+        })),
     }
 }
 
