@@ -1,5 +1,6 @@
 //! One reconcile of a class: compare, and when a kept field differs or is
-//! let go of, write the class once, with the rollout guard's state.
+//! let go of, write the class once, with a copy of the rollout guard's
+//! state; then record the state in its store.
 
 use super::fields::{applied, drift, pinned};
 use super::handover::{applied_paths, handover, released, report_released, SpecPath};
@@ -121,7 +122,11 @@ pub(super) async fn reconcile(
 /// (the API server's clock, which stamps the NodeClaims too), when the
 /// apply `changed` the class. A no-op apply's entry keeps the time of the
 /// last write made as autonode-server, which may be anyone's.
-fn started(state: &rollout::State, written: &Ec2NodeClass, changed: bool) -> rollout::State {
+pub(super) fn started(
+    state: &rollout::State,
+    written: &Ec2NodeClass,
+    changed: bool,
+) -> rollout::State {
     let mut state = state.clone();
     if let Some(trial) = state.trial.as_mut().filter(|t| t.since.is_none()) {
         trial.since = applied_at(written).filter(|_| changed);
