@@ -1,5 +1,7 @@
-//! The class's side of the rollout guard: its plan for a class, what it
-//! tells about it, and its condition in the class's status.
+//! The class's side of the rollout guard: where a class's state is read
+//! from and recorded (its store, or the class's annotation), its plan for
+//! a class, what it tells about it, and its condition in the class's
+//! status.
 
 use super::{Context, Error};
 use crate::controllers::nodeclass::rollout::cluster::Source;

@@ -61,60 +61,71 @@ pub(super) async fn reconcile(
     }
     let format = ctx.format_of(&class, &name);
     let source = ctx.source(&class, &name).await?;
-    let stored = match &source {
-        Source::Stored(state) => Some(state.as_ref().clone()),
-        Source::Carried | Source::Annotation => None,
-    };
     let plan = ctx.guard(&class, &name, format, source.clone());
+    keep(&ctx, &class, &name, format, &source, &plan).await
+}
+
+/// Makes `class` what `plan` (decided on the state `source` held) calls
+/// for: writes the class when a kept field differs, is let go of, or the
+/// copy of the state on it is not the plan's; records the state in the
+/// store when it changed.
+async fn keep(
+    ctx: &Context,
+    class: &Ec2NodeClass,
+    name: &str,
+    format: Format,
+    source: &Source,
+    plan: &Plan,
+) -> Result<Action, Error> {
+    let settings = &ctx.settings;
     let desired = pinned(&settings.desired, &plan.target);
     let fields = drift(&class.spec, &desired, format);
     let released = released(&class.metadata, &desired);
-    let key = &settings.rollout.key;
-    let annotated = rollout::read_state(&class, key)
+    let annotated = rollout::read_state(class, &settings.rollout.key)
         .ok()
         .flatten()
         .is_some_and(|read| rollout::unchanged_but_start(&read, &plan.state));
-    // The store falls behind the plan when its state changed, or when the
-    // class has no entry yet (a state carried over from the annotation).
-    let behind = source.is_store() && stored.as_ref() != Some(&plan.state);
     if fields.is_empty() && released.is_empty() && annotated {
-        if behind {
-            ctx.record(&class, &name, &plan.state).await?;
+        if behind(source, plan) {
+            ctx.record(class, name, &plan.state).await?;
         }
         tracing::debug!(nodeclass = %name, "EC2NodeClass as rendered");
-        ctx.announce(&class, &name, &plan);
-        ctx.mark_status(&class, &name, &plan).await;
+        ctx.announce(class, name, plan);
+        ctx.mark_status(class, name, plan).await;
         return Ok(Action::requeue(settings.resync));
     }
     // Checked before the class changes: values applied under a state that
     // could not be recorded would run unguarded.
-    if source.is_store() && !ctx.fits(&class, &name, &plan.state).await {
+    if source.is_store() && !ctx.fits(class, name, &plan.state).await {
         return Ok(Action::requeue(settings.resync));
     }
-    let Some(written) = write(&ctx, &class, &desired, format, &released, &plan).await? else {
+    let Some(written) = write(ctx, class, &desired, format, &released, plan).await? else {
         return Ok(Action::requeue(Duration::from_secs(1)));
     };
     let restored = written.class;
     if source.is_store() {
         let state = started(&plan.state, &restored, written.changed);
-        ctx.record(&restored, &name, &state).await?;
+        ctx.record(&restored, name, &state).await?;
     }
     // Told once: from this apply on, autonode owns none of them.
-    report_released(&restored, &name, &released, &settings.events);
+    report_released(&restored, name, &released, &settings.events);
     if !fields.is_empty() {
         let rendered = plan.target == settings.desired.values(format);
-        report_restored(
-            &restored,
-            &name,
-            &fields,
-            format,
-            rendered,
-            &settings.events,
-        );
+        report_restored(&restored, name, &fields, format, rendered, &settings.events);
     }
-    ctx.announce(&restored, &name, &plan);
-    ctx.mark_status(&restored, &name, &plan).await;
+    ctx.announce(&restored, name, plan);
+    ctx.mark_status(&restored, name, plan).await;
     Ok(Action::requeue(settings.resync))
+}
+
+/// Whether the store falls behind `plan`: its state changed, or the class
+/// has no entry yet (a state carried over from the annotation).
+fn behind(source: &Source, plan: &Plan) -> bool {
+    match source {
+        Source::Stored(state) => **state != plan.state,
+        Source::Carried => true,
+        Source::Annotation => false,
+    }
 }
 
 /// `state` with a trial that has no start yet started at autonode's own
