@@ -360,8 +360,9 @@ pub fn plan(input: Input) -> Plan {
 }
 
 /// Whether `planned` is `read` with nothing new but a trial start filled
-/// in: not worth a write of its own (the start is read back from the same
-/// managedFields time until the next write records it).
+/// in: not worth a write of the class (with the store, the start is in the
+/// store and the class's copy may lack it; without, it is read back from
+/// the same managedFields time until the next write records it).
 pub fn unchanged_but_start(read: &State, planned: &State) -> bool {
     let mut read = read.clone();
     if let (Some(r), Some(p)) = (read.trial.as_mut(), planned.trial.as_ref()) {
