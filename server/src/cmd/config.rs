@@ -594,6 +594,7 @@ impl NodeClassArgs {
         events: &autonode_server::kube::events::Events,
         key: autonode_server::kube::seal::StateKey,
         clock: autonode_server::kube::clock::Clock,
+        store_namespace: &str,
     ) -> Result<Option<autonode_server::controllers::nodeclass::Settings>> {
         use autonode_server::controllers::nodeclass::{
             ami_selector_terms, Desired, MetadataOptionsPolicy, Settings,
@@ -635,6 +636,7 @@ impl NodeClassArgs {
                 key,
                 clock,
             },
+            store_namespace: store_namespace.to_string(),
         }))
     }
 

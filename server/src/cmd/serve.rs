@@ -143,9 +143,14 @@ fn leader(
             signing_duration: args.certificate_lifetimes().signing,
             clock,
         }),
-        nodeclasses: args
-            .nodeclasses
-            .settings(&args.user_data, metrics, events, key, clock)?,
+        nodeclasses: args.nodeclasses.settings(
+            &args.user_data,
+            metrics,
+            events,
+            key,
+            clock,
+            &args.leader_namespace,
+        )?,
         capacity: args.capacity_tolerance(),
         clock,
         on_failure: OnFailure::from_flag(args.delete_failed_nodeclaims),

@@ -80,6 +80,11 @@ pub enum Reason {
     RolloutHoldIgnored,
     /// A rollout state autonode did not write is ignored (Event).
     RolloutStateRejected,
+    /// The guard's store may not be used (RBAC): its state is kept on the
+    /// class alone (Event).
+    RolloutStoreUnavailable,
+    /// The guard's store is full: new values are not applied (Event).
+    RolloutStoreFull,
     /// The class runs values that made Ready nodes (condition).
     Settled,
     /// New values are on trial (condition).
@@ -92,7 +97,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, for the docs' check and the tests.
-    pub const ALL: [Reason; 30] = [
+    pub const ALL: [Reason; 32] = [
         Reason::Attested,
         Reason::JoinRefused,
         Reason::PossibleReplay,
@@ -119,6 +124,8 @@ impl Reason {
         Reason::RolloutHeld,
         Reason::RolloutHoldIgnored,
         Reason::RolloutStateRejected,
+        Reason::RolloutStoreUnavailable,
+        Reason::RolloutStoreFull,
         Reason::Settled,
         Reason::OnTrial,
         Reason::Reverted,
@@ -154,6 +161,8 @@ impl Reason {
             Reason::RolloutHeld => "RolloutHeld",
             Reason::RolloutHoldIgnored => "RolloutHoldIgnored",
             Reason::RolloutStateRejected => "RolloutStateRejected",
+            Reason::RolloutStoreUnavailable => "RolloutStoreUnavailable",
+            Reason::RolloutStoreFull => "RolloutStoreFull",
             Reason::Settled => "Settled",
             Reason::OnTrial => "OnTrial",
             Reason::Reverted => "Reverted",

@@ -23,7 +23,7 @@ use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestSpec,
 };
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Event, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::ByteString;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
@@ -191,6 +191,29 @@ impl Probe {
         verdict(&format!("Lease get {name}"), result)
     }
 
+    /// A replace (PUT) of ConfigMap `name` in the leader namespace: how
+    /// the rollout guard writes its store.
+    async fn update_configmap(&self, name: &str) -> Result<Verdict> {
+        let map: ConfigMap = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": SERVER_SERVICE_ACCOUNT.0},
+        }))?;
+        let result = Api::<ConfigMap>::namespaced(self.server.clone(), SERVER_SERVICE_ACCOUNT.0)
+            .replace(name, &dry_post(), &map)
+            .await;
+        verdict(&format!("ConfigMap update {name}"), result)
+    }
+
+    /// A create of a ConfigMap in `namespace` (a create names no object).
+    async fn create_configmap(&self, namespace: &str) -> Result<Verdict> {
+        let map: ConfigMap = serde_json::from_value(json!({
+            "metadata": {"generateName": "probe-", "namespace": namespace},
+        }))?;
+        let result = Api::<ConfigMap>::namespaced(self.server.clone(), namespace)
+            .create(&dry_post(), &map)
+            .await;
+        verdict(&format!("ConfigMap create in {namespace}"), result)
+    }
+
     async fn get_crd(&self, name: &str) -> Result<Verdict> {
         let result = Api::<CustomResourceDefinition>::all(self.server.clone())
             .get(name)
@@ -229,6 +252,10 @@ impl Probe {
         assert_eq!(self.list_secrets("default").await?, Refused);
         assert_eq!(self.get_lease("autonode-server").await?, Allowed);
         assert_eq!(self.get_lease("someone-else").await?, Refused);
+        // The rollout store alone, of the ConfigMaps: not the Ignition
+        // ones beside it, which are root on every node.
+        assert_eq!(self.update_configmap("autonode-ignition").await?, Refused);
+        assert_eq!(self.create_configmap("default").await?, Refused);
         Ok(())
     }
 }
@@ -243,6 +270,11 @@ async fn writes_under(flags: &[&str], delete: Verdict, patch: Verdict) -> Result
     probe.assert_base_bounds().await?;
     assert_eq!(probe.delete_nodeclaim().await?, delete, "{flags:?}");
     assert_eq!(probe.patch_nodeclass().await?, patch, "{flags:?}");
+    // The rollout guard's store goes with the upkeep.
+    let store = probe.update_configmap("autonode-rollout").await?;
+    assert_eq!(store, patch, "{flags:?}");
+    let namespace = SERVER_SERVICE_ACCOUNT.0;
+    assert_eq!(probe.create_configmap(namespace).await?, patch, "{flags:?}");
     // Only --install-crds reaches CRDs.
     assert_eq!(probe.create_crd().await?, Refused);
     assert_eq!(probe.get_crd("nodeclaims.karpenter.sh").await?, Refused);
@@ -474,6 +506,13 @@ fn the_guest_rbac_tree_is_consistent() -> Result<()> {
                 "rbac-manage-nodeclasses.yaml"
             }
             _ if has("customresourcedefinitions") => "rbac-install-crds.yaml",
+            _ if has("configmaps")
+                && verbs
+                    .iter()
+                    .any(|v| v != &"get" && v != &"list" && v != &"watch") =>
+            {
+                "rbac-manage-nodeclasses.yaml"
+            }
             _ => file,
         };
         assert_eq!(file, owner, "{resources:?} {verbs:?} belong in {owner}");

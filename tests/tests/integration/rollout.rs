@@ -12,9 +12,10 @@ use autonode_tests::karpenter::{self, ec2nodeclasses, nodeclaims};
 use autonode_tests::pki::Ca;
 use autonode_tests::poll;
 use autonode_tests::promql;
-use autonode_tests::server::{self, TestServer};
+use autonode_tests::server::{self, GuestRbac, Setup, TestServer, GUEST_RBAC_FILES};
 use autonode_tests::world::{cloud_settings, World};
-use k8s_openapi::api::core::v1::Event;
+use k8s_openapi::api::core::v1::{ConfigMap, Event};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -24,6 +25,7 @@ const OLD_AMI: &str = "ami-0aaaaaaaaaaaaaaa1";
 const NEW_AMI: &str = "ami-0bbbbbbbbbbbbbbb2";
 const CLASS: &str = "default";
 const STATE: &str = "autonode.dev/rollout";
+const STORE: &str = "autonode-rollout";
 
 /// The flags of one server generation: userData settings (a join CA file
 /// of their own), the AMI, a fast resync and lease, two failures to revert,
@@ -72,6 +74,15 @@ impl Flags {
         flags
     }
 
+    /// [`Flags::next`] without the shared key file: the state key is then
+    /// derived from the server's own TLS key, a new one for every server
+    /// (as after a certificate renewal that rotates the key).
+    fn next_keyed_by_tls(&self, ami: &str) -> Vec<String> {
+        let mut flags = self.next(ami);
+        flags.retain(|f| !f.starts_with("--rollout-state-key-file="));
+        flags
+    }
+
     /// The flags with `--ami-ids` set to `amd64` and `arm64`.
     fn with_amis(&self, amd64: &str, arm64: &str) -> Vec<String> {
         let mut flags = self.base.clone();
@@ -106,6 +117,22 @@ fn state(class: &DynamicObject) -> Value {
         .unwrap_or_default();
     let sealed: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
     serde_json::from_str(sealed["state"].as_str().unwrap_or_default()).unwrap_or(Value::Null)
+}
+
+/// The class's state in the guard's store (ConfigMap autonode-rollout in
+/// the leader namespace), `Null` when there is none.
+async fn stored(world: &World) -> Result<Value> {
+    let api: Api<ConfigMap> = Api::namespaced(world.cp.admin().await?, "autonode-system");
+    let Some(map) = api.get_opt(STORE).await? else {
+        return Ok(Value::Null);
+    };
+    let text = map
+        .data
+        .unwrap_or_default()
+        .remove(CLASS)
+        .unwrap_or_default();
+    let entry: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+    Ok(entry["state"].clone())
 }
 
 /// Field `field` of each failure a refusal in the state records.
@@ -509,8 +536,8 @@ async fn a_restart_mid_rollout_keeps_the_failures_seen() -> Result<()> {
 /// state under autonode's own field manager name, so managedFields say
 /// autonode wrote it: their userData and AMI as applied and last good, and
 /// a hold to keep them; the spec's values too, under the same name. The
-/// state's seal does not open: autonode puts back the rendered values and
-/// says why.
+/// guard reads its state from its store, not from the class: autonode
+/// puts back the rendered values and its own state.
 #[tokio::test]
 async fn a_state_forged_under_autonodes_field_manager_is_rejected() -> Result<()> {
     let flags = Flags::new()?;
@@ -546,8 +573,15 @@ async fn a_state_forged_under_autonodes_field_manager_is_rejected() -> Result<()
     .await?;
     ensure!(after.data["spec"]["userData"] == before.data["spec"]["userData"]);
     ensure!(state(&after)["applied"]["userData"] == before.data["spec"]["userData"]);
-    let rejected = class_events(&world, "RolloutStateRejected").await?;
-    ensure!(rejected[0].contains(STATE), "{rejected:?}");
+    // The guard's state is in its store, which she cannot write: her
+    // annotation is not even read (a state is, and the seal checked, only
+    // for a class the store has no entry for: the test above), and the
+    // store still holds the last good AMI.
+    let kept = stored(&world).await?;
+    ensure!(
+        kept["good"]["amiSelectorTerms"][0]["id"] == OLD_AMI,
+        "{kept}"
+    );
     // And it stays put back, resync after resync, the hold still asked.
     resyncs(&world.server, 3.0).await?;
     let still = ec2nodeclasses(&admin).get(CLASS).await?;
@@ -671,5 +705,240 @@ async fn a_nodeclaim_deleted_before_launch_is_no_failure() -> Result<()> {
         state(&class)
     );
     ensure!(state(&class)["trial"]["claims"][&failed]["failed"].is_string());
+    Ok(())
+}
+
+/// A proven world whose next generation (`NEW_AMI`, keyed by `next`'s
+/// flags) failed twice and was put back: `NEW_AMI` is refused.
+async fn reverted_world(
+    flags: &Flags,
+    next: Vec<String>,
+) -> Result<(World, TestServer, DynamicObject)> {
+    let (world, _) = proven_world(flags).await?;
+    world.server.kill();
+    let cloud = cloud_settings(&world.cloud, &world.ec2);
+    let second = TestServer::start(&world.cp, &cloud, &next).await?;
+    let joiner = Joiner::new(second.url(), second.ca_pem())?;
+    class_when(&world, "on the new AMI", |c| ami(c) == NEW_AMI).await?;
+    for _ in 0..2 {
+        let (_, instance) = launch(&world, NEW_AMI).await?;
+        fail_bootstrap(&world, &joiner, &instance).await?;
+    }
+    let after = class_when(&world, "put back", |c| {
+        ami(c) == OLD_AMI && state(c)["refused"].is_object()
+    })
+    .await?;
+    Ok((world, second, after))
+}
+
+/// Watches the class over `n` of `server`'s resyncs: at every look it
+/// still selects `OLD_AMI` (`NEW_AMI`, refused, is not applied again).
+async fn stays_reverted(world: &World, server: &TestServer, n: f64) -> Result<DynamicObject> {
+    let api = ec2nodeclasses(&world.cp.admin().await?);
+    let checks = "autonode_nodeclass_checks_total";
+    let start = metric(server, checks).await?;
+    loop {
+        let class = api.get(CLASS).await?;
+        ensure!(
+            ami(&class) == OLD_AMI,
+            "the refused AMI was applied again: the class selects {}, state {}",
+            ami(&class),
+            state(&class)
+        );
+        if metric(server, checks).await? >= start + n {
+            return Ok(class);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The store holds the refusal of `NEW_AMI` and `OLD_AMI` as good.
+async fn store_refuses_new_ami(world: &World) -> Result<()> {
+    let kept = stored(world).await?;
+    ensure!(
+        kept["refused"]["values"]["amiSelectorTerms"][0]["id"] == NEW_AMI
+            && kept["good"]["amiSelectorTerms"][0]["id"] == OLD_AMI,
+        "store: {kept}"
+    );
+    Ok(())
+}
+
+/// Issue 35, item 4, played by a class editor: after a revert they delete
+/// the state annotation (which a guard keeping its state there took as
+/// "start afresh", and applied the refused AMI again). The store keeps the
+/// state: the class stays at the good AMI, resync after resync, and the
+/// annotation's copy comes back with the refusal.
+#[tokio::test]
+async fn deleting_the_state_annotation_after_a_revert_applies_nothing_refused() -> Result<()> {
+    let flags = Flags::new()?;
+    let (world, second, _) = reverted_world(&flags, flags.next(NEW_AMI)).await?;
+    let api = ec2nodeclasses(&world.cp.admin().await?);
+    annotate(&api, STATE, Value::Null).await?;
+    let still = stays_reverted(&world, &second, 5.0).await?;
+    store_refuses_new_ami(&world).await?;
+    let copy = class_when(&world, "with its state annotation back", |c| {
+        state(c)["refused"].is_object()
+    })
+    .await?;
+    ensure!(state(&copy)["refused"]["values"]["amiSelectorTerms"][0]["id"] == NEW_AMI);
+    ensure!(still.data["spec"]["userData"] == copy.data["spec"]["userData"]);
+    Ok(())
+}
+
+/// Issue 35, item 4: after a revert, the server restarted with a new seal
+/// key: without `--rollout-state-key-file` it is derived from the server's
+/// own TLS key (each test server has one of its own, as after a renewal
+/// that rotates the key). The annotation no longer opens; the store needs
+/// no key: the class stays at the good AMI and `NEW_AMI` stays refused.
+#[tokio::test]
+async fn a_new_tls_key_after_a_revert_applies_nothing_refused() -> Result<()> {
+    let flags = Flags::new()?;
+    let (world, second, _) = reverted_world(&flags, flags.next(NEW_AMI)).await?;
+    second.kill();
+    let cloud = cloud_settings(&world.cloud, &world.ec2);
+    let next = flags.next_keyed_by_tls(NEW_AMI);
+    let third = TestServer::start(&world.cp, &cloud, &next).await?;
+    eventually("lead taken by the third server", || async {
+        Ok((metric(&third, "autonode_leader").await? == 1.0).then_some(()))
+    })
+    .await?;
+    stays_reverted(&world, &third, 5.0).await?;
+    store_refuses_new_ami(&world).await?;
+    Ok(())
+}
+
+/// The managedFields time of autonode-server's apply of `class`.
+fn apply_time(class: &DynamicObject) -> Option<i64> {
+    let entry = class.metadata.managed_fields.as_ref()?.iter().find(|e| {
+        e.manager.as_deref() == Some("autonode-server") && e.operation.as_deref() == Some("Apply")
+    })?;
+    entry.time.as_ref().map(|t| t.0.as_second())
+}
+
+/// Issue 35, item 8(d): a class editor applies the class with
+/// `fieldManager=autonode-server` after a trial began and before its start
+/// was recorded, moving that manager's managedFields time (read back as
+/// the start, it would leave out the NodeClaims made in between). The
+/// start recorded is that of autonode's own apply.
+#[tokio::test]
+async fn applying_as_autonode_server_does_not_move_a_trials_start() -> Result<()> {
+    let flags = Flags::new()?;
+    let (world, second, joiner) = trial_begun(&flags).await?;
+    resyncs(&second, 2.0).await?;
+    let admin = world.cp.admin().await?;
+    let api = ec2nodeclasses(&admin);
+    let begun = api.get(CLASS).await?;
+    let began = apply_time(&begun).context("no apply of autonode-server's")?;
+
+    // Their apply: the class as it is (nothing of autonode's removed),
+    // one annotation more, under autonode's manager name, a while later.
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let verbs = ["get", "list", "watch", "patch"];
+    karpenter::grant_on_nodeclasses(&admin, "mallory", &verbs).await?;
+    let mallory = ec2nodeclasses(&world.cp.client_as("mallory", None).await?);
+    let mut annotations = begun.metadata.annotations.clone().unwrap_or_default();
+    annotations.insert("mallory".into(), "was-here".into());
+    let body = json!({
+        "apiVersion": "karpenter.k8s.aws/v1", "kind": "EC2NodeClass",
+        "metadata": {"name": CLASS, "annotations": annotations},
+        "spec": begun.data["spec"],
+    });
+    let as_autonode = PatchParams::apply("autonode-server").force();
+    let written = mallory
+        .patch(CLASS, &as_autonode, &Patch::Apply(&body))
+        .await
+        .context("mallory's apply")?;
+    let moved = apply_time(&written).context("no apply of autonode-server's")?;
+    ensure!(
+        moved > began,
+        "the apply did not move the time: {moved} vs {began}"
+    );
+
+    // A failure under the trial makes the guard write its state.
+    let (claim, instance) = launch(&world, NEW_AMI).await?;
+    fail_bootstrap(&world, &joiner, &instance).await?;
+    let recorded = class_when(&world, "recording the failure", |c| {
+        state(c)["trial"]["claims"][&claim]["failed"].is_string()
+    })
+    .await?;
+    let since = &state(&recorded)["trial"]["since"];
+    ensure!(
+        since.as_i64() == Some(began),
+        "the trial's start moved to {since} (their apply at {moved}); autonode began it at {began}"
+    );
+    Ok(())
+}
+
+/// The guest RBAC files as a release before the store shipped them: the
+/// store's Role and its binding left out.
+fn rbac_before_the_store(flags: &[String]) -> String {
+    let wanted = GuestRbac::for_flags(flags).without_admission().files();
+    let mut documents = Vec::new();
+    for (name, text) in GUEST_RBAC_FILES {
+        if !wanted.contains(&name) {
+            continue;
+        }
+        let kept = text
+            .split("\n---\n")
+            .filter(|d| !d.contains("name: autonode-server-rollout-store"));
+        documents.extend(kept);
+    }
+    documents.join("\n---\n")
+}
+
+/// Skew: a server whose guest RBAC predates the store (403 on the
+/// ConfigMap) keeps the guard's state on the class, as before, says once
+/// in its log and by an Event on the class which Role is missing, and does
+/// not write in a loop.
+#[tokio::test]
+async fn under_rbac_before_the_store_the_state_stays_on_the_class_and_it_says_so() -> Result<()> {
+    let flags = Flags::new()?;
+    let args = flags.with_ami(OLD_AMI);
+    let world = World::start_with(&args).await?;
+    world.server.kill();
+    let admin = world.cp.admin().await?;
+    let name = "autonode-server-rollout-store";
+    Api::<RoleBinding>::namespaced(admin.clone(), "autonode-system")
+        .delete(name, &Default::default())
+        .await?;
+    Api::<Role>::namespaced(admin.clone(), "autonode-system")
+        .delete(name, &Default::default())
+        .await?;
+    let manifest = rbac_before_the_store(&args);
+    let setup = Setup {
+        extra_args: &args,
+        rbac_manifest: Some(&manifest),
+        ..Setup::default()
+    };
+    let cloud = cloud_settings(&world.cloud, &world.ec2);
+    let old_rbac = TestServer::launch(&world.cp, &cloud, &setup).await?;
+
+    karpenter::create_custom_nodeclass(&admin, CLASS, "mine").await?;
+    class_when(&world, "kept by autonode, its state on it", |c| {
+        ami(c) == OLD_AMI && state(c)["trial"].is_object()
+    })
+    .await?;
+    let told = class_events(&world, "RolloutStoreUnavailable").await?;
+    ensure!(told[0].contains(name), "{told:?}");
+    resyncs(&old_rbac, 2.0).await?;
+    let writes = "autonode_nodeclass_writes_total";
+    let before = metric(&old_rbac, writes).await?;
+    resyncs(&old_rbac, 4.0).await?;
+    ensure!(
+        metric(&old_rbac, writes).await? == before,
+        "writing in a loop"
+    );
+    let api: Api<ConfigMap> = Api::namespaced(admin, "autonode-system");
+    ensure!(api.get_opt(STORE).await?.is_none(), "a store was written");
+    let log = old_rbac.log();
+    let warned = log
+        .matches("may not use ConfigMap autonode-rollout")
+        .count();
+    ensure!(warned == 1, "warned {warned} times:\n{log}");
+
+    // Its state still guards: a Ready node promotes, as before the store.
+    let (claim, _) = launch(&world, OLD_AMI).await?;
+    mark_ready(&world, &claim).await?;
+    class_when(&world, "promoted", |c| state(c)["trial"].is_null()).await?;
     Ok(())
 }

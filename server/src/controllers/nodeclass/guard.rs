@@ -1,18 +1,130 @@
-//! The class's side of the rollout guard: its plan for a class, what it
-//! tells about it, and its condition in the class's status.
+//! The class's side of the rollout guard: where a class's state is read
+//! from and recorded (its store, or the class's annotation), its plan for
+//! a class, what it tells about it, and its condition in the class's
+//! status.
 
-use super::Context;
-use crate::controllers::nodeclass::rollout::{self, Plan, Values};
+use super::{Context, Error};
+use crate::controllers::nodeclass::rollout::cluster::Source;
+use crate::controllers::nodeclass::rollout::store::{self, Lookup, Recorded, StoreError};
+use crate::controllers::nodeclass::rollout::{self, Plan, State, Values};
 use crate::controllers::nodeclass::userdata::Format;
 use crate::kube::condition::{self, set_condition, Desired};
 use crate::kube::karpenter::Ec2NodeClass;
 use crate::kube::marks;
+use crate::kube::reason::Reason;
 use kube::api::Patch;
+use kube::runtime::reflector::ObjectRef;
 use serde_json::json;
 
+/// What [`crate::kube::events::Events::is_news`] tells once per class: that
+/// the store may not be used.
+const UNAVAILABLE_TOPIC: &str = "rollout-store-unavailable";
+/// Likewise, once per class version: that its state does not fit.
+const FULL_TOPIC: &str = "rollout-store-full";
+
 impl Context {
-    /// The rollout guard's plan for `class`, userData in `format`.
-    pub(super) fn guard(&self, class: &Ec2NodeClass, name: &str, format: Format) -> Plan {
+    /// Where `class`'s rollout state is: the store's entry, the class's
+    /// annotation to carry over, or (store refused) the annotation alone.
+    /// An error reading the store fails the reconcile: deciding on the
+    /// annotation instead is what the store is there to prevent.
+    pub(super) async fn source(&self, class: &Ec2NodeClass, name: &str) -> Result<Source, Error> {
+        let uid = class.metadata.uid.as_deref().unwrap_or_default();
+        let lookup = self.store.lookup(name, uid).await;
+        Ok(match lookup.map_err(|e| store_error(name, e))? {
+            Lookup::Found(state) => Source::Stored(state),
+            Lookup::Absent => Source::Carried,
+            Lookup::Unavailable => {
+                self.tell_unavailable(class);
+                Source::Annotation
+            }
+        })
+    }
+
+    /// Whether the class `name` with `uid` exists, as watched: when the
+    /// watch is not current, every class is taken to (an entry is dropped
+    /// only when its class is known gone).
+    fn live(&self, name: &str, uid: &str) -> bool {
+        if !self.classes.status.is_fresh() {
+            return true;
+        }
+        let class = self.classes.store.get(&ObjectRef::new(name));
+        class.is_some_and(|c| c.metadata.uid.as_deref() == Some(uid))
+    }
+
+    /// Whether `state` for `class` fits in the store, told when it does
+    /// not (the class is then left as it is).
+    pub(super) async fn fits(&self, class: &Ec2NodeClass, name: &str, state: &State) -> bool {
+        let uid = class.metadata.uid.as_deref().unwrap_or_default();
+        let live = |n: &str, u: &str| self.live(n, u);
+        match self.store.fits(name, uid, state, &live).await {
+            Ok(()) => true,
+            Err(error) => {
+                self.tell_full(class, name, &error);
+                false
+            }
+        }
+    }
+
+    /// Records `state` for `class` in the store; a trial with no start yet
+    /// starts at the store write's own time (autonode's, by the API
+    /// server's clock) when the class's apply gave none.
+    pub(super) async fn record(
+        &self,
+        class: &Ec2NodeClass,
+        name: &str,
+        state: &State,
+    ) -> Result<(), Error> {
+        let uid = class.metadata.uid.as_deref().unwrap_or_default();
+        let live = |n: &str, u: &str| self.live(n, u);
+        let recorded = self.store.record(name, uid, state, &live).await;
+        let at = match recorded.map_err(|e| store_error(name, e))? {
+            Recorded::Refused => {
+                self.tell_unavailable(class);
+                return Ok(());
+            }
+            Recorded::Written { at } => at,
+        };
+        let mut started = state.clone();
+        match started.trial.as_mut() {
+            Some(trial) if trial.since.is_none() && at.is_some() => trial.since = at,
+            _ => return Ok(()),
+        }
+        let again = self.store.record(name, uid, &started, &live).await;
+        again.map(|_| ()).map_err(|e| store_error(name, e))
+    }
+
+    /// Logs and records, once per class, that the store may not be used.
+    fn tell_unavailable(&self, class: &Ec2NodeClass) {
+        let events = &self.settings.events;
+        if events.is_news(class, UNAVAILABLE_TOPIC, "forbidden") {
+            events.warning(
+                class,
+                Reason::RolloutStoreUnavailable,
+                store::UNAVAILABLE.into(),
+            );
+        }
+    }
+
+    /// Logs and records, once per class version, that its state does
+    /// not fit in the store.
+    fn tell_full(&self, class: &Ec2NodeClass, name: &str, error: &StoreError) {
+        let events = &self.settings.events;
+        let version = class.metadata.resource_version.as_deref();
+        if events.is_news(class, FULL_TOPIC, version.unwrap_or_default()) {
+            tracing::warn!(nodeclass = %name, %error, "rollout state not recorded; EC2NodeClass left as it is");
+            events.warning(class, Reason::RolloutStoreFull, error.to_string());
+        }
+    }
+
+    /// The rollout guard's plan for `class`, userData in `format`, on the
+    /// state `source` holds.
+    pub(super) fn guard(
+        &self,
+        class: &Ec2NodeClass,
+        name: &str,
+        format: Format,
+        source: Source,
+    ) -> Plan {
         let desired = &self.settings.desired;
         let current = Values {
             user_data: class.spec.user_data.clone().unwrap_or_default(),
@@ -26,7 +138,7 @@ impl Context {
             settings: self.settings.rollout,
             events: &self.settings.events,
         };
-        cluster.plan(class, name, current, desired.values(format))
+        cluster.plan(class, name, source, current, desired.values(format))
     }
 
     /// Writes the [`condition::ROLLOUT`] `plan` calls for on
@@ -79,5 +191,12 @@ impl Context {
             settings: self.settings.rollout,
         };
         teller.announce(class, name, plan);
+    }
+}
+
+fn store_error(name: &str, source: StoreError) -> Error {
+    Error::Store {
+        name: name.to_string(),
+        source,
     }
 }

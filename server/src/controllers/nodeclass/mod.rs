@@ -40,10 +40,13 @@
 //! What it keeps of userData and the AMI goes through the rollout guard
 //! ([`crate::controllers::nodeclass::rollout`]): new values are on trial until a node launched
 //! under them is Ready, and are put back to the last good ones when the
-//! first NodeClaims launched under them fail. The guard's state is written
-//! on the class, in the same apply as the fields it decides, with the
-//! class's resourceVersion as a precondition: a decision made on a stale
-//! read is refused by the API server and made again on the class as it is.
+//! first NodeClaims launched under them fail. The class is written in one
+//! apply of the fields the guard decides (and a copy of its state, for a
+//! server before the store), with the class's resourceVersion as a
+//! precondition: a decision made on a stale read is refused by the API
+//! server and made again on the class as it is. The guard's state is then
+//! recorded in its store ([`rollout::store`]), a ConfigMap class editors
+//! cannot write; the time of that apply, from its response, starts a trial.
 
 mod ami;
 mod exposure;
@@ -133,6 +136,8 @@ pub struct Settings {
     pub events: Events,
     /// How the rollout guard judges new AMI or userData values.
     pub rollout: rollout::Settings,
+    /// Where the rollout guard's store is (the leader namespace).
+    pub store_namespace: String,
 }
 
 /// Why a reconcile failed (it is retried).
@@ -150,6 +155,12 @@ pub enum Error {
         #[source]
         source: serde_json::Error,
     },
+    #[error("the rollout state of EC2NodeClass {name}: {source}")]
+    Store {
+        name: String,
+        #[source]
+        source: rollout::store::StoreError,
+    },
 }
 
 /// What each reconcile sees.
@@ -163,6 +174,10 @@ struct Context {
     handed_over: Mutex<HashMap<String, String>>,
     /// The NodeClaims the rollout guard judges (the join path's cache).
     claims: NodeClaims,
+    /// The rollout guard's store, of this leadership term.
+    store: rollout::store::Store,
+    /// The classes as watched: whose entries the store keeps.
+    classes: Cache<Ec2NodeClass>,
 }
 
 impl Settings {
@@ -187,17 +202,19 @@ impl Desired {
 /// NodeClaim cache the rollout guard judges trials by; a NodeClaim's change
 /// wakes its class.
 pub async fn run(client: Client, settings: Settings, claims: NodeClaims) {
-    let api: Api<Ec2NodeClass> = Api::all(client);
+    let api: Api<Ec2NodeClass> = Api::all(client.clone());
     let config = watcher::Config::default();
+    // A cache, not kube-runtime's Controller: it lists again after a
+    // failed watch (see `crate::kube::cache`), and runs only while polled here.
+    let (classes, watching) = Cache::whole(api.clone(), config, "EC2NodeClass upkeep");
     let ctx = Arc::new(Context {
-        api: api.clone(),
+        api,
+        store: rollout::store::Store::new(client, &settings.store_namespace),
         settings,
         handed_over: Mutex::new(HashMap::new()),
         claims: claims.clone(),
+        classes: classes.clone(),
     });
-    // A cache, not kube-runtime's Controller: it lists again after a
-    // failed watch (see `crate::kube::cache`), and runs only while polled here.
-    let (classes, watching) = Cache::whole(api, config, "EC2NodeClass upkeep");
     let queue = futures::stream::select(
         trigger_self(classes.changes().map(Ok::<_, Infallible>), ()),
         claim_wakes(&claims),

@@ -1,9 +1,11 @@
 //! One reconcile of a class: compare, and when a kept field differs or is
-//! let go of, write the class once, with the rollout guard's state.
+//! let go of, write the class once, with a copy of the rollout guard's
+//! state; then record the state in its store.
 
 use super::fields::{applied, drift, pinned};
 use super::handover::{applied_paths, handover, released, report_released, SpecPath};
 use super::{Context, Desired, Error, MetadataOptionsPolicy, FIELD_MANAGER, HANDOVER_MANAGER};
+use crate::controllers::nodeclass::rollout::cluster::{applied_at, Source};
 use crate::controllers::nodeclass::rollout::{self, Plan};
 use crate::controllers::nodeclass::userdata::Format;
 use crate::kube::events::Events;
@@ -58,40 +60,96 @@ pub(super) async fn reconcile(
         ctx.warn_exposures(&class, &name);
     }
     let format = ctx.format_of(&class, &name);
-    let plan = ctx.guard(&class, &name, format);
+    let source = ctx.source(&class, &name).await?;
+    let plan = ctx.guard(&class, &name, format, source.clone());
+    keep(&ctx, &class, &name, format, &source, &plan).await
+}
+
+/// Makes `class` what `plan` (decided on the state `source` held) calls
+/// for: writes the class when a kept field differs, is let go of, or the
+/// copy of the state on it is not the plan's; records the state in the
+/// store when it changed.
+async fn keep(
+    ctx: &Context,
+    class: &Ec2NodeClass,
+    name: &str,
+    format: Format,
+    source: &Source,
+    plan: &Plan,
+) -> Result<Action, Error> {
+    let settings = &ctx.settings;
     let desired = pinned(&settings.desired, &plan.target);
     let fields = drift(&class.spec, &desired, format);
     let released = released(&class.metadata, &desired);
-    let key = &settings.rollout.key;
-    let state_changed = !rollout::read_state(&class, key)
+    let annotated = rollout::read_state(class, &settings.rollout.key)
         .ok()
         .flatten()
         .is_some_and(|read| rollout::unchanged_but_start(&read, &plan.state));
-    if fields.is_empty() && released.is_empty() && !state_changed {
+    if fields.is_empty() && released.is_empty() && annotated {
+        if behind(source, plan) {
+            ctx.record(class, name, &plan.state).await?;
+        }
         tracing::debug!(nodeclass = %name, "EC2NodeClass as rendered");
-        ctx.announce(&class, &name, &plan);
-        ctx.mark_status(&class, &name, &plan).await;
+        ctx.announce(class, name, plan);
+        ctx.mark_status(class, name, plan).await;
         return Ok(Action::requeue(settings.resync));
     }
-    let Some(restored) = write(&ctx, &class, &desired, format, &released, &plan).await? else {
+    // Checked before the class changes: values applied under a state that
+    // could not be recorded would run unguarded.
+    if source.is_store() && !ctx.fits(class, name, &plan.state).await {
+        return Ok(Action::requeue(settings.resync));
+    }
+    let Some(written) = write(ctx, class, &desired, format, &released, plan).await? else {
         return Ok(Action::requeue(Duration::from_secs(1)));
     };
+    let restored = written.class;
+    if source.is_store() {
+        let state = started(&plan.state, &restored, written.changed);
+        ctx.record(&restored, name, &state).await?;
+    }
     // Told once: from this apply on, autonode owns none of them.
-    report_released(&restored, &name, &released, &settings.events);
+    report_released(&restored, name, &released, &settings.events);
     if !fields.is_empty() {
         let rendered = plan.target == settings.desired.values(format);
-        report_restored(
-            &restored,
-            &name,
-            &fields,
-            format,
-            rendered,
-            &settings.events,
-        );
+        report_restored(&restored, name, &fields, format, rendered, &settings.events);
     }
-    ctx.announce(&restored, &name, &plan);
-    ctx.mark_status(&restored, &name, &plan).await;
+    ctx.announce(&restored, name, plan);
+    ctx.mark_status(&restored, name, plan).await;
     Ok(Action::requeue(settings.resync))
+}
+
+/// Whether the store falls behind `plan`: its state changed, or the class
+/// has no entry yet (a state carried over from the annotation).
+fn behind(source: &Source, plan: &Plan) -> bool {
+    match source {
+        Source::Stored(state) => **state != plan.state,
+        Source::Carried => true,
+        Source::Annotation => false,
+    }
+}
+
+/// `state` with a trial that has no start yet started at autonode's own
+/// apply: its managedFields entry's time in the response to that apply
+/// (the API server's clock, which stamps the NodeClaims too), when the
+/// apply `changed` the class. A no-op apply's entry keeps the time of the
+/// last write made as autonode-server, which may be anyone's.
+pub(super) fn started(
+    state: &rollout::State,
+    written: &Ec2NodeClass,
+    changed: bool,
+) -> rollout::State {
+    let mut state = state.clone();
+    if let Some(trial) = state.trial.as_mut().filter(|t| t.since.is_none()) {
+        trial.since = applied_at(written).filter(|_| changed);
+    }
+    state
+}
+
+/// The class as autonode's apply left it, and whether that apply changed
+/// it.
+struct Written {
+    class: Ec2NodeClass,
+    changed: bool,
 }
 
 /// Writes `class` as `desired` (userData in `format`) with the rollout
@@ -106,7 +164,7 @@ async fn write(
     format: Format,
     released: &[SpecPath],
     plan: &Plan,
-) -> Result<Option<Ec2NodeClass>, Error> {
+) -> Result<Option<Written>, Error> {
     let name = class.name_any();
     let mut version = class.metadata.resource_version.clone();
     let handed_before = applied_paths(&class.metadata, HANDOVER_MANAGER);
@@ -129,7 +187,7 @@ async fn write(
             source,
         })?;
     body["metadata"]["annotations"] = json!({ rollout::ROLLOUT_ANNOTATION: state });
-    body["metadata"]["resourceVersion"] = json!(version);
+    body["metadata"]["resourceVersion"] = json!(&version);
     let params = PatchParams::apply(FIELD_MANAGER).force();
     match ctx.apply(&name, &params, body).await {
         Err(Error::Apply {
@@ -139,7 +197,11 @@ async fn write(
             tracing::debug!(nodeclass = %name, "EC2NodeClass changed since it was read; deciding again");
             Ok(None)
         }
-        other => other.map(Some),
+        Err(error) => Err(error),
+        Ok(class) => Ok(Some(Written {
+            changed: class.metadata.resource_version != version,
+            class,
+        })),
     }
 }
 

@@ -375,3 +375,43 @@ fn ami_ids_become_sorted_id_terms() {
         Err(AmiIdsError::Duplicate("amd64".into()))
     );
 }
+
+/// A class as autonode's apply returned it: its apply entry at `at` (RFC
+/// 3339), beside a later one of another manager's.
+fn applied_class(at: &str) -> Ec2NodeClass {
+    serde_json::from_value(json!({
+        "metadata": {"name": "default", "managedFields": [
+            {"manager": FIELD_MANAGER, "operation": "Apply", "time": at},
+            {"manager": FIELD_MANAGER, "operation": "Update", "subresource": "status",
+             "time": "2030-01-01T00:00:00Z"},
+        ]},
+        "spec": {},
+    }))
+    .unwrap()
+}
+
+#[test]
+fn a_trials_start_is_the_time_of_autonodes_own_apply_that_changed_the_class() {
+    let values = rollout::Values {
+        user_data: "x".into(),
+        ami_selector_terms: None,
+    };
+    let mut state = rollout::State {
+        applied: values,
+        good: None,
+        trial: serde_json::from_value(json!({"claims": {}})).unwrap(),
+        refused: None,
+        retried: None,
+    };
+    let class = applied_class("2026-11-29T10:00:00Z");
+    let since = |s: &rollout::State| s.trial.as_ref().and_then(|t| t.since);
+    assert_eq!(
+        since(&reconcile::started(&state, &class, true)),
+        Some(1_795_946_400)
+    );
+    // A no-op apply's entry may be anyone's who applied as autonode-server.
+    assert_eq!(since(&reconcile::started(&state, &class, false)), None);
+    // A start already recorded stays.
+    state.trial.as_mut().unwrap().since = Some(7);
+    assert_eq!(since(&reconcile::started(&state, &class, true)), Some(7));
+}

@@ -12,6 +12,25 @@ use crate::kube::nodeclaim::NodeClaims;
 use crate::kube::reason::Reason;
 use kube::ResourceExt;
 
+/// Where a class's state comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// The store's entry for the class (see [`super::store`]).
+    Stored(Box<State>),
+    /// No entry in the store yet: the class's sealed annotation, as a
+    /// server before the store wrote it, carried over into the store.
+    Carried,
+    /// The store may not be used (RBAC): the annotation alone, as before.
+    Annotation,
+}
+
+impl Source {
+    /// Whether the state goes to the store.
+    pub fn is_store(&self) -> bool {
+        !matches!(self, Source::Annotation)
+    }
+}
+
 /// Where the guard reads NodeClaims from.
 pub struct Cluster<'a> {
     pub claims: &'a NodeClaims,
@@ -25,22 +44,30 @@ const IGNORED_TOPIC: &str = "rollout-state-rejected";
 
 impl Cluster<'_> {
     /// The plan for `class` (named `name`), whose kept values are
-    /// `current` and for which the flags render `desired`.
-    pub fn plan(&self, class: &Ec2NodeClass, name: &str, current: Values, desired: Values) -> Plan {
-        let state = match read_state(class, &self.settings.key) {
-            Ok(state) => state,
-            Err(error) => {
-                self.warn_ignored(class, name, &error);
-                None
+    /// `current` and for which the flags render `desired`, on the state
+    /// `source` holds.
+    pub fn plan(
+        &self,
+        class: &Ec2NodeClass,
+        name: &str,
+        source: Source,
+        current: Values,
+        desired: Values,
+    ) -> Plan {
+        let (state, applied_at) = match source {
+            // A trial's start in the store is autonode's own write's time:
+            // never read back from managedFields, where anyone applying as
+            // autonode-server can move it.
+            Source::Stored(state) => (Some(*state), None),
+            Source::Carried | Source::Annotation => {
+                (self.annotation_state(class, name), applied_at(class))
             }
         };
         let observed = state
             .as_ref()
             .and_then(|s| Some((s.trial.as_ref()?, s)))
             .and_then(|(trial, state)| {
-                // The plan fills a new trial's start in from the apply
-                // that began it, by the API server's clock.
-                let since = trial.since.or_else(|| applied_at(class))?;
+                let since = trial.since.or(applied_at)?;
                 self.observed(name, trial, since, state)
             });
         plan(Input {
@@ -50,10 +77,21 @@ impl Cluster<'_> {
             hold: held(class),
             retry: retry(class),
             observed,
-            applied_at: applied_at(class),
+            applied_at,
             failures: self.settings.failures,
             now: self.settings.clock.unix(),
         })
+    }
+
+    /// The state in the class's annotation, when autonode wrote it.
+    fn annotation_state(&self, class: &Ec2NodeClass, name: &str) -> Option<State> {
+        match read_state(class, &self.settings.key) {
+            Ok(state) => state,
+            Err(error) => {
+                self.warn_ignored(class, name, &error);
+                None
+            }
+        }
     }
 
     /// The NodeClaims of class `class` under `trial` of `state`'s applied
@@ -132,8 +170,11 @@ fn observed(claim: &NodeClaim, outcome: Outcome) -> Observed {
 }
 
 /// When autonode-server last applied `class`, by the API server's clock:
-/// its managedFields entry's time (Unix seconds).
-fn applied_at(class: &Ec2NodeClass) -> Option<i64> {
+/// its managedFields entry's time (Unix seconds). Anyone who applies as
+/// autonode-server moves it: read from a class as read, it only starts a
+/// trial of a state kept on the class (no store); from the response to
+/// autonode's own write it is autonode's.
+pub fn applied_at(class: &Ec2NodeClass) -> Option<i64> {
     class
         .metadata
         .managed_fields

@@ -3,13 +3,20 @@
 //!
 //! Karpenter drifts every node of a class whose userData or AMI changes, so
 //! a bad AMI or userData written by autonode would take the whole fleet.
-//! The guard keeps, on the class itself, the [`ROLLOUT_ANNOTATION`]: a
-//! [`State`] holding the values autonode stands by (`applied`), the last
-//! values that produced a Ready node (`good`), the trial of new values and
-//! the NodeClaims launched under them, and the values it reverted
-//! (`refused`). On the class, because every replica sees it there: a new
-//! leader, or one restarted mid-rollout, carries on where the last left off.
-//! Only the leader runs the upkeep, so no two replicas write it.
+//! The guard keeps, per class, a [`State`] holding the values autonode
+//! stands by (`applied`), the last values that produced a Ready node
+//! (`good`), the trial of new values and the NodeClaims launched under
+//! them, and the values it reverted (`refused`). It keeps it in its
+//! [`store`], a ConfigMap of the leader namespace that class editors
+//! cannot write, so that deleting or editing anything on the class, or a
+//! new seal key, cannot make it forget a refusal; every replica reads it
+//! there: a new leader, or one restarted mid-rollout, carries on where the
+//! last left off. Only the leader runs the upkeep, so no two replicas
+//! write it. A copy goes on the class too, as the [`ROLLOUT_ANNOTATION`],
+//! sealed: for a server before the store (a downgrade, a replica of the
+//! previous release leading during a rolling upgrade), and read when the
+//! store has no entry for the class yet (a state carried over) or may not
+//! be used (RBAC without it).
 //!
 //! New values (a new `--ami-ids`, a new rendering of userData) start a
 //! trial. The NodeClaims of the class created since the trial began (and,
@@ -26,7 +33,7 @@
 //! values). [`HOLD_ANNOTATION`] freezes a class at the values autonode
 //! applied last, e.g. during a control-plane upgrade.
 //!
-//! The state counts only when it opens under the replicas' key
+//! The annotation's state counts only when it opens under the replicas' key
 //! ([`seal`]: an HMAC over the class's UID and the state's bytes) and
 //! autonode's field manager is its only writer (see
 //! [`crate::kube::marks::is_own`]); a state that does not is ignored (a
@@ -50,6 +57,7 @@ use std::time::Duration;
 
 pub mod cluster;
 pub mod seal;
+pub mod store;
 pub mod tell;
 #[cfg(test)]
 mod tests;
@@ -140,9 +148,11 @@ pub struct Seen {
 pub struct Trial {
     /// Unix seconds, by the API server's clock (the clock of the
     /// NodeClaims' creationTimestamp, not the leader's): the managedFields
-    /// time of the apply that started the trial, read back from the class
-    /// and recorded with the next write made for another reason (never a
-    /// write of its own). Until read back the trial judges nothing.
+    /// time of autonode's apply that started the trial, taken from the
+    /// response to that apply and recorded in the store in the same
+    /// reconcile. (Without the store, as before it: read back from the
+    /// class's managedFields and recorded with the next write made for
+    /// another reason.) Until known the trial judges nothing.
     #[serde(default)]
     pub since: Option<i64>,
     #[serde(default)]
@@ -350,8 +360,9 @@ pub fn plan(input: Input) -> Plan {
 }
 
 /// Whether `planned` is `read` with nothing new but a trial start filled
-/// in: not worth a write of its own (the start is read back from the same
-/// managedFields time until the next write records it).
+/// in: not worth a write of the class (with the store, the start is in the
+/// store and the class's copy may lack it; without, it is read back from
+/// the same managedFields time until the next write records it).
 pub fn unchanged_but_start(read: &State, planned: &State) -> bool {
     let mut read = read.clone();
     if let (Some(r), Some(p)) = (read.trial.as_mut(), planned.trial.as_ref()) {

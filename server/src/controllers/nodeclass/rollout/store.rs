@@ -1,0 +1,432 @@
+//! Where the rollout guard keeps its state: the ConfigMap [`STORE_NAME`] in
+//! the leader namespace (`--leader-namespace`, where the leader Lease is),
+//! one `data` key per class name. Not on the class: whoever may edit an
+//! EC2NodeClass could delete the annotation (or the seal key could change
+//! with `--tls-key`), and a guard that starts afresh forgets what it
+//! refused. Whoever may write ConfigMaps in that namespace is trusted
+//! already (they write the Ignition ConfigMaps, root on every node), so
+//! the store carries no seal, and a new key loses nothing.
+//!
+//! This module is the ConfigMap's only writer, and only the leader runs
+//! it: writes carry the resourceVersion read (a 409 reads again), and a
+//! copy is kept in memory while leading, read once and again only after a
+//! conflict. Each entry names the class's UID: a class deleted and made
+//! again under its name starts afresh, and entries of classes gone are
+//! dropped on the next write. A server whose guest RBAC predates the store
+//! (403) is told so once and keeps the state on the class alone
+//! ([`Lookup::Unavailable`]), asking again every [`RETRY_FORBIDDEN`].
+
+use super::State;
+use crate::kube::marks::FIELD_MANAGER;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{ObjectMeta, PostParams};
+use kube::{Api, Client};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// The ConfigMap's name, in the leader namespace.
+pub const STORE_NAME: &str = "autonode-rollout";
+/// The most bytes of `data` the store grows to: under the 1 MiB an object
+/// may hold, with room for its metadata (and a trial's start, filled in
+/// after the size was checked).
+pub const MAX_BYTES: usize = 900 * 1024;
+/// How long a server refused the store (403) keeps to the annotation
+/// before asking again: RBAC applied later is picked up without a restart,
+/// and a refused server does not ask on every reconcile.
+pub const RETRY_FORBIDDEN: Duration = Duration::from_secs(300);
+/// How many times a write re-reads after a conflict before giving up (the
+/// reconcile is then retried).
+const ATTEMPTS: usize = 3;
+
+/// One class's entry: its UID and the guard's state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    pub uid: String,
+    pub state: State,
+}
+
+/// What the store holds for a class.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lookup {
+    /// The state recorded for this class (this UID).
+    Found(Box<State>),
+    /// Nothing for this class: the guard reads the class's annotation
+    /// (a state a server before the store wrote carries over).
+    Absent,
+    /// The store may not be read or written (RBAC without it): the guard
+    /// keeps its state on the class alone.
+    Unavailable,
+}
+
+/// What became of a write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recorded {
+    /// Written, at this time by the API server's clock (Unix seconds).
+    Written { at: Option<i64> },
+    /// Refused (403): from now on the store is [`Lookup::Unavailable`]
+    /// for [`RETRY_FORBIDDEN`].
+    Refused,
+}
+
+/// Why the store was not read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("reading ConfigMap {STORE_NAME}: {0}")]
+    Read(#[source] kube::Error),
+    #[error("writing ConfigMap {STORE_NAME}: {0}")]
+    Write(#[source] kube::Error),
+    #[error("ConfigMap {STORE_NAME} changed {ATTEMPTS} times while it was written")]
+    Conflicts,
+    #[error(
+        "ConfigMap {STORE_NAME} would hold {bytes} bytes with this class's rollout state, over \
+         the {MAX_BYTES} it is kept under: the state is not recorded, so the class's AMI and \
+         userData are not changed"
+    )]
+    Full { bytes: usize },
+    #[error("encoding a rollout state: {0}")]
+    Encode(#[from] serde_json::Error),
+}
+
+/// The store's text as last read or written, and its resourceVersion
+/// (`None`: the ConfigMap does not exist yet).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    pub version: Option<String>,
+    pub data: BTreeMap<String, String>,
+}
+
+/// The store of one leadership term.
+pub struct Store {
+    api: Api<ConfigMap>,
+    copy: tokio::sync::Mutex<Option<Snapshot>>,
+    /// When the store was last refused (403).
+    forbidden: std::sync::Mutex<Option<Instant>>,
+    /// Whether the refusal was logged (once per process).
+    warned: AtomicBool,
+}
+
+/// The state of class `name` with `uid` in `data`: `None` when there is
+/// none, it is another (earlier) class's of that name, or it does not
+/// parse (logged: then the class's annotation is read instead).
+pub fn decode(data: &BTreeMap<String, String>, name: &str, uid: &str) -> Option<State> {
+    let text = data.get(name)?;
+    match serde_json::from_str::<Entry>(text) {
+        Ok(entry) if entry.uid == uid => Some(entry.state),
+        Ok(_) => None,
+        Err(error) => {
+            tracing::warn!(nodeclass = %name, %error, configmap = STORE_NAME, "rollout state in the store does not parse; ignored");
+            None
+        }
+    }
+}
+
+/// `data` with class `name`'s entry set to `state` and the entries of
+/// classes that are not `live` (by name and UID) dropped; and its size.
+pub fn next_data(
+    data: &BTreeMap<String, String>,
+    name: &str,
+    uid: &str,
+    state: &State,
+    live: &(dyn Fn(&str, &str) -> bool + Sync),
+) -> Result<(BTreeMap<String, String>, usize), StoreError> {
+    let mut next: BTreeMap<String, String> = data
+        .iter()
+        .filter(|(key, text)| *key == name || entry_live(key, text, live))
+        .map(|(key, text)| (key.clone(), text.clone()))
+        .collect();
+    let entry = Entry {
+        uid: uid.to_string(),
+        state: state.clone(),
+    };
+    next.insert(name.to_string(), serde_json::to_string(&entry)?);
+    let bytes = next.iter().map(|(k, v)| k.len() + v.len()).sum();
+    Ok((next, bytes))
+}
+
+/// Whether the entry `text` under `key` is of a class that still exists.
+/// One that does not parse is kept: it is no one's to drop.
+fn entry_live(key: &str, text: &str, live: &dyn Fn(&str, &str) -> bool) -> bool {
+    serde_json::from_str::<Entry>(text).map_or(true, |entry| live(key, &entry.uid))
+}
+
+/// Whether `error` is the API server's refusal (RBAC).
+fn forbidden(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(status) if status.code == 403)
+}
+
+fn status_code(error: &kube::Error) -> Option<u16> {
+    match error {
+        kube::Error::Api(status) => Some(status.code),
+        _ => None,
+    }
+}
+
+/// When autonode-server last wrote `map`, by the API server's clock.
+fn written_at(map: &ConfigMap) -> Option<i64> {
+    map.metadata
+        .managed_fields
+        .as_deref()?
+        .iter()
+        .find(|e| e.manager.as_deref() == Some(FIELD_MANAGER))?
+        .time
+        .as_ref()
+        .map(|t| t.0.as_second())
+}
+
+impl Snapshot {
+    fn of(map: ConfigMap) -> Self {
+        Self {
+            version: map.metadata.resource_version,
+            data: map.data.unwrap_or_default(),
+        }
+    }
+}
+
+impl Store {
+    /// The store in `namespace` (the leader namespace).
+    pub fn new(client: Client, namespace: &str) -> Self {
+        Self {
+            api: Api::namespaced(client, namespace),
+            copy: tokio::sync::Mutex::new(None),
+            forbidden: std::sync::Mutex::new(None),
+            warned: AtomicBool::new(false),
+        }
+    }
+
+    /// What the store holds for class `name` with `uid`.
+    pub async fn lookup(&self, name: &str, uid: &str) -> Result<Lookup, StoreError> {
+        if self.refused() {
+            return Ok(Lookup::Unavailable);
+        }
+        let mut copy = self.copy.lock().await;
+        if copy.is_none() {
+            match self.fetch().await {
+                Ok(snapshot) => *copy = Some(snapshot),
+                Err(StoreError::Read(e)) if forbidden(&e) => {
+                    self.refuse(&e);
+                    return Ok(Lookup::Unavailable);
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        let data = copy.as_ref().map(|s| &s.data);
+        Ok(match data.and_then(|d| decode(d, name, uid)) {
+            Some(state) => Lookup::Found(Box::new(state)),
+            None => Lookup::Absent,
+        })
+    }
+
+    /// Whether class `name`'s entry set to `state` would keep the store
+    /// under [`MAX_BYTES`], checked against the copy before the class is
+    /// changed: a state that could not be recorded must not be acted on.
+    pub async fn fits(
+        &self,
+        name: &str,
+        uid: &str,
+        state: &State,
+        live: &(dyn Fn(&str, &str) -> bool + Sync),
+    ) -> Result<(), StoreError> {
+        let copy = self.copy.lock().await;
+        let data = copy.as_ref().map(|s| s.data.clone()).unwrap_or_default();
+        let (_, bytes) = next_data(&data, name, uid, state, live)?;
+        if bytes > MAX_BYTES {
+            return Err(StoreError::Full { bytes });
+        }
+        Ok(())
+    }
+
+    /// Records `state` for class `name` with `uid`, dropping the entries
+    /// of classes not `live`.
+    pub async fn record(
+        &self,
+        name: &str,
+        uid: &str,
+        state: &State,
+        live: &(dyn Fn(&str, &str) -> bool + Sync),
+    ) -> Result<Recorded, StoreError> {
+        let mut copy = self.copy.lock().await;
+        for _ in 0..ATTEMPTS {
+            let snapshot = match copy.take() {
+                Some(snapshot) => snapshot,
+                None => self.fetch().await?,
+            };
+            let (data, bytes) = next_data(&snapshot.data, name, uid, state, live)?;
+            if bytes > MAX_BYTES {
+                *copy = Some(snapshot);
+                return Err(StoreError::Full { bytes });
+            }
+            match self.write(snapshot.version.clone(), data).await {
+                Ok(map) => {
+                    let at = written_at(&map);
+                    *copy = Some(Snapshot::of(map));
+                    return Ok(Recorded::Written { at });
+                }
+                Err(e) if forbidden(&e) => {
+                    *copy = Some(snapshot);
+                    self.refuse(&e);
+                    return Ok(Recorded::Refused);
+                }
+                // Changed (or made) by another writer since read: read
+                // again (the copy is dropped) and merge this entry anew.
+                Err(e) if matches!(status_code(&e), Some(409)) => {
+                    tracing::debug!(nodeclass = %name, "ConfigMap {STORE_NAME} changed since read; reading again");
+                }
+                Err(e) => return Err(StoreError::Write(e)),
+            }
+        }
+        Err(StoreError::Conflicts)
+    }
+
+    /// The ConfigMap as it is (empty when it does not exist).
+    async fn fetch(&self) -> Result<Snapshot, StoreError> {
+        let map = self
+            .api
+            .get_opt(STORE_NAME)
+            .await
+            .map_err(StoreError::Read)?;
+        Ok(map.map(Snapshot::of).unwrap_or_default())
+    }
+
+    /// Replaces the ConfigMap read at `version` by one holding `data`, or
+    /// creates it when there was none.
+    async fn write(
+        &self,
+        version: Option<String>,
+        data: BTreeMap<String, String>,
+    ) -> Result<ConfigMap, kube::Error> {
+        let map = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(STORE_NAME.into()),
+                resource_version: version.clone(),
+                ..ObjectMeta::default()
+            },
+            data: Some(data),
+            ..ConfigMap::default()
+        };
+        let params = PostParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..PostParams::default()
+        };
+        match version {
+            Some(_) => self.api.replace(STORE_NAME, &params, &map).await,
+            None => self.api.create(&params, &map).await,
+        }
+    }
+
+    /// Whether the store was refused less than [`RETRY_FORBIDDEN`] ago.
+    pub fn refused(&self) -> bool {
+        let since = self.forbidden.lock().map(|f| *f).unwrap_or(None);
+        since.is_some_and(|at| at.elapsed() < RETRY_FORBIDDEN)
+    }
+
+    /// Remembers a refusal; logs the first.
+    fn refuse(&self, error: &kube::Error) {
+        if let Ok(mut at) = self.forbidden.lock() {
+            *at = Some(Instant::now());
+        }
+        if !self.warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                configmap = STORE_NAME,
+                %error,
+                "{UNAVAILABLE}"
+            );
+        }
+    }
+}
+
+/// What a server refused the store says, in its log and Events.
+pub const UNAVAILABLE: &str = "the rollout guard may not use ConfigMap autonode-rollout in the \
+    leader namespace (the guest RBAC predates it: apply the Role autonode-server-rollout-store \
+    of packaging/guest/rbac-manage-nodeclasses.yaml, or upgrade the chart's guest RBAC); until \
+    then its state is kept only in each class's autonode.dev/rollout annotation, which whoever \
+    may edit the class can delete, making the guard start afresh";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controllers::nodeclass::rollout::{Refused, Trial, Values};
+
+    fn values(ami: &str) -> Values {
+        Values {
+            user_data: "#!/bin/true".into(),
+            ami_selector_terms: Some(vec![serde_json::json!({"id": ami})]),
+        }
+    }
+
+    /// A state after a revert: the good AMI applied, the new one refused.
+    fn reverted() -> State {
+        State {
+            applied: values("ami-01"),
+            good: Some(values("ami-01")),
+            trial: None,
+            refused: Some(Refused {
+                values: values("ami-02"),
+                failed: Vec::new(),
+            }),
+            retried: None,
+        }
+    }
+
+    fn all_live(_: &str, _: &str) -> bool {
+        true
+    }
+
+    #[test]
+    fn a_state_reads_back_for_its_class_only() {
+        let (data, _) = next_data(&BTreeMap::new(), "a", "uid-a", &reverted(), &all_live).unwrap();
+        assert_eq!(decode(&data, "a", "uid-a"), Some(reverted()));
+        // Deleted and made again under the name: another UID, afresh.
+        assert_eq!(decode(&data, "a", "uid-a2"), None);
+        assert_eq!(decode(&data, "b", "uid-a"), None);
+    }
+
+    #[test]
+    fn an_entry_that_does_not_parse_reads_as_none_and_is_kept() {
+        let data = BTreeMap::from([("a".to_string(), "{not json".to_string())]);
+        assert_eq!(decode(&data, "a", "uid-a"), None);
+        let (next, _) = next_data(&data, "b", "uid-b", &reverted(), &|_, _| false).unwrap();
+        assert!(next.contains_key("a") && next.contains_key("b"), "{next:?}");
+    }
+
+    #[test]
+    fn a_write_drops_the_entries_of_classes_gone_but_its_own() {
+        let (data, _) =
+            next_data(&BTreeMap::new(), "gone", "uid-g", &reverted(), &all_live).unwrap();
+        let (data, _) = next_data(&data, "kept", "uid-k", &reverted(), &all_live).unwrap();
+        let live = |name: &str, uid: &str| name == "kept" && uid == "uid-k";
+        let (next, bytes) = next_data(&data, "mine", "uid-m", &reverted(), &live).unwrap();
+        assert_eq!(next.keys().collect::<Vec<_>>(), ["kept", "mine"]);
+        assert_eq!(
+            bytes,
+            next.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
+        );
+        // A class made again under the name: its predecessor's entry goes.
+        let live = |name: &str, uid: &str| name == "kept" && uid == "uid-k2";
+        let (next, _) = next_data(&data, "mine", "uid-m", &reverted(), &live).unwrap();
+        assert_eq!(next.keys().collect::<Vec<_>>(), ["mine"]);
+    }
+
+    #[test]
+    fn the_size_counts_what_a_full_trial_holds() {
+        let mut state = reverted();
+        let mut trial = Trial::new();
+        for i in 0..crate::controllers::nodeclass::rollout::MAX_TRACKED {
+            trial.claims.insert(
+                format!("default-{i:05}"),
+                crate::controllers::nodeclass::rollout::Seen {
+                    uid: "0".repeat(36),
+                    failed: Some("x".repeat(crate::kube::marks::MAX_NOTE)),
+                    launched: true,
+                },
+            );
+        }
+        state.trial = Some(trial);
+        let (_, bytes) = next_data(&BTreeMap::new(), "a", "uid-a", &state, &all_live).unwrap();
+        assert!(
+            bytes > crate::kube::marks::MAX_NOTE * 64 && bytes < MAX_BYTES,
+            "{bytes}"
+        );
+    }
+}
