@@ -14,7 +14,10 @@
 use crate::controlplane::ControlPlane;
 use crate::fakecloud::TestCa;
 use crate::karpenter::{ec2nodeclasses, nodeclaims};
-use crate::karpenter_controller::{install_karpenter_crds, KarpenterController};
+use crate::karpenter_controller::{
+    apply_karpenter_crds, check_supports, install_karpenter_crds_of, under_test,
+    KarpenterController, Release,
+};
 use crate::launcher::{Cluster, Launcher, MachineKind};
 use crate::moto::{Moto, Seeded, DISCOVERY_TAG, INSTANCE_TYPE, REGION};
 use crate::pki::Ca;
@@ -81,17 +84,25 @@ impl KarpenterCluster {
         server_args: &[String],
         karpenter_env: &[(&str, &str)],
     ) -> Result<Self> {
+        Self::start_on(under_test()?, kind, server_args, karpenter_env).await
+    }
+
+    /// Like [`Self::start_with`], with Karpenter `release` (its CRDs and
+    /// controller) instead of the one under test. The Kubernetes under
+    /// test must be in the range the release declares.
+    pub async fn start_on(
+        release: Release,
+        kind: MachineKind,
+        server_args: &[String],
+        karpenter_env: &[(&str, &str)],
+    ) -> Result<Self> {
         let cp = ControlPlane::start_for_karpenter_reachable_at(&kind.reachable_ips()).await?;
-        if !cp.version().at_least(1, 26) {
-            bail!(
-                "the real Karpenter needs Kubernetes 1.26 or later, this is {}",
-                cp.version()
-            );
-        }
-        install_karpenter_crds(&cp).await?;
+        check_supports(release, cp.version())?;
+        install_karpenter_crds_of(&cp, release).await?;
         let moto = Arc::new(Moto::start().await?);
         let seeded = moto.seed().await?;
-        let karpenter = KarpenterController::start_with_env(&cp, &moto, karpenter_env).await?;
+        let karpenter =
+            KarpenterController::start_release(&cp, &moto, release, karpenter_env).await?;
         let dir = tempfile::Builder::new()
             .prefix("autonode-kcluster-")
             .tempdir()?;
@@ -162,6 +173,31 @@ impl KarpenterCluster {
         create_class(&client, &self.rendered_user_data()?).await?;
         create_pool(&client).await?;
         self.class_ready().await
+    }
+
+    /// Replaces the running Karpenter with `to`, in the order its upgrade
+    /// guide gives: the old controller stopped (SIGTERM, as its
+    /// Deployment's rollout), `to`'s CRDs applied over the installed ones,
+    /// then `to`'s controller started with `karpenter_env`, ready. Returns
+    /// the CRDs whose definition the upgrade changed.
+    pub async fn upgrade_karpenter(
+        &mut self,
+        to: Release,
+        karpenter_env: &[(&str, &str)],
+    ) -> Result<Vec<String>> {
+        check_supports(to, self.cp.version())?;
+        if !self.karpenter.stop(Duration::from_secs(30)) {
+            eprintln!(
+                "Karpenter {} did not exit within 30 s of SIGTERM; killed",
+                self.karpenter.release()
+            );
+        }
+        let changed = apply_karpenter_crds(&self.cp, to).await?;
+        let next =
+            KarpenterController::start_release(&self.cp, &self.moto, to, karpenter_env).await?;
+        // The old one is dropped (already stopped) here.
+        self.karpenter = next;
+        Ok(changed)
     }
 
     /// Waits for Karpenter to call the class Ready (its AMIs, subnets and
@@ -295,9 +331,13 @@ pub async fn create_class(client: &Client, user_data: &str) -> Result<()> {
 /// Its disruption budget is 0 nodes: no scenario here is about Karpenter
 /// replacing nodes it finds drifted or underused, and a replacement in the
 /// middle of one would make its counts wrong. (Drift itself is still
-/// computed and shown on the NodeClaims.)
+/// computed and shown on the NodeClaims.) `consolidateAfter` is v1.15's
+/// default, written out: v1.14's schema requires it ([`create_pool_named`]).
 pub async fn create_pool(client: &Client) -> Result<()> {
-    let budget_none = json!({"disruption": {"budgets": [{"nodes": "0"}]}});
+    let budget_none = json!({"disruption": {
+        "consolidateAfter": "0s",
+        "budgets": [{"nodes": "0"}],
+    }});
     create_pool_named(client, POOL, budget_none).await
 }
 
@@ -359,7 +399,21 @@ pub async fn list_nodeclaims(client: &Client) -> Result<Vec<DynamicObject>> {
 /// `spec`'s keys set in its spec (its `disruption`, `replicas`...).
 /// [`create_pool`]'s budget of 0 nodes is not set here: a pool made with
 /// this one is for scenarios about Karpenter removing nodes.
+///
+/// A `disruption` must name its `consolidateAfter`: v1.14's NodePool
+/// schema requires it whenever `disruption` is given, v1.15's defaults it
+/// to `0s`, and a pool that leaned on the default would be refused on the
+/// previous minor only. Refused here on every release alike.
 pub async fn create_pool_named(client: &Client, name: &str, spec: serde_json::Value) -> Result<()> {
+    if spec
+        .get("disruption")
+        .is_some_and(|d| d.get("consolidateAfter").is_none())
+    {
+        bail!(
+            "NodePool {name}: a disruption without consolidateAfter relies on one \
+             Karpenter release's default (v1.14 requires it): {spec}"
+        );
+    }
     let resource = ApiResource::from_gvk(&GroupVersionKind::gvk("karpenter.sh", "v1", "NodePool"));
     let mut pool = json!({
         "apiVersion": "karpenter.sh/v1",

@@ -83,7 +83,8 @@ async fn a_deleted_nodeclaims_machine_is_terminated_and_can_never_join_or_renew_
     let cluster = KarpenterCluster::start(&[]).await?;
     let admin = cluster.cp.admin().await?;
     // No disruption of Karpenter's own: only the deletion below removes it.
-    let disruption = json!({"budgets": [{"nodes": "0"}]});
+    // (consolidateAfter written out: v1.14 requires it, v1.15 defaults it.)
+    let disruption = json!({"consolidateAfter": "0s", "budgets": [{"nodes": "0"}]});
     class_and_pools(&cluster, &[(POOL, json!({ "disruption": disruption }))]).await?;
     let (journey, machine) = pending_pod_to_machine(&cluster).await?;
     let stolen = steal(&cluster, &machine).await?;
@@ -323,7 +324,8 @@ async fn a_static_nodepools_machines_join_and_its_replicas_scale_up_and_down_cle
         KarpenterCluster::start_with(MachineKind::Simulated, &[], &[STATIC_CAPACITY]).await?;
     let admin = cluster.cp.admin().await?;
     // No disruption of Karpenter's own in either: only the replicas decide.
-    let still = json!({"budgets": [{"nodes": "0"}]});
+    // (consolidateAfter written out: v1.14 requires it, v1.15 defaults it.)
+    let still = json!({"consolidateAfter": "0s", "budgets": [{"nodes": "0"}]});
     let t0 = Instant::now();
     class_and_pools(
         &cluster,

@@ -2,8 +2,9 @@
 //! against a real control plane with kube-scheduler, launching into moto
 //! (`tests/setup/install-moto`), a third-party EC2.
 //!
-//! Needs Kubernetes 1.26 or later (every pinned version is): Karpenter's
-//! status writes fail on older API servers.
+//! Needs a Kubernetes the Karpenter under test declares it supports
+//! (`tests/setup/build-karpenter --kube-range`; `tests/run --karpenter`
+//! chooses one): the harness refuses any other.
 
 use anyhow::{bail, Context, Result};
 use autonode_server::ec2::{Credentials, Ec2Client, Ec2Settings, InstanceState, RetryPolicy};
@@ -11,21 +12,24 @@ use autonode_tests::controlplane::ControlPlane;
 use autonode_tests::events::{event_reasons, events_of};
 use autonode_tests::karpenter::{ec2nodeclasses, nodeclaims};
 use autonode_tests::karpenter_cluster::{
-    create_class, create_pending_pod, create_pool, CLASS, LAUNCH_TIMEOUT, POOL,
+    create_class, create_pending_pod, create_pod, create_pool, CLASS, LAUNCH_TIMEOUT, POOL,
 };
-use autonode_tests::karpenter_controller::{install_karpenter_crds, KarpenterController};
+use autonode_tests::karpenter_controller::{
+    check_supports, current, install_karpenter_crds, module_dir, pinned, under_test,
+    KarpenterController, Release,
+};
 use autonode_tests::launcher::Flaw;
 use autonode_tests::moto::{Moto, MotoInstance, AMD64_AMI, INSTANCE_TYPE, REGION, ZONE};
 use autonode_tests::pki::Ca;
 use autonode_tests::server;
 use kube::api::ListParams;
+use serde_json::json;
 use std::time::{Duration, Instant};
 
 use autonode_tests::karpenter_cluster::{
     condition, is_ready, karpenter_finished_with, list_nodeclaims, KarpenterCluster, CLUSTER_NAME,
     POD,
 };
-use autonode_tests::karpenter_controller::KARPENTER_VERSION;
 use autonode_tests::moto::MOTO_VERSION;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::Api;
@@ -34,13 +38,7 @@ use kube::api::Api;
 async fn a_pending_pod_makes_karpenter_launch_an_instance_with_the_classes_user_data_verbatim(
 ) -> Result<()> {
     let cp = ControlPlane::start_for_karpenter().await?;
-    if !cp.version().at_least(1, 26) {
-        bail!(
-            "the real Karpenter needs Kubernetes 1.26 or later, this is {}: \
-             run a pinned version (tests/run --kube 1.26 or later)",
-            cp.version()
-        );
-    }
+    check_supports(under_test()?, cp.version())?;
     install_karpenter_crds(&cp).await?;
     let moto = Moto::start().await?;
     moto.seed().await?;
@@ -224,25 +222,25 @@ async fn the_servers_ec2_lookup_reads_a_moto_instance_as_moto_describes_it() -> 
 }
 
 /// autonode's condition type on NodeClaims.
-const AUTONODE_CONDITION: &str = "AutonodeBootstrapped";
+pub(crate) const AUTONODE_CONDITION: &str = "AutonodeBootstrapped";
 
 /// The user the server's writes come as (its ServiceAccount).
 const SERVER_USER: &str = "system:serviceaccount:autonode-system:autonode-server";
 
 /// Karpenter's annotation of an EC2NodeClass's (and a NodeClaim's) hash,
 /// which its static drift check compares.
-const CLASS_HASH: &str = "karpenter.k8s.aws/ec2nodeclass-hash";
+pub(crate) const CLASS_HASH: &str = "karpenter.k8s.aws/ec2nodeclass-hash";
 
 /// How a pending pod became a node, each step timed from the pod's creation.
 #[derive(Debug)]
 pub(crate) struct Journey {
     pub(crate) claim: String,
     pub(crate) node: String,
-    claim_s: f64,
-    launched_s: f64,
-    registered_s: f64,
-    initialized_s: f64,
-    bound_s: f64,
+    pub(crate) claim_s: f64,
+    pub(crate) launched_s: f64,
+    pub(crate) registered_s: f64,
+    pub(crate) initialized_s: f64,
+    pub(crate) bound_s: f64,
 }
 
 /// Follows the pending pod created at `t0` through a NodeClaim not in
@@ -251,6 +249,16 @@ pub(crate) struct Journey {
 /// kube-scheduler binds the pod to it.
 pub(crate) async fn follow(
     cluster: &KarpenterCluster,
+    skip: &[String],
+    t0: Instant,
+) -> Result<Journey> {
+    follow_pod(cluster, POD, skip, t0).await
+}
+
+/// [`follow`] for the pending pod `pod` (in `default`).
+pub(crate) async fn follow_pod(
+    cluster: &KarpenterCluster,
+    pod: &str,
     skip: &[String],
     t0: Instant,
 ) -> Result<Journey> {
@@ -301,7 +309,7 @@ pub(crate) async fn follow(
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     cluster
         .wait_for("the pod bound to the node", LAUNCH_TIMEOUT, || async {
-            let pod = pods.get(POD).await?;
+            let pod = pods.get(pod).await?;
             let bound = pod.spec.and_then(|s| s.node_name);
             Ok(bound.filter(|n| *n == machine.node_name).map(drop))
         })
@@ -337,7 +345,10 @@ pub(crate) fn record(cluster: &KarpenterCluster, entries: serde_json::Value) -> 
         serde_json::Value::Object(map) => map,
         other => bail!("not an object: {other}"),
     };
-    all.insert("karpenter_version".into(), KARPENTER_VERSION.into());
+    all.insert(
+        "karpenter_version".into(),
+        cluster.karpenter.release().to_string().into(),
+    );
     all.insert("moto_version".into(), MOTO_VERSION.into());
     all.insert(
         "kubernetes_version".into(),
@@ -565,10 +576,10 @@ async fn flawed_first(flaw: Flaw) -> Result<(KarpenterCluster, kube::Client)> {
 }
 
 /// How a flawed machine's NodeClaim went, timed from its agent's exit.
-struct Replaced {
-    deleted_s: f64,
-    replaced_s: f64,
-    agent_code: Option<i32>,
+pub(crate) struct Replaced {
+    pub(crate) deleted_s: f64,
+    pub(crate) replaced_s: f64,
+    pub(crate) agent_code: Option<i32>,
 }
 
 /// The first machine Karpenter launches has `flaw`: its agent fails, the
@@ -577,9 +588,28 @@ struct Replaced {
 /// takes the pod, within a minute (Karpenter alone waits 15).
 async fn flawed_machine_replaced(
     flaw: Flaw,
-    (reason, says): (&str, &str),
+    says: (&str, &str),
 ) -> Result<(KarpenterCluster, Replaced)> {
-    let (cluster, admin) = flawed_first(flaw).await?;
+    let cluster = KarpenterCluster::start(&[]).await?;
+    cluster.create_class_and_pool().await?;
+    let replaced = flawed_machine_replaced_in(&cluster, flaw, says, &[], json!({})).await?;
+    Ok((cluster, replaced))
+}
+
+/// [`flawed_machine_replaced`] in a running `cluster` whose NodeClaims
+/// `existing` stay out of it: the next machine has `flaw`, and the pending
+/// pod ([`POD`], with `pod_spec`'s keys) is what Karpenter launches it
+/// for.
+pub(crate) async fn flawed_machine_replaced_in(
+    cluster: &KarpenterCluster,
+    flaw: Flaw,
+    (reason, says): (&str, &str),
+    existing: &[String],
+    pod_spec: serde_json::Value,
+) -> Result<Replaced> {
+    let admin = cluster.cp.admin().await?;
+    cluster.launcher.flaw_next(flaw, 1);
+    create_pod(&admin, POD, pod_spec).await?;
     let claims = nodeclaims(&admin);
 
     let (failed_claim, failed) = cluster
@@ -624,7 +654,7 @@ async fn flawed_machine_replaced(
                 Ok(all
                     .into_iter()
                     .filter_map(|c| c.metadata.name)
-                    .find(|n| *n != failed_claim))
+                    .find(|n| *n != failed_claim && !existing.contains(n)))
             },
         )
         .await?;
@@ -648,18 +678,19 @@ async fn flawed_machine_replaced(
 
     // The replacement, on a working image, joins and takes the pod.
     let t0 = Instant::now();
-    let journey = follow(&cluster, std::slice::from_ref(&failed_claim), t0).await?;
+    let mut skip = existing.to_vec();
+    skip.push(failed_claim.clone());
+    let journey = follow(cluster, &skip, t0).await?;
     assert_eq!(journey.claim, replacement);
     assert!(
         replaced_s < 60.0,
         "replaced after {replaced_s:.1} s (Karpenter alone: {KARPENTER_REGISTRATION_TIMEOUT_S} s)"
     );
-    let replaced = Replaced {
+    Ok(Replaced {
         deleted_s,
         replaced_s,
         agent_code: agent.code,
-    };
-    Ok((cluster, replaced))
+    })
 }
 
 /// Waits up to `timeout` for object `name` of `api` to be gone (for a
@@ -823,21 +854,17 @@ fn declared(version_go: &str, name: &str) -> Option<String> {
     })
 }
 
-/// The README's "the versions the pinned Karpenter supports": the oldest
-/// and newest Kubernetes pinned under tests/kube/ are the range the pinned
-/// Karpenter declares (`pkg/providers/version/version.go` of the module
-/// tests/setup/build-karpenter downloaded), so moving Karpenter without
-/// moving the range fails here.
-#[test]
-fn the_pinned_kubernetes_range_is_the_one_the_pinned_karpenter_declares() -> Result<()> {
-    // `go mod download` in the harness's own module: the copy go.sum pins,
-    // fetched from the proxy unless the module cache has it already.
-    let module = format!("github.com/aws/karpenter-provider-aws@v{KARPENTER_VERSION}");
+/// The range `release` declares, read from its module's
+/// `pkg/providers/version/version.go` (`go mod download` in the harness's
+/// module that pins it: the copy go.sum pins, fetched from the proxy
+/// unless the module cache has it already).
+fn declared_range(release: Release) -> Result<(String, String)> {
+    let module = format!("github.com/aws/karpenter-provider-aws@v{release}");
     let download = std::process::Command::new("go")
         .args(["mod", "download", "-json", &module])
         // As tests/setup/build-karpenter: the module asks a newer Go.
         .env("GOTOOLCHAIN", "auto")
-        .current_dir(autonode_tests::vm::repo_root().join("tests/karpenter"))
+        .current_dir(module_dir(release))
         .output()
         .context("go mod download")?;
     let found: serde_json::Value = serde_json::from_slice(&download.stdout)
@@ -848,10 +875,21 @@ fn the_pinned_kubernetes_range_is_the_one_the_pinned_karpenter_declares() -> Res
     let version_go = std::path::Path::new(dir).join("pkg/providers/version/version.go");
     let source =
         std::fs::read_to_string(&version_go).with_context(|| version_go.display().to_string())?;
-    let (min, max) = (
+    Ok((
         declared(&source, "MinK8sVersion").context("no MinK8sVersion")?,
         declared(&source, "MaxK8sVersion").context("no MaxK8sVersion")?,
-    );
+    ))
+}
+
+/// The README's "the versions the pinned Karpenter supports": the oldest
+/// and newest Kubernetes pinned under tests/kube/ are the range the current
+/// Karpenter declares, so moving Karpenter without moving the range fails
+/// here. Every pinned Karpenter (the previous minor too) supports a pinned
+/// Kubernetes, so `tests/run --karpenter` always has one to choose; and
+/// `tests/setup/build-karpenter --kube-range`, which tests/run chooses by,
+/// reads the same range as this test.
+#[test]
+fn the_pinned_kubernetes_range_is_the_one_the_pinned_karpenter_declares() -> Result<()> {
     let list =
         std::process::Command::new(autonode_tests::vm::repo_root().join("tests/setup/build-kube"))
             .arg("--list")
@@ -870,11 +908,43 @@ fn the_pinned_kubernetes_range_is_the_one_the_pinned_karpenter_declares() -> Res
         .iter()
         .max_by_key(|v| minor_of(v))
         .context("no pinned version")?;
-    assert_eq!(
-        (oldest.as_str(), newest.as_str()),
-        (min.as_str(), max.as_str()),
-        "Karpenter {KARPENTER_VERSION} supports {min}–{max}; tests/kube/ pins {minors:?}"
+    let now = current()?;
+    let all = pinned()?;
+    assert!(
+        all.len() >= 2,
+        "the current and the previous minor: {all:?}"
     );
+    for release in all {
+        let (min, max) = declared_range(release)?;
+        if release == now {
+            assert_eq!(
+                (oldest.as_str(), newest.as_str()),
+                (min.as_str(), max.as_str()),
+                "Karpenter {release} supports {min}–{max}; tests/kube/ pins {minors:?}"
+            );
+        }
+        let (lo, hi) = (minor_of(&min), minor_of(&max));
+        assert!(
+            minors.iter().any(|v| (lo..=hi).contains(&minor_of(v))),
+            "Karpenter {release} supports {min}–{max}, and none of {minors:?} is pinned"
+        );
+        let script = std::process::Command::new(
+            autonode_tests::vm::repo_root().join("tests/setup/build-karpenter"),
+        )
+        .args(["--kube-range", &release.to_string()])
+        .output()
+        .context("tests/setup/build-karpenter --kube-range")?;
+        assert!(
+            script.status.success(),
+            "{}",
+            String::from_utf8_lossy(&script.stderr)
+        );
+        assert_eq!(
+            String::from_utf8(script.stdout)?.trim(),
+            format!("{min} {max}"),
+            "Karpenter {release}"
+        );
+    }
     let sample = "const (\n\tMinK8sVersion = \"1.26\"\n\tMaxK8sVersion = \"1.37\"\n)";
     assert_eq!(declared(sample, "MaxK8sVersion").as_deref(), Some("1.37"));
     Ok(())

@@ -12,7 +12,6 @@ use anyhow::{ensure, Result};
 use autonode_tests::events::event_reasons;
 use autonode_tests::karpenter::nodeclaims;
 use autonode_tests::karpenter_cluster::{karpenter_finished_with, KarpenterCluster};
-use autonode_tests::karpenter_controller::KARPENTER_VERSION;
 use autonode_tests::karpenter_vm::{create_deployment, follow, moto_instance, scale, Journey};
 use autonode_tests::launcher::MachineKind;
 use autonode_tests::moto::MOTO_VERSION;
@@ -123,7 +122,7 @@ fn record(cluster: &KarpenterCluster, journey: &Journey) -> Result<()> {
         "steps_s": steps,
         "kubelet": "real, in the amd64 test image under QEMU (TCG, one emulated CPU)",
         "kubelet_version": journey.kubelet_version,
-        "karpenter_version": KARPENTER_VERSION,
+        "karpenter_version": cluster.karpenter.release().to_string(),
         "moto_version": MOTO_VERSION,
         "kubernetes_version": cluster.cp.version().to_string(),
     });

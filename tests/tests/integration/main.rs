@@ -27,6 +27,7 @@ mod join;
 mod karpenter_lifecycle;
 mod karpenter_real;
 mod karpenter_rollout;
+mod karpenter_upgrade;
 mod karpenter_vm;
 mod layout;
 mod limits;
