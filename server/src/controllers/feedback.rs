@@ -41,7 +41,7 @@
 //! its binding names is an impostor's (a Node registered with this
 //! instance's providerID by another node, before this machine's kubelet):
 //! it is reported, counted and failed like a doomed machine, so Karpenter
-//! replaces it ([`fail_impostor`]).
+//! replaces it (`fail_impostor`).
 //!
 //! Once the Node is Ready, its allocatable is compared with what Karpenter
 //! planned with, once per NodeClaim ([`crate::controllers::capacity`]): recorded in the

@@ -643,7 +643,7 @@ pub(crate) async fn flawed_machine_replaced_in(
 
     // The server deletes the NodeClaim; Karpenter terminates the instance
     // (the machine stops) and launches another for the pod.
-    gone(&cluster, &claims, &failed_claim, Duration::from_secs(120)).await?;
+    gone(cluster, &claims, &failed_claim, Duration::from_secs(120)).await?;
     let deleted_s = agent.at.elapsed().as_secs_f64();
     let replacement = cluster
         .wait_for(
@@ -662,7 +662,7 @@ pub(crate) async fn flawed_machine_replaced_in(
     eprintln!(
         "agent failed → NodeClaim {failed_claim} deleted {deleted_s:.1} s, → {replacement} created {replaced_s:.1} s"
     );
-    machine_stopped(&cluster, &failed.instance_id).await?;
+    machine_stopped(cluster, &failed.instance_id).await?;
 
     // The reason is on the NodeClaim's record for whoever looks.
     let messages: Vec<String> = events_of(&admin, &failed_claim)

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 pub(crate) const FLOOR: [(&str, f64); 3] = [
     ("patch nodeclaims", 1.0),
     ("create certificatesigningrequests", 2.0),
-    ("update certificatesigningrequests/approval", 2.0),
+    ("patch certificatesigningrequests/approval", 2.0),
 ];
 
 /// Requests the server makes whether or not anything joins (leader
