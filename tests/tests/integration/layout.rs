@@ -260,6 +260,172 @@ fn the_joins_steps_are_one_list_in_code_docs_files_and_metrics() {
     }
 }
 
+/// The units a doc names things in: each table row on its own, each
+/// sentence of the other paragraphs.
+fn doc_units(doc: &str) -> Vec<String> {
+    let mut paragraphs = Vec::new();
+    let mut units = Vec::new();
+    let mut paragraph = String::new();
+    for line in doc.lines() {
+        if line.trim_start().starts_with('|') {
+            units.push(line.to_string());
+        } else if line.trim().is_empty() {
+            paragraphs.push(std::mem::take(&mut paragraph));
+        } else {
+            paragraph.push_str(line);
+            paragraph.push(' ');
+        }
+    }
+    paragraphs.push(paragraph);
+    for paragraph in paragraphs {
+        units.extend(paragraph.split(". ").map(str::to_string));
+    }
+    units.retain(|u| !u.trim().is_empty());
+    units
+}
+
+/// The spans of `text` between backticks.
+fn code_spans(text: &str) -> Vec<&str> {
+    text.split('`').skip(1).step_by(2).collect()
+}
+
+/// The words a doc names as join steps that are not steps: in a unit about
+/// the join's steps (naming their metric or the dashboard's *Join steps*),
+/// every lower-case code word (letters and digits) but the label's own
+/// name, `step`.
+fn stray_step_names(doc: &str, steps: &[String]) -> Vec<String> {
+    doc_units(doc)
+        .iter()
+        .filter(|u| u.contains("join_step_duration_seconds") || u.contains("Join steps"))
+        .flat_map(|u| code_spans(u))
+        .filter(|w| {
+            w.starts_with(|c: char| c.is_ascii_lowercase())
+                && w.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+                && *w != "step"
+        })
+        .filter(|w| !steps.iter().any(|s| s == w))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The `autonode_…` names `doc` uses as metrics (not inside a longer
+/// identifier or a path).
+fn metric_names(doc: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let bytes = doc.as_bytes();
+    let mut from = 0;
+    while let Some(at) = doc[from..].find("autonode_").map(|i| i + from) {
+        let inside = at > 0 && {
+            let before = bytes[at - 1];
+            before.is_ascii_alphanumeric() || before == b'_' || before == b':'
+        };
+        let end = doc[at..]
+            .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
+            .map_or(doc.len(), |i| i + at);
+        let path = doc[end..].starts_with("::");
+        if !inside && !path {
+            names.insert(doc[at..end].to_string());
+        }
+        from = end.max(at + 1);
+    }
+    names
+}
+
+/// Every markdown doc an operator reads: the README and docs/.
+fn operator_docs() -> Vec<(String, String)> {
+    let root = repo();
+    let mut paths = vec![root.join("README.md")];
+    for entry in fs::read_dir(root.join("docs")).expect("docs/") {
+        let path = entry.expect("docs/ entry").path();
+        if path.extension().is_some_and(|e| e == "md") {
+            paths.push(path);
+        }
+    }
+    paths
+        .into_iter()
+        .map(|p| {
+            let text = fs::read_to_string(&p).expect("reading a doc");
+            (p.display().to_string(), text)
+        })
+        .collect()
+}
+
+/// The metrics the server registers (`autonode_` and the name each
+/// `register` call in its metrics module gives).
+fn registered_metrics() -> Vec<String> {
+    let source = fs::read_to_string(repo().join("server/src/kube/metrics.rs")).expect("metrics.rs");
+    source
+        .split(".register(")
+        .skip(1)
+        .filter_map(|call| call.split('"').nth(1))
+        .map(|name| format!("autonode_{name}"))
+        .collect()
+}
+
+/// Docs that cannot drift from the code: wherever a doc names the join's
+/// steps (a sentence or table row about the `step` label or the
+/// dashboard's panel), only `join::Step`'s names; and every `autonode_…`
+/// metric any doc names is one the server registers.
+#[test]
+fn docs_name_only_the_join_steps_and_metrics_the_server_has() {
+    use autonode_server::join::Step;
+    let steps: Vec<String> = Step::ALL.iter().map(|s| s.name().to_string()).collect();
+    let exported = registered_metrics();
+    assert!(
+        exported.iter().any(|m| m == "autonode_joins"),
+        "no metrics read from the registry: {exported:?}"
+    );
+    let known = |name: &str| {
+        exported.iter().any(|base| {
+            name == base
+                || ["_total", "_bucket", "_sum", "_count"]
+                    .iter()
+                    .any(|suffix| name.strip_suffix(suffix) == Some(base))
+        })
+    };
+    let mut wrong = Vec::new();
+    for (path, doc) in operator_docs() {
+        for word in stray_step_names(&doc, &steps) {
+            wrong.push(format!("{path}: `{word}` among the join's steps"));
+        }
+        for name in metric_names(&doc) {
+            if !known(&name) {
+                wrong.push(format!(
+                    "{path}: metric {name}, which the server does not register"
+                ));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "docs drifted from the code:\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn the_drift_check_catches_the_old_runbooks_step_names_and_unknown_metrics() {
+    let steps: Vec<String> = ["admit", "attest", "bind", "approve"]
+        .map(String::from)
+        .into();
+    let old = "The dashboard's *Join steps* panel shows where the time goes: `ec2` (EC2's\n\
+               answers), `prepare` (the API server's writes), `certificates`.\n\n\
+               Milestones: `certificates`, `registered`.\n";
+    assert_eq!(
+        stray_step_names(old, &steps),
+        ["ec2", "prepare", "certificates"]
+    );
+    let row =
+        "| `autonode_join_step_duration_seconds{step}` | `admit`, `bind` |\n| `none` | other |\n";
+    assert!(stray_step_names(row, &steps).is_empty());
+    let text = "`autonode_joins_total`, `autonode_server::join`, `x_autonode_y`, autonode_gone.";
+    assert_eq!(
+        metric_names(text).into_iter().collect::<Vec<_>>(),
+        ["autonode_gone", "autonode_joins_total"]
+    );
+}
+
 #[test]
 fn step_lists_are_read_from_bold_names_only() {
     let text = "//! intro\n//! 1. **admit** (x): y\n//!    more\n//! 2. **attest**: z\n//! - **bind** w\n//! plain\n";
