@@ -17,6 +17,7 @@
 //! - its own metrics and health ports: tests run side by side.
 
 use crate::controlplane::{free_port, install_crds, ControlPlane};
+use crate::kubeversion::pin_under_test;
 use crate::kubeversion::KubeVersion;
 use crate::moto::{Moto, REGION};
 use crate::poll::Look;
@@ -123,27 +124,17 @@ pub fn previous() -> Result<Release> {
 /// `1.14.3`, one of the pinned; `tests/run --karpenter` sets it), else
 /// [`current`].
 pub fn under_test() -> Result<Release> {
-    let all = pinned()?;
-    match std::env::var("AUTONODE_KARPENTER_VERSION") {
-        Ok(wanted) if !wanted.trim().is_empty() => choose(&all, wanted.trim()),
-        _ => Ok(all[0]),
-    }
+    pin_under_test("AUTONODE_KARPENTER_VERSION", &pinned()?, numbers)
 }
 
 /// The pinned release `wanted` (`1.14`, `1.14.3`, `v1.14.3`) names.
+#[cfg(test)]
 fn choose(pinned: &[Release], wanted: &str) -> Result<Release> {
-    let bare = wanted.strip_prefix('v').unwrap_or(wanted);
-    pinned
-        .iter()
-        .copied()
-        .find(|r| bare == r.to_string() || bare == format!("{}.{}", r.major, r.minor))
-        .with_context(|| {
-            let list: Vec<String> = pinned.iter().map(Release::to_string).collect();
-            format!(
-                "AUTONODE_KARPENTER_VERSION={wanted} is not pinned; pinned: {}",
-                list.join(", ")
-            )
-        })
+    crate::kubeversion::choose_pin("AUTONODE_KARPENTER_VERSION", pinned, wanted, numbers)
+}
+
+fn numbers(r: &Release) -> (u32, u32, u32) {
+    (r.major, r.minor, r.patch)
 }
 
 /// The cluster name Karpenter is told (it tags what it launches with it).

@@ -114,27 +114,59 @@ pub fn pinned() -> Result<Vec<KubeVersion>> {
 /// The version under test: `AUTONODE_KUBE_VERSION` (`1.31` or `1.31.4`,
 /// one of the pinned), else the newest pinned.
 pub fn under_test() -> Result<KubeVersion> {
-    let pinned = pinned()?;
-    match std::env::var("AUTONODE_KUBE_VERSION") {
-        Ok(wanted) if !wanted.trim().is_empty() => choose(&pinned, wanted.trim()),
-        _ => Ok(pinned[0]),
-    }
+    pin_under_test("AUTONODE_KUBE_VERSION", &pinned()?, numbers)
 }
 
 /// The pinned version `wanted` (`1.31`, `1.31.4`, `v1.31.4`) names.
+#[cfg(test)]
 fn choose(pinned: &[KubeVersion], wanted: &str) -> Result<KubeVersion> {
+    choose_pin("AUTONODE_KUBE_VERSION", pinned, wanted, numbers)
+}
+
+fn numbers(v: &KubeVersion) -> (u32, u32, u32) {
+    (v.major, v.minor, v.patch)
+}
+
+/// The pin the environment's `variable` names, else the newest (the
+/// first of `pinned`, newest first): how the suite picks the Kubernetes
+/// and the Karpenter under test. `numbers` reads a pin's major, minor and
+/// patch.
+pub fn pin_under_test<V: Copy + fmt::Display>(
+    variable: &str,
+    pinned: &[V],
+    numbers: fn(&V) -> (u32, u32, u32),
+) -> Result<V> {
+    match std::env::var(variable) {
+        Ok(wanted) if !wanted.trim().is_empty() => {
+            choose_pin(variable, pinned, wanted.trim(), numbers)
+        }
+        _ => pinned
+            .first()
+            .copied()
+            .with_context(|| format!("nothing is pinned for {variable}")),
+    }
+}
+
+/// The pin among `pinned` that `wanted` (`1.31`, `1.31.4`, `v1.31.4`)
+/// names; the error names `variable` and the pins.
+pub fn choose_pin<V: Copy + fmt::Display>(
+    variable: &str,
+    pinned: &[V],
+    wanted: &str,
+    numbers: fn(&V) -> (u32, u32, u32),
+) -> Result<V> {
     let bare = wanted.strip_prefix('v').unwrap_or(wanted);
     pinned
         .iter()
         .copied()
         .find(|v| {
-            let full = format!("{}.{}.{}", v.major, v.minor, v.patch);
-            bare == full || bare == format!("{}.{}", v.major, v.minor)
+            let (major, minor, patch) = numbers(v);
+            bare == format!("{major}.{minor}.{patch}") || bare == format!("{major}.{minor}")
         })
         .with_context(|| {
-            let list: Vec<String> = pinned.iter().map(|v| v.to_string()).collect();
+            let list: Vec<String> = pinned.iter().map(ToString::to_string).collect();
             format!(
-                "AUTONODE_KUBE_VERSION={wanted} is not pinned; pinned: {}",
+                "{variable}={wanted} is not pinned; pinned: {}",
                 list.join(", ")
             )
         })
