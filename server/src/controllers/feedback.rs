@@ -175,7 +175,7 @@ async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Action, E
         return Ok(Action::await_change());
     }
     if let Some(impostor) = impostor(&claim) {
-        return fail_impostor(&claim, &impostor, &ctx).await;
+        return fail_impostor(&claim, impostor, &ctx).await;
     }
     let node = binding::node_of(&claim, &ctx.nodes);
     let stage = stage(&claim, node.as_deref());
@@ -222,28 +222,41 @@ async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Action, E
 /// machine's own kubelet did. Not for a claim already marked failed (this
 /// is how it got marked). An unbound NodeClaim's impostor is found when
 /// the machine's agent joins (`join::attest`).
-fn impostor(claim: &NodeClaim) -> Option<String> {
-    let record = binding::recorded(claim).ok()??;
+fn impostor(claim: &NodeClaim) -> Option<Impostor> {
+    let machine = binding::recorded(claim).ok()??.node_name;
     let registered = claim.status.as_ref()?.node_name.clone()?;
-    (claim.is_registered() && !marked_failed(claim) && registered != record.node_name)
-        .then_some(registered)
+    (claim.is_registered() && !marked_failed(claim) && registered != machine).then_some(Impostor {
+        registered,
+        machine,
+    })
+}
+
+/// A Node Karpenter Registered a NodeClaim to that is not its machine.
+struct Impostor {
+    /// The Node Karpenter took.
+    registered: String,
+    /// The machine's own name, as its binding recorded it (EC2's).
+    machine: String,
 }
 
 /// Reports, meters and fails (`--delete-failed-nodeclaims`: deletes, so
 /// Karpenter terminates the machine, deletes the impostor Node and
 /// launches another) a NodeClaim Registered to an impostor Node.
-async fn fail_impostor(claim: &NodeClaim, impostor: &str, ctx: &Context) -> Result<Action, Error> {
+async fn fail_impostor(
+    claim: &NodeClaim,
+    impostor: Impostor,
+    ctx: &Context,
+) -> Result<Action, Error> {
     let name = claim.name_any();
+    let Impostor {
+        registered,
+        machine,
+    } = impostor;
     let why = format!(
-        "NodeClaim {name} is Registered to Node {impostor}, but its machine is {}: a Node \
-         carrying this instance's providerID was registered by another node",
-        binding::recorded(claim)
-            .ok()
-            .flatten()
-            .map(|r| r.node_name)
-            .unwrap_or_default()
+        "NodeClaim {name} is Registered to Node {registered}, but its machine is {machine}: a \
+         Node carrying this instance's providerID was registered by another node"
     );
-    tracing::warn!(nodeclaim = %name, node = %impostor, "{why}");
+    tracing::warn!(nodeclaim = %name, node = %registered, "{why}");
     ctx.metrics.spoofed_nodes.inc();
     ctx.events.warning(claim, Reason::NodeSpoofed, why.clone());
     let failed = ctx
