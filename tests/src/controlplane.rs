@@ -98,6 +98,16 @@ impl ControlPlane {
         Self::start_bare(extra_ips, Extra::SchedulerAndNodeLifecycle).await
     }
 
+    /// Without the Karpenter CRDs, and with kube-controller-manager's
+    /// `csrapproving` controller, which approves node client CSRs whose
+    /// requester may create them (kubelet's stock TLS bootstrap): for the
+    /// benchmark of the path a fleet would join by without autonode. Off
+    /// everywhere else, so that no test's CSR is approved by anyone but the
+    /// code under test.
+    pub async fn start_with_stock_approver() -> Result<Self> {
+        Self::start_bare(&[], Extra::StockApprover).await
+    }
+
     /// Like [`ControlPlane::start`], without the Karpenter CRDs (for
     /// installing them some other way).
     pub async fn start_without_crds() -> Result<Self> {
@@ -105,7 +115,7 @@ impl ControlPlane {
     }
 
     async fn start_bare(extra_ips: &[IpAddr], extra: Extra) -> Result<Self> {
-        let scheduler = extra != Extra::None;
+        let scheduler = matches!(extra, Extra::Scheduler | Extra::SchedulerAndNodeLifecycle);
         let bin = kube_bin_dir()?;
         let version = binary_version(&bin.join("kube-apiserver"))?;
         let kcm_version = binary_version(&bin.join("kube-controller-manager"))?;
@@ -504,6 +514,7 @@ enum Extra {
     None,
     Scheduler,
     SchedulerAndNodeLifecycle,
+    StockApprover,
 }
 
 fn start_controller_manager(
@@ -516,6 +527,9 @@ fn start_controller_manager(
     let mut controllers =
         "csrsigning,csrcleaner,serviceaccount,serviceaccount-token,namespace,garbagecollector"
             .to_string();
+    if extra == Extra::StockApprover {
+        controllers.push_str(",csrapproving");
+    }
     if extra == Extra::SchedulerAndNodeLifecycle {
         // deployment and replicaset: a workload's pods come back on a
         // drifted node's replacement (the rollout scenarios), and the demo

@@ -668,10 +668,25 @@ impl NodeClassArgs {
 #[derive(Debug, Clone, Args)]
 pub struct JoinApiArgs {
     /// Joins processed at once, once admitted (body read, document verified
-    /// and within the allowed accounts and regions); more get 503 with
-    /// Retry-After.
+    /// and within the allowed accounts and regions); more wait their turn
+    /// (see --join-queue-wait), then get 503 with Retry-After.
     #[arg(long, env = "AUTONODE_MAX_CONCURRENT_JOINS", default_value = "256", value_parser = clap::value_parser!(u32).range(1..))]
     pub max_concurrent_joins: u32,
+
+    /// Seconds an admitted join waits, in order of arrival, for a place
+    /// under --max-concurrent-joins before it is answered 503 with
+    /// Retry-After. In a burst, a join waiting here starts the moment a
+    /// place frees, where one sent away waits out its backoff and pays its
+    /// TLS handshake and admission again. At most 40: every agent waits 60
+    /// s for an answer, and the join itself needs the rest. 0: no waiting.
+    #[arg(
+        long = "join-queue-wait",
+        env = "AUTONODE_JOIN_QUEUE_WAIT",
+        default_value = "10",
+        value_name = "SECONDS",
+        value_parser = clap::value_parser!(u64).range(0..=40)
+    )]
+    pub join_queue_wait_secs: u64,
 
     /// Joins one source address (an IPv6 one by its /64) may have in flight;
     /// more get 429 with Retry-After and the agent retries. Keep it at 8 or
@@ -725,6 +740,7 @@ impl JoinApiArgs {
         let count = |n: u32| usize::try_from(n).unwrap_or(usize::MAX);
         autonode_server::front::api::Limits {
             max_concurrent_joins: count(self.max_concurrent_joins),
+            join_queue_wait: Duration::from_secs(self.join_queue_wait_secs),
             max_joins_per_source: count(self.max_joins_per_source),
             max_connections: count(self.max_connections),
             max_connections_per_source: count(self.max_connections_per_source),
