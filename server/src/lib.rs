@@ -14,6 +14,9 @@
 //!   Events, marks, the NodeClaim store, CSR issuing and approval,
 //!   Karpenter's objects, metrics.
 //! - [`ec2`]: looking booting instances up in EC2 (`DescribeInstances`).
+//! - [`primitives`]: one of each small concept the rest is built on (the
+//!   bounded map, the token bucket, "tell once", the clock, the watches'
+//!   backoff, quantities); they import none of the folders above.
 //! - [`controllers`]: the leader's controllers (CSR approval, feedback on
 //!   NodeClaims, capacity, EC2NodeClass upkeep and its rollout guard,
 //!   CRDs), elected through a Lease and run on watches built once per kind.
@@ -27,6 +30,7 @@ pub mod front;
 pub mod join;
 pub mod kube;
 pub mod logfmt;
+pub mod primitives;
 
 /// The test harness installs CRDs as `serve --install-crds` does, by this
 /// path.

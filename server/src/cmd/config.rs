@@ -593,7 +593,7 @@ impl NodeClassArgs {
         metrics: &autonode_server::kube::metrics::Metrics,
         events: &autonode_server::kube::events::Events,
         key: autonode_server::kube::seal::StateKey,
-        clock: autonode_server::kube::clock::Clock,
+        clock: autonode_server::primitives::clock::Clock,
         store_namespace: &str,
     ) -> Result<Option<autonode_server::controllers::nodeclass::Settings>> {
         use autonode_server::controllers::nodeclass::{

@@ -12,7 +12,7 @@ use autonode_server::front::tls::ReloadingCert;
 use autonode_server::join::render::inputs::{NodeConfig, NodeConfigSettings};
 use autonode_server::join::render::ClusterSettings;
 use autonode_server::join::{ClusterInfo, JoinContext};
-use autonode_server::kube::clock::Clock;
+use autonode_server::primitives::clock::Clock;
 use autonode_server::kube::events::Events;
 use autonode_server::kube::issuer::Issuer;
 use autonode_server::kube::metrics::Metrics;

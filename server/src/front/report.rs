@@ -22,10 +22,10 @@
 //! machine's, so every other node's fatal report still acts.
 
 use crate::kube::binding::{self, Unreadable};
-use crate::kube::clock::Clock;
+use crate::primitives::clock::Clock;
 use crate::kube::events::Events;
 use crate::kube::karpenter::{aws_provider_id, NodeClaim};
-use crate::kube::limiter::Limiter;
+use crate::primitives::limiter::Limiter;
 use crate::kube::metrics::{Metrics, PhaseLabels, ReportRefusalLabels};
 use crate::kube::nodeclaim::{Failed, FindError, NodeClaims, OnFailure, SelectError};
 use crate::kube::reason::Reason;

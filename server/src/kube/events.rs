@@ -29,11 +29,11 @@
 //! [`CACHE_ENTRIES`] entries and forgets idle ones; writes wait in a queue
 //! of [`QUEUE`] (past it they are dropped and counted, `queue_full`).
 
-use crate::kube::bounded::Bounded;
-use crate::kube::clock::{Clock, KubeTime};
+use crate::primitives::bounded::Bounded;
+use crate::primitives::clock::{Clock, KubeTime};
 use crate::kube::metrics::{EventDropLabels, Metrics};
 use crate::kube::reason::Reason;
-use crate::kube::told::Told;
+use crate::primitives::told::Told;
 use crate::logfmt;
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -131,7 +131,7 @@ impl Events {
     /// a warning that a resync or every join would repeat is logged and
     /// published only when this says so. Keyed by the object's UID, so an
     /// object deleted and made again under its name is told afresh;
-    /// bounded, so past [`CACHE_ENTRIES`] objects, or [`TOLD_TTL`](crate::kube::told::TOLD_TTL) unasked,
+    /// bounded, so past [`CACHE_ENTRIES`] objects, or [`TOLD_TTL`](crate::primitives::told::TOLD_TTL) unasked,
     /// a state is told once more.
     pub fn is_news<K: Resource<DynamicType = ()>>(
         &self,

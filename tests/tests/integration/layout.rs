@@ -119,8 +119,9 @@ fn the_layout_table_names_every_module_and_nothing_else() {
 
 /// What may stand at the top of `server/src`: the crate roots, the role
 /// folders (the subcommands, the HTTPS front, the join, the Kubernetes
-/// plumbing, EC2, the leader's controllers) and the log format that both
-/// the binary and the Events use.
+/// plumbing, EC2, the leader's controllers, the
+/// primitives they share) and the log format that both the binary and the
+/// Events use.
 const SERVER_TOP: &[&str] = &[
     "lib.rs",
     "main.rs",
@@ -131,6 +132,7 @@ const SERVER_TOP: &[&str] = &[
     "kube/",
     "ec2/",
     "controllers/",
+    "primitives/",
 ];
 
 /// The entries at the top of `dir`, folders with a trailing `/`.
@@ -170,7 +172,7 @@ fn the_servers_top_level_holds_its_role_folders_only() {
     assert!(
         stray.is_empty(),
         "server/src holds more than its role folders: {stray:?} (put each where its role is: \
-         cmd/, front/, join/, kube/, ec2/ or controllers/)"
+         cmd/, front/, join/, kube/, ec2/, controllers/ or primitives/)"
     );
 }
 

@@ -7,7 +7,7 @@
 //! per CSR per look, for as long as they stayed. [`Told`] remembers, per
 //! key, the note last told; [`Told::first`] says whether this one is new.
 
-use crate::kube::bounded::Bounded;
+use crate::primitives::bounded::Bounded;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
