@@ -1,71 +1,108 @@
-//! The one per-key token bucket: the renewal approver's EC2 lookups per node
-//! and signed agent reports per instance are each limited by one.
+//! The one token bucket, and the per-key limiter made of them: the
+//! renewal approver's EC2 lookups per node, the join's per instance, signed
+//! agent reports per instance and Event writes per object are each limited
+//! by one.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
+
+/// How fast a [`Bucket`] fills: `burst` tokens at most, one more every
+/// `period`.
+#[derive(Debug, Clone, Copy)]
+pub struct Rate {
+    burst: f64,
+    period: Duration,
+}
+
+impl Rate {
+    /// `burst` at once (at least one), then one per `period`.
+    pub fn new(burst: u32, period: Duration) -> Self {
+        Self {
+            burst: f64::from(burst.max(1)),
+            // A zero period would divide by zero; it means "no limit" anyway.
+            period: period.max(Duration::from_millis(1)),
+        }
+    }
+}
+
+/// The one token bucket: tokens left as of `at`, earned continuously, so a
+/// part of a period already waited counts toward the next token.
+#[derive(Debug, Clone, Copy)]
+pub struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+impl Bucket {
+    /// A bucket holding its whole burst: the same as no bucket.
+    pub fn full(rate: Rate, now: Instant) -> Self {
+        Self {
+            tokens: rate.burst,
+            at: now,
+        }
+    }
+
+    /// Takes one token, or says how long until the next.
+    pub fn take(&mut self, rate: Rate, now: Instant) -> Result<(), Duration> {
+        *self = self.refilled(rate, now);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(rate.period.mul_f64(1.0 - self.tokens))
+        }
+    }
+
+    /// Whether the bucket has refilled by `now`, so forgetting it loses
+    /// nothing.
+    pub fn is_full(self, rate: Rate, now: Instant) -> bool {
+        self.refilled(rate, now).tokens >= rate.burst
+    }
+
+    /// The bucket as of `now`, refilled at one token per period.
+    fn refilled(self, rate: Rate, now: Instant) -> Self {
+        let waited = now.saturating_duration_since(self.at).as_secs_f64();
+        Self {
+            tokens: (self.tokens + waited / rate.period.as_secs_f64()).min(rate.burst),
+            at: now,
+        }
+    }
+}
 
 /// Per-key token buckets: `burst` at once, then one per `period`. Bounded:
 /// at `capacity` keys, buckets that have refilled (indistinguishable from no
 /// bucket) are dropped; if none has, the new key waits a period, as it would
 /// have to at worst anyway.
 pub struct Limiter {
-    burst: f64,
-    period: Duration,
+    rate: Rate,
     capacity: usize,
     buckets: Mutex<HashMap<String, Bucket>>,
-}
-
-/// Tokens left, as of `at`.
-#[derive(Clone, Copy)]
-struct Bucket {
-    tokens: f64,
-    at: Instant,
-}
-
-impl Bucket {
-    /// The bucket as of `now`, refilled at one token per `period`.
-    fn refilled(self, now: Instant, burst: f64, period: Duration) -> Self {
-        let earned = now.saturating_duration_since(self.at).as_secs_f64() / period.as_secs_f64();
-        Self {
-            tokens: (self.tokens + earned).min(burst),
-            at: now,
-        }
-    }
 }
 
 impl Limiter {
     pub fn new(burst: u32, period: Duration, capacity: usize) -> Self {
         Self {
-            burst: f64::from(burst.max(1)),
-            // A zero period would divide by zero; it means "no limit" anyway.
-            period: period.max(Duration::from_millis(1)),
+            rate: Rate::new(burst, period),
             capacity,
             buckets: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Takes one from `node`'s budget, or says how long until one.
-    pub fn try_take(&self, node: &str, now: Instant) -> Result<(), Duration> {
-        let (burst, period) = (self.burst, self.period);
+    /// Takes one from `key`'s budget, or says how long until one.
+    pub fn try_take(&self, key: &str, now: Instant) -> Result<(), Duration> {
+        let rate = self.rate;
         let mut buckets = self.lock();
-        if !buckets.contains_key(node) && buckets.len() >= self.capacity {
-            buckets.retain(|_, b| b.refilled(now, burst, period).tokens < burst);
+        if !buckets.contains_key(key) && buckets.len() >= self.capacity {
+            buckets.retain(|_, b| !b.is_full(rate, now));
             if buckets.len() >= self.capacity {
-                return Err(period);
+                return Err(rate.period);
             }
         }
-        let bucket = buckets.entry(node.to_string()).or_insert(Bucket {
-            tokens: burst,
-            at: now,
-        });
-        *bucket = bucket.refilled(now, burst, period);
-        if bucket.tokens >= 1.0 {
-            bucket.tokens -= 1.0;
-            Ok(())
-        } else {
-            Err(period.mul_f64(1.0 - bucket.tokens))
-        }
+        buckets
+            .entry(key.to_string())
+            .or_insert_with(|| Bucket::full(rate, now))
+            .take(rate, now)
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<String, Bucket>> {
