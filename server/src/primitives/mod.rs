@@ -11,7 +11,7 @@
 //! - [`backoff`]: how the server's watches come back.
 //! - [`quantity`]: resource quantities read into one exact number.
 //!
-//! Nothing here imports the role folders (`kube/`, `join/`,
+//! Nothing here imports the role folders (`kube/`, `join/`, `report/`,
 //! `ec2/`, `controllers/`): they import these.
 
 pub mod backoff;

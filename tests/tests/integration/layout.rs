@@ -118,8 +118,8 @@ fn the_layout_table_names_every_module_and_nothing_else() {
 }
 
 /// What may stand at the top of `server/src`: the crate roots, the role
-/// folders (the subcommands, the HTTPS front, the join, the Kubernetes
-/// plumbing, EC2, the leader's controllers, the
+/// folders (the subcommands, the HTTPS front, the join, the agents'
+/// reports, the Kubernetes plumbing, EC2, the leader's controllers, the
 /// primitives they share) and the log format that both the binary and the
 /// Events use.
 const SERVER_TOP: &[&str] = &[
@@ -129,6 +129,7 @@ const SERVER_TOP: &[&str] = &[
     "cmd/",
     "front/",
     "join/",
+    "report/",
     "kube/",
     "ec2/",
     "controllers/",
@@ -172,7 +173,7 @@ fn the_servers_top_level_holds_its_role_folders_only() {
     assert!(
         stray.is_empty(),
         "server/src holds more than its role folders: {stray:?} (put each where its role is: \
-         cmd/, front/, join/, kube/, ec2/, controllers/ or primitives/)"
+         cmd/, front/, join/, report/, kube/, ec2/, controllers/ or primitives/)"
     );
 }
 
@@ -258,6 +259,28 @@ fn the_joins_steps_are_one_list_in_code_docs_files_and_metrics() {
                 "autonode_join_step_duration_seconds_count{{step=\"{step}\"}}"
             )),
             "no join_step_duration_seconds for {step} in:\n{text}"
+        );
+    }
+}
+
+/// A report's steps, in order: as the join's, each is a file of its
+/// folder, listed once in the folder's module docs.
+const REPORT_STEPS: &[&str] = &["authenticate", "act"];
+
+#[test]
+fn the_reports_steps_are_one_list_in_its_module_docs_and_files() {
+    let root = repo();
+    let module = fs::read_to_string(root.join("server/src/report/mod.rs")).expect("report/mod.rs");
+    assert_eq!(
+        bold_list(&module, "//!"),
+        REPORT_STEPS,
+        "server/src/report/mod.rs's module docs list other steps"
+    );
+    for step in REPORT_STEPS {
+        let file = format!("server/src/report/{step}.rs");
+        assert!(
+            root.join(&file).is_file(),
+            "the report's step {step} has no file {file}"
         );
     }
 }
