@@ -597,6 +597,60 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// The ways the agent could read wall time itself: the clock's, rustls's,
+/// and the standard library's.
+const AGENT_WALL_TIME_READS: &[&str] = &[
+    "Clock::SYSTEM",
+    "Clock::default()",
+    "UnixTime::now(",
+    "SystemTime::now(",
+    "UNIX_EPOCH.elapsed(",
+    "now_utc(",
+];
+
+/// Each read of wall time in `text` (its code before the `#[cfg(test)]`
+/// module, white space taken out so a call split over lines is found).
+fn agent_wall_time_reads(text: &str) -> Vec<&'static str> {
+    let code: String = text
+        .lines()
+        .take_while(|line| line.trim() != "#[cfg(test)]")
+        .filter(|line| !line.trim_start().starts_with("//"))
+        .flat_map(|line| line.chars().filter(|c| !c.is_whitespace()))
+        .collect();
+    AGENT_WALL_TIME_READS
+        .iter()
+        .flat_map(|needle| code.matches(needle).map(move |_| *needle))
+        .collect()
+}
+
+#[test]
+fn the_agent_reads_wall_time_in_one_place() {
+    let root = repo();
+    let mut files = Vec::new();
+    rust_files(&root.join("agent/src"), &mut files);
+    let reads: Vec<String> = files
+        .iter()
+        .flat_map(|path| {
+            let text = fs::read_to_string(path).unwrap_or_default();
+            let shown = path
+                .strip_prefix(&root)
+                .unwrap_or(path)
+                .display()
+                .to_string();
+            agent_wall_time_reads(&text)
+                .into_iter()
+                .map(move |read| format!("{shown}: {read}"))
+        })
+        .collect();
+    assert_eq!(
+        reads,
+        ["agent/src/phases/mod.rs: Clock::SYSTEM"],
+        "the agent reads wall time once, in its one clock, handed to every part that needs it"
+    );
+    let split = "let seed = std::time::UNIX_EPOCH\n    .elapsed()\n#[cfg(test)]\nClock::SYSTEM";
+    assert_eq!(agent_wall_time_reads(split), ["UNIX_EPOCH.elapsed("]);
+}
+
 #[test]
 fn wall_time_is_read_through_the_one_clock_only() {
     let reads = source_lines_naming(&["shared/src/clock.rs"], WALL_CLOCK_READS);
