@@ -49,9 +49,7 @@
 
 use crate::controllers::capacity;
 use crate::kube::binding;
-use crate::kube::bounded::Bounded;
 use crate::kube::cache::Cache;
-use crate::kube::clock::{Clock, KubeTime};
 use crate::kube::condition::{self, set_condition, Desired};
 use crate::kube::events::Events;
 use crate::kube::karpenter::NodeClaim;
@@ -59,6 +57,8 @@ use crate::kube::marks;
 use crate::kube::metrics::Metrics;
 use crate::kube::nodeclaim::{pending, Failed, Milestone, NodeClaims, OnFailure};
 use crate::kube::reason::Reason;
+use crate::primitives::bounded::Bounded;
+use crate::primitives::clock::{Clock, KubeTime};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, NodeCondition};
 use k8s_openapi::jiff::Timestamp;

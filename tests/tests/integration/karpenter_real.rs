@@ -7,7 +7,7 @@
 //! chooses one): the harness refuses any other.
 
 use anyhow::{bail, Context, Result};
-use autonode_server::ec2::{Credentials, Ec2Client, Ec2Settings, InstanceState, RetryPolicy};
+use autonode_server::ec2::{Credentials, Ec2Client, Ec2Settings, InstanceState, LookupRetries};
 use autonode_tests::controlplane::ControlPlane;
 use autonode_tests::events::{event_reasons, events_of};
 use autonode_tests::karpenter::{ec2nodeclasses, nodeclaims};
@@ -179,7 +179,7 @@ async fn the_servers_ec2_lookup_reads_a_moto_instance_as_moto_describes_it() -> 
         Ec2Settings {
             endpoint: Some(moto.url().to_string()),
             timeout: Duration::from_secs(10),
-            retry: RetryPolicy::default(),
+            retry: LookupRetries::default(),
         },
         Credentials::new(
             "AKIAAUTONODETEST0000",

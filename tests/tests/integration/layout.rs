@@ -118,9 +118,10 @@ fn the_layout_table_names_every_module_and_nothing_else() {
 }
 
 /// What may stand at the top of `server/src`: the crate roots, the role
-/// folders (the subcommands, the HTTPS front, the join, the Kubernetes
-/// plumbing, EC2, the leader's controllers) and the log format that both
-/// the binary and the Events use.
+/// folders (the subcommands, the HTTPS front, the join, the agents'
+/// reports, the Kubernetes plumbing, EC2, the leader's controllers, the
+/// primitives they share) and the log format that both the binary and the
+/// Events use.
 const SERVER_TOP: &[&str] = &[
     "lib.rs",
     "main.rs",
@@ -128,9 +129,11 @@ const SERVER_TOP: &[&str] = &[
     "cmd/",
     "front/",
     "join/",
+    "report/",
     "kube/",
     "ec2/",
     "controllers/",
+    "primitives/",
 ];
 
 /// The entries at the top of `dir`, folders with a trailing `/`.
@@ -170,7 +173,7 @@ fn the_servers_top_level_holds_its_role_folders_only() {
     assert!(
         stray.is_empty(),
         "server/src holds more than its role folders: {stray:?} (put each where its role is: \
-         cmd/, front/, join/, kube/, ec2/ or controllers/)"
+         cmd/, front/, join/, report/, kube/, ec2/, controllers/ or primitives/)"
     );
 }
 
@@ -256,6 +259,28 @@ fn the_joins_steps_are_one_list_in_code_docs_files_and_metrics() {
                 "autonode_join_step_duration_seconds_count{{step=\"{step}\"}}"
             )),
             "no join_step_duration_seconds for {step} in:\n{text}"
+        );
+    }
+}
+
+/// A report's steps, in order: as the join's, each is a file of its
+/// folder, listed once in the folder's module docs.
+const REPORT_STEPS: &[&str] = &["authenticate", "act"];
+
+#[test]
+fn the_reports_steps_are_one_list_in_its_module_docs_and_files() {
+    let root = repo();
+    let module = fs::read_to_string(root.join("server/src/report/mod.rs")).expect("report/mod.rs");
+    assert_eq!(
+        bold_list(&module, "//!"),
+        REPORT_STEPS,
+        "server/src/report/mod.rs's module docs list other steps"
+    );
+    for step in REPORT_STEPS {
+        let file = format!("server/src/report/{step}.rs");
+        assert!(
+            root.join(&file).is_file(),
+            "the report's step {step} has no file {file}"
         );
     }
 }
@@ -570,6 +595,60 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
             out.push(path);
         }
     }
+}
+
+/// The ways the agent could read wall time itself: the clock's, rustls's,
+/// and the standard library's.
+const AGENT_WALL_TIME_READS: &[&str] = &[
+    "Clock::SYSTEM",
+    "Clock::default()",
+    "UnixTime::now(",
+    "SystemTime::now(",
+    "UNIX_EPOCH.elapsed(",
+    "now_utc(",
+];
+
+/// Each read of wall time in `text` (its code before the `#[cfg(test)]`
+/// module, white space taken out so a call split over lines is found).
+fn agent_wall_time_reads(text: &str) -> Vec<&'static str> {
+    let code: String = text
+        .lines()
+        .take_while(|line| line.trim() != "#[cfg(test)]")
+        .filter(|line| !line.trim_start().starts_with("//"))
+        .flat_map(|line| line.chars().filter(|c| !c.is_whitespace()))
+        .collect();
+    AGENT_WALL_TIME_READS
+        .iter()
+        .flat_map(|needle| code.matches(needle).map(move |_| *needle))
+        .collect()
+}
+
+#[test]
+fn the_agent_reads_wall_time_in_one_place() {
+    let root = repo();
+    let mut files = Vec::new();
+    rust_files(&root.join("agent/src"), &mut files);
+    let reads: Vec<String> = files
+        .iter()
+        .flat_map(|path| {
+            let text = fs::read_to_string(path).unwrap_or_default();
+            let shown = path
+                .strip_prefix(&root)
+                .unwrap_or(path)
+                .display()
+                .to_string();
+            agent_wall_time_reads(&text)
+                .into_iter()
+                .map(move |read| format!("{shown}: {read}"))
+        })
+        .collect();
+    assert_eq!(
+        reads,
+        ["agent/src/phases/mod.rs: Clock::SYSTEM"],
+        "the agent reads wall time once, in its one clock, handed to every part that needs it"
+    );
+    let split = "let seed = std::time::UNIX_EPOCH\n    .elapsed()\n#[cfg(test)]\nClock::SYSTEM";
+    assert_eq!(agent_wall_time_reads(split), ["UNIX_EPOCH.elapsed("]);
 }
 
 #[test]

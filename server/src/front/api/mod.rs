@@ -21,10 +21,10 @@ mod gate;
 
 pub use gate::{Limits, Turned};
 
-use crate::front::report::{self, ReportContext};
 use crate::join::refusal::JoinError;
 use crate::join::{self, JoinContext};
 use crate::kube::metrics::Metrics;
+use crate::report::{self, ReportContext};
 use autonode_shared::protocol::{
     ErrorResponse, JoinRequest, ReportRequest, JOIN_PATH, MAX_REQUEST_BYTES, REPORT_PATH,
     REQUEST_ID_HEADER,

@@ -43,12 +43,23 @@ impl<K: Hash + Eq, V> Bounded<K, V> {
 
     /// The entry for `key`, made by `make` if there is none, now used.
     pub fn get_or_insert_with(&mut self, key: K, now: Instant, make: impl FnOnce() -> V) -> &mut V {
-        if self.get_mut(&key, now).is_none() && self.entries.len() >= self.cap {
-            self.evict(now);
-        }
+        self.make_room(&key, now);
         let (value, used) = self.entries.entry(key).or_insert_with(|| (make(), now));
         *used = now;
         value
+    }
+
+    /// `value` for `key`, in place of what was there, now used.
+    pub fn insert(&mut self, key: K, now: Instant, value: V) {
+        self.make_room(&key, now);
+        self.entries.insert(key, (value, now));
+    }
+
+    /// Room for `key` if it is not held: evicts when full.
+    fn make_room(&mut self, key: &K, now: Instant) {
+        if self.get_mut(key, now).is_none() && self.entries.len() >= self.cap {
+            self.evict(now);
+        }
     }
 
     /// Forgets expired entries, then if still full the least recently
@@ -57,7 +68,7 @@ impl<K: Hash + Eq, V> Bounded<K, V> {
         let ttl = self.ttl;
         self.entries
             .retain(|_, (_, used)| now.saturating_duration_since(*used) <= ttl);
-        if self.entries.len() < self.cap {
+        if self.entries.len() < self.cap || self.entries.is_empty() {
             return;
         }
         let mut times: Vec<Instant> = self.entries.values().map(|(_, used)| *used).collect();

@@ -1,13 +1,17 @@
 //! Standing conditions told once: a warning about something that stays true
-//! (a node over its CSR cap, a CSR left pending for the same reason) is
-//! worth one line when it starts or changes, not one per look.
+//! (a node over its CSR cap, a CSR left pending for the same reason, a
+//! class whose Ignition config is broken) is worth one line when it starts
+//! or changes, not one per look.
 //!
 //! A controller that looks again every 30 s at what it left alone logged a
 //! warning each time: one node with many pending CSRs cost the leader a line
 //! per CSR per look, for as long as they stayed. [`Told`] remembers, per
 //! key, the note last told; [`Told::first`] says whether this one is new.
+//! Made with [`Told::again_after`], a note still true is told once more
+//! after that long (what operators are waiting on, told again while it
+//! lasts).
 
-use crate::kube::bounded::Bounded;
+use crate::primitives::bounded::Bounded;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -21,25 +25,59 @@ pub const TOLD_TTL: Duration = Duration::from_secs(24 * 3600);
 /// told once more, as after a restart), so whoever picks the keys cannot
 /// grow it without bound.
 pub struct Told {
-    told: Mutex<Bounded<String, String>>,
+    told: Mutex<Bounded<String, Last>>,
+    /// Told again after this long, when set, though it did not change.
+    again_after: Option<Duration>,
+}
+
+/// What was last told for a key, and when.
+struct Last {
+    note: String,
+    at: Instant,
 }
 
 impl Told {
+    /// Told once per change.
     pub fn new(capacity: usize) -> Self {
         Self {
             told: Mutex::new(Bounded::new(TOLD_TTL, capacity)),
+            again_after: None,
+        }
+    }
+
+    /// Told once per change, and again each `interval` while it lasts.
+    pub fn again_after(interval: Duration, capacity: usize) -> Self {
+        Self {
+            again_after: Some(interval),
+            ..Self::new(capacity)
         }
     }
 
     /// Whether `note` is not what was last told for `key` (and so is to be
     /// told now); remembers it as told.
     pub fn first(&self, key: &str, note: &str) -> bool {
+        self.first_at(key, note, Instant::now())
+    }
+
+    fn first_at(&self, key: &str, note: &str, now: Instant) -> bool {
         let mut told = self.told.lock().unwrap_or_else(PoisonError::into_inner);
-        let last = told.get_or_insert_with(key.to_string(), Instant::now(), String::new);
-        if last == note {
-            return false;
+        let key = key.to_string();
+        if let Some(last) = told.get_mut(&key, now) {
+            let stale = self
+                .again_after
+                .is_some_and(|interval| now.saturating_duration_since(last.at) >= interval);
+            if last.note == note && !stale {
+                return false;
+            }
+            note.clone_into(&mut last.note);
+            last.at = now;
+            return true;
         }
-        note.clone_into(last);
+        let last = Last {
+            note: note.to_string(),
+            at: now,
+        };
+        told.insert(key, now, last);
         true
     }
 
@@ -74,6 +112,23 @@ mod tests {
         assert!(
             told.first("a", "x"),
             "the least recently told is forgotten, so told again"
+        );
+    }
+
+    #[test]
+    fn made_to_tell_again_a_note_still_true_is_told_once_per_interval() {
+        let told = Told::again_after(Duration::from_secs(60), 10);
+        let t0 = Instant::now();
+        assert!(told.first_at("class/a", "", t0));
+        assert!(!told.first_at("class/a", "", t0 + Duration::from_secs(59)));
+        assert!(told.first_at("class/b", "", t0), "another key is told");
+        assert!(told.first_at("class/a", "", t0 + Duration::from_secs(60)));
+        assert!(!told.first_at("class/a", "", t0 + Duration::from_secs(61)));
+        let plain = Told::new(10);
+        assert!(plain.first_at("k", "x", t0));
+        assert!(
+            !plain.first_at("k", "x", t0 + TOLD_TTL / 2),
+            "once per change"
         );
     }
 }
