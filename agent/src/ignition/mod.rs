@@ -1,6 +1,6 @@
 //! Applying the node's Ignition (spec v3) config, as Ignition's files
 //! stage does, so that a node joined by the agent looks as if Ignition had
-//! run (tests compare the two trees; see tests/src/ignition_oracle.rs).
+//! run (tests compare the two trees; see tests/src/oracles/ignition.rs).
 //!
 //! [`spec`] parses and refuses what is not supported, by name; then
 //! `preflight` refuses what conflicts with the node as it is, before

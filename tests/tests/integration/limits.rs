@@ -4,8 +4,8 @@
 
 use anyhow::Result;
 use autonode_shared::protocol::JOIN_PATH;
-use autonode_tests::joiner::{self, Answer, NodeKeys};
-use autonode_tests::world::World;
+use autonode_tests::callers::joiner::{self, Answer, NodeKeys};
+use autonode_tests::server::world::World;
 use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

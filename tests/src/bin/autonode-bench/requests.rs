@@ -5,7 +5,7 @@
 //! forgot to count, or one a library made for it, is here all the same.
 
 use anyhow::Result;
-use autonode_tests::controlplane::ControlPlane;
+use autonode_tests::kube::controlplane::ControlPlane;
 use autonode_tests::server::server_user;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
