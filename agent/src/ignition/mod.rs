@@ -1,6 +1,6 @@
 //! Applying the node's Ignition (spec v3) config, as Ignition's files
 //! stage does, so that a node joined by the agent looks as if Ignition had
-//! run (tests compare the two trees; see tests/src/ignition_oracle.rs).
+//! run (tests compare the two trees; see tests/src/oracles/ignition.rs).
 //!
 //! [`autonode_shared::ignition`] (the spec's types and rules, shared with
 //! the server, which refuses at render time by the same rules) parses and

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use autonode_server::ec2::{
     Credentials, Ec2Client, Ec2Settings, InstanceLookup, InstanceState, LookupError, LookupRetries,
 };
-use autonode_tests::fakecloud::{
+use autonode_tests::cloud::fakecloud::{
     self, BoundSocket, Ec2, FakeCloud, Instance, TestCa, TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY,
 };
 use hyper::StatusCode;

@@ -5,8 +5,8 @@
 
 use anyhow::Result;
 use autonode_shared::protocol::JOIN_PATH;
-use autonode_tests::joiner::{self, Answer, NodeKeys};
-use autonode_tests::world::World;
+use autonode_tests::callers::joiner::{self, Answer, NodeKeys};
+use autonode_tests::server::world::World;
 use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -42,9 +42,9 @@ async fn a_join_waits_for_a_place_no_longer_than_the_queue_wait() -> Result<()> 
     ])
     .await?;
     let unclaimed = world.cloud.launch(
-        autonode_tests::fakecloud::Instance::builder()
-            .account_id(autonode_tests::world::ACCOUNT)
-            .region(autonode_tests::world::REGION)
+        autonode_tests::cloud::fakecloud::Instance::builder()
+            .account_id(autonode_tests::server::world::ACCOUNT)
+            .region(autonode_tests::server::world::REGION)
             .build(),
     );
     let holder = joiner::honest_request(&unclaimed, world.cloud.ca(), &NodeKeys::generate()?)?;

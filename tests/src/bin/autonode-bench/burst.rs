@@ -8,14 +8,14 @@ use crate::options::{BURST_DEADLINE, LAUNCH_CONCURRENCY};
 use crate::requests;
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use autonode_shared::protocol::{JoinRequest, JoinResponse, JOIN_PATH};
-use autonode_tests::controlplane::unique;
-use autonode_tests::fakecloud::Instance;
-use autonode_tests::hostile::{self, Answers, Attackers};
-use autonode_tests::joiner::{self, NodeKeys};
-use autonode_tests::karpenter;
-use autonode_tests::node::{self};
+use autonode_tests::callers::hostile::{self, Answers, Attackers};
+use autonode_tests::callers::joiner::{self, NodeKeys};
+use autonode_tests::cloud::fakecloud::Instance;
+use autonode_tests::karpenter::standin as karpenter;
+use autonode_tests::kube::controlplane::unique;
+use autonode_tests::machines::node::{self};
 use autonode_tests::server::server_user;
-use autonode_tests::world::{World, ACCOUNT, REGION};
+use autonode_tests::server::world::{World, ACCOUNT, REGION};
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use http_body_util::{BodyExt, Full};
@@ -307,7 +307,7 @@ pub(crate) fn attack(world: &World, answers: &Answers) -> Result<Attackers> {
     Ok(attackers)
 }
 
-use autonode_tests::joiner::Https;
+use autonode_tests::callers::joiner::Https;
 
 /// The join protocol with the agent's retry rules: 429 and 5xx again after
 /// `max(backoff, Retry-After)`, anything else final. Each machine speaks

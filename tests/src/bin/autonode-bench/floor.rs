@@ -9,8 +9,8 @@ use crate::sequential::trace;
 use anyhow::{Context, Result};
 use autonode_server::kube::approval;
 use autonode_shared::csr::{self, Purpose};
-use autonode_tests::controlplane::unique;
-use autonode_tests::joiner::CsrShape;
+use autonode_tests::callers::joiner::CsrShape;
+use autonode_tests::kube::controlplane::unique;
 use futures::StreamExt;
 use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestSpec,

@@ -131,8 +131,8 @@ async fn main() -> Result<()> {
     }
     results.insert("machine".into(), machine());
     // The binaries that ran (AUTONODE_KUBE_BIN's when set), as they say.
-    let apiserver = autonode_tests::controlplane::kube_bin_dir()?.join("kube-apiserver");
-    let version = autonode_tests::controlplane::binary_version(&apiserver)?;
+    let apiserver = autonode_tests::kube::controlplane::kube_bin_dir()?.join("kube-apiserver");
+    let version = autonode_tests::kube::controlplane::binary_version(&apiserver)?;
     results.insert("kubernetes".into(), version.to_string().into());
 
     if let Some(dir) = options.out.parent() {

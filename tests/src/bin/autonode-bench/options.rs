@@ -2,7 +2,7 @@
 //! agent binary and the results are.
 
 use anyhow::{bail, ensure, Context, Result};
-use autonode_tests::node;
+use autonode_tests::machines::node;
 use std::path::PathBuf;
 use std::time::Duration;
 

@@ -10,11 +10,11 @@ use crate::measure::{
 use crate::options::Options;
 use crate::requests;
 use anyhow::{ensure, Context, Result};
-use autonode_tests::controlplane::unique;
-use autonode_tests::fakecloud::Instance;
-use autonode_tests::karpenter;
-use autonode_tests::node::{self, SimulatedNode};
-use autonode_tests::world::World;
+use autonode_tests::cloud::fakecloud::Instance;
+use autonode_tests::karpenter::standin as karpenter;
+use autonode_tests::kube::controlplane::unique;
+use autonode_tests::machines::node::{self, SimulatedNode};
+use autonode_tests::server::world::World;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use kube::api::Api;
 use serde_json::{json, Map, Value};
@@ -31,7 +31,7 @@ pub(crate) async fn sequential(options: &Options, results: &mut Map<String, Valu
     let admin = world.cp.admin().await?;
     if options.ignition_kib > 0 {
         let text = layer::base_layer(options.ignition_kib);
-        autonode_tests::ignition::put_configmap(&admin, layer::CONFIGMAP, &text).await?;
+        autonode_tests::server::ignition::put_configmap(&admin, layer::CONFIGMAP, &text).await?;
     }
     let user_data = node::user_data(&world);
     // The class the NodeClaims name exists, as it does under Karpenter:
