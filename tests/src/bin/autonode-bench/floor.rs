@@ -5,7 +5,7 @@
 //! made straight from the bench's client, one at a time or a burst of
 //! them at once.
 
-use crate::sequential::trace;
+use crate::measure::trace;
 use anyhow::{Context, Result};
 use autonode_server::kube::approval;
 use autonode_shared::csr::{self, Purpose};

@@ -104,3 +104,8 @@ pub(crate) fn machine() -> Value {
         "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
     })
 }
+
+/// Whether `AUTONODE_BENCH_TRACE` asks for each run's timings.
+pub(crate) fn trace() -> bool {
+    std::env::var_os("AUTONODE_BENCH_TRACE").is_some()
+}

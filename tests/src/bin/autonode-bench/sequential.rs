@@ -5,7 +5,7 @@
 use crate::floor::{bare_csr, join_writes, Signatures, Writes};
 use crate::layer;
 use crate::measure::{
-    cpu_seconds, join_steps, keep_logs, metric, ms, percentile, round, server_metrics,
+    cpu_seconds, join_steps, keep_logs, metric, ms, percentile, round, server_metrics, trace,
 };
 use crate::options::Options;
 use crate::requests;
@@ -304,9 +304,4 @@ pub(crate) fn read_log(
         writeln!(log, "{line}")?;
     }
     Ok(credentials)
-}
-
-/// Whether `AUTONODE_BENCH_TRACE` asks for each run's timings.
-pub(crate) fn trace() -> bool {
-    std::env::var_os("AUTONODE_BENCH_TRACE").is_some()
 }
