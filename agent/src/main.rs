@@ -42,6 +42,11 @@ fn main() -> ExitCode {
             error: e.into(),
         }),
     };
+    log_cost(if outcome.is_ok() {
+        "success"
+    } else {
+        "failure"
+    });
     let Err(failure) = outcome else {
         return ExitCode::SUCCESS;
     };
@@ -50,4 +55,17 @@ fn main() -> ExitCode {
     log::error!("{message}");
     logging::to_console(&cli.console, &message);
     ExitCode::from(failure.kind as u8)
+}
+
+/// The last line: what the run cost, from the fork to here (with the
+/// unit's --no-start-kubelet, systemd starts kubelet once this process
+/// exits, so this is the agent's share of the boot up to kubelet's start):
+/// `took_s` wall, `cpu_s` its own CPU, `children_cpu_s` that of what it
+/// ran. key=value, for the VM tests (tests/src/vm.rs, AgentCost).
+fn log_cost(outcome: &str) {
+    let took = logging::process_age().map_or("unknown".into(), |s| format!("{s:.2}"));
+    let (cpu, children) = logging::cpu_time().map_or(("unknown".into(), "unknown".into()), |c| {
+        (format!("{:.2}", c.0), format!("{:.2}", c.1))
+    });
+    log::info!("exiting outcome={outcome} took_s={took} cpu_s={cpu} children_cpu_s={children}");
 }
