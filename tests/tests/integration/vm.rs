@@ -92,6 +92,11 @@ async fn joins_and_becomes_ready(
     let report = vm.agent_report(BOOT_TIMEOUT).await?;
     check_agent(&report, "success", "0")?;
     check_runtime_waited(&report)?;
+    // The image was made by the recipe's provision script, which recorded
+    // kubelet's version: the agent read it and never ran kubelet before
+    // systemd started it. (An image without the record fails here.)
+    let cost = vm::AgentCost::from_log(report.agent_log.iter().map(|(_, l)| l.as_str()))?;
+    cost.check_recorded()?;
     ensure!(
         imds.tokens_issued() > 0,
         "the agent joined without a token from the test's IMDS"
@@ -155,6 +160,7 @@ async fn joins_and_becomes_ready(
     );
     wait_node(vm, &nodes, name, "Ready", is_ready).await?;
     let boot_to_ready = vm.started().elapsed();
+    let load = vm::host_load();
 
     let reasons = env.world.event_reasons(claim, "NodeReady").await?;
     for reason in ["Attested", "AgentProgress", "NodeRegistered", "NodeReady"] {
@@ -173,12 +179,18 @@ async fn joins_and_becomes_ready(
             "boot_to_registered_s": boot_to_registered.as_secs_f64(),
             "boot_to_ready_s": boot_to_ready.as_secs_f64(),
             "agent": agent_timings(&report)?,
+            "agent_cost": cost.to_json(),
+            "host_load": load,
             "imds_tokens_issued": imds.tokens_issued(),
         }),
     )?;
     eprintln!(
-        "vm join ({}): Node registered {boot_to_registered:.1?} and Ready {boot_to_ready:.1?} after QEMU started ({})",
+        "vm join ({}): Node registered {boot_to_registered:.1?} and Ready {boot_to_ready:.1?} after QEMU started; the agent took {:.2} s and {:.2} s of CPU ({:.2} s its children's) to kubelet's start, kubelet's version from={}; host load {load} ({})",
         arch.name(),
+        cost.took_s,
+        cost.cpu_s,
+        cost.children_cpu_s,
+        cost.kubelet_version_from,
         path.display()
     );
     Ok(())
@@ -277,6 +289,7 @@ fn check_agent(report: &Report, result: &str, status: &str) -> Result<()> {
 fn agent_timings(report: &Report) -> Result<serde_json::Value> {
     let start = report.monotonic("autonode-agent.ExecMainStartTimestampMonotonic")?;
     let exit = report.monotonic("autonode-agent.ExecMainExitTimestampMonotonic")?;
+    let kubelet = report.monotonic("kubelet.ExecMainStartTimestampMonotonic")?;
     let first = report.agent_logged(" starting")?;
     let config = report.agent_logged("phase=config started")?;
     let applied = report.agent_logged("phase=apply succeeded")?;
@@ -299,22 +312,18 @@ fn agent_timings(report: &Report) -> Result<serde_json::Value> {
         "daemon_reload_ran": reload.is_some(),
         "daemon_reload_s": reload.and_then(|pairs| number(&pairs, "took_s")),
         "start_to_exit_s": seconds(exit.checked_sub(start_phase)),
+        // From systemd starting the agent to it starting kubelet (the
+        // agent's exit, then systemd's start job).
+        "agent_start_to_kubelet_started_s": seconds(kubelet.checked_sub(start)),
     }))
 }
 
 /// The `key=value` pairs of the agent's first line starting with `prefix`
 /// (`kubelet version=… from=… took_s=… waited_s=…`).
 fn logged_pairs(report: &Report, prefix: &str) -> Result<BTreeMap<String, String>> {
-    let (_, line) = report
-        .agent_log
-        .iter()
-        .find(|(_, message)| message.starts_with(prefix))
-        .with_context(|| format!("the agent never logged {prefix:?}: {:?}", report.agent_log))?;
-    Ok(line
-        .split_whitespace()
-        .filter_map(|pair| pair.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect())
+    let lines = report.agent_log.iter().map(|(_, message)| message.as_str());
+    vm::logged_pairs(lines, prefix)
+        .with_context(|| format!("the agent never logged {prefix:?}: {:?}", report.agent_log))
 }
 
 /// A pair's value as seconds; `None` if absent or not a number ("cached").
