@@ -153,11 +153,13 @@ fn record(
         "host_load": load,
     });
     eprintln!(
-        "scale-up to Node Ready {:?} s, to the pod Running {:?} s; the agent took {:.2} s and {:.2} s of CPU ({:.2} s its children's), kubelet's version from={}; host load {load}",
+        "scale-up to Node Ready {:?} s, to the pod Running {:?} s; the agent took {:.2} s and {:.2} s of CPU from its fork to its exit ({:.2} s and {:.2} s from main; {:.2} s its children's), kubelet's version from={}; host load {load}",
         seconds("node_ready"),
         seconds("pod_running"),
         cost.took_s,
         cost.cpu_s,
+        cost.main_took_s,
+        cost.main_cpu_s,
         cost.children_cpu_s,
         cost.kubelet_version_from
     );
