@@ -342,32 +342,58 @@ struct Record {
     version: KubeletVersion,
 }
 
+/// Why a record could not be read.
+#[derive(Debug, thiserror::Error)]
+enum RecordError {
+    #[error("not key=value: {0:?}")]
+    NotAPair(String),
+    #[error("{key}={value:?} is not {want}")]
+    Value {
+        key: &'static str,
+        value: String,
+        want: &'static str,
+    },
+    #[error("no {0}=")]
+    Missing(&'static str),
+}
+
 impl Record {
-    fn parse(text: &str) -> Result<Record, String> {
+    fn parse(text: &str) -> Result<Record, RecordError> {
         let (mut kubelet, mut size, mut version) = (None, None, None);
         for line in text.lines().map(str::trim) {
             if line.is_empty() || line.starts_with('#') {
                 continue;
             }
             let Some((key, value)) = line.split_once('=') else {
-                return Err(format!("not key=value: {line:?}"));
+                return Err(RecordError::NotAPair(line.to_string()));
             };
             let value = value.trim();
             match key.trim() {
                 "kubelet" => kubelet = Some(PathBuf::from(value)),
-                "size" => size = Some(value.parse().map_err(|_| format!("size {value:?}"))?),
+                "size" => {
+                    let parsed = value.parse().map_err(|_| RecordError::Value {
+                        key: "size",
+                        value: value.to_string(),
+                        want: "a number of bytes",
+                    });
+                    size = Some(parsed?);
+                }
                 "version" => {
-                    let parsed = KubeletVersion::parse(value);
-                    version = Some(parsed.ok_or_else(|| format!("version {value:?}"))?);
+                    let parsed = KubeletVersion::parse(value).ok_or_else(|| RecordError::Value {
+                        key: "version",
+                        value: value.to_string(),
+                        want: "a version v1.x.y",
+                    });
+                    version = Some(parsed?);
                 }
                 // Later keys are for later agents.
                 _ => {}
             }
         }
         Ok(Record {
-            kubelet: kubelet.ok_or("no kubelet=")?,
-            size: size.ok_or("no size=")?,
-            version: version.ok_or("no version=")?,
+            kubelet: kubelet.ok_or(RecordError::Missing("kubelet"))?,
+            size: size.ok_or(RecordError::Missing("size"))?,
+            version: version.ok_or(RecordError::Missing("version"))?,
         })
     }
 }
