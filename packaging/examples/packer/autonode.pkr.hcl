@@ -61,7 +61,7 @@ variable "source_ami_owner" {
 
 locals {
   packages  = var.packages != "" ? var.packages : "${path.root}/../../../target/packages"
-  provision = "${path.root}/../../bake/provision"
+  bake      = "${path.root}/../../bake"
   # One timestamp for both architectures' names.
   stamp = formatdate("YYYYMMDDhhmm", timestamp())
 }
@@ -127,9 +127,11 @@ build {
     destination = "/tmp/autonode-agent.deb"
   }
 
+  # The script and the kubelet unit it installs where the image has none:
+  # the folder (no trailing slash) becomes /tmp/bake.
   provisioner "file" {
-    source      = local.provision
-    destination = "/tmp/autonode-provision"
+    source      = local.bake
+    destination = "/tmp"
   }
 
   provisioner "shell" {
@@ -138,9 +140,9 @@ build {
       "url=https://dl.k8s.io/release/v${var.kubernetes_version}/bin/linux/${source.name}/kubelet",
       "curl -fsSLo /tmp/kubelet \"$url\"",
       "echo \"$(curl -fsSL \"$url.sha256\")  /tmp/kubelet\" | sha256sum --check --strict",
-      "chmod 0755 /tmp/autonode-provision",
-      "sudo /tmp/autonode-provision --kubelet /tmp/kubelet /tmp/autonode-agent.deb",
-      "rm -f /tmp/kubelet /tmp/autonode-agent.deb /tmp/autonode-provision",
+      "chmod 0755 /tmp/bake/provision",
+      "sudo /tmp/bake/provision --kubelet /tmp/kubelet /tmp/autonode-agent.deb",
+      "rm -rf /tmp/kubelet /tmp/autonode-agent.deb /tmp/bake",
       # Nothing of the build instance's own boot goes into the AMI: no
       # machine-id (each instance makes its own), no apt lists.
       "sudo truncate -s 0 /etc/machine-id",

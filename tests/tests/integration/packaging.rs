@@ -142,10 +142,12 @@ fn the_bake_script_provisions_a_root_and_records_kubelets_version() -> Result<()
     let bake = r.join("tmp/bake");
     fs::create_dir_all(&bake)?;
     fs::copy(&deb, bake.join("autonode-agent.deb"))?;
-    fs::copy(
-        workspace().join("packaging/bake/provision"),
-        bake.join("provision"),
-    )?;
+    for file in ["provision", "kubelet.service"] {
+        fs::copy(
+            workspace().join("packaging/bake").join(file),
+            bake.join(file),
+        )?;
+    }
     // A kubelet that only answers --version, as a 1.37 one does.
     let kubelet = "#!/bin/sh\necho 'Kubernetes v1.37.2'\n";
     fs::write(bake.join("kubelet"), kubelet)?;
@@ -177,7 +179,16 @@ fn the_bake_script_provisions_a_root_and_records_kubelets_version() -> Result<()
     assert_eq!(mode(&r.join("etc/autonode/kubelet-version"))?, 0o644);
     let flags = fs::read_to_string(r.join("etc/default/kubelet"))?;
     assert!(flags.contains("KUBELET_EXTRA_ARGS=\"\""), "{flags}");
-    for unit in ["autonode-agent.service", "containerd.service"] {
+    // The root had no kubelet unit: the recipe's is installed.
+    assert_eq!(
+        fs::read(r.join("usr/lib/systemd/system/kubelet.service"))?,
+        fs::read(workspace().join("packaging/bake/kubelet.service"))?
+    );
+    for unit in [
+        "autonode-agent.service",
+        "containerd.service",
+        "kubelet.service",
+    ] {
         let enabled = chroot(r, &["systemctl", "is-enabled", unit])?;
         assert_eq!(enabled.trim(), "enabled", "{unit}");
     }
