@@ -3,7 +3,7 @@
 //!
 //! It runs exactly the code a join runs (`autonode_agent::ignition::apply`)
 //! and nothing else: no IMDS, no server, no kubelet, no `systemctl`. Tests
-//! compare its result with the real Ignition's (tests/src/ignition_oracle.rs),
+//! compare its result with the real Ignition's (tests/src/oracles/ignition.rs),
 //! and an operator can see what a config would do before shipping it.
 
 use autonode_agent::fsutil::Root;

@@ -16,7 +16,8 @@
 //! - [`ignition`], [`kubelet`]: what the answer is applied with.
 //! - [`state`]: what earlier runs achieved.
 //!
-//! The pure parsers ([`userdata`], [`config`], [`ignition::spec`]) take
+//! The pure parsers ([`userdata`], [`config`], and the Ignition spec
+//! [`autonode_shared::ignition`] that [`ignition`] applies) take
 //! bytes and return typed values or typed errors, so fuzz targets,
 //! integration tests and the server can call them.
 

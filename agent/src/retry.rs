@@ -11,6 +11,7 @@ use std::collections::hash_map::RandomState;
 use std::fmt::Display;
 use std::future::Future;
 use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -177,15 +178,13 @@ where
 }
 
 /// A random number in [0, 1): jitter needs no cryptographic randomness, and
-/// the standard library's hasher keys are randomly seeded per process.
+/// the standard library's hasher keys are randomly seeded per process. Each
+/// draw hashes the next number of a count, not the time: the agent reads
+/// wall time only through its one clock.
 pub fn random_unit() -> f64 {
+    static DRAWS: AtomicU64 = AtomicU64::new(0);
     let mut hasher = RandomState::new().build_hasher();
-    hasher.write_u128(
-        std::time::UNIX_EPOCH
-            .elapsed()
-            .unwrap_or_default()
-            .as_nanos(),
-    );
+    hasher.write_u64(DRAWS.fetch_add(1, Ordering::Relaxed));
     (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64
 }
 

@@ -13,6 +13,7 @@ use crate::http::{self, HttpError};
 use crate::proxy::{Proxy, Route};
 use crate::retry::{retry_observed, Attempt, Deadline, RetryError, RetryPolicy, Retrying};
 use crate::trust::{self, TrustError};
+use autonode_shared::clock::Clock;
 use autonode_shared::protocol::{
     ErrorResponse, JoinRequest, JoinResponse, JOIN_PATH, REQUEST_ID_HEADER,
 };
@@ -60,7 +61,9 @@ pub struct ServerClient {
 }
 
 impl ServerClient {
-    pub fn new(config: &Config) -> Result<Self, JoinError> {
+    /// A client for `config`'s server, judging its certificates at
+    /// `clock`'s time.
+    pub fn new(config: &Config, clock: Clock) -> Result<Self, JoinError> {
         let host = config.server_url.host().unwrap_or_default();
         let proxy = match config.proxy.route(host) {
             Route::Proxy(proxy) => Some(proxy.clone()),
@@ -68,7 +71,7 @@ impl ServerClient {
         };
         Ok(ServerClient {
             base: config.server_url.clone(),
-            tls: trust::client_config(&config.server_trust)?,
+            tls: trust::client_config(&config.server_trust, clock)?,
             proxy,
         })
     }

@@ -14,17 +14,21 @@
 //!   and fits in userData, which matters because any userData change makes
 //!   Karpenter replace every node.
 //!
-//! The operating system's trust store is never consulted.
+//! The operating system's trust store is never consulted, nor its clock:
+//! a certificate's validity is judged at the agent's one [`Clock`]'s time.
 
+use autonode_shared::clock::Clock;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
 use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::time_provider::TimeProvider;
 use rustls::{
     ClientConfig, DigitallySignedStruct, Error as TlsError, RootCertStore, SignatureScheme,
 };
 use sha2::{Digest as _, Sha256};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// How the agent decides to trust the server.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,10 +48,22 @@ fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-/// The TLS client configuration for talking to the join server.
-pub fn client_config(trust: &ServerTrust) -> Result<Arc<ClientConfig>, TrustError> {
+/// The agent's clock as rustls's: the time certificates are judged at.
+#[derive(Debug)]
+struct ClockTime(Clock);
+
+impl TimeProvider for ClockTime {
+    fn current_time(&self) -> Option<UnixTime> {
+        let seconds = u64::try_from(self.0.unix()).ok()?;
+        Some(UnixTime::since_unix_epoch(Duration::from_secs(seconds)))
+    }
+}
+
+/// The TLS client configuration for talking to the join server, judging
+/// its certificates at `clock`'s time.
+pub fn client_config(trust: &ServerTrust, clock: Clock) -> Result<Arc<ClientConfig>, TrustError> {
     let provider = provider();
-    let builder = ClientConfig::builder_with_provider(provider.clone())
+    let builder = ClientConfig::builder_with_details(provider.clone(), Arc::new(ClockTime(clock)))
         .with_safe_default_protocol_versions()
         .map_err(|e| TrustError(e.to_string()))?;
     let config = match trust {

@@ -7,6 +7,7 @@ use autonode_agent::config::Config;
 use autonode_agent::retry::Deadline;
 use autonode_agent::server_client::{JoinError, ServerClient};
 use autonode_agent::trust::ServerTrust;
+use autonode_shared::clock::Clock;
 use autonode_shared::protocol::{InstanceIdentity, JoinRequest, JoinResponse, KubeletSettings};
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full};
@@ -138,7 +139,7 @@ fn client(url: &str, trust: ServerTrust) -> ServerClient {
         proxy: Default::default(),
         imds_endpoint_mode: None,
     };
-    ServerClient::new(&config).unwrap()
+    ServerClient::new(&config, Clock::SYSTEM).unwrap()
 }
 
 fn pin(pki: &Pki) -> ServerTrust {

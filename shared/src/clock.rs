@@ -8,7 +8,7 @@
 //! A [`Clock`] is a plain function, so a test injects one that reads a
 //! fixed or shifted time (a `pendingTime` in the future, a certificate
 //! already expired) without the code under test knowing. The server adds
-//! the crossing to Kubernetes' timestamps in its `kube::clock`.
+//! the crossing to Kubernetes' timestamps in its `primitives::clock`.
 
 use time::OffsetDateTime;
 

@@ -5,16 +5,16 @@
 //! (`overwrite` false), the agent accepts a node that is already exactly as
 //! asked (its own earlier run) and refuses anything else.
 //!
-//! Contents are decoded by [`super::spec::decode`] (shared with the
+//! Contents are decoded by [`autonode_shared::ignition::decode`] (shared with the
 //! server): `source: ""` is an empty file like any other contents, so with
 //! `overwrite` it replaces a file, a link or (as Ignition does) a
 //! directory; an absent source keeps an existing file's contents. Owners
 //! given by name are looked up in the root's own databases ([`owners`]).
 
 use super::owners;
-use super::spec::{self, Directory, File, Link, Storage};
 use super::IgnitionError;
 use crate::fsutil::{self, Owner, Root};
+use autonode_shared::ignition::{decode, Directory, File, Link, Storage};
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::Path;
 
@@ -64,7 +64,7 @@ pub fn file(root: &Root, file: &File, minor: u32) -> Result<bool, IgnitionError>
     let exists_as_file = meta.as_ref().is_some_and(|m| m.is_file());
     let owner = owners::resolve(root, &file.path, &file.user, &file.group)?;
     let contents = match &file.contents.source {
-        Some(_) => spec::decode(&file.contents, &file.path)?,
+        Some(_) => decode(&file.contents, &file.path)?,
         // No source: keep an existing file's contents, else create it empty.
         None if exists_as_file => std::fs::read(&path).map_err(|e| io(&path, e))?,
         None => Vec::new(),
@@ -130,7 +130,7 @@ fn check_file(path: &Path, file: &File) -> Result<(), IgnitionError> {
         ));
     }
     if file.contents.source.is_some() {
-        let contents = spec::decode(&file.contents, &file.path)?;
+        let contents = decode(&file.contents, &file.path)?;
         if !std::fs::read(path).is_ok_and(|current| current == contents) {
             return Err(conflict(
                 &file.path,
@@ -242,7 +242,7 @@ fn io(path: &Path, source: std::io::Error) -> IgnitionError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ignition::spec::{Contents, OwnerId};
+    use autonode_shared::ignition::{Contents, OwnerId};
 
     fn empty_file(path: &str, overwrite: Option<bool>) -> File {
         File {

@@ -1,8 +1,10 @@
 //! Applying the node's Ignition (spec v3) config, as Ignition's files
 //! stage does, so that a node joined by the agent looks as if Ignition had
-//! run (tests compare the two trees; see tests/src/ignition_oracle.rs).
+//! run (tests compare the two trees; see tests/src/oracles/ignition.rs).
 //!
-//! [`spec`] parses and refuses what is not supported, by name; then
+//! [`autonode_shared::ignition`] (the spec's types and rules, shared with
+//! the server, which refuses at render time by the same rules) parses and
+//! refuses what is not supported, by name; then
 //! `preflight` refuses what conflicts with the node as it is, before
 //! anything is written. Then, in Ignition's order:
 //! 1. [`passwd`]: groups, then users (`groupadd`/`useradd`/`usermod`,
@@ -24,16 +26,16 @@
 pub mod apply;
 pub mod owners;
 pub mod passwd;
-pub mod spec;
 pub mod units;
 
 use crate::fsutil::{FsError, Root};
+use autonode_shared::ignition::{self, parse, Config, MAX_MINOR};
 
 /// Why the config could not be applied.
 #[derive(Debug, thiserror::Error)]
 pub enum IgnitionError {
     #[error(transparent)]
-    Spec(#[from] spec::SpecError),
+    Spec(#[from] ignition::SpecError),
     #[error("{path}: {reason}")]
     Source { path: String, reason: String },
     #[error("{path}: {reason}")]
@@ -89,7 +91,7 @@ pub struct Applied {
 /// owner names, gid clashes), found before anything is written, so a
 /// refused config leaves the node as it was. The apply checks again, as
 /// entries it writes can change what later ones meet.
-fn preflight(root: &Root, config: &spec::Config) -> Result<(), IgnitionError> {
+fn preflight(root: &Root, config: &Config) -> Result<(), IgnitionError> {
     passwd::preflight(root, &config.passwd)?;
     apply::preflight(root, &config.storage)?;
     owners::preflight(root, config)
@@ -98,9 +100,9 @@ fn preflight(root: &Root, config: &spec::Config) -> Result<(), IgnitionError> {
 /// Parses `config` and applies it under `root`, in the order of the
 /// module doc (after `preflight`).
 pub fn apply(root: &Root, config: &serde_json::Value) -> Result<Applied, IgnitionError> {
-    let config = spec::parse(config)?;
+    let config = parse(config)?;
     // The parse refused any version but 3.0.0–3.6.0.
-    let minor = config.ignition.minor().unwrap_or(spec::MAX_MINOR);
+    let minor = config.ignition.minor().unwrap_or(MAX_MINOR);
     preflight(root, &config)?;
     let mut applied = Applied {
         changed: passwd::apply(root, &config.passwd)?,

@@ -7,9 +7,9 @@
 //! files are what `useradd` just wrote (passwd is applied before storage,
 //! as Ignition orders it).
 
-use super::spec::{Config, OwnerId};
 use super::IgnitionError;
 use crate::fsutil::{FsError, Owner, Root};
+use autonode_shared::ignition::{Config, OwnerId};
 
 /// One `/etc/passwd` entry, the fields the agent uses.
 #[derive(Debug, Clone, PartialEq, Eq)]

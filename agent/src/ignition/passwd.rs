@@ -28,9 +28,9 @@
 //! so the agent's second run changes nothing.
 
 use super::owners::{self, PasswdEntry};
-use super::spec::{Group, Passwd, User};
 use super::IgnitionError;
 use crate::fsutil::{self, FsError, Owner, Root};
+use autonode_shared::ignition::{Group, Passwd, User};
 use std::collections::BTreeSet;
 use std::fs::Metadata;
 use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, PermissionsExt as _};

@@ -17,9 +17,9 @@
 //! works because it runs before systemd's first-boot preset pass; the agent
 //! runs later, so it makes the links that pass would have made.
 
-use super::spec::Unit;
 use super::IgnitionError;
 use crate::fsutil::{self, Durability, Owner, Root};
+use autonode_shared::ignition::Unit;
 use std::path::{Path, PathBuf};
 
 /// Where units written by the config go.

@@ -39,7 +39,8 @@ struct Run {
     resumed: Option<Phase>,
     /// Reports sent in the background, waited for before exit.
     reports: JoinSet<()>,
-    /// Where "now" comes from (certificate expiry, report timestamps).
+    /// Where "now" comes from (certificate expiry, the server's certificate
+    /// checked in TLS, report timestamps): the agent's one read of wall time.
     clock: Clock,
 }
 
@@ -67,8 +68,8 @@ pub async fn run(flags: &Flags, root: Root) -> Result<(), Failure> {
         return Ok(());
     }
     let identity = identity::run(&run.settings, run.deadline).await?;
-    let client =
-        ServerClient::new(&run.settings.config).or_fail_in(Phase::Config, "server trust")?;
+    let client = ServerClient::new(&run.settings.config, run.clock)
+        .or_fail_in(Phase::Config, "server trust")?;
     log_route(&run.settings);
     let reporter = Reporter::new(client.clone(), identity.rsa2048.clone(), run.clock);
     // kubelet's version is probed while the agent makes keys and waits on

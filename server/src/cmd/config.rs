@@ -593,7 +593,7 @@ impl NodeClassArgs {
         metrics: &autonode_server::kube::metrics::Metrics,
         events: &autonode_server::kube::events::Events,
         key: autonode_server::kube::seal::StateKey,
-        clock: autonode_server::kube::clock::Clock,
+        clock: autonode_server::primitives::clock::Clock,
         store_namespace: &str,
     ) -> Result<Option<autonode_server::controllers::nodeclass::Settings>> {
         use autonode_server::controllers::nodeclass::{
@@ -668,10 +668,25 @@ impl NodeClassArgs {
 #[derive(Debug, Clone, Args)]
 pub struct JoinApiArgs {
     /// Joins processed at once, once admitted (body read, document verified
-    /// and within the allowed accounts and regions); more get 503 with
-    /// Retry-After.
+    /// and within the allowed accounts and regions); more wait their turn
+    /// (see --join-queue-wait), then get 503 with Retry-After.
     #[arg(long, env = "AUTONODE_MAX_CONCURRENT_JOINS", default_value = "256", value_parser = clap::value_parser!(u32).range(1..))]
     pub max_concurrent_joins: u32,
+
+    /// Seconds an admitted join waits, in order of arrival, for a place
+    /// under --max-concurrent-joins before it is answered 503 with
+    /// Retry-After. In a burst, a join waiting here starts the moment a
+    /// place frees, where one sent away waits out its backoff and pays its
+    /// TLS handshake and admission again. At most 40: every agent waits 60
+    /// s for an answer, and the join itself needs the rest. 0: no waiting.
+    #[arg(
+        long = "join-queue-wait",
+        env = "AUTONODE_JOIN_QUEUE_WAIT",
+        default_value = "10",
+        value_name = "SECONDS",
+        value_parser = clap::value_parser!(u64).range(0..=40)
+    )]
+    pub join_queue_wait_secs: u64,
 
     /// Joins one source address (an IPv6 one by its /64) may have in flight;
     /// more get 429 with Retry-After and the agent retries. Keep it at 8 or
@@ -725,6 +740,7 @@ impl JoinApiArgs {
         let count = |n: u32| usize::try_from(n).unwrap_or(usize::MAX);
         autonode_server::front::api::Limits {
             max_concurrent_joins: count(self.max_concurrent_joins),
+            join_queue_wait: Duration::from_secs(self.join_queue_wait_secs),
             max_joins_per_source: count(self.max_joins_per_source),
             max_connections: count(self.max_connections),
             max_connections_per_source: count(self.max_connections_per_source),
@@ -732,5 +748,291 @@ impl JoinApiArgs {
             body_timeout: Duration::from_secs(self.body_timeout_secs),
             ..autonode_server::front::api::Limits::default()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::error::ErrorKind;
+    use clap::{Parser, Subcommand};
+    use std::io::Write as _;
+    use std::sync::{Arc, Mutex};
+
+    /// The binary's command line, cut down to `serve`.
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        command: Sub,
+    }
+
+    #[derive(Debug, Subcommand)]
+    enum Sub {
+        Serve(Box<ServeArgs>),
+    }
+
+    /// The flags `serve` cannot start without.
+    const REQUIRED: &[&str] = &[
+        "--tls-cert=/c.pem",
+        "--tls-key=/k.pem",
+        "--kubeconfig=/kc",
+        "--allowed-accounts=111122223333",
+        "--allowed-regions=us-west-2",
+    ];
+
+    fn os(args: &[&str]) -> Vec<OsString> {
+        args.iter().map(OsString::from).collect()
+    }
+
+    fn argv(extra: &[&str]) -> Vec<OsString> {
+        os(&[&["autonode-server", "serve"], REQUIRED, extra].concat())
+    }
+
+    fn serve(extra: &[&str]) -> std::result::Result<ServeArgs, clap::Error> {
+        let Sub::Serve(args) = Cli::try_parse_from(argv(extra))?.command;
+        Ok(*args)
+    }
+
+    #[test]
+    fn what_the_command_line_leaves_out_takes_its_default() {
+        let args = serve(&[]).unwrap();
+        assert_eq!(args.listen.to_string(), "0.0.0.0:8443");
+        assert_eq!(args.metrics_listen.to_string(), "0.0.0.0:9090");
+        assert_eq!(args.max_instance_age(), Duration::from_secs(900));
+        assert_eq!(args.clock_skew(), Duration::from_secs(60));
+        assert_eq!(args.cluster_dns, ["10.96.0.10"]);
+        assert_eq!(args.cluster_domain, "cluster.local");
+        assert_eq!(args.ignition_namespace, "autonode-system");
+        assert!(args.ignition_secrets && args.delete_failed_nodeclaims);
+        assert!(args.approve_kubelet_csrs && args.nodeclasses.manage_nodeclasses);
+        assert!(args.nodeclasses.enforce_metadata_options);
+        assert!(!args.nodeclasses.install_crds && !args.check_config);
+        assert_eq!(args.nodeclasses.rollout_failures, 3);
+        assert_eq!(args.pending_csr_cap, 5);
+        assert_eq!(args.log_format, "text");
+        assert_eq!(args.user_data.join_ca_form, JoinCaForm::Pin);
+        assert!(!args.user_data.is_set());
+        args.check().unwrap();
+    }
+
+    #[test]
+    fn the_join_apis_limits_default_to_the_documented_caps() {
+        let limits = serve(&[]).unwrap().join_api.limits();
+        assert_eq!(limits.max_concurrent_joins, 256);
+        assert_eq!(limits.max_joins_per_source, 8);
+        assert_eq!(limits.max_connections, 4096);
+        assert_eq!(limits.max_connections_per_source, 64);
+        assert_eq!(limits.handshake_timeout, Duration::from_secs(3));
+        assert_eq!(limits.body_timeout, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn values_are_read_as_given() {
+        let args = serve(&[
+            "--cluster-dns=10.0.0.1,10.0.0.2",
+            "--max-instance-age=60",
+            "--install-crds",
+            "--ignition-secrets=false",
+            "--base-ignition=configmap/base",
+            "--join-certificate-lifetime=3600",
+            "--max-joins-per-source=0",
+        ])
+        .unwrap();
+        assert_eq!(
+            args.cluster_dns,
+            ["10.0.0.1", "10.0.0.2"],
+            "comma-separated"
+        );
+        assert_eq!(args.max_instance_age(), Duration::from_secs(60));
+        assert!(args.nodeclasses.install_crds, "alone, it means true");
+        assert!(!args.ignition_secrets);
+        assert_eq!(args.certificate_lifetimes().join, Duration::from_secs(3600));
+        assert_eq!(args.join_api.limits().max_joins_per_source, 0);
+        args.check().unwrap();
+    }
+
+    #[test]
+    fn a_missing_required_setting_is_refused() {
+        let e =
+            Cli::try_parse_from(os(&["autonode-server", "serve", "--tls-cert=/c"])).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::MissingRequiredArgument);
+    }
+
+    #[test]
+    fn values_out_of_their_range_are_refused() {
+        for bad in [
+            "--max-concurrent-joins=0",
+            "--max-connections=0",
+            "--rollout-failures=0",
+            "--rollout-ready-deadline=0",
+            "--handshake-timeout=0",
+            "--body-timeout=0",
+            "--agent-deadline=0",
+            "--agent-deadline=901",
+            "--agent-deadline=ten",
+            "--log-format=xml",
+            "--listen=nowhere",
+            "--base-ignition=pod/x",
+            "--join-ca-form=der",
+        ] {
+            assert!(serve(&[bad]).is_err(), "{bad} was accepted");
+        }
+        assert_eq!(
+            serve(&["--agent-deadline=900"])
+                .unwrap()
+                .user_data
+                .agent_deadline_secs,
+            Some(900)
+        );
+    }
+
+    #[test]
+    fn check_refuses_a_secret_base_config_with_secrets_off() {
+        let args = serve(&["--base-ignition=secret/base", "--ignition-secrets=false"]).unwrap();
+        let e = args.check().unwrap_err().to_string();
+        assert!(e.contains("--ignition-secrets=false"), "{e}");
+        let on = serve(&["--base-ignition=secret/base"]).unwrap();
+        on.check().unwrap();
+    }
+
+    #[test]
+    fn check_refuses_the_removed_nodeclass_selector_and_says_what_replaces_it() {
+        let args = serve(&["--nodeclass-selector=team=a"]).unwrap();
+        let e = args.check().unwrap_err().to_string();
+        assert!(e.contains("was removed"), "{e}");
+        assert!(e.contains("--nodeclass-names"), "{e}");
+    }
+
+    #[test]
+    fn check_refuses_ami_ids_that_are_not_arch_equals_ami() {
+        for bad in ["amd64", "amd64=ami-xyz", "amd64=ami-1,amd64=ami-2"] {
+            let args = serve(&[&format!("--ami-ids={bad}")]).unwrap();
+            let e = format!("{:#}", args.check().unwrap_err());
+            assert!(e.starts_with("--ami-ids"), "{bad}: {e}");
+        }
+        let good = serve(&["--ami-ids=amd64=ami-0123,arm64=ami-0456"]).unwrap();
+        good.check().unwrap();
+    }
+
+    /// A `--config` file holding `toml`, and the arguments naming it.
+    fn with_file(toml: &str, extra: &[&str]) -> (tempfile::NamedTempFile, Vec<OsString>) {
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        file.write_all(toml.as_bytes()).unwrap();
+        let mut args = argv(extra);
+        args.push(format!("--config={}", file.path().display()).into());
+        (file, args)
+    }
+
+    #[test]
+    fn a_config_file_fills_in_flags_and_the_command_line_wins() {
+        let toml = "cluster-dns = [\"10.0.0.10\", \"10.0.0.11\"]\n\
+                    max-instance-age = 120\ninstall-crds = true\nclock-skew = 5\n";
+        let (_file, args) = with_file(toml, &["--clock-skew=7"]);
+        let expanded = expand_config_file::<Cli>(args).unwrap();
+        assert_eq!(expanded[2], "--cluster-dns=10.0.0.10,10.0.0.11");
+        let Sub::Serve(args) = Cli::try_parse_from(expanded).unwrap().command;
+        assert_eq!(args.cluster_dns, ["10.0.0.10", "10.0.0.11"]);
+        assert_eq!(args.max_instance_age(), Duration::from_secs(120));
+        assert!(args.nodeclasses.install_crds);
+        assert_eq!(args.clock_skew(), Duration::from_secs(7), "the flag wins");
+    }
+
+    #[test]
+    fn a_config_file_with_an_unknown_key_or_value_is_refused_by_name() {
+        for (toml, named) in [
+            (
+                "max-instance-ages = 1\n",
+                "unknown setting `max-instance-ages`",
+            ),
+            ("config = \"/other.toml\"\n", "unknown setting `config`"),
+            ("check-config = true\n", "unknown setting `check-config`"),
+            (
+                "clock-skew = 1.5\n",
+                "setting `clock-skew`: unsupported value",
+            ),
+            ("listen = [\n", "parsing config file"),
+        ] {
+            let (_file, args) = with_file(toml, &[]);
+            let e = format!("{:#}", expand_config_file::<Cli>(args).unwrap_err());
+            assert!(e.contains(named), "{toml:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn without_a_config_file_the_arguments_are_left_as_they_are() {
+        let args = argv(&[]);
+        assert_eq!(expand_config_file::<Cli>(args.clone()).unwrap(), args);
+        let missing = argv(&["--config", "/nonexistent/autonode.toml"]);
+        let e = format!("{:#}", expand_config_file::<Cli>(missing).unwrap_err());
+        assert!(
+            e.contains("reading config file /nonexistent/autonode.toml"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_flag_is_given_with_or_without_its_value_but_not_by_its_prefix() {
+        let args = os(&["--listen=x", "--clock-skew", "3"]);
+        assert!(given_as_flag(&args, "listen"));
+        assert!(given_as_flag(&args, "clock-skew"));
+        assert!(!given_as_flag(&args, "clock"));
+        assert!(!given_as_flag(&args, "metrics-listen"));
+    }
+
+    #[test]
+    fn userdata_settings_name_the_first_missing_flag() {
+        let args = serve(&["--public-url=https://a.example:8443"]).unwrap();
+        assert!(args.user_data.is_set());
+        let e = args.user_data.settings().unwrap_err().to_string();
+        assert_eq!(e, "--join-ca-file is required to render userData");
+    }
+
+    /// What `f` logs, as text.
+    fn logged<T>(f: impl FnOnce() -> T) -> (T, String) {
+        let buffer = Arc::new(Mutex::new(Vec::new()));
+        let sink = buffer.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || Sink(sink.clone()))
+            .finish();
+        let out = tracing::subscriber::with_default(subscriber, f);
+        let text = String::from_utf8(buffer.lock().unwrap().clone()).unwrap();
+        (out, text)
+    }
+
+    struct Sink(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Sink {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn upkeep_without_its_userdata_flags_is_off_and_says_so() {
+        use autonode_server::kube::metrics::Metrics;
+        let args = serve(&[]).unwrap();
+        let metrics = Metrics::new();
+        let config = kube::Config::new("https://127.0.0.1:1".parse().unwrap());
+        let client = kube::Client::try_from(config).unwrap();
+        let clock = autonode_server::primitives::clock::Clock::SYSTEM;
+        let events =
+            autonode_server::kube::events::Events::new(client, "t".into(), &metrics, clock);
+        let mut key = tempfile::NamedTempFile::new().unwrap();
+        key.write_all(&[7; 32]).unwrap();
+        let key = args.nodeclasses.state_key(key.path()).unwrap();
+        let (settings, log) = logged(|| {
+            args.nodeclasses
+                .settings(&args.user_data, &metrics, &events, key, clock, "ns")
+        });
+        assert!(settings.unwrap().is_none());
+        assert!(
+            log.contains("WARN") && log.contains("EC2NodeClass upkeep is off"),
+            "{log}"
+        );
     }
 }

@@ -7,17 +7,17 @@ use autonode_server::controllers::watches::Leader;
 use autonode_server::ec2::{Ec2Client, Ec2Settings, InstanceLookup};
 use autonode_server::front::api::{self, Api};
 use autonode_server::front::probes;
-use autonode_server::front::report::{Replays, ReportContext};
 use autonode_server::front::tls::ReloadingCert;
 use autonode_server::join::render::inputs::{NodeConfig, NodeConfigSettings};
 use autonode_server::join::render::ClusterSettings;
 use autonode_server::join::{ClusterInfo, JoinContext};
-use autonode_server::kube::clock::Clock;
 use autonode_server::kube::events::Events;
 use autonode_server::kube::issuer::Issuer;
 use autonode_server::kube::metrics::Metrics;
 use autonode_server::kube::nodeclaim::{NodeClaims, OnFailure};
 use autonode_server::kube::seal::StateKey;
+use autonode_server::primitives::clock::Clock;
+use autonode_server::report::{Replays, ReportContext};
 use autonode_server::{controllers::approver, controllers::leader};
 use autonode_shared::identity::{Policy, TrustStore};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -101,8 +101,8 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         on_failure: OnFailure::from_flag(args.delete_failed_nodeclaims),
         clock,
         replays: Replays::default(),
-        unbound_reads: autonode_server::front::report::unbound_read_limiter(),
-        refusal_lines: autonode_server::front::report::refusal_line_limiter(),
+        unbound_reads: autonode_server::report::unbound_read_limiter(),
+        refusal_lines: autonode_server::report::refusal_line_limiter(),
     });
     let readiness = probes::Readiness { claims, nodeconfig };
     serve(&args, join, report, readiness, metrics).await

@@ -50,7 +50,6 @@
 use crate::controllers::capacity;
 use crate::kube::binding;
 use crate::kube::cache::Cache;
-use crate::kube::clock::{Clock, KubeTime};
 use crate::kube::condition::{self, set_condition, Desired};
 use crate::kube::events::Events;
 use crate::kube::karpenter::NodeClaim;
@@ -58,6 +57,8 @@ use crate::kube::marks;
 use crate::kube::metrics::Metrics;
 use crate::kube::nodeclaim::{pending, Failed, Milestone, NodeClaims, OnFailure};
 use crate::kube::reason::Reason;
+use crate::primitives::bounded::Bounded;
+use crate::primitives::clock::{Clock, KubeTime};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, NodeCondition};
 use k8s_openapi::jiff::Timestamp;
@@ -66,11 +67,59 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::ResourceExt;
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use thiserror::Error;
 
 /// How long a NodeClaim's events must settle before it is reconciled.
 const DEBOUNCE: Duration = Duration::from_secs(1);
+
+/// How long the attested condition waits for the machine's join to
+/// record its certificates (the join's own write of the
+/// [`marks::REPORTED`] mark) before it is written anyway: longer than a
+/// join takes between its binding and its certificates, even in a burst.
+const HOLD_FOR_JOIN: Duration = Duration::from_secs(60);
+
+/// NodeClaims the condition is held back for while their join is in
+/// flight, by UID, with when the hold began. Held back because the join's
+/// last write (the certificates mark) and the condition's (on status) are
+/// each made only on the version their writer read: written while the
+/// join is in flight, the condition moved the NodeClaim on under the join,
+/// whose mark write then conflicted and was read and written again, and
+/// the condition's own write met the mark's in turn (docs/benchmarks.md:
+/// a burst's NodeClaim requests). Bounded: a hold is forgotten after
+/// [`HOLD_FOR_JOIN`], and at most [`HOLDS`] are kept.
+pub struct JoinHolds {
+    since: std::sync::Mutex<Bounded<String, Instant>>,
+}
+
+impl Default for JoinHolds {
+    fn default() -> Self {
+        Self {
+            since: std::sync::Mutex::new(Bounded::new(HOLD_FOR_JOIN * 2, HOLDS)),
+        }
+    }
+}
+
+/// How many NodeClaims' holds are remembered at once.
+const HOLDS: usize = 16_384;
+
+impl JoinHolds {
+    /// Whether `claim`'s condition waits for its join, counting the hold
+    /// from the first time it is asked.
+    fn holds(&self, claim: &NodeClaim, now: Instant) -> bool {
+        let certified =
+            pending(marks::reported(&claim.metadata), &[Milestone::Certificates]).is_empty();
+        if certified {
+            return false;
+        }
+        let mut since = self
+            .since
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let began = *since.get_or_insert_with(claim.uid().unwrap_or_default(), now, || now);
+        now.duration_since(began) < HOLD_FOR_JOIN
+    }
+}
 
 /// What the feedback controller needs.
 pub struct Context {
@@ -85,6 +134,8 @@ pub struct Context {
     pub clock: Clock,
     /// What becomes of a NodeClaim Registered to an impostor Node.
     pub on_failure: OnFailure,
+    /// Conditions held back while their join is in flight.
+    pub holds: JoinHolds,
 }
 
 #[derive(Debug, Error)]
@@ -142,6 +193,7 @@ pub async fn run(
         capacity,
         clock,
         on_failure,
+        holds: JoinHolds::default(),
     });
     // Debounced: a NodeClaim's events come in bursts while its machine
     // joins (the binding, Karpenter's status writes), and writing the
@@ -179,6 +231,10 @@ async fn reconcile(claim: Arc<NodeClaim>, ctx: Arc<Context>) -> Result<Action, E
     }
     let node = binding::node_of(&claim, &ctx.nodes);
     let stage = stage(&claim, node.as_deref());
+    if stage == Stage::Attested && ctx.holds.holds(&claim, Instant::now()) {
+        // The join's certificates mark wakes it (or the hold runs out).
+        return Ok(Action::requeue(Duration::from_secs(5)));
+    }
     // Writing the mark moved the NodeClaim on: the condition is written
     // against what that write returned, not (certain to conflict) the
     // version read.
@@ -486,6 +542,27 @@ mod tests {
         let mut claim = NodeClaim::default();
         claim.metadata.annotations = Some([(marks::REPORTED.to_string(), mark.to_string())].into());
         claim
+    }
+
+    #[test]
+    fn the_condition_waits_for_the_joins_certificates_but_not_for_ever() {
+        let holds = JoinHolds::default();
+        let mut joining = reported("attested");
+        joining.metadata.uid = Some("u1".into());
+        let mut certified = reported("attested,certificates");
+        certified.metadata.uid = Some("u2".into());
+        let start = Instant::now();
+        assert!(holds.holds(&joining, start), "the join is in flight");
+        assert!(holds.holds(&joining, start + HOLD_FOR_JOIN / 2));
+        assert!(
+            !holds.holds(&joining, start + HOLD_FOR_JOIN),
+            "a join that never records its certificates holds it no longer"
+        );
+        assert!(!holds.holds(&certified, start), "the join recorded them");
+        // A later milestone reported implies the certificates (an older
+        // server's join may not have marked them).
+        let registered = reported("attested,registered");
+        assert!(!holds.holds(&registered, start));
     }
 
     #[test]

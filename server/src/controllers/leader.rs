@@ -8,7 +8,7 @@
 //! Writes carry the resourceVersion they were decided on, so two replicas
 //! racing for an expired Lease cannot both win.
 
-use crate::kube::clock::{Clock, KubeTime};
+use crate::primitives::clock::{Clock, KubeTime};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};

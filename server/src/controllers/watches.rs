@@ -32,10 +32,10 @@
 //! approver and the upkeep poll their own caches' watches inside theirs).
 
 use crate::kube::cache::{self, Cache};
-use crate::kube::clock::Clock;
 use crate::kube::events::Events;
 use crate::kube::metrics::Metrics;
 use crate::kube::nodeclaim::{NodeClaims, OnFailure};
+use crate::primitives::clock::Clock;
 use crate::{
     controllers::approver, controllers::capacity, controllers::feedback, controllers::nodeclass,
 };

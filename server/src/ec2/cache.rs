@@ -10,11 +10,12 @@
 //! (eventual consistency) or a lookup EC2 throttled must be asked again, and
 //! how often is the caller's rate limit's business, not this cache's.
 //!
-//! Memory is bounded twice: entries expire after the TTL, and the map never
-//! holds more than its capacity (expired entries go first, then the oldest).
+//! Memory is bounded twice, by the server's one bounded map: entries expire
+//! after the TTL, and the map never holds more than its capacity (expired
+//! entries go first, then the least recently used).
 
 use super::{Ec2Instance, InstanceLookup, LookupError, LookupFuture};
-use std::collections::HashMap;
+use crate::primitives::bounded::Bounded;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -32,7 +33,7 @@ pub struct LookupCache {
     inner: Arc<dyn InstanceLookup>,
     ttl: Duration,
     capacity: usize,
-    entries: Mutex<HashMap<Key, Entry>>,
+    entries: Mutex<Bounded<Key, Entry>>,
 }
 
 impl LookupCache {
@@ -42,7 +43,8 @@ impl LookupCache {
             inner,
             ttl,
             capacity,
-            entries: Mutex::new(HashMap::new()),
+            // An entry unused for the TTL is older than the TTL too.
+            entries: Mutex::new(Bounded::new(ttl, capacity)),
         }
     }
 
@@ -76,16 +78,13 @@ impl LookupCache {
     fn cached_at(&self, region: &str, instance_id: &str, now: Instant) -> Option<Ec2Instance> {
         let key = (region.to_string(), instance_id.to_string());
         let mut entries = self.lock();
-        match entries.get(&key) {
-            Some(entry) if now.saturating_duration_since(entry.stored) < self.ttl => {
-                Some(entry.instance.clone())
-            }
-            Some(_) => {
-                entries.remove(&key);
-                None
-            }
-            None => None,
+        let entry = entries.get_mut(&key, now)?;
+        // Kept for the TTL after EC2 gave it, however often it is asked.
+        if now.saturating_duration_since(entry.stored) < self.ttl {
+            return Some(entry.instance.clone());
         }
+        entries.remove(&key);
+        None
     }
 
     fn insert_at(&self, region: &str, instance_id: &str, instance: Ec2Instance, now: Instant) {
@@ -93,34 +92,16 @@ impl LookupCache {
             return;
         }
         let key = (region.to_string(), instance_id.to_string());
-        let mut entries = self.lock();
-        if !entries.contains_key(&key) && entries.len() >= self.capacity {
-            let ttl = self.ttl;
-            entries.retain(|_, e| now.saturating_duration_since(e.stored) < ttl);
-            if entries.len() >= self.capacity {
-                // Full of live entries: the oldest is the nearest to expiry
-                // anyway. A scan, but only when full, and over a bounded map.
-                let oldest = entries
-                    .iter()
-                    .min_by_key(|(_, e)| e.stored)
-                    .map(|(k, _)| k.clone());
-                if let Some(oldest) = oldest {
-                    entries.remove(&oldest);
-                }
-            }
-        }
-        entries.insert(
-            key,
-            Entry {
-                instance,
-                stored: now,
-            },
-        );
+        let entry = Entry {
+            instance,
+            stored: now,
+        };
+        self.lock().insert(key, now, entry);
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<Key, Entry>> {
+    fn lock(&self) -> MutexGuard<'_, Bounded<Key, Entry>> {
         // The map stays consistent across a panic elsewhere: every change
-        // is a single insert or remove.
+        // is a single insert, remove or eviction.
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -203,7 +184,7 @@ mod tests {
     }
 
     #[test]
-    fn a_full_cache_drops_expired_entries_then_the_oldest() {
+    fn a_full_cache_drops_expired_entries_then_the_least_recently_used() {
         let (_, cache) = cache(60, 3);
         let t0 = Instant::now();
         cache.insert_at("r", "i-1", instance("i-1"), t0);
@@ -215,10 +196,11 @@ mod tests {
         assert_eq!(cache.len(), 3);
         assert!(cache.cached_at("r", "i-1", t1).is_none());
         assert!(cache.cached_at("r", "i-2", t1).is_some());
-        // Nothing expired: the oldest (i-2) makes room.
+        // Nothing expired: the least recently used (i-3; i-2 was just
+        // asked for) makes room.
         cache.insert_at("r", "i-5", instance("i-5"), t1);
         assert_eq!(cache.len(), 3);
-        for (id, kept) in [("i-2", false), ("i-3", true), ("i-4", true), ("i-5", true)] {
+        for (id, kept) in [("i-2", true), ("i-3", false), ("i-4", true), ("i-5", true)] {
             assert_eq!(cache.cached_at("r", id, t1).is_some(), kept, "{id}");
         }
         // Replacing a kept entry evicts nothing.

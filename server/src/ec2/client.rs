@@ -10,7 +10,9 @@ use http::StatusCode;
 use super::credentials::CachedCredentials;
 use super::transport::{describe_body, signed_request, Endpoint, HttpClient};
 use super::xml::{self, ApiError};
-use super::{is_instance_id, Ec2Instance, InstanceLookup, LookupError, LookupFuture, RetryPolicy};
+use super::{
+    is_instance_id, Ec2Instance, InstanceLookup, LookupError, LookupFuture, LookupRetries,
+};
 
 /// How to reach EC2.
 #[derive(Clone, Debug)]
@@ -20,7 +22,7 @@ pub struct Ec2Settings {
     pub endpoint: Option<String>,
     /// One attempt, connect to last byte.
     pub timeout: Duration,
-    pub retry: RetryPolicy,
+    pub retry: LookupRetries,
 }
 
 impl Default for Ec2Settings {
@@ -28,7 +30,7 @@ impl Default for Ec2Settings {
         Self {
             endpoint: None,
             timeout: Duration::from_secs(5),
-            retry: RetryPolicy::default(),
+            retry: LookupRetries::default(),
         }
     }
 }

@@ -15,7 +15,7 @@ use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
 use tokio::sync::Mutex;
 
 use super::LookupError;
-use crate::kube::clock::Clock;
+use crate::primitives::clock::Clock;
 
 /// Refresh this long before expiry, so a request signed with them does not
 /// arrive after they lapsed (STS credentials last an hour or more).

@@ -26,7 +26,7 @@ mod xml;
 pub use aws_credential_types::Credentials;
 pub use cache::LookupCache;
 pub use client::{Ec2Client, Ec2Settings, SetupError};
-pub use retry::RetryPolicy;
+pub use retry::LookupRetries;
 
 use std::collections::BTreeMap;
 use std::future::Future;

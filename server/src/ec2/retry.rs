@@ -3,19 +3,20 @@
 use autonode_shared::backoff::Backoff;
 use std::time::Duration;
 
-/// Exponential backoff with jitter (the shared [`Backoff`]): attempt `n`
+/// How an EC2 lookup is retried: its tries and the bounds of its pauses,
+/// made into the shared [`Backoff`] (exponential, with jitter): attempt `n`
 /// (0-based) that failed transiently is followed by a pause drawn from
 /// `[d/2, d]`, where `d = min(cap, base * 2^n)`. Jitter keeps many replicas
 /// that were throttled together from retrying together.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RetryPolicy {
+pub struct LookupRetries {
     /// Tries in all, the first included; 1 means no retry.
     pub attempts: u32,
     pub base: Duration,
     pub cap: Duration,
 }
 
-impl Default for RetryPolicy {
+impl Default for LookupRetries {
     /// Four tries over at most about 3.5 s: a join waits on this, and the
     /// agent retries the whole join anyway.
     fn default() -> Self {
@@ -27,7 +28,7 @@ impl Default for RetryPolicy {
     }
 }
 
-impl RetryPolicy {
+impl LookupRetries {
     /// These values as the shared policy: doubling, and up to half of each
     /// delay taken off at random.
     pub fn backoff(&self) -> Backoff {
@@ -57,7 +58,7 @@ mod tests {
 
     #[test]
     fn backoff_doubles_up_to_the_cap() {
-        let policy = RetryPolicy {
+        let policy = LookupRetries {
             attempts: 10,
             base: Duration::from_millis(100),
             cap: Duration::from_secs(1),
@@ -78,7 +79,7 @@ mod tests {
 
     #[test]
     fn zero_base_means_no_pause() {
-        let policy = RetryPolicy {
+        let policy = LookupRetries {
             attempts: 3,
             base: Duration::ZERO,
             cap: Duration::ZERO,

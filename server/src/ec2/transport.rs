@@ -17,7 +17,7 @@ use hyper_util::rt::TokioExecutor;
 
 use super::credentials::error_chain;
 use super::{LookupError, SetupError, API_VERSION};
-use crate::kube::clock::Clock;
+use crate::primitives::clock::Clock;
 
 /// The signing name of EC2.
 const SERVICE: &str = "ec2";

@@ -1,8 +1,8 @@
-//! The HTTPS front: what agents and Prometheus talk to. The join API and
-//! its gate, the serving certificate, the probes and the report endpoint;
-//! each hands its work to the join or to the Kubernetes plumbing.
+//! The HTTPS front: what agents and Prometheus talk to. Transport only: the
+//! join API and its gate (routing, TLS, body limits, status codes), the
+//! serving certificate and the probes; a join is handed to
+//! [`crate::join`], a report to [`crate::report`].
 
 pub mod api;
 pub mod probes;
-pub mod report;
 pub mod tls;

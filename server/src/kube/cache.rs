@@ -34,7 +34,7 @@
 //! so every reader of a kind has the relist-after-failure fix, and the API
 //! server serves one watch per kind, not one per controller.
 
-use crate::kube::backoff::WatchBackoff;
+use crate::primitives::backoff::WatchBackoff;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -453,7 +453,7 @@ where
                     }
                 }
             }
-            let delay = backoff.next().unwrap_or(crate::kube::backoff::MAX);
+            let delay = backoff.next().unwrap_or(crate::primitives::backoff::MAX);
             tokio::time::sleep(delay).await;
         }
     }
@@ -546,7 +546,7 @@ pub fn identity_only(meta: &mut ObjectMeta) {
 /// `registered` milestone), `spec.providerID` (when it is of a sane length)
 /// and whether it is Ready, with the Ready condition's last transition (the
 /// `ready` milestone), and of `status.allocatable` the resources the
-/// capacity check compares ([`crate::kube::quantity::Resource`]), each of a sane length. A
+/// capacity check compares ([`crate::primitives::quantity::Resource`]), each of a sane length. A
 /// node writes its own Node, status included: its images, annotations,
 /// labels, conditions and extended resources are as large as it likes.
 pub fn strip_node(node: &mut Node) {
@@ -563,10 +563,10 @@ pub fn strip_node(node: &mut Node) {
     let status = node.status.take().unwrap_or_default();
     let allocatable = status.allocatable.map(|mut all| {
         all.retain(|resource, value| {
-            crate::kube::quantity::Resource::ALL
+            crate::primitives::quantity::Resource::ALL
                 .iter()
                 .any(|r| r.name() == resource.as_str())
-                && value.0.len() <= crate::kube::quantity::MAX_LEN
+                && value.0.len() <= crate::primitives::quantity::MAX_LEN
         });
         all
     });

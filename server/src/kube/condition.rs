@@ -8,9 +8,9 @@
 //! object). `lastTransitionTime` moves only when the status does, as the
 //! API conventions ask.
 
-use crate::kube::clock::{Clock, KubeTime};
 use crate::kube::karpenter::Condition;
 use crate::kube::reason::Reason;
+use crate::primitives::clock::{Clock, KubeTime};
 
 /// Condition type on NodeClaims: how far the machine's bootstrap got.
 pub const BOOTSTRAPPED: &str = "AutonodeBootstrapped";

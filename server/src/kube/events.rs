@@ -29,12 +29,13 @@
 //! [`CACHE_ENTRIES`] entries and forgets idle ones; writes wait in a queue
 //! of [`QUEUE`] (past it they are dropped and counted, `queue_full`).
 
-use crate::kube::bounded::Bounded;
-use crate::kube::clock::{Clock, KubeTime};
 use crate::kube::metrics::{EventDropLabels, Metrics};
 use crate::kube::reason::Reason;
-use crate::kube::told::Told;
 use crate::logfmt;
+use crate::primitives::bounded::Bounded;
+use crate::primitives::clock::{Clock, KubeTime};
+use crate::primitives::limiter::{Bucket, Rate};
+use crate::primitives::told::Told;
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
@@ -61,6 +62,11 @@ pub const BURST: u32 = 25;
 /// (client-go's too): a flood that goes on for an hour costs 12 more
 /// writes, each carrying the count so far.
 pub const REFILL: Duration = Duration::from_secs(300);
+
+/// Each object's Event writes: [`BURST`], then one per [`REFILL`].
+fn rate() -> Rate {
+    Rate::new(BURST, REFILL)
+}
 
 /// Distinct messages of one object, type and reason within
 /// [`SIMILAR_WINDOW`] before further ones are combined (client-go's 10).
@@ -131,7 +137,7 @@ impl Events {
     /// a warning that a resync or every join would repeat is logged and
     /// published only when this says so. Keyed by the object's UID, so an
     /// object deleted and made again under its name is told afresh;
-    /// bounded, so past [`CACHE_ENTRIES`] objects, or [`TOLD_TTL`](crate::kube::told::TOLD_TTL) unasked,
+    /// bounded, so past [`CACHE_ENTRIES`] objects, or [`TOLD_TTL`](crate::primitives::told::TOLD_TTL) unasked,
     /// a state is told once more.
     pub fn is_news<K: Resource<DynamicType = ()>>(
         &self,
@@ -434,8 +440,10 @@ impl Correlator {
         };
         let bucket = self
             .buckets
-            .get_or_insert_with(key.similar.object.clone(), now, || Bucket::full(now));
-        match bucket.take(now) {
+            .get_or_insert_with(key.similar.object.clone(), now, || {
+                Bucket::full(rate(), now)
+            });
+        match bucket.take(rate(), now).map_err(|wait| now + wait) {
             Ok(()) => {
                 let write = Write {
                     event: seen.event.clone(),
@@ -489,43 +497,6 @@ fn new_event(draft: Draft<'_>, name: String, message: String, stamp: Time) -> Ev
         // which a cluster-scoped object cannot meet before 1.22.
         source: Some(draft.source.clone()),
         ..Default::default()
-    }
-}
-
-/// A token bucket: [`BURST`] tokens, one more every [`REFILL`].
-#[derive(Debug)]
-struct Bucket {
-    tokens: u32,
-    /// When `tokens` was last brought up to date.
-    refilled: Instant,
-}
-
-impl Bucket {
-    fn full(now: Instant) -> Self {
-        Self {
-            tokens: BURST,
-            refilled: now,
-        }
-    }
-
-    /// Takes a token, or says when the next one comes.
-    fn take(&mut self, now: Instant) -> Result<(), Instant> {
-        let earned = now.saturating_duration_since(self.refilled).as_secs() / REFILL.as_secs();
-        let earned = u32::try_from(earned).unwrap_or(u32::MAX);
-        if earned > 0 {
-            self.tokens = self.tokens.saturating_add(earned).min(BURST);
-            // Keep the part of a period already waited, unless full.
-            self.refilled = if self.tokens == BURST {
-                now
-            } else {
-                self.refilled + REFILL * earned
-            };
-        }
-        if self.tokens == 0 {
-            return Err(self.refilled + REFILL);
-        }
-        self.tokens -= 1;
-        Ok(())
     }
 }
 
@@ -684,18 +655,22 @@ mod tests {
 
     #[test]
     fn buckets_are_per_object_and_refill() {
-        let mut bucket = Bucket::full(Instant::now());
-        let now = bucket.refilled;
+        let now = Instant::now();
+        let mut bucket = Bucket::full(rate(), now);
         for _ in 0..BURST {
-            assert!(bucket.take(now).is_ok());
+            assert!(bucket.take(rate(), now).is_ok());
         }
-        assert_eq!(bucket.take(now), Err(now + REFILL));
+        assert_eq!(bucket.take(rate(), now), Err(REFILL));
         let half = now + REFILL / 2;
-        assert_eq!(bucket.take(half), Err(now + REFILL));
-        assert!(bucket.take(now + REFILL).is_ok());
-        assert!(bucket.take(now + REFILL).is_err());
-        assert!(bucket.take(now + REFILL * 100).is_ok(), "refills, capped");
-        assert_eq!(bucket.tokens, BURST - 1);
+        assert_eq!(bucket.take(rate(), half), Err(REFILL / 2));
+        assert!(bucket.take(rate(), now + REFILL).is_ok());
+        assert!(bucket.take(rate(), now + REFILL).is_err());
+        let idle = now + REFILL * 100;
+        assert!(bucket.take(rate(), idle).is_ok(), "refills, capped");
+        for _ in 1..BURST {
+            assert!(bucket.take(rate(), idle).is_ok());
+        }
+        assert!(bucket.take(rate(), idle).is_err(), "capped at the burst");
 
         let (mut c, now) = (Correlator::new(Clock::SYSTEM), Instant::now());
         for i in 0..BURST {

@@ -3,21 +3,15 @@
 //! issuing and approval, Karpenter's types and the metrics.
 
 pub mod approval;
-pub mod backoff;
 pub mod binding;
-pub mod bounded;
 pub mod cache;
-pub mod clock;
 pub mod condition;
 pub mod events;
 pub mod issuer;
 pub mod karpenter;
-pub mod limiter;
 pub mod marks;
 pub mod metrics;
 pub mod nodeclaim;
-pub mod quantity;
 pub mod reason;
 pub mod reuse;
 pub mod seal;
-pub mod told;

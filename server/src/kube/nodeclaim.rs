@@ -13,10 +13,10 @@
 //! thousand LISTs of every NodeClaim.
 
 use crate::kube::cache::{self, Cache, OnGone};
-use crate::kube::clock::{self, Clock, KubeTime};
 use crate::kube::karpenter::{Condition, NodeClaim};
 use crate::kube::marks::{self, StateKey};
 use crate::kube::reuse::History;
+use crate::primitives::clock::{self, Clock, KubeTime};
 use kube::api::{DeleteParams, Patch, Preconditions};
 use kube::{Api, Client};
 use std::sync::Arc;

@@ -29,9 +29,9 @@
 //! months later knows it without having seen the earlier NodeClaim.
 
 use crate::kube::binding;
-use crate::kube::bounded::Bounded;
 use crate::kube::karpenter::NodeClaim;
 use crate::kube::marks;
+use crate::primitives::bounded::Bounded;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::reflector::Store;
 use std::sync::{Arc, Mutex, PoisonError};

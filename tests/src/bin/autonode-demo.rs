@@ -12,11 +12,11 @@
 //! is removed when it ends.
 
 use anyhow::Result;
-use autonode_tests::events::events_of;
-use autonode_tests::karpenter::nodeclaims;
-use autonode_tests::karpenter_cluster::{KarpenterCluster, CLASS, POOL};
-use autonode_tests::karpenter_vm::{create_deployment, follow, scale, Step, DEPLOYMENT};
-use autonode_tests::launcher::MachineKind;
+use autonode_tests::fleet::cluster::{KarpenterCluster, CLASS, POOL};
+use autonode_tests::fleet::vm::{create_deployment, follow, scale, Step, DEPLOYMENT};
+use autonode_tests::karpenter::standin::nodeclaims;
+use autonode_tests::kube::events::events_of;
+use autonode_tests::machines::launcher::MachineKind;
 use std::time::Instant;
 
 #[tokio::main]

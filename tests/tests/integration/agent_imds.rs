@@ -5,8 +5,8 @@
 use autonode_agent::config::{document_from_user_data, Config};
 use autonode_agent::imds::{Imds, ImdsError};
 use autonode_agent::retry::Deadline;
-use autonode_tests::barenode::{BareNode, ImdsAt};
-use autonode_tests::fakecloud::{imds, BoundSocket, FakeCloud, Faults, Instance};
+use autonode_tests::cloud::fakecloud::{imds, BoundSocket, FakeCloud, Faults, Instance};
+use autonode_tests::machines::barenode::{BareNode, ImdsAt};
 use hyper::StatusCode;
 use std::io::Write as _;
 use std::time::{Duration, Instant};

@@ -2,11 +2,11 @@
 //! namespace, joining through the real server and control plane.
 
 use anyhow::Result;
-use autonode_tests::fakecloud::Instance;
-use autonode_tests::ignition;
-use autonode_tests::node::{launch_machine, registration, user_data, SimulatedNode};
-use autonode_tests::poll::{self, OnTimeout};
-use autonode_tests::world::World;
+use autonode_tests::cloud::fakecloud::Instance;
+use autonode_tests::harness::poll::{self, OnTimeout};
+use autonode_tests::machines::node::{launch_machine, registration, user_data, SimulatedNode};
+use autonode_tests::server::ignition;
+use autonode_tests::server::world::World;
 use k8s_openapi::api::core::v1::{Event, Node};
 use kube::api::{Api, ListParams, PostParams};
 use std::time::Duration;
@@ -69,8 +69,8 @@ async fn a_refused_agent_says_so_and_starts_nothing() -> Result<()> {
     // No NodeClaim: this machine was not launched by Karpenter.
     let instance = world.cloud.launch(
         Instance::builder()
-            .account_id(autonode_tests::world::ACCOUNT)
-            .region(autonode_tests::world::REGION)
+            .account_id(autonode_tests::server::world::ACCOUNT)
+            .region(autonode_tests::server::world::REGION)
             .user_data(user_data(&world).into_bytes())
             .build(),
     );

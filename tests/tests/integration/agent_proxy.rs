@@ -3,10 +3,10 @@
 //! and the config choose the route, and a bad proxy URL is a config error.
 
 use anyhow::Result;
-use autonode_tests::barenode::{BareNode, ImdsAt};
-use autonode_tests::node::{agent_binary, launch_machine, IMDS_ENDPOINT_ENV};
-use autonode_tests::proxy::{ConnectProxy, Seen, PROXY_ENV};
-use autonode_tests::world::World;
+use autonode_tests::machines::barenode::{BareNode, ImdsAt};
+use autonode_tests::machines::node::{agent_binary, launch_machine, IMDS_ENDPOINT_ENV};
+use autonode_tests::network::proxy::{ConnectProxy, Seen, PROXY_ENV};
+use autonode_tests::server::world::World;
 use base64::Engine as _;
 use std::net::SocketAddr;
 use std::process::Output;

@@ -9,11 +9,11 @@
 use crate::feedback::{metrics, post_report, report, send_report};
 use anyhow::{bail, ensure, Context, Result};
 use autonode_shared::protocol::{Outcome, JOIN_PATH};
-use autonode_tests::joiner::{honest_request, Answer, CsrShape, NodeKeys};
-use autonode_tests::poll;
-use autonode_tests::promql::{self, names, Names, Scrape};
+use autonode_tests::callers::joiner::{honest_request, Answer, CsrShape, NodeKeys};
+use autonode_tests::harness::poll;
+use autonode_tests::oracles::promql::{self, names, Names, Scrape};
+use autonode_tests::server::world::{cloud_settings, World};
 use autonode_tests::server::{http_get, Setup, TestServer};
-use autonode_tests::world::{cloud_settings, World};
 use hyper::StatusCode;
 use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestSpec,
@@ -403,7 +403,7 @@ async fn scrape_with(world: &World, awaited: &str) -> Result<String> {
 /// one over the size limit (judged once, never again).
 async fn leave_csrs_pending(
     node: &kube::Client,
-    instance: &autonode_tests::fakecloud::Instance,
+    instance: &autonode_tests::cloud::fakecloud::Instance,
 ) -> Result<()> {
     let mut shape = CsrShape::serving(instance);
     shape.ips.push(IpAddr::V4(Ipv4Addr::new(10, 250, 0, 9)));

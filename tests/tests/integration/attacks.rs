@@ -8,13 +8,13 @@ use autonode_server::kube::issuer::{IssueError, IssueRequest, Issuer};
 use autonode_shared::csr::{self, Purpose};
 use autonode_shared::issued;
 use autonode_shared::protocol::JoinResponse;
-use autonode_tests::events::event_reasons;
-use autonode_tests::fakecloud::Instance;
-use autonode_tests::ignition as guest_ignition;
-use autonode_tests::joiner::{self, Answer, CsrShape, NodeKeys};
-use autonode_tests::karpenter;
-use autonode_tests::poll;
-use autonode_tests::world::World;
+use autonode_tests::callers::joiner::{self, Answer, CsrShape, NodeKeys};
+use autonode_tests::cloud::fakecloud::Instance;
+use autonode_tests::harness::poll;
+use autonode_tests::karpenter::standin;
+use autonode_tests::kube::events::event_reasons;
+use autonode_tests::server::ignition as guest_ignition;
+use autonode_tests::server::world::World;
 use futures::StreamExt;
 use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestSpec,
@@ -107,8 +107,8 @@ async fn csrs_planted_under_a_failed_joins_names_are_never_approved() -> Result<
     let world = World::start().await?;
     let admin = world.cp.admin().await?;
     let annotations = json!({"autonode.dev/ignition": "not-there-yet"});
-    let spec = karpenter::custom_spec(json!({"maxPods": 29}));
-    karpenter::create_nodeclass(&admin, "broken", annotations, spec).await?;
+    let spec = standin::custom_spec(json!({"maxPods": 29}));
+    standin::create_nodeclass(&admin, "broken", annotations, spec).await?;
 
     // The attacker: one honest node.
     let attacker = world.join_new(|i| i).await?;
@@ -278,7 +278,7 @@ async fn autonode_annotations_copied_from_a_nodepool_count_for_nothing() -> Resu
     assert_certifies(&response, &request.client_csr, &request.serving_csr)?;
 
     let admin = world.cp.admin().await?;
-    let claims = karpenter::nodeclaims(&admin);
+    let claims = standin::nodeclaims(&admin);
     let object = claims.get(&claim).await?;
     let binding = object
         .metadata
@@ -387,7 +387,7 @@ async fn approval_is_bound_to_the_uid_the_join_created() -> Result<()> {
 async fn a_node_carrying_another_instances_provider_id_does_not_make_that_machine_ready(
 ) -> Result<()> {
     use crate::feedback::{attested, wait_condition};
-    use autonode_tests::node::registration;
+    use autonode_tests::machines::node::registration;
     use k8s_openapi::api::core::v1::Node;
 
     let (world, victim, claims) = attested().await?;

@@ -1,8 +1,8 @@
 //! Many machines at once, as a Karpenter scale-out brings them.
 
 use anyhow::Result;
-use autonode_tests::joiner::{self, Answer, NodeKeys};
-use autonode_tests::world::World;
+use autonode_tests::callers::joiner::{self, Answer, NodeKeys};
+use autonode_tests::server::world::World;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use kube::api::{Api, ListParams};
 use std::collections::BTreeSet;

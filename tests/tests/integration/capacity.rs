@@ -8,12 +8,12 @@
 //! when nodes' configs are rendered from it.
 
 use anyhow::{Context, Result};
-use autonode_tests::karpenter;
-use autonode_tests::node::registration;
-use autonode_tests::poll::{self, OnTimeout, Seen};
-use autonode_tests::promql;
+use autonode_tests::harness::poll::{self, OnTimeout, Seen};
+use autonode_tests::karpenter::standin;
+use autonode_tests::machines::node::registration;
+use autonode_tests::oracles::promql;
+use autonode_tests::server::world::{JoinedNode, World};
 use autonode_tests::server::{http_get, TestServer};
-use autonode_tests::world::{JoinedNode, World};
 use k8s_openapi::api::core::v1::{Event, Node};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
@@ -31,7 +31,7 @@ fn planned() -> Value {
 async fn a_node_smaller_than_planned_is_reported_once_on_the_claim_and_the_class() -> Result<()> {
     let world = started().await?;
     let admin = world.cp.admin().await?;
-    karpenter::create_custom_nodeclass(&admin, "default", "not read here").await?;
+    standin::create_custom_nodeclass(&admin, "default", "not read here").await?;
 
     // Karpenter planned 58 pods; the node allows 29.
     let small =
@@ -93,7 +93,7 @@ async fn a_node_smaller_than_planned_is_reported_once_on_the_claim_and_the_class
 async fn a_node_as_planned_or_short_within_the_tolerance_is_not_reported() -> Result<()> {
     let world = started().await?;
     let admin = world.cp.admin().await?;
-    karpenter::create_custom_nodeclass(&admin, "default", "not read here").await?;
+    standin::create_custom_nodeclass(&admin, "default", "not read here").await?;
 
     // The same amounts in the units kubelet writes.
     let same = json!({"cpu": "3920m", "memory": "14501888Ki", "pods": "58",
@@ -134,8 +134,8 @@ async fn a_class_without_max_pods_or_kube_reserved_is_warned_about_once_per_gene
 ) -> Result<()> {
     let world = started().await?;
     let admin = world.cp.admin().await?;
-    let spec = karpenter::custom_spec(json!({"maxPods": 29}));
-    karpenter::create_nodeclass(&admin, "default", json!({}), spec).await?;
+    let spec = standin::custom_spec(json!({"maxPods": 29}));
+    standin::create_nodeclass(&admin, "default", json!({}), spec).await?;
 
     for _ in 0..2 {
         world.join_new(|i| i).await?;
@@ -160,7 +160,7 @@ async fn a_class_without_max_pods_or_kube_reserved_is_warned_about_once_per_gene
     assert_eq!(logged(), 1, "{}", world.server.log());
 
     // An edit of the class is a new generation: warned about again.
-    let classes = karpenter::ec2nodeclasses(&admin);
+    let classes = standin::ec2nodeclasses(&admin);
     let generation = classes.get("default").await?.metadata.generation;
     let unset = json!({"spec": {"kubelet": {"maxPods": null}}});
     classes
@@ -200,11 +200,11 @@ async fn ready_node(world: &World, planned: Value, allocatable: Value) -> Result
     let joined = world.join_new(|i| i).await?;
     let admin = world.cp.admin().await?;
     let params = PatchParams {
-        field_manager: Some(karpenter::FIELD_MANAGER.into()),
+        field_manager: Some(standin::FIELD_MANAGER.into()),
         ..PatchParams::default()
     };
     let patch = json!({"status": {"allocatable": planned}});
-    karpenter::nodeclaims(&admin)
+    standin::nodeclaims(&admin)
         .patch_status(&joined.claim, &params, &Patch::Merge(&patch))
         .await
         .context("setting the NodeClaim's allocatable")?;
@@ -252,7 +252,7 @@ async fn wait_events(world: &World, name: &str, reason: &str) -> Result<Vec<(i32
 
 /// Waits until NodeClaim `claim`'s marks say its capacity was compared.
 async fn wait_checked(world: &World, claim: &str) -> Result<()> {
-    let claims = karpenter::nodeclaims(&world.cp.admin().await?);
+    let claims = standin::nodeclaims(&world.cp.admin().await?);
     poll::until(
         &format!("capacity compared on NodeClaim {claim}"),
         Duration::from_secs(20),
@@ -278,7 +278,7 @@ async fn wait_checked(world: &World, claim: &str) -> Result<()> {
 
 /// Waits until the EC2NodeClass `default` is at `generation` or later.
 async fn wait_generation(world: &World, generation: i64) -> Result<()> {
-    let classes = karpenter::ec2nodeclasses(&world.cp.admin().await?);
+    let classes = standin::ec2nodeclasses(&world.cp.admin().await?);
     poll::until(
         &format!("generation {generation} of EC2NodeClass default"),
         Duration::from_secs(20),

@@ -2,8 +2,8 @@
 //! the suite relies on, and leaves nothing behind.
 
 use anyhow::{Context, Result};
-use autonode_tests::controlplane::{unique, ControlPlane};
-use autonode_tests::karpenter;
+use autonode_tests::karpenter::standin;
+use autonode_tests::kube::controlplane::{unique, ControlPlane};
 use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestCondition, CertificateSigningRequestSpec,
     CertificateSigningRequestStatus,
@@ -25,9 +25,9 @@ async fn smoke_nodeclaim_csr_and_node_restriction() -> Result<()> {
     let suffix = unique();
 
     let claim_name = format!("smoke-{suffix}");
-    karpenter::create_nodeclaim(&admin, &claim_name, "default").await?;
+    standin::create_nodeclaim(&admin, &claim_name, "default").await?;
     let provider_id = "aws:///us-west-2a/i-0123456789abcdef0";
-    let claim = karpenter::set_provider_id(&admin, &claim_name, provider_id).await?;
+    let claim = standin::set_provider_id(&admin, &claim_name, provider_id).await?;
     assert_eq!(claim.data["status"]["providerID"], provider_id);
 
     let node_name = format!(
@@ -38,7 +38,7 @@ async fn smoke_nodeclaim_csr_and_node_restriction() -> Result<()> {
     let csr_pem = client_csr(&node_name, &key)?;
     let cert_pem = issue_via_csr(&admin, &format!("smoke-{suffix}"), &csr_pem).await?;
 
-    let pair = autonode_tests::pki::CertPair {
+    let pair = autonode_tests::harness::pki::CertPair {
         cert_pem,
         key_pem: key.serialize_pem(),
     };

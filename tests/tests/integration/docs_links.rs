@@ -6,7 +6,7 @@
 //!
 //! Needs nothing but the checkout: no root, no control plane.
 
-use autonode_tests::vm::repo_root as repo;
+use autonode_tests::machines::vm::repo_root as repo;
 use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Component, Path, PathBuf};

@@ -6,9 +6,9 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use autonode_server::ec2::{
-    Credentials, Ec2Client, Ec2Settings, InstanceLookup, InstanceState, LookupError, RetryPolicy,
+    Credentials, Ec2Client, Ec2Settings, InstanceLookup, InstanceState, LookupError, LookupRetries,
 };
-use autonode_tests::fakecloud::{
+use autonode_tests::cloud::fakecloud::{
     self, BoundSocket, Ec2, FakeCloud, Instance, TestCa, TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY,
 };
 use hyper::StatusCode;
@@ -38,7 +38,7 @@ fn settings(ec2: &Ec2, attempts: u32) -> Ec2Settings {
     Ec2Settings {
         endpoint: Some(ec2.url()),
         timeout: Duration::from_secs(5),
-        retry: RetryPolicy {
+        retry: LookupRetries {
             attempts,
             base: Duration::from_millis(20),
             cap: Duration::from_millis(100),

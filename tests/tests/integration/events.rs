@@ -5,9 +5,9 @@
 use crate::feedback::{join, metrics, post_report};
 use anyhow::{bail, ensure, Context, Result};
 use autonode_shared::protocol::{Outcome, Phase};
-use autonode_tests::joiner::{self, Answer, NodeKeys};
-use autonode_tests::poll::{self, Seen};
-use autonode_tests::world::World;
+use autonode_tests::callers::joiner::{self, Answer, NodeKeys};
+use autonode_tests::harness::poll::{self, Seen};
+use autonode_tests::server::world::World;
 use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, ListParams};
 use std::time::Duration;

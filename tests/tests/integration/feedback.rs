@@ -5,13 +5,13 @@
 
 use anyhow::{bail, ensure, Context, Result};
 use autonode_shared::protocol::{Outcome, Phase, ReportRequest, REPORT_PATH};
-use autonode_tests::fakecloud::Instance;
-use autonode_tests::joiner::{self, NodeKeys};
-use autonode_tests::karpenter;
-use autonode_tests::node::registration;
-use autonode_tests::poll::{self, Seen};
+use autonode_tests::callers::joiner::{self, NodeKeys};
+use autonode_tests::cloud::fakecloud::Instance;
+use autonode_tests::harness::poll::{self, Seen};
+use autonode_tests::karpenter::standin;
+use autonode_tests::machines::node::registration;
+use autonode_tests::server::world::{cloud_settings, JoinedNode, World};
 use autonode_tests::server::{http_get, TestServer};
-use autonode_tests::world::{cloud_settings, JoinedNode, World};
 use k8s_openapi::api::core::v1::{Event, Node, NodeCondition, NodeStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
@@ -238,7 +238,7 @@ async fn a_join_resumed_after_its_approval_timed_out_records_certificates_once()
         "a resume after a grant"
     );
 
-    let annotations = karpenter::annotations(&world.cp.admin().await?, &claim).await?;
+    let annotations = standin::annotations(&world.cp.admin().await?, &claim).await?;
     let reported = annotations.get("autonode.dev/reported").map(String::as_str);
     assert_eq!(reported, Some("attested,certificates"));
     Ok(())
@@ -263,7 +263,7 @@ pub(crate) fn ready_status() -> NodeStatus {
 pub(crate) async fn attested() -> Result<(World, JoinedNode, Api<DynamicObject>)> {
     let world = World::start_with(&["--leader-lease=3".into()]).await?;
     let joined = world.join_new(|i| i).await?;
-    let claims = karpenter::nodeclaims(&world.cp.admin().await?);
+    let claims = standin::nodeclaims(&world.cp.admin().await?);
     wait_condition(&claims, &joined.claim, "Unknown", "Attested").await?;
     Ok((world, joined, claims))
 }
@@ -275,7 +275,7 @@ pub(crate) async fn attested() -> Result<(World, JoinedNode, Api<DynamicObject>)
 async fn a_fatal_report_replaces_the_machine_and_a_transient_one_does_not() -> Result<()> {
     let world = World::start().await?;
     let admin = world.cp.admin().await?;
-    let claims = karpenter::nodeclaims(&admin);
+    let claims = standin::nodeclaims(&admin);
 
     let (transient, instance) = world.launch(|i| i).await?;
     let keys = join(&world, &instance).await?;
@@ -497,7 +497,7 @@ async fn wait_leader(servers: &[&TestServer]) -> Result<usize> {
 #[tokio::test]
 async fn a_join_refused_for_good_meets_the_same_failure_policy_as_a_fatal_report() -> Result<()> {
     let world = World::start().await?;
-    let claims = karpenter::nodeclaims(&world.cp.admin().await?);
+    let claims = standin::nodeclaims(&world.cp.admin().await?);
     let (deleted, instance) = world.launch(|i| i).await?;
     refused_for_good(&world, &world.server, &world.joiner, &instance).await?;
     wait_deleted(&claims, &deleted)

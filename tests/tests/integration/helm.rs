@@ -8,17 +8,18 @@
 //! under the guest RBAC it renders.
 
 use anyhow::{bail, ensure, Context, Result};
-use autonode_tests::controlplane::ControlPlane;
-use autonode_tests::fakecloud::FakeCloud;
-use autonode_tests::helm::{self, chart_dir, documents, guest_rbac_manifest, only, template};
-use autonode_tests::joiner::Joiner;
-use autonode_tests::karpenter;
-use autonode_tests::kubeversion::KubeVersion;
+use autonode_tests::callers::joiner::Joiner;
+use autonode_tests::cloud::fakecloud::FakeCloud;
+use autonode_tests::karpenter::standin;
+use autonode_tests::kube::controlplane::ControlPlane;
+use autonode_tests::kube::manifest::documents;
+use autonode_tests::kube::version::KubeVersion;
+use autonode_tests::server::helm::{self, chart_dir, guest_rbac_manifest, only, template};
+use autonode_tests::server::world::{cloud_settings, World, REGION};
 use autonode_tests::server::{
     nodeclass_admission_settings, server_binary, GuestRbac, Setup, TestServer, GUEST_RBAC_FILES,
     NODECLASS_ADMISSION_SETTINGS,
 };
-use autonode_tests::world::{cloud_settings, World, REGION};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
 use kube::discovery::{pinned_kind, Scope};
@@ -1354,7 +1355,7 @@ fn check_operator_kind(doc: &Value) -> Result<()> {
 async fn rendered_objects_pass_a_server_side_dry_run() -> Result<()> {
     let cp = ControlPlane::start().await?;
     let client = cp.admin().await?;
-    autonode_tests::controlplane::install_crds(&client, &MONITORING_CRDS).await?;
+    autonode_tests::kube::controlplane::install_crds(&client, &MONITORING_CRDS).await?;
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
     namespaces
         .create(
@@ -1362,7 +1363,7 @@ async fn rendered_objects_pass_a_server_side_dry_run() -> Result<()> {
             &serde_json::from_value(json!({"metadata": {"name": NAMESPACE}}))?,
         )
         .await?;
-    let policy_v1 = autonode_tests::controlplane::serves_policy_v1_pdbs(&client).await;
+    let policy_v1 = autonode_tests::kube::controlplane::serves_policy_v1_pdbs(&client).await;
 
     let everything = everything_on();
     let everything: Vec<&str> = everything.iter().map(String::as_str).collect();
@@ -1490,18 +1491,15 @@ async fn may_delete_nodeclaims(world: &World) -> Result<bool> {
     let admin = world.cp.admin().await?;
     // A class the admission policy lets anyone create: no userData, the
     // kept amiFamily and metadata options.
-    let spec = karpenter::custom_spec(json!({}));
-    karpenter::create_nodeclass(&admin, "probe", json!({}), spec).await?;
-    karpenter::create_nodeclaim(&admin, "probe", "probe").await?;
+    let spec = standin::custom_spec(json!({}));
+    standin::create_nodeclass(&admin, "probe", json!({}), spec).await?;
+    standin::create_nodeclaim(&admin, "probe", "probe").await?;
     let params = DeleteParams {
         dry_run: true,
         ..DeleteParams::default()
     };
     let server = world.server.guest_client().await?;
-    match karpenter::nodeclaims(&server)
-        .delete("probe", &params)
-        .await
-    {
+    match standin::nodeclaims(&server).delete("probe", &params).await {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(s)) if s.code == 403 => Ok(false),
         Err(e) => Err(e).context("NodeClaim delete probe"),

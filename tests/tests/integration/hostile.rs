@@ -9,13 +9,13 @@
 
 use anyhow::Result;
 use autonode_shared::protocol::{JoinRequest, JOIN_PATH};
-use autonode_tests::fakecloud::Instance;
-use autonode_tests::hostile::{
+use autonode_tests::callers::hostile::{
     client_from, dribble, json_body, post, Answers, Attackers, Body, OTHER_SOURCE,
 };
-use autonode_tests::joiner::{self, Https, NodeKeys};
+use autonode_tests::callers::joiner::{self, Https, NodeKeys};
+use autonode_tests::cloud::fakecloud::Instance;
 use autonode_tests::server::http_get;
-use autonode_tests::world::{World, REGION};
+use autonode_tests::server::world::{World, REGION};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

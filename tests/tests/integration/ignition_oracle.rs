@@ -11,7 +11,7 @@
 //! and `ignition` installed (tests/setup/install-deps).
 
 use anyhow::{Context, Result};
-use autonode_tests::ignition_oracle::{
+use autonode_tests::oracles::ignition::{
     self as oracle, diff, load_corpus, run_autonode, run_ignition, seed_root, snapshot, validate,
     with_version, Case, Expect, Snapshot, Verdict,
 };

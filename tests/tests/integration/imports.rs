@@ -2,8 +2,10 @@
 //! the modules of that folder never import their way back to themselves
 //! (issue 15's proof, extended in issue 25 from the crate's top level to
 //! every folder, and from `crate::` paths to `super::` and `self::` ones);
-//! and in the server, nothing on the join path (`front/`, `join/`, `kube/`,
-//! `ec2/`) imports the leader's controllers. A cycle means two modules
+//! and in the server, nothing on the join path (`front/`, `join/`,
+//! `report/`, `kube/`, `ec2/`, `primitives/`) imports the leader's
+//! controllers, the front names nothing of `kube/` but its metrics and the
+//! NodeClaim cache's readiness, and `primitives/` imports no role folder. A cycle means two modules
 //! each need the other, so neither can be read, tested or moved alone; a
 //! join that reaches into a controller runs code that is meant to run on
 //! the leader only.
@@ -26,7 +28,7 @@ const SOURCE_ROOTS: &[&str] = &["agent/src", "server/src", "shared/src", "tests/
 
 /// The server's folders on the join path, and the folder they must not
 /// import: the controllers run on the leader only.
-const JOIN_PATH: &[&str] = &["front", "join", "kube", "ec2"];
+const JOIN_PATH: &[&str] = &["front", "join", "report", "kube", "ec2", "primitives"];
 const LEADER_ONLY: &str = "controllers";
 
 /// A module's path from its crate's root (`["join", "render"]`).
@@ -376,6 +378,56 @@ fn nothing_on_the_join_path_imports_the_leaders_controllers() {
     assert!(
         wrong.is_empty(),
         "the join path imports the leader's controllers (move what both need down to kube/ or join/):\n{}",
+        wrong.join("\n")
+    );
+}
+
+/// What the HTTPS front may name of the Kubernetes plumbing: its metrics,
+/// and the NodeClaim cache it asks whether it is ready. The front is
+/// transport (routing, TLS, body limits, status codes); reading, judging
+/// and acting on NodeClaims is the join's and the report's (issue 37).
+const FRONT_MAY_NAME_OF_KUBE: &[&[&str]] =
+    &[&["kube", "metrics"], &["kube", "nodeclaim", "NodeClaims"]];
+
+/// Each `module -> target` of the server whose module is under `folder`
+/// and whose target `wrong` picks.
+fn server_uses_from(folder: &str, wrong: impl Fn(&ModPath) -> bool) -> Vec<String> {
+    crate_uses(&repo().join("server/src"))
+        .into_iter()
+        .filter(|(module, _)| module.first().is_some_and(|m| m == folder))
+        .flat_map(|(module, targets)| {
+            targets
+                .into_iter()
+                .filter(|t| wrong(t))
+                .map(|t| format!("{} -> {}", module.join("::"), t.join("::")))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[test]
+fn the_front_holds_transport_and_acts_on_no_nodeclaim() {
+    let wrong = server_uses_from("front", |t| {
+        t.first().is_some_and(|m| m == "kube")
+            && !FRONT_MAY_NAME_OF_KUBE.iter().any(|allowed| {
+                t.starts_with(&allowed.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+            })
+    });
+    assert!(
+        wrong.is_empty(),
+        "front/ reaches into the Kubernetes plumbing (a report's or a join's work belongs in report/ or join/):\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn the_primitives_import_no_role_folder() {
+    let wrong = server_uses_from("primitives", |t| {
+        t.first().is_some_and(|m| m != "primitives")
+    });
+    assert!(
+        wrong.is_empty(),
+        "primitives/ imports a role folder (a primitive is built on nothing of the server's):\n{}",
         wrong.join("\n")
     );
 }

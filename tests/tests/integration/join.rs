@@ -2,12 +2,12 @@
 //! autonode-server process running under the shipped guest RBAC.
 
 use anyhow::{ensure, Result};
-use autonode_tests::fakecloud::{Instance, InstanceState};
-use autonode_tests::joiner::{self, Answer, CsrShape, NodeKeys};
-use autonode_tests::karpenter;
-use autonode_tests::node::registration;
-use autonode_tests::pki::CertPair;
-use autonode_tests::world::{in_region, World, ACCOUNT, REGION};
+use autonode_tests::callers::joiner::{self, Answer, CsrShape, NodeKeys};
+use autonode_tests::cloud::fakecloud::{Instance, InstanceState};
+use autonode_tests::harness::pki::CertPair;
+use autonode_tests::karpenter::standin;
+use autonode_tests::machines::node::registration;
+use autonode_tests::server::world::{in_region, World, ACCOUNT, REGION};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, PostParams};
 use std::net::{IpAddr, Ipv4Addr};
@@ -46,7 +46,7 @@ async fn an_attested_node_registers_itself_with_its_certificate() -> Result<()> 
     );
 
     // The binding is recorded; the same key resumes with the same CSRs.
-    let annotations = karpenter::annotations(&world.cp.admin().await?, &claim).await?;
+    let annotations = standin::annotations(&world.cp.admin().await?, &claim).await?;
     assert!(annotations.contains_key("autonode.dev/binding"));
     let again = joiner::honest_request(&instance, world.cloud.ca(), &keys)?;
     world.joiner.join(&again).await?.granted();
@@ -101,7 +101,7 @@ async fn refusals_approve_nothing_and_log_the_reason() -> Result<()> {
     // A document signed by a CA nobody pinned, for an instance that does
     // have a NodeClaim: a forgery.
     let (_, forged_for) = world.launch(|i| i).await?;
-    let forger = autonode_tests::fakecloud::FakeCloud::new()?;
+    let forger = autonode_tests::cloud::fakecloud::FakeCloud::new()?;
     let keys = NodeKeys::generate()?;
     let forged = joiner::honest_request(&forged_for, forger.ca(), &keys)?;
     let answer = world.joiner.join(&forged).await?;
@@ -206,7 +206,7 @@ async fn refusals_approve_nothing_and_log_the_reason() -> Result<()> {
     // Registered.
     let (claim, deleting) = world.launch(|i| i).await?;
     let admin = world.cp.admin().await?;
-    let claims = karpenter::nodeclaims(&admin);
+    let claims = standin::nodeclaims(&admin);
     let finalizer = serde_json::json!({"metadata": {"finalizers": ["karpenter.sh/termination"]}});
     claims
         .patch(
@@ -265,8 +265,8 @@ async fn refusals_approve_nothing_and_log_the_reason() -> Result<()> {
     let (_, twice) = world.launch(|i| i).await?;
     let admin = world.cp.admin().await?;
     let second = "default-second-for-one-instance";
-    karpenter::create_nodeclaim_annotated(&admin, second, "default", serde_json::json!({})).await?;
-    karpenter::set_provider_id(&admin, second, &twice.provider_id()).await?;
+    standin::create_nodeclaim_annotated(&admin, second, "default", serde_json::json!({})).await?;
+    standin::set_provider_id(&admin, second, &twice.provider_id()).await?;
     wait_for_cache().await;
     let answer = world.joiner.join(&honest(&twice)?).await?;
     world

@@ -7,19 +7,19 @@
 use crate::karpenter_real::{follow, record, round, wait_autonode_condition, Journey};
 use anyhow::{Context, Result};
 use autonode_server::kube::marks::CSR_INSTANCE_LABEL;
-use autonode_tests::joiner::CsrShape;
-use autonode_tests::karpenter::nodeclaims;
-use autonode_tests::karpenter_cluster::{
+use autonode_tests::callers::joiner::CsrShape;
+use autonode_tests::cloud::moto::ZONE;
+use autonode_tests::fleet::cluster::{
     create_class, create_pending_pod, create_pod, create_pool_named, is_ready, list_nodeclaims,
     KarpenterCluster, LAUNCH_TIMEOUT, POD, POOL,
 };
-use autonode_tests::karpenter_journey::{
+use autonode_tests::fleet::journey::{
     follow_claim, is_issued, is_undecided, join_refused_line, left_pending_as, leftovers,
     replay_join, steal, wait_deleting, wait_removed, Stolen,
 };
-use autonode_tests::launcher::{Machine, MachineKind};
-use autonode_tests::moto::ZONE;
-use autonode_tests::node::kubelet_client_under;
+use autonode_tests::karpenter::standin::nodeclaims;
+use autonode_tests::machines::launcher::{Machine, MachineKind};
+use autonode_tests::machines::node::kubelet_client_under;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::{Event, Node, NodeSpec, Pod};
 use kube::api::{
@@ -468,7 +468,7 @@ async fn follow_pool(
         .await?;
     let mut machines = BTreeMap::new();
     for claim in claims {
-        let machine = follow_claim(cluster, &claim).await?;
+        let machine = follow_claim(cluster, &claim).await?.machine;
         // autonode told its story on each, static or not.
         wait_autonode_condition(cluster, &claim, "True", "NodeReady").await?;
         machines.insert(claim, machine);

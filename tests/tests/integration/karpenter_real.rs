@@ -7,30 +7,31 @@
 //! chooses one): the harness refuses any other.
 
 use anyhow::{bail, Context, Result};
-use autonode_server::ec2::{Credentials, Ec2Client, Ec2Settings, InstanceState, RetryPolicy};
-use autonode_tests::controlplane::ControlPlane;
-use autonode_tests::events::{event_reasons, events_of};
-use autonode_tests::karpenter::{ec2nodeclasses, nodeclaims};
-use autonode_tests::karpenter_cluster::{
+use autonode_server::ec2::{Credentials, Ec2Client, Ec2Settings, InstanceState, LookupRetries};
+use autonode_tests::cloud::moto::{Moto, MotoInstance, AMD64_AMI, INSTANCE_TYPE, REGION, ZONE};
+use autonode_tests::fleet::cluster::{
     create_class, create_pending_pod, create_pod, create_pool, CLASS, LAUNCH_TIMEOUT, POOL,
 };
-use autonode_tests::karpenter_controller::{
+use autonode_tests::fleet::journey::follow_claim;
+use autonode_tests::harness::pki::Ca;
+use autonode_tests::karpenter::real::{
     check_supports, current, install_karpenter_crds, module_dir, pinned, under_test,
     KarpenterController, Release,
 };
-use autonode_tests::launcher::Flaw;
-use autonode_tests::moto::{Moto, MotoInstance, AMD64_AMI, INSTANCE_TYPE, REGION, ZONE};
-use autonode_tests::pki::Ca;
+use autonode_tests::karpenter::standin::{ec2nodeclasses, nodeclaims};
+use autonode_tests::kube::controlplane::ControlPlane;
+use autonode_tests::kube::events::{event_reasons, events_of};
+use autonode_tests::machines::launcher::Flaw;
 use autonode_tests::server;
 use kube::api::ListParams;
 use serde_json::json;
 use std::time::{Duration, Instant};
 
-use autonode_tests::karpenter_cluster::{
+use autonode_tests::cloud::moto::MOTO_VERSION;
+use autonode_tests::fleet::cluster::{
     condition, is_ready, karpenter_finished_with, list_nodeclaims, KarpenterCluster, CLUSTER_NAME,
     POD,
 };
-use autonode_tests::moto::MOTO_VERSION;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::Api;
 
@@ -179,7 +180,7 @@ async fn the_servers_ec2_lookup_reads_a_moto_instance_as_moto_describes_it() -> 
         Ec2Settings {
             endpoint: Some(moto.url().to_string()),
             timeout: Duration::from_secs(10),
-            retry: RetryPolicy::default(),
+            retry: LookupRetries::default(),
         },
         Credentials::new(
             "AKIAAUTONODETEST0000",
@@ -263,7 +264,6 @@ pub(crate) async fn follow_pod(
     t0: Instant,
 ) -> Result<Journey> {
     let admin = cluster.cp.admin().await?;
-    let claims = nodeclaims(&admin);
     let claim = cluster
         .wait_for(
             "a NodeClaim for the pending pod",
@@ -278,34 +278,11 @@ pub(crate) async fn follow_pod(
         )
         .await?;
     let claim_s = t0.elapsed().as_secs_f64();
-    let (_, instance_id) = cluster.launched(&claim).await?;
-    let launched_s = t0.elapsed().as_secs_f64();
-    let machine = cluster
-        .wait_for("the machine's Node", LAUNCH_TIMEOUT, || async {
-            let Some(machine) = cluster.launcher.machine(&instance_id) else {
-                return Ok(None);
-            };
-            if let Some(error) = &machine.error {
-                bail!("machine {instance_id}: {error}");
-            }
-            if let Some(agent) = machine.agent.as_ref().filter(|a| a.code != Some(0)) {
-                bail!("the agent on {instance_id} failed: {agent:#?}");
-            }
-            Ok(machine.registered.map(|_| machine))
-        })
-        .await?;
-    let registered_s = t0.elapsed().as_secs_f64();
-    if let Err(e) = cluster.initialized(&claim).await {
-        let c = claims.get(&claim).await?;
-        let node = Api::<Node>::all(admin.clone())
-            .get_opt(&machine.node_name)
-            .await?;
-        bail!(
-            "{e:#}\nNodeClaim status: {:#}\nNode: {node:#?}",
-            c.data["status"]
-        );
-    }
+    let followed = follow_claim(cluster, &claim).await?;
     let initialized_s = t0.elapsed().as_secs_f64();
+    let launched_s = followed.launched.duration_since(t0).as_secs_f64();
+    let registered_s = followed.registered.duration_since(t0).as_secs_f64();
+    let machine = followed.machine;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     cluster
         .wait_for("the pod bound to the node", LAUNCH_TIMEOUT, || async {
@@ -354,7 +331,7 @@ pub(crate) fn record(cluster: &KarpenterCluster, entries: serde_json::Value) -> 
         "kubernetes_version".into(),
         cluster.cp.version().to_string().into(),
     );
-    let path = autonode_tests::bench::merge("karpenter.json", all)?;
+    let path = autonode_tests::harness::bench::merge("karpenter.json", all)?;
     eprintln!("recorded in {}", path.display());
     Ok(())
 }
@@ -890,11 +867,12 @@ fn declared_range(release: Release) -> Result<(String, String)> {
 /// reads the same range as this test.
 #[test]
 fn the_pinned_kubernetes_range_is_the_one_the_pinned_karpenter_declares() -> Result<()> {
-    let list =
-        std::process::Command::new(autonode_tests::vm::repo_root().join("tests/setup/build-kube"))
-            .arg("--list")
-            .output()
-            .context("tests/setup/build-kube --list")?;
+    let list = std::process::Command::new(
+        autonode_tests::machines::vm::repo_root().join("tests/setup/build-kube"),
+    )
+    .arg("--list")
+    .output()
+    .context("tests/setup/build-kube --list")?;
     let minors: Vec<String> = String::from_utf8(list.stdout)?
         .lines()
         .filter_map(|v| v.rsplit_once('.').map(|(minor, _)| minor.to_string()))
@@ -929,7 +907,7 @@ fn the_pinned_kubernetes_range_is_the_one_the_pinned_karpenter_declares() -> Res
             "Karpenter {release} supports {min}–{max}, and none of {minors:?} is pinned"
         );
         let script = std::process::Command::new(
-            autonode_tests::vm::repo_root().join("tests/setup/build-karpenter"),
+            autonode_tests::machines::vm::repo_root().join("tests/setup/build-karpenter"),
         )
         .args(["--kube-range", &release.to_string()])
         .output()
@@ -1025,7 +1003,7 @@ async fn impostor_replaced(flaw: Flaw) -> Result<f64> {
         .cp
         .client_as(&format!("system:node:{IMPOSTOR}"), Some("system:nodes"))
         .await?;
-    let mut spoof = autonode_tests::launcher::kubelet_node(&instance);
+    let mut spoof = autonode_tests::machines::launcher::kubelet_node(&instance);
     spoof.metadata.name = Some(IMPOSTOR.into());
     if let Some(labels) = spoof.metadata.labels.as_mut() {
         labels.insert("kubernetes.io/hostname".into(), IMPOSTOR.into());

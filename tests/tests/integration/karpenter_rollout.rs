@@ -29,15 +29,15 @@
 
 use crate::karpenter_real::{record, round};
 use anyhow::{Context, Result};
-use autonode_tests::blip::Blip;
-use autonode_tests::karpenter::{ec2nodeclasses, nodeclaims};
-use autonode_tests::karpenter_cluster::{
+use autonode_tests::cloud::moto::{Moto, AMD64_AMI, REGION};
+use autonode_tests::fleet::cluster::{
     condition, create_class, create_pool_named, host_addr, list_nodeclaims, KarpenterCluster,
     CLASS, LAUNCH_TIMEOUT, MOTO_ACCOUNT, POOL, SERVER_INSIDE,
 };
-use autonode_tests::moto::{Moto, AMD64_AMI, REGION};
-use autonode_tests::pki::Ca;
-use autonode_tests::poll;
+use autonode_tests::harness::pki::Ca;
+use autonode_tests::harness::poll;
+use autonode_tests::karpenter::standin::{ec2nodeclasses, nodeclaims};
+use autonode_tests::network::blip::Blip;
 use autonode_tests::server::{self, CloudSettings, Setup, TestServer};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::ReplicaSet;

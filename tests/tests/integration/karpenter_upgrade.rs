@@ -19,12 +19,12 @@ use crate::karpenter_real::{
     AUTONODE_CONDITION, CLASS_HASH,
 };
 use anyhow::{bail, Context, Result};
-use autonode_tests::events::event_reasons;
-use autonode_tests::karpenter_cluster::{
+use autonode_tests::fleet::cluster::{
     condition, create_class, create_pod, create_pool_named, list_nodeclaims, KarpenterCluster, POOL,
 };
-use autonode_tests::karpenter_controller::{check_supports, current, previous, under_test};
-use autonode_tests::launcher::{Flaw, MachineKind};
+use autonode_tests::karpenter::real::{check_supports, current, previous, under_test};
+use autonode_tests::kube::events::event_reasons;
+use autonode_tests::machines::launcher::{Flaw, MachineKind};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DynamicObject};
 use serde_json::json;

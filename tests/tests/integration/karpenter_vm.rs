@@ -1,21 +1,21 @@
 //! The real kubelet under the real Karpenter: each instance Karpenter
 //! launches into moto becomes a VM (the amd64 test image under QEMU's
-//! emulation, `tests/src/vm.rs`) whose agent joins through autonode-server
+//! emulation, `tests/src/machines/vm.rs`) whose agent joins through autonode-server
 //! and whose kubelet, of the version under test, registers the Node and
-//! runs the pod (`autonode_tests::karpenter_vm`).
+//! runs the pod (`autonode_tests::fleet::vm`).
 //!
 //! Slow by nature (a boot under emulation): in the `vm` test group of
 //! `.config/nextest.toml`, one at a time. Needs the agent's amd64 package
 //! (`packaging/build`), as the VM tests do.
 
 use anyhow::{ensure, Result};
-use autonode_tests::events::event_reasons;
-use autonode_tests::karpenter::nodeclaims;
-use autonode_tests::karpenter_cluster::{karpenter_finished_with, KarpenterCluster};
-use autonode_tests::karpenter_vm::{create_deployment, follow, moto_instance, scale, Journey};
-use autonode_tests::launcher::MachineKind;
-use autonode_tests::moto::MOTO_VERSION;
-use autonode_tests::vm::{self, AgentCost, LOCAL_IMAGE};
+use autonode_tests::cloud::moto::MOTO_VERSION;
+use autonode_tests::fleet::cluster::{karpenter_finished_with, KarpenterCluster};
+use autonode_tests::fleet::vm::{create_deployment, follow, moto_instance, scale, Journey};
+use autonode_tests::karpenter::standin::nodeclaims;
+use autonode_tests::kube::events::event_reasons;
+use autonode_tests::machines::launcher::MachineKind;
+use autonode_tests::machines::vm::{self, AgentCost, LOCAL_IMAGE};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::Api;
 use kube::Client;
@@ -164,7 +164,7 @@ fn record(
         cost.kubelet_version_from
     );
     let entries = [("vm".to_string(), vm)].into_iter().collect();
-    let path = autonode_tests::bench::merge("karpenter.json", entries)?;
+    let path = autonode_tests::harness::bench::merge("karpenter.json", entries)?;
     eprintln!("recorded in {}", path.display());
     Ok(())
 }

@@ -118,9 +118,10 @@ fn the_layout_table_names_every_module_and_nothing_else() {
 }
 
 /// What may stand at the top of `server/src`: the crate roots, the role
-/// folders (the subcommands, the HTTPS front, the join, the Kubernetes
-/// plumbing, EC2, the leader's controllers) and the log format that both
-/// the binary and the Events use.
+/// folders (the subcommands, the HTTPS front, the join, the agents'
+/// reports, the Kubernetes plumbing, EC2, the leader's controllers, the
+/// primitives they share) and the log format that both the binary and the
+/// Events use.
 const SERVER_TOP: &[&str] = &[
     "lib.rs",
     "main.rs",
@@ -128,9 +129,11 @@ const SERVER_TOP: &[&str] = &[
     "cmd/",
     "front/",
     "join/",
+    "report/",
     "kube/",
     "ec2/",
     "controllers/",
+    "primitives/",
 ];
 
 /// The entries at the top of `dir`, folders with a trailing `/`.
@@ -170,7 +173,7 @@ fn the_servers_top_level_holds_its_role_folders_only() {
     assert!(
         stray.is_empty(),
         "server/src holds more than its role folders: {stray:?} (put each where its role is: \
-         cmd/, front/, join/, kube/, ec2/ or controllers/)"
+         cmd/, front/, join/, report/, kube/, ec2/, controllers/ or primitives/)"
     );
 }
 
@@ -256,6 +259,28 @@ fn the_joins_steps_are_one_list_in_code_docs_files_and_metrics() {
                 "autonode_join_step_duration_seconds_count{{step=\"{step}\"}}"
             )),
             "no join_step_duration_seconds for {step} in:\n{text}"
+        );
+    }
+}
+
+/// A report's steps, in order: as the join's, each is a file of its
+/// folder, listed once in the folder's module docs.
+const REPORT_STEPS: &[&str] = &["authenticate", "act"];
+
+#[test]
+fn the_reports_steps_are_one_list_in_its_module_docs_and_files() {
+    let root = repo();
+    let module = fs::read_to_string(root.join("server/src/report/mod.rs")).expect("report/mod.rs");
+    assert_eq!(
+        bold_list(&module, "//!"),
+        REPORT_STEPS,
+        "server/src/report/mod.rs's module docs list other steps"
+    );
+    for step in REPORT_STEPS {
+        let file = format!("server/src/report/{step}.rs");
+        assert!(
+            root.join(&file).is_file(),
+            "the report's step {step} has no file {file}"
         );
     }
 }
@@ -572,6 +597,60 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// The ways the agent could read wall time itself: the clock's, rustls's,
+/// and the standard library's.
+const AGENT_WALL_TIME_READS: &[&str] = &[
+    "Clock::SYSTEM",
+    "Clock::default()",
+    "UnixTime::now(",
+    "SystemTime::now(",
+    "UNIX_EPOCH.elapsed(",
+    "now_utc(",
+];
+
+/// Each read of wall time in `text` (its code before the `#[cfg(test)]`
+/// module, white space taken out so a call split over lines is found).
+fn agent_wall_time_reads(text: &str) -> Vec<&'static str> {
+    let code: String = text
+        .lines()
+        .take_while(|line| line.trim() != "#[cfg(test)]")
+        .filter(|line| !line.trim_start().starts_with("//"))
+        .flat_map(|line| line.chars().filter(|c| !c.is_whitespace()))
+        .collect();
+    AGENT_WALL_TIME_READS
+        .iter()
+        .flat_map(|needle| code.matches(needle).map(move |_| *needle))
+        .collect()
+}
+
+#[test]
+fn the_agent_reads_wall_time_in_one_place() {
+    let root = repo();
+    let mut files = Vec::new();
+    rust_files(&root.join("agent/src"), &mut files);
+    let reads: Vec<String> = files
+        .iter()
+        .flat_map(|path| {
+            let text = fs::read_to_string(path).unwrap_or_default();
+            let shown = path
+                .strip_prefix(&root)
+                .unwrap_or(path)
+                .display()
+                .to_string();
+            agent_wall_time_reads(&text)
+                .into_iter()
+                .map(move |read| format!("{shown}: {read}"))
+        })
+        .collect();
+    assert_eq!(
+        reads,
+        ["agent/src/phases/mod.rs: Clock::SYSTEM"],
+        "the agent reads wall time once, in its one clock, handed to every part that needs it"
+    );
+    let split = "let seed = std::time::UNIX_EPOCH\n    .elapsed()\n#[cfg(test)]\nClock::SYSTEM";
+    assert_eq!(agent_wall_time_reads(split), ["UNIX_EPOCH.elapsed("]);
+}
+
 #[test]
 fn wall_time_is_read_through_the_one_clock_only() {
     let reads = source_lines_naming(&["shared/src/clock.rs"], WALL_CLOCK_READS);
@@ -586,5 +665,158 @@ fn wall_time_is_read_through_the_one_clock_only() {
         wall_clock_reads(sample),
         ["let b = time::OffsetDateTime::now_utc();"],
         "direct reads are found, test modules skipped"
+    );
+}
+
+/// What may stand at the top of the test harness (`tests/src`): its root,
+/// the bench and demo binaries, and the role folders. A new module says
+/// which role it serves by the folder it goes in; the folders import one
+/// way (imports.rs), from `harness/` up to `fleet/`.
+const HARNESS_TOP: &[&str] = &[
+    "lib.rs",
+    "bin/",
+    "harness/",
+    "kube/",
+    "cloud/",
+    "network/",
+    "karpenter/",
+    "callers/",
+    "server/",
+    "machines/",
+    "fleet/",
+    "oracles/",
+];
+
+/// The harness's modules as lib.rs's index names them: each role folder
+/// (`cloud`) and each module directly in it (`cloud::moto`), from the
+/// entries at the top of `src`. A flat file at the top is a module too.
+fn harness_modules(src: &Path) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in top_level(src) {
+        if entry == "lib.rs" || entry == "bin/" {
+            continue;
+        }
+        let Some(folder) = entry.strip_suffix('/') else {
+            found.extend(entry.strip_suffix(".rs").map(str::to_string));
+            continue;
+        };
+        found.push(folder.to_string());
+        for child in top_level(&src.join(folder)) {
+            let name = child
+                .strip_suffix('/')
+                .or_else(|| child.strip_suffix(".rs"));
+            match name {
+                Some("mod" | "tests") | None => {}
+                Some(name) => found.push(format!("{folder}::{name}")),
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn the_harness_top_level_holds_its_role_folders_only() {
+    let src = repo().join("tests/src");
+    let found = top_level(&src);
+    let allowed: BTreeSet<String> = HARNESS_TOP.iter().map(|s| s.to_string()).collect();
+    let stray: Vec<&String> = found.difference(&allowed).collect();
+    assert!(
+        stray.is_empty(),
+        "tests/src holds more than its role folders: {stray:?} (put each where its role is: {})",
+        HARNESS_TOP[2..].join(", ")
+    );
+    let without_mod: Vec<&&str> = HARNESS_TOP[2..]
+        .iter()
+        .filter(|folder| !src.join(folder).join("mod.rs").is_file())
+        .collect();
+    assert!(
+        without_mod.is_empty(),
+        "role folders without a mod.rs: {without_mod:?}"
+    );
+}
+
+#[test]
+fn the_harness_index_names_every_module() {
+    let src = repo().join("tests/src");
+    let lib = fs::read_to_string(src.join("lib.rs")).expect("reading tests/src/lib.rs");
+    let index: String = lib
+        .lines()
+        .filter_map(|l| l.strip_prefix("//!"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let missing: Vec<String> = harness_modules(&src)
+        .into_iter()
+        .filter(|module| !index.contains(&format!("[`{module}`]")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "tests/src/lib.rs's index does not name these modules (a line `[`module`]: what it is` each): \
+         {missing:?}"
+    );
+}
+
+/// `file: line` for each line of code under the harness and the
+/// integration tests, outside `except` (and this file, whose needles name
+/// them), that names one of `needles`.
+fn test_lines_naming(except: &[&str], needles: &[&str]) -> Vec<String> {
+    let root = repo();
+    let mut files = Vec::new();
+    for dir in ["tests/src", "tests/tests"] {
+        rust_files(&root.join(dir), &mut files);
+    }
+    let mut found = Vec::new();
+    for path in files {
+        let shown = path
+            .strip_prefix(&root)
+            .unwrap_or(&path)
+            .display()
+            .to_string();
+        if except.contains(&shown.as_str()) || shown.ends_with("integration/layout.rs") {
+            continue;
+        }
+        let text = fs::read_to_string(&path).unwrap_or_default();
+        for line in code_lines_naming(&text, needles) {
+            found.push(format!("{shown}: {line}"));
+        }
+    }
+    found
+}
+
+/// Asserts that `what` is written in `home` only: no line of code
+/// elsewhere names one of `needles` (its body's marks), and its
+/// definition, `definition`, stands once.
+fn written_once(what: &str, home: &str, definition: &str, needles: &[&str]) {
+    let elsewhere = test_lines_naming(&[home], needles);
+    assert!(
+        elsewhere.is_empty(),
+        "{what} written outside {home} (call the one there):\n{}",
+        elsewhere.join("\n")
+    );
+    let defined = test_lines_naming(&[], &[definition]);
+    assert_eq!(
+        defined.len(),
+        1,
+        "{what} defined more than once: {defined:?}"
+    );
+}
+
+#[test]
+fn the_harness_splits_yaml_documents_in_one_place() {
+    written_once(
+        "the YAML document splitter",
+        "tests/src/kube/manifest.rs",
+        "fn documents(yaml",
+        &["Deserializer::from_str", "split(\"\\n---", "split(\"---"],
+    );
+}
+
+#[test]
+fn the_harness_follows_a_claim_to_its_machine_in_one_place() {
+    // The wait for a launched machine's Node is follow_claim's body.
+    written_once(
+        "follow_claim",
+        "tests/src/fleet/journey.rs",
+        "fn follow_claim",
+        &["fn follow_claim", "\"the machine's Node\""],
     );
 }

@@ -9,10 +9,10 @@
 //! and a restarted replica lists them all again.
 
 use anyhow::{Context, Result};
-use autonode_tests::controlplane::unique;
-use autonode_tests::joiner::CsrShape;
-use autonode_tests::poll;
-use autonode_tests::world::World;
+use autonode_tests::callers::joiner::CsrShape;
+use autonode_tests::harness::poll;
+use autonode_tests::kube::controlplane::unique;
+use autonode_tests::server::world::World;
 use futures::{stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestSpec,

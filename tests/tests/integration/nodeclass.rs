@@ -4,12 +4,12 @@
 use anyhow::{bail, Context, Result};
 use autonode_agent::config::{document_from_user_data, parse_document, Config};
 use autonode_agent::trust::ServerTrust;
-use autonode_tests::controlplane::ControlPlane;
-use autonode_tests::karpenter::{self, ec2nodeclasses};
-use autonode_tests::pki::Ca;
-use autonode_tests::poll::{self, OnTimeout, Seen};
+use autonode_tests::harness::pki::Ca;
+use autonode_tests::harness::poll::{self, OnTimeout, Seen};
+use autonode_tests::karpenter::standin::{self, ec2nodeclasses};
+use autonode_tests::kube::controlplane::ControlPlane;
+use autonode_tests::server::world::{cloud_settings, World, REGION};
 use autonode_tests::server::{self, TestServer};
-use autonode_tests::world::{cloud_settings, World, REGION};
 use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
@@ -227,7 +227,7 @@ async fn a_users_class_is_restored_after_every_edit() -> Result<()> {
     let rendered = node.rendered()?;
     let admin = world.cp.admin().await?;
     let api = ec2nodeclasses(&admin);
-    karpenter::create_ec2nodeclass(&admin, "default", "#!/bin/bash\necho mine\n").await?;
+    standin::create_ec2nodeclass(&admin, "default", "#!/bin/bash\necho mine\n").await?;
 
     let kept = |c: &DynamicObject| spec(c)["userData"] == rendered.as_str();
     let class = wait_for(&api, "default", "restored", kept).await?;
@@ -290,8 +290,8 @@ async fn an_unchanged_class_is_never_written_and_unnamed_ones_are_left_alone() -
     let rendered = node.rendered()?;
     let admin = world.cp.admin().await?;
     let api = ec2nodeclasses(&admin);
-    karpenter::create_ec2nodeclass(&admin, "foreign", "mine").await?;
-    karpenter::create_ec2nodeclass(&admin, "kept", "mine").await?;
+    standin::create_ec2nodeclass(&admin, "foreign", "mine").await?;
+    standin::create_ec2nodeclass(&admin, "kept", "mine").await?;
     // Restored, and the rollout guard's status condition written after
     // it: the snapshot is of the class once autonode has nothing left to
     // say, so a later write would be a real one.
@@ -360,12 +360,12 @@ fn der(pem: &str) -> Result<Vec<u8>> {
 async fn install_crds_installs_karpenters_crds_into_a_bare_cluster() -> Result<()> {
     let cp = ControlPlane::start_without_crds().await?;
     let admin = cp.admin().await?;
-    server::apply_manifest(
+    autonode_tests::kube::manifest::apply_manifest(
         &admin,
         include_str!("../../../packaging/guest/rbac-install-crds.yaml"),
     )
     .await?;
-    let cloud = autonode_tests::fakecloud::FakeCloud::new()?;
+    let cloud = autonode_tests::cloud::fakecloud::FakeCloud::new()?;
     let ec2 = cloud.start_ec2(REGION)?;
     let settings = cloud_settings(&cloud, &ec2);
     // Ready means its NodeClaim cache synced: the CRDs are there.
@@ -386,7 +386,7 @@ async fn install_crds_installs_karpenters_crds_into_a_bare_cluster() -> Result<(
             "{name} not installed by autonode-server"
         );
     }
-    karpenter::create_ec2nodeclass(&admin, "default", "x").await?;
+    standin::create_ec2nodeclass(&admin, "default", "x").await?;
     drop(first);
 
     // A second start finds them and updates them in place.
@@ -406,7 +406,7 @@ async fn world_with_class(
     let rendered = node.rendered()?;
     let admin = world.cp.admin().await?;
     let api = ec2nodeclasses(&admin);
-    karpenter::create_ec2nodeclass(&admin, "default", "mine").await?;
+    standin::create_ec2nodeclass(&admin, "default", "mine").await?;
     let class = wait_for(&api, "default", "restored", |c| {
         spec(c)["userData"] == rendered.as_str()
     })
@@ -780,13 +780,13 @@ async fn each_class_gets_the_userdata_format_its_annotation_names() -> Result<()
     let api = ec2nodeclasses(&admin);
     let format = |value: &str| json!({"autonode.dev/userdata-format": value});
     let mine = || {
-        let mut spec = karpenter::custom_spec(json!({}));
+        let mut spec = standin::custom_spec(json!({}));
         spec["userData"] = "mine".into();
         spec
     };
-    karpenter::create_nodeclass(&admin, "flatcar", format("ignition"), mine()).await?;
-    karpenter::create_nodeclass(&admin, "plain", json!({}), mine()).await?;
-    karpenter::create_nodeclass(&admin, "typo", format("Ignition"), mine()).await?;
+    standin::create_nodeclass(&admin, "flatcar", format("ignition"), mine()).await?;
+    standin::create_nodeclass(&admin, "plain", json!({}), mine()).await?;
+    standin::create_nodeclass(&admin, "typo", format("Ignition"), mine()).await?;
 
     let has = |user_data: &str| {
         let user_data = user_data.to_string();

@@ -7,11 +7,11 @@
 
 use crate::nodeclass::{fully_kept, spec, wait_for, NodeFlags, AMD64, ARM64};
 use anyhow::{ensure, Context, Result};
-use autonode_tests::controlplane::serves_kind;
-use autonode_tests::karpenter::{self, ec2nodeclasses, grant_on_nodeclasses};
-use autonode_tests::poll::{self, Seen};
+use autonode_tests::harness::poll::{self, Seen};
+use autonode_tests::karpenter::standin::{self, ec2nodeclasses, grant_on_nodeclasses};
+use autonode_tests::kube::controlplane::serves_kind;
+use autonode_tests::server::world::World;
 use autonode_tests::server::{serves_nodeclass_admission, GuestRbac, Setup};
-use autonode_tests::world::World;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::Client;
 use serde_json::{json, Value};
@@ -79,8 +79,8 @@ async fn editor(world: &World) -> Result<Api<DynamicObject>> {
 /// An `amiFamily: Custom` class the policy lets anyone create: no
 /// userData, the metadata options left to their defaults.
 async fn create_plain_class(client: &Client, name: &str) -> Result<DynamicObject> {
-    let spec = karpenter::custom_spec(json!({}));
-    karpenter::create_nodeclass(client, name, json!({}), spec).await
+    let spec = standin::custom_spec(json!({}));
+    standin::create_nodeclass(client, name, json!({}), spec).await
 }
 
 /// The refusal a write met: its status code and message.
@@ -235,7 +235,7 @@ async fn a_class_editors_change_of_each_kept_field_is_refused_and_her_other_edit
 /// them is created and then kept by the server.
 async fn creates_are_judged(world: &World, eve: &Api<DynamicObject>, rendered: &str) -> Result<()> {
     let class = |name: &str, extra: Value| -> Result<DynamicObject> {
-        let mut spec = karpenter::custom_spec(json!({}));
+        let mut spec = standin::custom_spec(json!({}));
         for (key, value) in extra.as_object().into_iter().flatten() {
             spec[key] = value.clone();
         }
@@ -313,7 +313,7 @@ async fn only_what_the_server_keeps_is_locked() -> Result<()> {
         patch(&eve, "other", &body).await?.is_none(),
         "other class refused"
     );
-    let mut theirs = karpenter::custom_spec(json!({}));
+    let mut theirs = standin::custom_spec(json!({}));
     theirs["userData"] = HER_USER_DATA.into();
     let object = json!({"apiVersion": "karpenter.k8s.aws/v1", "kind": "EC2NodeClass",
                         "metadata": {"name": "third"}, "spec": theirs});

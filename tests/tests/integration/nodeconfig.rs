@@ -5,15 +5,16 @@
 use anyhow::{bail, ensure, Result};
 use autonode_shared::ignition;
 use autonode_shared::protocol::{ErrorResponse, JoinRequest, JoinResponse};
-use autonode_tests::controlplane::unique;
-use autonode_tests::fakecloud::Instance;
-use autonode_tests::ignition as guest_ignition;
-use autonode_tests::joiner::{self, Answer, NodeKeys};
-use autonode_tests::karpenter;
-use autonode_tests::node::launch_machine;
-use autonode_tests::poll::{self, OnTimeout, Seen};
-use autonode_tests::server::{apply_manifest, http_get, Setup, TestServer, SERVER_SERVICE_ACCOUNT};
-use autonode_tests::world::{cloud_settings, World, ACCOUNT, REGION};
+use autonode_tests::callers::joiner::{self, Answer, NodeKeys};
+use autonode_tests::cloud::fakecloud::Instance;
+use autonode_tests::harness::poll::{self, OnTimeout, Seen};
+use autonode_tests::karpenter::standin;
+use autonode_tests::kube::controlplane::unique;
+use autonode_tests::kube::manifest::apply_manifest;
+use autonode_tests::machines::node::launch_machine;
+use autonode_tests::server::ignition as guest_ignition;
+use autonode_tests::server::world::{cloud_settings, World, ACCOUNT, REGION};
+use autonode_tests::server::{http_get, Setup, TestServer, SERVER_SERVICE_ACCOUNT};
 use base64::Engine as _;
 use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
@@ -47,8 +48,8 @@ const BROKEN: &str = r#"{"ignition": {"version": "3.3.0"}, "storage": {"disks": 
 /// ConfigMap holding its Ignition config.
 async fn create_class(world: &World, name: &str, kubelet: Value, ignition: &str) -> Result<()> {
     let annotations = json!({"autonode.dev/ignition": ignition});
-    let spec = karpenter::custom_spec(kubelet);
-    karpenter::create_nodeclass(&world.cp.admin().await?, name, annotations, spec).await?;
+    let spec = standin::custom_spec(kubelet);
+    standin::create_nodeclass(&world.cp.admin().await?, name, annotations, spec).await?;
     Ok(())
 }
 
@@ -136,7 +137,7 @@ async fn launch(world: &World, class: &str) -> Result<Instance> {
             "startupTaints": [{"key": "node.cilium.io/agent-not-ready", "effect": "NoExecute"}],
         },
     }))?;
-    karpenter::nodeclaims(&admin)
+    standin::nodeclaims(&admin)
         .create(&PostParams::default(), &object)
         .await?;
     let instance = world.cloud.launch(
@@ -145,7 +146,7 @@ async fn launch(world: &World, class: &str) -> Result<Instance> {
             .region(REGION)
             .build(),
     );
-    karpenter::set_provider_id(&admin, &name, &instance.provider_id()).await?;
+    standin::set_provider_id(&admin, &name, &instance.provider_id()).await?;
     Ok(instance)
 }
 

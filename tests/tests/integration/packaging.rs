@@ -12,10 +12,10 @@
 //! tests need root (chroot, file ownership), as the rest of the suite does.
 
 use anyhow::{bail, ensure, Context, Result};
-use autonode_tests::controlplane::{kube_bin_dir, ControlPlane};
+use autonode_tests::kube::controlplane::{kube_bin_dir, ControlPlane};
+use autonode_tests::kube::manifest::{apply_manifest, documents};
 use autonode_tests::server::{
-    apply_manifest, binary, serves_nodeclass_admission, GuestRbac, GUEST_RBAC_FILES,
-    NODECLASS_ADMISSION_FILE,
+    binary, serves_nodeclass_admission, GuestRbac, GUEST_RBAC_FILES, NODECLASS_ADMISSION_FILE,
 };
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
@@ -880,12 +880,7 @@ fn kustomize(dir: &str) -> Result<Vec<serde_json::Value>> {
         &kubectl.to_string_lossy(),
         &["kustomize", &workspace().join(dir).to_string_lossy()],
     )?;
-    let mut docs = Vec::new();
-    for document in serde_yaml::Deserializer::from_str(&yaml) {
-        use serde::Deserialize as _;
-        docs.push(serde_json::Value::deserialize(document)?);
-    }
-    Ok(docs)
+    documents(&yaml)
 }
 
 /// The server's Kustomize base: what it must hold, then server-side
@@ -970,7 +965,7 @@ async fn server_kustomization_dry_runs_on_apiserver() -> Result<()> {
             &serde_json::from_value(serde_json::json!({"metadata": {"name": namespace}}))?,
         )
         .await?;
-    let policy_v1 = autonode_tests::controlplane::serves_policy_v1_pdbs(&client).await;
+    let policy_v1 = autonode_tests::kube::controlplane::serves_policy_v1_pdbs(&client).await;
     for mut doc in docs {
         if doc["apiVersion"] == "policy/v1" && !policy_v1 {
             doc["apiVersion"] = "policy/v1beta1".into();
@@ -1004,14 +999,6 @@ fn admission_text() -> &'static str {
         .unwrap_or_default()
 }
 
-/// Each document of a manifest, as JSON.
-fn documents(yaml: &str) -> Result<Vec<serde_json::Value>> {
-    use serde::Deserialize as _;
-    serde_yaml::Deserializer::from_str(yaml)
-        .map(|d| Ok(serde_json::Value::deserialize(d)?))
-        .collect()
-}
-
 /// The guest RBAC's kustomization (`kubectl apply -k packaging/guest`) with
 /// Kustomize 2.0.3: exactly the objects of the files the default flags
 /// need, the set the tests run a default server under, and a real
@@ -1023,10 +1010,7 @@ async fn guest_rbac_kustomization_builds_the_default_set_and_applies() -> Result
     let mut expected = Vec::new();
     for (name, text) in GUEST_RBAC_FILES {
         if wanted.contains(&name) {
-            for document in serde_yaml::Deserializer::from_str(text) {
-                use serde::Deserialize as _;
-                expected.push(serde_json::Value::deserialize(document)?);
-            }
+            expected.extend(documents(text)?);
         }
     }
     let sorted = |docs: &[serde_json::Value]| {

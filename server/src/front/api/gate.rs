@@ -23,8 +23,15 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 /// The join API's load limits and timeouts.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
-    /// Joins processed at once (after admission); more get 503.
+    /// Joins processed at once (after admission); more wait for a place
+    /// (up to `join_queue_wait`), then get 503.
     pub max_concurrent_joins: usize,
+    /// How long an admitted join waits, in order of arrival, for a place
+    /// under `max_concurrent_joins` before it is answered 503. Waiting
+    /// here instead of in the agent's backoff keeps a burst's joins going
+    /// the moment a place frees, and spares a retry's TLS handshake and
+    /// admission. Every agent so far waits 60 s for an answer.
+    pub join_queue_wait: Duration,
     /// Joins one source may have in flight; more get 429. 0: no limit.
     pub max_joins_per_source: usize,
     /// Open connections at once; past it a newcomer takes the place of
@@ -46,6 +53,7 @@ impl Default for Limits {
     fn default() -> Self {
         Self {
             max_concurrent_joins: 256,
+            join_queue_wait: Duration::from_secs(10),
             max_joins_per_source: 8,
             max_connections: 4096,
             max_connections_per_source: 64,
@@ -99,6 +107,7 @@ pub struct Gate {
     connections: Arc<Semaphore>,
     open: Arc<Mutex<Open>>,
     joins: Arc<Semaphore>,
+    join_queue_wait: Duration,
     source_connections: PerSource,
     source_joins: PerSource,
     metrics: Metrics,
@@ -118,6 +127,7 @@ impl Gate {
             connections: Arc::new(Semaphore::new(limits.max_connections)),
             open: Arc::default(),
             joins: Arc::new(Semaphore::new(limits.max_concurrent_joins)),
+            join_queue_wait: limits.join_queue_wait,
             source_connections: PerSource::new(limits.max_connections_per_source),
             source_joins: PerSource::new(limits.max_joins_per_source),
             metrics,
@@ -149,14 +159,28 @@ impl Gate {
             .map(|pass| open.admit(peer, pass, &self.open))
     }
 
-    /// A place for an admitted join from `peer`.
-    pub fn join(&self, peer: IpAddr) -> Result<Pass, Turned> {
-        take(
-            &self.source_joins,
-            &self.joins,
-            peer,
-            (Turned::SourceJoins, Turned::Joins),
-        )
+    /// A place for an admitted join from `peer`: under its source's cap at
+    /// once (over it: [`Turned::SourceJoins`]), then under the global one,
+    /// waiting for it in order of arrival up to the queue's wait (then
+    /// [`Turned::Joins`]). The source's place is held while it waits, so
+    /// one source queues no more than its cap.
+    pub async fn join(&self, peer: IpAddr) -> Result<Pass, Turned> {
+        let caps = (Turned::SourceJoins, Turned::Joins);
+        let source = self.source_joins.try_acquire(peer).ok_or(caps.0)?;
+        let global = match self.joins.clone().try_acquire_owned() {
+            Ok(global) => global,
+            Err(_) => {
+                let place = self.joins.clone().acquire_owned();
+                tokio::time::timeout(self.join_queue_wait, place)
+                    .await
+                    .map_err(|_| caps.1)?
+                    .map_err(|_| caps.1)?
+            }
+        };
+        Ok(Pass {
+            _global: global,
+            _source: source,
+        })
     }
 
     /// Counts and logs a caller turned away.
@@ -510,17 +534,45 @@ mod tests {
         closed.poll(&mut cx).is_ready()
     }
 
-    #[test]
-    fn the_gate_checks_the_source_before_the_global_cap() {
+    #[tokio::test]
+    async fn the_gate_checks_the_source_before_the_global_cap() {
         let gate = gate(3, 2);
         let (a, b) = (ip("10.0.0.1"), ip("10.0.0.2"));
         let held: Vec<Ticket> = [a, a, b].map(|p| gate.connection(p).unwrap()).into();
         let _busy: Vec<Busy<'_>> = held.iter().map(Ticket::busy).collect();
         assert_eq!(gate.connection(a).err(), Some(Turned::SourceConnections));
         assert_eq!(gate.connection(b).err(), Some(Turned::Connections));
-        let _join = gate.join(a).ok();
-        assert_eq!(gate.join(a).err(), Some(Turned::SourceJoins));
-        assert_eq!(gate.join(b).err(), Some(Turned::Joins));
+        let _join = gate.join(a).await.ok();
+        assert_eq!(gate.join(a).await.err(), Some(Turned::SourceJoins));
+        assert_eq!(gate.join(b).await.err(), Some(Turned::Joins));
+    }
+
+    #[tokio::test]
+    async fn a_join_over_the_global_cap_waits_its_turn_then_is_turned_away() {
+        let wait = Duration::from_secs(2);
+        let limits = Limits {
+            max_concurrent_joins: 1,
+            join_queue_wait: wait,
+            ..Limits::default()
+        };
+        let gate = Arc::new(Gate::new(&limits, Metrics::new()));
+        let (a, b, c) = (ip("10.0.0.1"), ip("10.0.0.2"), ip("10.0.0.3"));
+        let first = gate.join(a).await.unwrap();
+        // The second waits for the first's place, and gets it when freed.
+        let waiting = tokio::spawn({
+            let gate = gate.clone();
+            async move { gate.join(b).await.map(|_| ()) }
+        });
+        tokio::time::sleep(wait / 10).await;
+        assert!(!waiting.is_finished(), "it waits for a place");
+        drop(first);
+        assert_eq!(waiting.await.unwrap(), Ok(()));
+        // With the place held past the queue's wait: 503's verdict.
+        let held = gate.join(a).await.unwrap();
+        let started = Instant::now();
+        assert_eq!(gate.join(c).await.err(), Some(Turned::Joins));
+        assert!(started.elapsed() >= wait, "turned away before its wait");
+        drop(held);
     }
 
     #[test]

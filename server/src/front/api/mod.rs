@@ -21,10 +21,10 @@ mod gate;
 
 pub use gate::{Limits, Turned};
 
-use crate::front::report::{self, ReportContext};
 use crate::join::refusal::JoinError;
 use crate::join::{self, JoinContext};
 use crate::kube::metrics::Metrics;
+use crate::report::{self, ReportContext};
 use autonode_shared::protocol::{
     ErrorResponse, JoinRequest, ReportRequest, JOIN_PATH, MAX_REQUEST_BYTES, REPORT_PATH,
     REQUEST_ID_HEADER,
@@ -170,7 +170,8 @@ async fn route(
 }
 
 /// A join: admission (body, parse, verify) with no permit held, then a
-/// place under the join caps, then the join. Its connection keeps its
+/// place under the join caps (waiting its turn for the global one), then
+/// the join. Its connection keeps its
 /// place from the parsed body on.
 async fn handle_join(
     api: &Api,
@@ -188,7 +189,7 @@ async fn handle_join(
         Ok(admitted) => admitted,
         Err(e) => return join_verdict(api, request_id, e),
     };
-    let _pass = match api.gate.join(peer) {
+    let _pass = match api.gate.join(peer).await {
         Ok(pass) => pass,
         Err(why) => {
             api.gate.turned(why, peer, Some(request_id));

@@ -41,17 +41,18 @@ use crate::kube::cache::{self, Cache};
 use crate::kube::events::Events;
 use crate::kube::karpenter::{Ec2NodeClass, NodeClaim};
 use crate::kube::reason::Reason;
+use crate::primitives::told::Told;
 use autonode_shared::ignition::Config;
 use autonode_shared::protocol::KubeletSettings;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, Resource};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::hash::Hash;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 /// Defined with every other `autonode.dev/*` name in [`crate::kube::marks`].
 pub use crate::kube::marks::IGNITION_ANNOTATION;
@@ -65,6 +66,9 @@ const SYNC_WAIT: Duration = Duration::from_secs(10);
 /// At most one Event per object and message this often: every agent of a
 /// class retries while its config is broken.
 const EVENT_INTERVAL: Duration = Duration::from_secs(60);
+/// (object, message) pairs whose last Event is remembered: past it the
+/// least recently asked are forgotten, and told again.
+const REPORTED_CAPACITY: usize = 1024;
 
 /// Where the operator's Ignition configs are.
 #[derive(Debug, Clone)]
@@ -195,8 +199,9 @@ pub struct NodeConfig {
     secrets: Option<Cache<Secret>>,
     settings: Arc<NodeConfigSettings>,
     events: Events,
-    /// When each (object, message) Event was last published.
-    reported: Arc<Mutex<HashMap<(String, String), Instant>>>,
+    /// Which (object, message) Events were published, and when (the one
+    /// "tell once", told again each [`EVENT_INTERVAL`]).
+    reported: Arc<Told>,
     /// Layers checked and configs rendered, per version of their sources.
     memo: Arc<render::Memo<Source>>,
 }
@@ -226,7 +231,7 @@ impl NodeConfig {
             secrets,
             settings: Arc::new(settings),
             events,
-            reported: Arc::default(),
+            reported: Arc::new(Told::again_after(EVENT_INTERVAL, REPORTED_CAPACITY)),
             memo: Arc::default(),
         }
     }
@@ -457,7 +462,8 @@ impl NodeConfig {
             Some(c) => format!("ec2nodeclass/{}", c.metadata.name.as_deref().unwrap_or("")),
             None => format!("nodeclaim/{}", claim.metadata.name.as_deref().unwrap_or("")),
         };
-        if !self.first_in_interval(object, message.clone()) {
+        // Keyed by both, so each message of an object has its own interval.
+        if !self.reported.first(&format!("{object}\n{message}"), "") {
             return;
         }
         match class {
@@ -467,24 +473,6 @@ impl NodeConfig {
             None => self
                 .events
                 .warning(claim, Reason::NodeConfigInvalid, message),
-        }
-    }
-
-    fn first_in_interval(&self, object: String, message: String) -> bool {
-        let now = Instant::now();
-        let Ok(mut reported) = self.reported.lock() else {
-            return true;
-        };
-        // Bounded: stale entries go once the map grows.
-        if reported.len() > 1024 {
-            reported.retain(|_, at| now.duration_since(*at) < EVENT_INTERVAL);
-        }
-        match reported.get(&(object.clone(), message.clone())) {
-            Some(at) if now.duration_since(*at) < EVENT_INTERVAL => false,
-            _ => {
-                reported.insert((object, message), now);
-                true
-            }
         }
     }
 }

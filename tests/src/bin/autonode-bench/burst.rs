@@ -2,74 +2,80 @@
 //! addresses, optionally beside hostile clients: throughput and the
 //! server's memory under load.
 
+use crate::floor::{join_writes, Signatures, Writes};
 use crate::measure::{cpu_seconds, keep_logs, ms, percentile, round, vm_hwm_bytes};
 use crate::options::{BURST_DEADLINE, LAUNCH_CONCURRENCY};
+use crate::requests;
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use autonode_shared::protocol::{JoinRequest, JoinResponse, JOIN_PATH};
-use autonode_tests::controlplane::unique;
-use autonode_tests::fakecloud::Instance;
-use autonode_tests::hostile::{self, Answers, Attackers};
-use autonode_tests::joiner::{self, NodeKeys};
-use autonode_tests::karpenter;
-use autonode_tests::node::{self};
-use autonode_tests::world::{World, ACCOUNT, REGION};
+use autonode_tests::callers::hostile::{self, Answers, Attackers};
+use autonode_tests::callers::joiner::{self, NodeKeys};
+use autonode_tests::cloud::fakecloud::Instance;
+use autonode_tests::karpenter::standin as karpenter;
+use autonode_tests::kube::controlplane::unique;
+use autonode_tests::machines::node::{self};
+use autonode_tests::server::server_user;
+use autonode_tests::server::world::{World, ACCOUNT, REGION};
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client as HttpClient;
+use kube::api::Api;
 use serde_json::{Map, Value};
 use std::net::{IpAddr, Ipv4Addr};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// Which burst: the clean one (beside its floor, the same machines'
+/// API writes alone at once), the hostile one, or the large one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Clean,
+    Hostile,
+    Large,
+}
+
+impl Kind {
+    /// The prefix of its keys in the results.
+    fn prefix(self) -> &'static str {
+        match self {
+            Kind::Clean => "burst",
+            Kind::Hostile => "hostile_burst",
+            Kind::Large => "burst_large",
+        }
+    }
+}
 
 /// `count` joins at once on a fresh control plane and server.
 pub(crate) async fn burst(
     count: usize,
-    hostile: bool,
+    kind: Kind,
     results: &mut Map<String, Value>,
 ) -> Result<()> {
     let world = World::start().await?;
-    let prefix = if hostile { "hostile_burst" } else { "burst" };
+    let prefix = kind.prefix();
     let admin = world.cp.admin().await?;
     // The class the NodeClaims name exists, as it does under Karpenter:
     // without it every join would also GET it from the API server.
     karpenter::create_custom_nodeclass(&admin, "default", &node::user_data(&world)).await?;
-    let prepared = Instant::now();
-    // Karpenter's part, a few at a time: NodeClaim, instance, providerID.
-    let instances: Vec<Instance> = futures::stream::iter(0..count)
-        .map(|_| {
-            let (admin, cloud) = (admin.clone(), &world.cloud);
-            async move {
-                let claim = format!("burst-{}", unique());
-                karpenter::create_nodeclaim(&admin, &claim, "default").await?;
-                let built = Instance::builder()
-                    .account_id(ACCOUNT)
-                    .region(REGION)
-                    .build();
-                let instance = cloud.launch(built);
-                karpenter::set_provider_id(&admin, &claim, &instance.provider_id()).await?;
-                anyhow::Ok(instance)
-            }
-        })
-        .buffer_unordered(LAUNCH_CONCURRENCY)
-        .try_collect()
-        .await?;
-    // What each agent would send: its keys, CSRs and signed document.
-    let ca = world.cloud.ca().clone();
-    let requests = tokio::task::spawn_blocking(move || {
-        instances
-            .iter()
-            .map(|instance| joiner::honest_request(instance, &ca, &NodeKeys::generate()?))
-            .collect::<Result<Vec<JoinRequest>>>()
-    })
-    .await??;
-    // The server's NodeClaim watch has seen the last providerID by now.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    eprintln!(
-        "  {count} instances, NodeClaims and requests ready in {:.1}s",
-        prepared.elapsed().as_secs_f64()
-    );
-
+    let requests = prepare(&world, &admin, count).await?;
+    if kind == Kind::Clean {
+        let alone = writes_alone(&world, &admin, count).await?;
+        results.insert(
+            "burst_writes_alone_s".into(),
+            round(alone.seconds, 1).into(),
+        );
+        results.insert("burst_writes_alone_failures".into(), alone.failures.into());
+        results.insert(
+            "burst_writes_alone_429_retries".into(),
+            alone.retries.into(),
+        );
+        // The joins' turn on a control plane as quiet as the floor's was.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+    let audited = requests::mark(&world.cp)?;
+    let hostile = kind == Kind::Hostile;
     let pid = world.server.pid();
     let cpu_before = cpu_seconds(pid)?;
     let cp_pids = world.cp.pids();
@@ -80,10 +86,11 @@ pub(crate) async fn burst(
         true => attack(&world, &foreign)?,
         false => Attackers::default(),
     };
+    let deadline = BURST_DEADLINE.mul_f64((count as f64 / 1000.0).max(1.0));
     let started = Instant::now();
     let joins = requests.into_iter().enumerate().map(|(machine, request)| {
         let client = client.clone();
-        tokio::spawn(async move { client.join_like_agent(machine, &request).await })
+        tokio::spawn(async move { client.join_like_agent(machine, &request, deadline).await })
     });
     let outcomes = futures::future::join_all(joins).await;
     let seconds = started.elapsed().as_secs_f64();
@@ -118,30 +125,166 @@ pub(crate) async fn burst(
     }
     let peak_rss = vm_hwm_bytes(pid)?;
     keep_logs(&world, prefix)?;
-    let mut put = |name: &str, value: Value| results.insert(format!("{prefix}_{name}"), value);
-    put("nodes", granted.len().into());
-    put("seconds", round(seconds, 1).into());
-    put("failures", failures.into());
-    put("503_answers", busy.into());
-    put(
-        "join_p50_ms",
+    let key = |name: &str| format!("{prefix}_{name}");
+    results.insert(key("nodes"), granted.len().into());
+    results.insert(key("seconds"), round(seconds, 1).into());
+    results.insert(key("failures"), failures.into());
+    results.insert(key("503_answers"), busy.into());
+    results.insert(
+        key("join_p50_ms"),
         round(ms(percentile(&granted, 0.5)), 1).into(),
     );
-    put(
-        "join_max_ms",
+    results.insert(
+        key("join_max_ms"),
         round(ms(percentile(&granted, 1.0)), 1).into(),
     );
-    put("server_cpu_s", round(server_cpu, 1).into());
+    results.insert(key("server_cpu_s"), round(server_cpu, 1).into());
+    results.insert(
+        key("server_cpu_per_join_ms"),
+        round(server_cpu * 1000.0 / count.max(1) as f64, 2).into(),
+    );
+    results.insert(key("server_peak_rss_bytes"), peak_rss.into());
+    if kind == Kind::Clean {
+        if let Some(alone) = results.get("burst_writes_alone_s").and_then(Value::as_f64) {
+            let ratio = round(seconds / alone.max(0.001), 2);
+            results.insert("burst_ratio".into(), ratio.into());
+        }
+        // What the joins asked of the API server, the feedback
+        // controller's writes (a second after each join) included.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let counted = requests::since(&world.cp, &audited)?;
+        results.insert(
+            "burst_api_requests_per_join".into(),
+            counted.per_join(count),
+        );
+    }
     if hostile {
         let foreign = std::mem::take(&mut *foreign.lock().map_err(|_| anyhow!("poisoned"))?);
         let refused = foreign.iter().filter(|(status, _)| *status == 403).count();
-        put("foreign_answers", foreign.len().into());
-        put("foreign_refused", refused.into());
-        put("server_peak_rss_bytes", peak_rss.into());
-    } else {
+        results.insert(key("foreign_answers"), foreign.len().into());
+        results.insert(key("foreign_refused"), refused.into());
+    }
+    if kind == Kind::Large {
+        // Named by its size too, and against the clean burst of the run.
+        results.insert(format!("burst_{count}_s"), round(seconds, 1).into());
+        if let Some(clean) = results.get("burst_seconds").and_then(Value::as_f64) {
+            let ratio = round(seconds / clean.max(0.001), 2);
+            results.insert("burst_large_vs_burst_ratio".into(), ratio.into());
+        }
+    }
+    if kind == Kind::Clean {
+        // The key earlier results carry, for `tests/bench/compare`.
         results.insert("server_peak_rss_bytes".into(), peak_rss.into());
     }
     Ok(())
+}
+
+/// Karpenter's part for `count` machines, a few at a time (NodeClaim,
+/// instance, providerID), and what each agent would send: its keys, CSRs
+/// and signed document.
+async fn prepare(world: &World, admin: &kube::Client, count: usize) -> Result<Vec<JoinRequest>> {
+    let prepared = Instant::now();
+    let instances: Vec<Instance> = futures::stream::iter(0..count)
+        .map(|_| {
+            let (admin, cloud) = (admin.clone(), &world.cloud);
+            async move {
+                let claim = format!("burst-{}", unique());
+                karpenter::create_nodeclaim(&admin, &claim, "default").await?;
+                let built = Instance::builder()
+                    .account_id(ACCOUNT)
+                    .region(REGION)
+                    .build();
+                let instance = cloud.launch(built);
+                karpenter::set_provider_id(&admin, &claim, &instance.provider_id()).await?;
+                anyhow::Ok(instance)
+            }
+        })
+        .buffer_unordered(LAUNCH_CONCURRENCY)
+        .try_collect()
+        .await?;
+    let ca = world.cloud.ca().clone();
+    let requests = tokio::task::spawn_blocking(move || {
+        instances
+            .iter()
+            .map(|instance| joiner::honest_request(instance, &ca, &NodeKeys::generate()?))
+            .collect::<Result<Vec<JoinRequest>>>()
+    })
+    .await??;
+    // The server's NodeClaim watch has seen the last providerID by now.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    eprintln!(
+        "  {count} instances, NodeClaims and requests ready in {:.1}s",
+        prepared.elapsed().as_secs_f64()
+    );
+    Ok(requests)
+}
+
+/// The floor of a burst: the join's API writes alone ([`join_writes`])
+/// for `count` machines, all started at once, as the server's
+/// ServiceAccount (so the API server's priority and fairness treats them
+/// as it treats the server's), on NodeClaims no join asks for.
+pub(crate) struct Alone {
+    seconds: f64,
+    failures: usize,
+    retries: u64,
+}
+
+async fn writes_alone(world: &World, admin: &kube::Client, count: usize) -> Result<Alone> {
+    let targets: Vec<String> = futures::stream::iter(0..count)
+        .map(|_| {
+            let admin = admin.clone();
+            async move {
+                let name = format!("writes-{}", unique());
+                karpenter::create_nodeclaim(&admin, &name, "default").await?;
+                anyhow::Ok(name)
+            }
+        })
+        .buffer_unordered(LAUNCH_CONCURRENCY)
+        .try_collect()
+        .await?;
+    let writes = tokio::task::spawn_blocking(move || {
+        targets
+            .iter()
+            .map(|t| Writes::prepare(t))
+            .collect::<Result<Vec<_>>>()
+    })
+    .await??;
+    let client = world
+        .cp
+        .client_as(&server_user(), Some("system:serviceaccounts"))
+        .await?;
+    let (csrs, claims) = (Api::all(client.clone()), karpenter::nodeclaims(&client));
+    let signatures = Signatures::watch(Api::all(admin.clone()));
+    let retries = Arc::new(AtomicU64::new(0));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let started = Instant::now();
+    let runs = writes.into_iter().map(|w| {
+        let (csrs, claims, signatures, retries) = (
+            csrs.clone(),
+            claims.clone(),
+            signatures.clone(),
+            retries.clone(),
+        );
+        tokio::spawn(async move { join_writes(&csrs, &claims, &w, &signatures, &retries).await })
+    });
+    let outcomes = futures::future::join_all(runs).await;
+    let seconds = started.elapsed().as_secs_f64();
+    let mut failures = 0;
+    for outcome in outcomes {
+        if let Err(e) = outcome? {
+            if failures == 0 {
+                eprintln!("  first failure of the writes alone: {e:#}");
+            }
+            failures += 1;
+        }
+    }
+    let retries = retries.load(Ordering::Relaxed);
+    eprintln!("  {count} machines' API writes alone, at once: {seconds:.1}s, {failures} failed, {retries} retried after 429");
+    Ok(Alone {
+        seconds,
+        failures,
+        retries,
+    })
 }
 
 /// Slow bodies (a source's worth, from 127.0.0.2) and documents of an
@@ -164,7 +307,7 @@ pub(crate) fn attack(world: &World, answers: &Answers) -> Result<Attackers> {
     Ok(attackers)
 }
 
-use autonode_tests::joiner::Https;
+use autonode_tests::callers::joiner::Https;
 
 /// The join protocol with the agent's retry rules: 429 and 5xx again after
 /// `max(backoff, Retry-After)`, anything else final. Each machine speaks
@@ -196,7 +339,12 @@ impl JoinClient {
         })
     }
 
-    async fn join_like_agent(&self, machine: usize, request: &JoinRequest) -> Result<Granted> {
+    async fn join_like_agent(
+        &self,
+        machine: usize,
+        request: &JoinRequest,
+        deadline: Duration,
+    ) -> Result<Granted> {
         let body = Bytes::from(serde_json::to_vec(request)?);
         let started = Instant::now();
         let mut busy_answers = 0;
@@ -229,7 +377,7 @@ impl JoinClient {
             let delay = backoff
                 .mul_f64(1.0 - 0.5 * rand::random::<f64>())
                 .max(retry_after.unwrap_or_default());
-            if started.elapsed() + delay > BURST_DEADLINE {
+            if started.elapsed() + delay > deadline {
                 bail!("gave up after {attempt} attempts: HTTP {status}: {text}");
             }
             tokio::time::sleep(delay).await;

@@ -15,15 +15,25 @@
 //!    With `--ignition-kib N`, the server has a base Ignition layer of that
 //!    size to check and merge into every join's config.
 //! 2. **burst**: a fresh control plane and server; N instances with their
-//!    NodeClaims and signed documents made first, then N joins at once
-//!    through the join protocol (no agent processes), each retrying 503 after
-//!    `Retry-After` as the agent does, until every one has its certificates
-//!    or has finally failed. The machines speak from 250 loopback addresses,
-//!    so the server's per-source limits see a fleet. The server's peak RSS
-//!    is its `VmHWM`.
-//! 3. **hostile burst**: the same again on a fresh control plane, while 64
-//!    slow-body clients (from 127.0.0.2) and 16 callers repeating a document
-//!    of an account the server does not allow (from 127.0.0.3) run beside it.
+//!    NodeClaims and signed documents made first. First the floor: the
+//!    same N machines' API writes alone (the binding's patch, two CSR
+//!    creates, two approvals, two signatures), all started at once as the
+//!    server's ServiceAccount; then N joins at once through the join
+//!    protocol (no agent processes), each retrying 503 after
+//!    `Retry-After` as the agent does, until every one has its
+//!    certificates or has finally failed. The machines speak from 250
+//!    loopback addresses, so the server's per-source limits see a fleet.
+//!    The server's peak RSS is its `VmHWM`; its API requests are counted
+//!    from the API server's audit log.
+//! 3. **hostile burst**: `--hostile-burst` joins again on a fresh control plane,
+//!    while 64 slow-body clients (from 127.0.0.2) and 16 callers repeating
+//!    a document of an account the server does not allow (from 127.0.0.3)
+//!    run beside it.
+//! 4. **large burst**: `--burst-large` joins at once (5,000) on a fresh
+//!    control plane: how the burst scales, and the server's memory.
+//! 5. **stock path**: `--stock` kubelet TLS bootstraps at once (1,000) on
+//!    a fresh control plane without autonode: the path a fleet would
+//!    otherwise join by (`stock`).
 //!
 //! Writes the numbers as JSON (merged with `tests/bench/identity`'s when
 //! `--identity` names its file), the raw timings beside it
@@ -36,15 +46,17 @@
 //! `AUTONODE_BENCH_WRAP="strace -f -tt -o FILE"` runs the agent under a tool.
 
 mod burst;
+mod floor;
 mod layer;
 mod measure;
 mod options;
 mod requests;
 mod sequential;
+mod stock;
 mod table;
 
 use anyhow::{bail, ensure, Context, Result};
-use burst::burst;
+use burst::{burst, Kind};
 use measure::{machine, round};
 use options::Options;
 use sequential::sequential;
@@ -66,13 +78,29 @@ async fn main() -> Result<()> {
     eprintln!("== agent joins and bare CSRs, one at a time");
     sequential(&options, &mut results).await?;
     if options.burst > 0 {
-        eprintln!("== burst of {} joins", options.burst);
-        burst(options.burst, false, &mut results).await?;
         eprintln!(
-            "== burst of {} joins beside slow bodies and foreign documents",
+            "== burst of {} joins, after their API writes alone",
             options.burst
         );
-        burst(options.burst, true, &mut results).await?;
+        burst(options.burst, Kind::Clean, &mut results).await?;
+    }
+    if options.hostile_burst > 0 {
+        eprintln!(
+            "== burst of {} joins beside slow bodies and foreign documents",
+            options.hostile_burst
+        );
+        burst(options.hostile_burst, Kind::Hostile, &mut results).await?;
+    }
+    if options.burst_large > 0 {
+        eprintln!("== burst of {} joins", options.burst_large);
+        burst(options.burst_large, Kind::Large, &mut results).await?;
+    }
+    if options.stock > 0 {
+        eprintln!(
+            "== {} kubelet TLS bootstraps at once, the stock way",
+            options.stock
+        );
+        stock::burst(options.stock, &mut results).await?;
     }
     results.insert(
         "agent_size_bytes".into(),
@@ -103,8 +131,8 @@ async fn main() -> Result<()> {
     }
     results.insert("machine".into(), machine());
     // The binaries that ran (AUTONODE_KUBE_BIN's when set), as they say.
-    let apiserver = autonode_tests::controlplane::kube_bin_dir()?.join("kube-apiserver");
-    let version = autonode_tests::controlplane::binary_version(&apiserver)?;
+    let apiserver = autonode_tests::kube::controlplane::kube_bin_dir()?.join("kube-apiserver");
+    let version = autonode_tests::kube::controlplane::binary_version(&apiserver)?;
     results.insert("kubernetes".into(), version.to_string().into());
 
     if let Some(dir) = options.out.parent() {

@@ -2,7 +2,7 @@
 //! memory, percentiles, and the machine the figures come from.
 
 use anyhow::{Context, Result};
-use autonode_tests::world::World;
+use autonode_tests::server::world::World;
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -66,7 +66,7 @@ pub(crate) fn round(value: f64, digits: i32) -> f64 {
 
 /// Peak resident set of a live process.
 pub(crate) fn vm_hwm_bytes(pid: u32) -> Result<u64> {
-    autonode_tests::process::status_bytes(pid, "VmHWM:")
+    autonode_tests::harness::process::status_bytes(pid, "VmHWM:")
 }
 
 /// User + system CPU time of a live process so far.

@@ -2,25 +2,40 @@
 //! agent binary and the results are.
 
 use anyhow::{bail, ensure, Context, Result};
-use autonode_tests::node;
+use autonode_tests::machines::node;
 use std::path::PathBuf;
 use std::time::Duration;
 
 pub(crate) const USAGE: &str =
-    "usage: autonode-bench [--joins N] [--bare N] [--burst N] [--warmup N] \
-[--ignition-kib N] [--agent PATH] [--identity FILE] [--out FILE]";
+    "usage: autonode-bench [--joins N] [--bare N] [--burst N] [--hostile-burst N] \
+[--burst-large N] [--stock N] [--warmup N] [--ignition-kib N] [--agent PATH] [--identity FILE] [--out FILE]
+
+  --joins N        agent joins one at a time (100)
+  --bare N         bare kubelet CSRs and join's writes alone, interleaved (100)
+  --burst N        joins at once, after their API writes alone at once
+                   (1000; 0: none)
+  --hostile-burst N  joins at once beside hostile clients (1000; 0: none)
+  --burst-large N  joins at once on a fresh control plane, to see the burst
+                   scale (5000; 0: none)
+  --stock N        kubelet TLS bootstraps at once the stock way (client CSR
+                   approved by kube-controller-manager, serving CSR by a
+                   one-worker approver) (1000; 0: none)";
 
 /// Agent runs and bare CSRs not counted, to warm connections and caches.
 pub(crate) const WARMUP: usize = 3;
 /// Launch calls (NodeClaim create + providerID) in flight at once.
 pub(crate) const LAUNCH_CONCURRENCY: usize = 16;
-/// A burst join that has not succeeded by then has failed.
+/// A burst join that has not succeeded by then has failed (for a burst of
+/// up to 1,000; a larger one allows as much more as it is larger).
 pub(crate) const BURST_DEADLINE: Duration = Duration::from_secs(300);
 
 pub(crate) struct Options {
     pub(crate) joins: usize,
     pub(crate) bare: usize,
     pub(crate) burst: usize,
+    pub(crate) hostile_burst: usize,
+    pub(crate) burst_large: usize,
+    pub(crate) stock: usize,
     pub(crate) warmup: usize,
     /// For the joins one at a time: a base Ignition layer of this many KiB
     /// (`--base-ignition`), or none (0).
@@ -36,6 +51,9 @@ impl Options {
             joins: 100,
             bare: 100,
             burst: 1000,
+            hostile_burst: 1000,
+            burst_large: 5000,
+            stock: 1000,
             warmup: WARMUP,
             ignition_kib: 0,
             agent: node::agent_binary()?,
@@ -49,6 +67,9 @@ impl Options {
                 "--joins" => options.joins = value()?.parse()?,
                 "--bare" => options.bare = value()?.parse()?,
                 "--burst" => options.burst = value()?.parse()?,
+                "--hostile-burst" => options.hostile_burst = value()?.parse()?,
+                "--burst-large" => options.burst_large = value()?.parse()?,
+                "--stock" => options.stock = value()?.parse()?,
                 "--warmup" => options.warmup = value()?.parse()?,
                 "--ignition-kib" => options.ignition_kib = value()?.parse()?,
                 "--agent" => options.agent = value()?.into(),

@@ -1,11 +1,11 @@
 //! The API server's work autonode-server asks for, counted by the API
 //! server itself: its audit log records every request of the server's
-//! ServiceAccount (`controlplane::AUDIT_POLICY`), and this reads them back
+//! ServiceAccount (`kube::controlplane::AUDIT_POLICY`), and this reads them back
 //! by verb and resource. Not the server's count of itself: a request it
 //! forgot to count, or one a library made for it, is here all the same.
 
 use anyhow::Result;
-use autonode_tests::controlplane::ControlPlane;
+use autonode_tests::kube::controlplane::ControlPlane;
 use autonode_tests::server::server_user;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;

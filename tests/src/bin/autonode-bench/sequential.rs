@@ -2,6 +2,7 @@
 //! bare kubelet CSR path and the join's API writes alone, on one control
 //! plane: what a join costs over the floor it stands on.
 
+use crate::floor::{bare_csr, join_writes, Signatures, Writes};
 use crate::layer;
 use crate::measure::{
     cpu_seconds, join_steps, keep_logs, metric, ms, percentile, round, server_metrics,
@@ -9,22 +10,16 @@ use crate::measure::{
 use crate::options::Options;
 use crate::requests;
 use anyhow::{ensure, Context, Result};
-use autonode_server::kube::approval;
-use autonode_shared::csr::{self, Purpose};
-use autonode_tests::controlplane::unique;
-use autonode_tests::fakecloud::Instance;
-use autonode_tests::joiner::CsrShape;
-use autonode_tests::karpenter;
-use autonode_tests::node::{self, SimulatedNode};
-use autonode_tests::world::World;
-use futures::StreamExt;
-use k8s_openapi::api::certificates::v1::{
-    CertificateSigningRequest, CertificateSigningRequestSpec,
-};
-use k8s_openapi::ByteString;
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use autonode_tests::cloud::fakecloud::Instance;
+use autonode_tests::karpenter::standin as karpenter;
+use autonode_tests::kube::controlplane::unique;
+use autonode_tests::machines::node::{self, SimulatedNode};
+use autonode_tests::server::world::World;
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use kube::api::Api;
 use serde_json::{json, Map, Value};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
 /// Agent joins interleaved with bare CSRs on one control plane.
@@ -36,7 +31,7 @@ pub(crate) async fn sequential(options: &Options, results: &mut Map<String, Valu
     let admin = world.cp.admin().await?;
     if options.ignition_kib > 0 {
         let text = layer::base_layer(options.ignition_kib);
-        autonode_tests::ignition::put_configmap(&admin, layer::CONFIGMAP, &text).await?;
+        autonode_tests::server::ignition::put_configmap(&admin, layer::CONFIGMAP, &text).await?;
     }
     let user_data = node::user_data(&world);
     // The class the NodeClaims name exists, as it does under Karpenter:
@@ -66,13 +61,11 @@ pub(crate) async fn sequential(options: &Options, results: &mut Map<String, Valu
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
 
-    // kube-rs speaks HTTP/1.1 only: a watch per CSR would hold a connection
-    // and close it when dropped, and each new connection's setup costs about
-    // 40 ms here. kubelet's watch shares its warm HTTP/2 connection; one
-    // long-lived watch over the bare CSRs, on a client of its own, is the
-    // same cost.
+    // One long-lived watch over the bench's CSRs, on a client of its own
+    // (see `Signatures`).
     let csrs: Api<CertificateSigningRequest> = Api::all(admin);
-    let signed = watch_signed(Api::all(world.cp.admin().await?));
+    let signatures = Signatures::watch(Api::all(world.cp.admin().await?));
+    let no_429s = AtomicU64::new(0);
     let mut joins = Vec::with_capacity(options.joins);
     let mut exits = Vec::with_capacity(options.joins);
     let mut bares = Vec::with_capacity(options.bare);
@@ -99,8 +92,10 @@ pub(crate) async fn sequential(options: &Options, results: &mut Map<String, Valu
         }
         // One NodeClaim to bind per bare round, warmup included.
         if let Some(target) = write_targets.get(round) {
-            let elapsed = bare_csr(&csrs, &signed).await?;
-            let written = join_writes(&csrs, &writes_claims, target, &signed).await?;
+            let elapsed = bare_csr(&csrs, &signatures).await?;
+            let prepared = Writes::prepare(target)?;
+            let written =
+                join_writes(&csrs, &writes_claims, &prepared, &signatures, &no_429s).await?;
             if counted {
                 bares.push(elapsed);
                 writes.push(written);
@@ -311,176 +306,7 @@ pub(crate) fn read_log(
     Ok(credentials)
 }
 
-/// What kubelet's TLS bootstrap does on the API server: create a client
-/// CSR, (an approver) approve it, wait for kube-controller-manager's
-/// certificate with a watch on that one name. The key is made beforehand.
-pub(crate) async fn bare_csr(
-    api: &Api<CertificateSigningRequest>,
-    signed: &tokio::sync::broadcast::Sender<String>,
-) -> Result<Duration> {
-    let key = rcgen::KeyPair::generate()?;
-    let name = format!("bare-{}", unique());
-    let csr = bench_csr(&name, Purpose::Client, &CsrShape::client(&name), &key)?;
-    let mut signed = signed.subscribe();
-    let started = Instant::now();
-    let csr = api.create(&PostParams::default(), &csr).await?;
-    let created = started.elapsed();
-    approve(api, &csr).await?;
-    let approved = started.elapsed();
-    wait_signed(&mut signed, &[name]).await?;
-    if trace() {
-        eprintln!(
-            "bare CSR: created {created:?} approved {approved:?} signed {:?}",
-            started.elapsed()
-        );
-    }
-    Ok(started.elapsed())
-}
-
-/// The API writes no join can do without, made straight from a client in
-/// the order the server makes them: the binding patch on a NodeClaim beside
-/// the client and serving CSRs' creation, then both approvals, then both
-/// signatures by kube-controller-manager. A join's time beyond this is
-/// autonode's own (agent, TLS, attestation, rendering, its watches).
-pub(crate) async fn join_writes(
-    csrs: &Api<CertificateSigningRequest>,
-    claims: &Api<kube::api::DynamicObject>,
-    claim: &str,
-    signed: &tokio::sync::broadcast::Sender<String>,
-) -> Result<Duration> {
-    let id = unique();
-    let node = format!("ip-10-0-0-1.writes-{id}.internal");
-    let serving_shape = CsrShape {
-        dns: vec![node.clone()],
-        ips: vec![std::net::Ipv4Addr::new(10, 0, 0, 1).into()],
-        ..CsrShape::client(&node)
-    };
-    let (client_key, serving_key) = (rcgen::KeyPair::generate()?, rcgen::KeyPair::generate()?);
-    let client = bench_csr(
-        &format!("writes-client-{id}"),
-        Purpose::Client,
-        &CsrShape::client(&node),
-        &client_key,
-    )?;
-    let serving = bench_csr(
-        &format!("writes-serving-{id}"),
-        Purpose::Serving,
-        &serving_shape,
-        &serving_key,
-    )?;
-    let names = [&client, &serving].map(|c| c.metadata.name.clone().unwrap_or_default());
-    let binding =
-        Patch::Merge(json!({"metadata": {"annotations": {"autonode-bench/binding": id}}}));
-    let (post, patch) = (PostParams::default(), PatchParams::default());
-    let mut signed = signed.subscribe();
-    let started = Instant::now();
-    let (bound, client, serving) = tokio::join!(
-        claims.patch(claim, &patch, &binding),
-        csrs.create(&post, &client),
-        csrs.create(&post, &serving),
-    );
-    bound?;
-    let (client, serving) = (client?, serving?);
-    let (client, serving) = tokio::join!(approve(csrs, &client), approve(csrs, &serving));
-    client?;
-    serving?;
-    wait_signed(&mut signed, &names).await?;
-    Ok(started.elapsed())
-}
-
-/// A CSR object as a kubelet or the server creates it, labelled for the
-/// bench's watch.
-pub(crate) fn bench_csr(
-    name: &str,
-    purpose: Purpose,
-    shape: &CsrShape,
-    key: &rcgen::KeyPair,
-) -> Result<CertificateSigningRequest> {
-    Ok(CertificateSigningRequest {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            labels: Some([(BARE_LABEL.to_string(), "true".to_string())].into()),
-            ..Default::default()
-        },
-        spec: CertificateSigningRequestSpec {
-            request: ByteString(shape.csr(key)?.into_bytes()),
-            signer_name: purpose.signer().into(),
-            usages: Some(csr::usages_for(purpose).map(String::from).to_vec()),
-            ..Default::default()
-        },
-        status: None,
-    })
-}
-
-/// Approves `csr` (as the API server returned it on creation) the way
-/// the server does: [`approval::approve`], with its UID as precondition.
-pub(crate) async fn approve(
-    api: &Api<CertificateSigningRequest>,
-    csr: &CertificateSigningRequest,
-) -> Result<()> {
-    let name = csr
-        .metadata
-        .name
-        .as_deref()
-        .context("a CSR without a name")?;
-    let uid = csr.metadata.uid.as_deref().context("a CSR without a UID")?;
-    let verdict = approval::Verdict {
-        // The reason the server's join writes: the bench stands in for it.
-        reason: autonode_server::kube::reason::Reason::AutonodeAttested,
-        message: "autonode-bench: approved by the bench itself",
-    };
-    approval::approve(api, name, uid, verdict).await?;
-    Ok(())
-}
-
-/// Waits until every CSR in `names` has been signed.
-pub(crate) async fn wait_signed(
-    signed: &mut tokio::sync::broadcast::Receiver<String>,
-    names: &[String],
-) -> Result<()> {
-    let mut left: Vec<&String> = names.iter().collect();
-    tokio::time::timeout(Duration::from_secs(30), async {
-        while !left.is_empty() {
-            let name = signed.recv().await?;
-            left.retain(|n| **n != name);
-        }
-        anyhow::Ok(())
-    })
-    .await
-    .with_context(|| format!("CSRs {names:?} not signed within 30s"))?
-}
-
 /// Whether `AUTONODE_BENCH_TRACE` asks for each run's timings.
 pub(crate) fn trace() -> bool {
     std::env::var_os("AUTONODE_BENCH_TRACE").is_some()
-}
-
-/// Label on the bench's own CSRs (the bare path and the join's writes).
-pub(crate) const BARE_LABEL: &str = "autonode-bench/bare";
-
-/// One watch over the bench's own CSRs: sends the name of each as it is
-/// signed.
-pub(crate) fn watch_signed(
-    api: Api<CertificateSigningRequest>,
-) -> tokio::sync::broadcast::Sender<String> {
-    use kube::runtime::{watcher, WatchStreamExt};
-    let (tx, _) = tokio::sync::broadcast::channel(64);
-    let sender = tx.clone();
-    tokio::spawn(async move {
-        let config = watcher::Config::default().labels(&format!("{BARE_LABEL}=true"));
-        let stream = watcher(api, config).default_backoff().applied_objects();
-        let mut stream = std::pin::pin!(stream);
-        while let Some(event) = stream.next().await {
-            let Ok(csr) = event else { continue };
-            let issued = csr
-                .status
-                .as_ref()
-                .and_then(|s| s.certificate.as_ref())
-                .is_some_and(|c| !c.0.is_empty());
-            if issued {
-                let _ = sender.send(csr.metadata.name.unwrap_or_default());
-            }
-        }
-    });
-    tx
 }

@@ -77,6 +77,15 @@ pub(crate) fn table(results: &Value) -> String {
             ),
         ),
         (
+            "burst: the same machines' API writes alone, at once / burst over them".into(),
+            format!(
+                "{} s, {} failed / {}",
+                num("burst_writes_alone_s"),
+                num("burst_writes_alone_failures"),
+                num("burst_ratio")
+            ),
+        ),
+        (
             "burst: CPU of etcd / kube-apiserver / kcm".into(),
             format!(
                 "{} / {} / {} s",
@@ -86,10 +95,11 @@ pub(crate) fn table(results: &Value) -> String {
             ),
         ),
         (
-            "burst: server CPU / peak RSS".into(),
+            "burst: server CPU (per join) / peak RSS".into(),
             format!(
-                "{} s / {}",
+                "{} s ({} ms) / {}",
                 num("burst_server_cpu_s"),
+                num("burst_server_cpu_per_join_ms"),
                 mib("server_peak_rss_bytes")
             ),
         ),
@@ -116,6 +126,33 @@ pub(crate) fn table(results: &Value) -> String {
                 "{} s / {}",
                 num("hostile_burst_server_cpu_s"),
                 mib("hostile_burst_server_peak_rss_bytes")
+            ),
+        ),
+        (
+            format!("large burst: {} joins at once", num("burst_large_nodes")),
+            format!(
+                "{} s ({} × the burst), {} failed, {} answers 503",
+                num("burst_large_seconds"),
+                num("burst_large_vs_burst_ratio"),
+                num("burst_large_failures"),
+                num("burst_large_503_answers")
+            ),
+        ),
+        (
+            "large burst: server CPU (per join) / peak RSS".into(),
+            format!(
+                "{} s ({} ms) / {}",
+                num("burst_large_server_cpu_s"),
+                num("burst_large_server_cpu_per_join_ms"),
+                mib("burst_large_server_peak_rss_bytes")
+            ),
+        ),
+        (
+            "stock path: kubelet TLS bootstraps at once (kcm approves client CSRs, one worker serving ones)".into(),
+            format!(
+                "{} s, {} failed",
+                num("bare_bootstrap_burst_s"),
+                num("bare_bootstrap_burst_failures")
             ),
         ),
         (
@@ -148,18 +185,25 @@ pub(crate) fn table(results: &Value) -> String {
     for (measure, result) in rows {
         out.push_str(&format!("| {measure} | {result} |\n"));
     }
-    out.push_str(&requests_table(&get("api_requests_per_join")));
+    out.push_str(&requests_table(
+        "API requests per join (one at a time)",
+        &get("api_requests_per_join"),
+    ));
+    out.push_str(&requests_table(
+        "API requests per join (the burst)",
+        &get("burst_api_requests_per_join"),
+    ));
     out
 }
 
 /// The server's API requests per join (the API server's audit log) beside
 /// the floor a join cannot go below.
-fn requests_table(requests: &Value) -> String {
+fn requests_table(title: &str, requests: &Value) -> String {
     let Some(by_request) = requests["by_request"].as_object() else {
         return String::new();
     };
     let mut out = format!(
-        "\nAPI requests per join, from the audit log: {} (floor {})\n\n\
+        "\n{title}, from the audit log: {} (floor {})\n\n\
          | request | per join | floor |\n|---|---|---|\n",
         requests["total"], requests["floor_total"]
     );

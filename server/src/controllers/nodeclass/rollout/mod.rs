@@ -45,11 +45,11 @@
 //! `tests.rs`; [`crate::controllers::nodeclass`] reads the class and the NodeClaims and
 //! writes the result together with the kept fields, in one apply.
 
-use crate::kube::clock::Clock;
 use crate::kube::condition::BOOTSTRAPPED as CONDITION;
 use crate::kube::karpenter::{Ec2NodeClass, NodeClaim};
 use crate::kube::marks;
 use crate::kube::reason::Reason;
+use crate::primitives::clock::Clock;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::BTreeMap;

@@ -1,0 +1,156 @@
+//! The one token bucket, and the per-key limiter made of them: the
+//! renewal approver's EC2 lookups per node, the join's per instance, signed
+//! agent reports per instance and Event writes per object are each limited
+//! by one.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+/// How fast a [`Bucket`] fills: `burst` tokens at most, one more every
+/// `period`.
+#[derive(Debug, Clone, Copy)]
+pub struct Rate {
+    burst: f64,
+    period: Duration,
+}
+
+impl Rate {
+    /// `burst` at once (at least one), then one per `period`.
+    pub fn new(burst: u32, period: Duration) -> Self {
+        Self {
+            burst: f64::from(burst.max(1)),
+            // A zero period would divide by zero; it means "no limit" anyway.
+            period: period.max(Duration::from_millis(1)),
+        }
+    }
+}
+
+/// The one token bucket: tokens left as of `at`, earned continuously, so a
+/// part of a period already waited counts toward the next token.
+#[derive(Debug, Clone, Copy)]
+pub struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+impl Bucket {
+    /// A bucket holding its whole burst: the same as no bucket.
+    pub fn full(rate: Rate, now: Instant) -> Self {
+        Self {
+            tokens: rate.burst,
+            at: now,
+        }
+    }
+
+    /// Takes one token, or says how long until the next.
+    pub fn take(&mut self, rate: Rate, now: Instant) -> Result<(), Duration> {
+        *self = self.refilled(rate, now);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(rate.period.mul_f64(1.0 - self.tokens))
+        }
+    }
+
+    /// Whether the bucket has refilled by `now`, so forgetting it loses
+    /// nothing.
+    pub fn is_full(self, rate: Rate, now: Instant) -> bool {
+        self.refilled(rate, now).tokens >= rate.burst
+    }
+
+    /// The bucket as of `now`, refilled at one token per period.
+    fn refilled(self, rate: Rate, now: Instant) -> Self {
+        let waited = now.saturating_duration_since(self.at).as_secs_f64();
+        Self {
+            tokens: (self.tokens + waited / rate.period.as_secs_f64()).min(rate.burst),
+            at: now,
+        }
+    }
+}
+
+/// Per-key token buckets: `burst` at once, then one per `period`. Bounded:
+/// at `capacity` keys, buckets that have refilled (indistinguishable from no
+/// bucket) are dropped; if none has, the new key waits a period, as it would
+/// have to at worst anyway.
+pub struct Limiter {
+    rate: Rate,
+    capacity: usize,
+    buckets: Mutex<HashMap<String, Bucket>>,
+}
+
+impl Limiter {
+    pub fn new(burst: u32, period: Duration, capacity: usize) -> Self {
+        Self {
+            rate: Rate::new(burst, period),
+            capacity,
+            buckets: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Takes one from `key`'s budget, or says how long until one.
+    pub fn try_take(&self, key: &str, now: Instant) -> Result<(), Duration> {
+        let rate = self.rate;
+        let mut buckets = self.lock();
+        if !buckets.contains_key(key) && buckets.len() >= self.capacity {
+            buckets.retain(|_, b| !b.is_full(rate, now));
+            if buckets.len() >= self.capacity {
+                return Err(rate.period);
+            }
+        }
+        buckets
+            .entry(key.to_string())
+            .or_insert_with(|| Bucket::full(rate, now))
+            .take(rate, now)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Bucket>> {
+        // Every change is one insert or retain: consistent after a panic.
+        self.buckets.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_limiter_allows_a_burst_then_one_per_period() {
+        let limiter = Limiter::new(3, Duration::from_secs(30), 10);
+        let t0 = Instant::now();
+        for _ in 0..3 {
+            assert!(limiter.try_take("a", t0).is_ok());
+        }
+        assert_eq!(limiter.try_take("a", t0), Err(Duration::from_secs(30)));
+        // Other nodes have their own budget.
+        assert!(limiter.try_take("b", t0).is_ok());
+        // Half a period earns half a token: not enough, wait the rest.
+        let half = t0 + Duration::from_secs(15);
+        assert_eq!(limiter.try_take("a", half), Err(Duration::from_secs(15)));
+        let later = t0 + Duration::from_secs(30);
+        assert!(limiter.try_take("a", later).is_ok());
+        assert!(limiter.try_take("a", later).is_err());
+        // Idle for long, the budget is the burst again, never more.
+        let much_later = later + Duration::from_secs(3600);
+        for _ in 0..3 {
+            assert!(limiter.try_take("a", much_later).is_ok());
+        }
+        assert!(limiter.try_take("a", much_later).is_err());
+    }
+
+    #[test]
+    fn the_limiter_forgets_idle_nodes_and_stays_bounded() {
+        let limiter = Limiter::new(1, Duration::from_secs(30), 2);
+        let t0 = Instant::now();
+        assert!(limiter.try_take("a", t0).is_ok());
+        assert!(limiter.try_take("b", t0).is_ok());
+        // Full, and nobody idle: a third node waits.
+        assert!(limiter.try_take("c", t0).is_err());
+        assert_eq!(limiter.lock().len(), 2);
+        // Once a and b have refilled, they make room.
+        let t1 = t0 + Duration::from_secs(30);
+        assert!(limiter.try_take("c", t1).is_ok());
+        assert_eq!(limiter.lock().len(), 1);
+    }
+}

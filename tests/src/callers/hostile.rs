@@ -1,0 +1,194 @@
+//! Hostile callers of the join API, for the tests and the benchmark's
+//! hostile burst: clients bound to a source address of their own, bodies
+//! that never finish, and a stream of documents the policy refuses.
+//!
+//! Any address in 127.0.0.0/8 is local on Linux, so a socket bound to, say,
+//! 127.0.0.2 reaches the server on 127.0.0.1 and is a source of its own to
+//! the server's per-source limits.
+
+use crate::callers::joiner::{self, Https};
+use anyhow::{Context, Result};
+use autonode_shared::protocol::{JoinRequest, JOIN_PATH};
+use bytes::Bytes;
+use futures::stream;
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::Frame;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use std::convert::Infallible;
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The attackers' source in the tests.
+pub const OTHER_SOURCE: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+
+/// A request body of any shape.
+pub type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+/// An HTTPS client trusting only `ca_pem`, whose connections come from
+/// `source`, one per request.
+pub fn client_from(ca_pem: &str, source: IpAddr) -> Result<Client<Https, Body>> {
+    client_builder(ca_pem, source, 0)
+}
+
+/// Like [`client_from`], but keeping one connection alive between requests
+/// (and opening a new one when the server closes it).
+pub fn keep_alive_client_from(ca_pem: &str, source: IpAddr) -> Result<Client<Https, Body>> {
+    client_builder(ca_pem, source, 1)
+}
+
+fn client_builder(ca_pem: &str, source: IpAddr, idle: usize) -> Result<Client<Https, Body>> {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_local_address(Some(source));
+    http.set_nodelay(true);
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(joiner::tls_config(ca_pem)?)
+        .https_only()
+        .enable_http1()
+        .wrap_connector(http);
+    Ok(Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(idle)
+        .build(https))
+}
+
+/// POSTs `body` to `{server}/v1/join`: (status, `Retry-After`, body).
+pub async fn post(
+    client: &Client<Https, Body>,
+    server: &str,
+    body: Body,
+) -> Result<(u16, Option<String>, Bytes)> {
+    let request = hyper::Request::post(format!("{server}{JOIN_PATH}"))
+        .header("content-type", "application/json")
+        .body(body)?;
+    let response = client.request(request).await.context("join API request")?;
+    let status = response.status().as_u16();
+    let retry_after = response
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let body = response.into_body().collect().await?.to_bytes();
+    Ok((status, retry_after, body))
+}
+
+/// `request` as a complete JSON body.
+pub fn json_body(request: &JoinRequest) -> Result<Body> {
+    let bytes = Bytes::from(serde_json::to_vec(request)?);
+    Ok(http_body_util::Full::new(bytes).boxed())
+}
+
+/// A body that never ends: a byte every half second.
+pub fn dribble() -> Body {
+    let bytes = stream::unfold((), |()| async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        Some((Ok(Frame::data(Bytes::from_static(b" "))), ()))
+    });
+    BodyExt::boxed(StreamBody::new(bytes))
+}
+
+/// Answers seen by a [`Attackers`] stream: (status, time to answer); status
+/// 0 for a connection that failed.
+pub type Answers = Arc<Mutex<Vec<(u16, Duration)>>>;
+
+/// Background attackers that stop when dropped.
+#[derive(Default)]
+pub struct Attackers {
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Attackers {
+    /// `count` callers, each sending never-ending bodies to `server`, one
+    /// after another (a cut-off caller starts over at once).
+    pub fn slow_bodies(&mut self, client: &Client<Https, Body>, server: &str, count: usize) {
+        for _ in 0..count {
+            let (client, server) = (client.clone(), server.to_string());
+            self.tasks.push(tokio::spawn(async move {
+                loop {
+                    if post(&client, &server, dribble()).await.is_err() {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+            }));
+        }
+    }
+
+    /// One caller sending `request` to `server` over and over, recording
+    /// each answer in `answers`.
+    pub fn repeat(
+        &mut self,
+        client: &Client<Https, Body>,
+        server: &str,
+        request: &JoinRequest,
+        answers: &Answers,
+    ) -> Result<()> {
+        let body = Bytes::from(serde_json::to_vec(request)?);
+        let (client, server) = (client.clone(), server.to_string());
+        let answers = answers.clone();
+        self.tasks.push(tokio::spawn(async move {
+            loop {
+                let body = http_body_util::Full::new(body.clone()).boxed();
+                let started = Instant::now();
+                let status = post(&client, &server, body).await.map_or(0, |(s, _, _)| s);
+                if let Ok(mut answers) = answers.lock() {
+                    answers.push((status, started.elapsed()));
+                }
+                if status == 0 {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }));
+        Ok(())
+    }
+}
+
+impl Attackers {
+    /// `count` callers from `source`, each on a connection of its own kept
+    /// alive, asking `server` for a page that does not exist every second
+    /// (on a new connection at once when the server closes theirs). Each
+    /// answer's status goes to `answers`.
+    pub fn not_found_every_second(
+        &mut self,
+        ca_pem: &str,
+        source: IpAddr,
+        server: &str,
+        count: usize,
+        answers: &Answers,
+    ) -> Result<()> {
+        for _ in 0..count {
+            let client = keep_alive_client_from(ca_pem, source)?;
+            let (server, answers) = (server.to_string(), answers.clone());
+            self.tasks.push(tokio::spawn(async move {
+                loop {
+                    let started = Instant::now();
+                    let status = not_found(&client, &server).await.unwrap_or(0);
+                    if let Ok(mut answers) = answers.lock() {
+                        answers.push((status, started.elapsed()));
+                    }
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }));
+        }
+        Ok(())
+    }
+}
+
+/// GET of a path the join API does not serve: the status.
+async fn not_found(client: &Client<Https, Body>, server: &str) -> Result<u16> {
+    let request = hyper::Request::get(format!("{server}/no-such-page"))
+        .body(http_body_util::Empty::new().boxed())?;
+    let response = client.request(request).await?;
+    let status = response.status().as_u16();
+    response.into_body().collect().await?;
+    Ok(status)
+}
+
+impl Drop for Attackers {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
