@@ -30,7 +30,7 @@ mod version;
 
 pub use settings::{runtime_endpoint, Placement};
 pub use systemd::{ignition_touches_units, retire_old_dropin, start, Started, OLD_DROPIN};
-pub use version::{Answer, Found, KubeletVersion, Probe};
+pub use version::{Answer, Found, KubeletVersion, Places, Probe};
 
 use crate::fsutil::{self, Durability, FsError, Owner, Root};
 use crate::imds::Identity;
@@ -46,6 +46,12 @@ pub use autonode_shared::contract::kubelet::{
 pub const UNIT: &str = "kubelet.service";
 /// The cache of kubelet's version ([`Probe`]), in the state directory.
 pub const VERSION_CACHE: &str = "kubelet-version.json";
+/// The image's record of its kubelet's version, written when the image is
+/// baked (packaging/bake/provision), so that no boot runs `kubelet
+/// --version`. In /etc/autonode, not the state directory: a bake's
+/// clean-up empties that one, and the record is the image's, like its
+/// optional agent.toml.
+pub const VERSION_RECORD: &str = "/etc/autonode/kubelet-version";
 /// Every file [`write()`] leaves in place (the dated certificate files sit
 /// beside their `-current` links): what a joined node must still have, and
 /// what is synced before the apply phase is recorded.

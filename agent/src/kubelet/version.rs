@@ -2,15 +2,23 @@
 //!
 //! The answer decides where per-node settings go (see
 //! [`super::settings`]). In order:
-//! 1. the state directory's cache, under the binary's identity (path,
+//! 1. the image's record ([`super::VERSION_RECORD`]), written when the
+//!    image was baked (packaging/bake/provision), as long as it names this
+//!    binary (its path and size): one small file, and the way every image
+//!    should answer;
+//! 2. the state directory's cache, under the binary's identity (path,
 //!    size, mtime): a reboot or a resumed run asks no second time, and a
 //!    replaced kubelet is asked afresh;
-//! 2. the version Kubernetes' build stamped into the binary, read from its
-//!    Go build information ([`super::buildinfo`]), a few kilobytes;
-//! 3. `kubelet --version`, which runs a 100 MB Go binary: 0.1 s on a real
-//!    machine, over ten seconds under software emulation. It starts early
-//!    and runs while the agent makes keys and waits on the server; its
-//!    answer is cached.
+//! 3. the version Kubernetes' build stamped into the binary, read from its
+//!    Go build information ([`super::buildinfo`]), a few kilobytes; a
+//!    kubelet built with `-trimpath` has no such record (Go then leaves
+//!    the linker flags out);
+//! 4. `kubelet --version`, which runs a 100 MB Go binary: 0.1 s on a real
+//!    machine, over ten seconds under software emulation, on the boot's
+//!    path. It starts early and runs while the agent makes keys and waits
+//!    on the server; its answer is cached. Kept for images baked without a
+//!    record (every image baked before it existed), which the caller warns
+//!    about.
 
 use super::KubeletError;
 use crate::fsutil::{self, Durability, Owner};
@@ -120,6 +128,8 @@ pub struct Answer {
 /// Where [`Answer::version`] came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Found {
+    /// The image's record, made when it was baked, read in this long.
+    Recorded(Duration),
     Cached,
     /// The binary's Go build information, read in this long.
     BuildInfo(Duration),
@@ -129,9 +139,10 @@ pub enum Found {
 }
 
 impl Found {
-    /// For the log: `cached`, `build-info`, `kubelet-version`.
+    /// For the log: `recorded`, `cached`, `build-info`, `kubelet-version`.
     pub fn name(&self) -> &'static str {
         match self {
+            Found::Recorded(_) => "recorded",
             Found::Cached => "cached",
             Found::BuildInfo(_) => "build-info",
             Found::Ran(_) => "kubelet-version",
@@ -142,7 +153,7 @@ impl Found {
     pub fn took(&self) -> Duration {
         match self {
             Found::Cached => Duration::ZERO,
-            Found::BuildInfo(took) | Found::Ran(took) => *took,
+            Found::Recorded(took) | Found::BuildInfo(took) | Found::Ran(took) => *took,
         }
     }
 }
@@ -152,6 +163,20 @@ enum Source {
     Known(KubeletVersion, Found),
     Running { child: Child, started: Instant },
     Failed(KubeletError),
+}
+
+/// Where a [`Probe`] looks, and for what.
+#[derive(Debug, Clone, Copy)]
+pub struct Places<'a> {
+    /// The kubelet binary, as this process reaches it (under the root).
+    pub kubelet: &'a Path,
+    /// Its path as the machine names it (`--kubelet-path`): what the
+    /// image's record names.
+    pub named: &'a Path,
+    /// The agent's cache, in its state directory.
+    pub cache: &'a Path,
+    /// The image's record ([`super::VERSION_RECORD`], under the root).
+    pub record: &'a Path,
 }
 
 /// `kubelet --version`, started by [`Probe::start`] and read by
@@ -164,20 +189,21 @@ pub struct Probe {
 }
 
 impl Probe {
-    /// Looks `kubelet` up in `cache`, else starts `kubelet --version`.
-    /// Never fails here: a failure is reported by [`Probe::finish`], when
-    /// (and if) the version is needed.
-    pub fn start(kubelet: &Path, cache: &Path) -> Probe {
-        let (binary, source) = match BinaryIdentity::of(kubelet) {
+    /// Looks the kubelet up in the image's record, the cache and its
+    /// build information, else starts `kubelet --version`. Never fails
+    /// here: a failure is reported by [`Probe::finish`], when (and if) the
+    /// version is needed.
+    pub fn start(places: Places<'_>) -> Probe {
+        let (binary, source) = match BinaryIdentity::of(places.kubelet) {
             Ok(binary) => {
-                let source = find(kubelet, cache, &binary);
+                let source = find(places, &binary);
                 (Some(binary), source)
             }
             Err(e) => (None, Source::Failed(e)),
         };
         Probe {
-            program: kubelet.to_path_buf(),
-            cache: cache.to_path_buf(),
+            program: places.kubelet.to_path_buf(),
+            cache: places.cache.to_path_buf(),
             binary,
             source,
         }
@@ -225,12 +251,18 @@ impl Drop for Probe {
     }
 }
 
-/// The cache, the build information, else a `kubelet --version` started.
-fn find(kubelet: &Path, cache: &Path, binary: &BinaryIdentity) -> Source {
+/// The image's record, the cache, the build information, else a
+/// `kubelet --version` started.
+fn find(places: Places<'_>, binary: &BinaryIdentity) -> Source {
+    let kubelet = places.kubelet;
     let read = Instant::now();
-    if let Some(version) = read_cache(cache, binary) {
+    if let Some(version) = read_record(places.record, places.named, binary.size) {
+        return Source::Known(version, Found::Recorded(read.elapsed()));
+    }
+    if let Some(version) = read_cache(places.cache, binary) {
         return Source::Known(version, Found::Cached);
     }
+    let read = Instant::now();
     let stamped = super::buildinfo::stamped_version(kubelet);
     if let Some(version) = stamped.as_deref().and_then(KubeletVersion::parse) {
         return Source::Known(version, Found::BuildInfo(read.elapsed()));
@@ -287,6 +319,123 @@ fn wait(mut child: Child, started: Instant, program: &Path) -> Result<String, Ku
     Ok(stdout)
 }
 
+/// What an image records of its kubelet when it is baked: `key=value`
+/// lines (`#` starts a comment), so that a shell script writes it and a
+/// person reads it:
+///
+/// ```text
+/// kubelet=/usr/bin/kubelet
+/// size=104857600
+/// version=v1.37.2
+/// ```
+///
+/// `version` is `kubelet --version`'s, as run at bake time. The binary is
+/// named by its path and size, not its mtime (as the cache does): an image
+/// copied file by file (a tar, `mkfs.ext4 -d`, a snapshot restored) may
+/// keep the mtime to the second only, and two kubelet releases of the same
+/// size do not happen. Not by a digest either: hashing 100 MB at boot
+/// costs what the record saves.
+#[derive(Debug, PartialEq, Eq)]
+struct Record {
+    kubelet: PathBuf,
+    size: u64,
+    version: KubeletVersion,
+}
+
+/// Why a record could not be read.
+#[derive(Debug, thiserror::Error)]
+enum RecordError {
+    #[error("not key=value: {0:?}")]
+    NotAPair(String),
+    #[error("{key}={value:?} is not {want}")]
+    Value {
+        key: &'static str,
+        value: String,
+        want: &'static str,
+    },
+    #[error("no {0}=")]
+    Missing(&'static str),
+}
+
+impl Record {
+    fn parse(text: &str) -> Result<Record, RecordError> {
+        let (mut kubelet, mut size, mut version) = (None, None, None);
+        for line in text.lines().map(str::trim) {
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let Some((key, value)) = line.split_once('=') else {
+                return Err(RecordError::NotAPair(line.to_string()));
+            };
+            let value = value.trim();
+            match key.trim() {
+                "kubelet" => kubelet = Some(PathBuf::from(value)),
+                "size" => {
+                    let parsed = value.parse().map_err(|_| RecordError::Value {
+                        key: "size",
+                        value: value.to_string(),
+                        want: "a number of bytes",
+                    });
+                    size = Some(parsed?);
+                }
+                "version" => {
+                    let parsed = KubeletVersion::parse(value).ok_or_else(|| RecordError::Value {
+                        key: "version",
+                        value: value.to_string(),
+                        want: "a version v1.x.y",
+                    });
+                    version = Some(parsed?);
+                }
+                // Later keys are for later agents.
+                _ => {}
+            }
+        }
+        Ok(Record {
+            kubelet: kubelet.ok_or(RecordError::Missing("kubelet"))?,
+            size: size.ok_or(RecordError::Missing("size"))?,
+            version: version.ok_or(RecordError::Missing("version"))?,
+        })
+    }
+}
+
+/// The version the image recorded for the kubelet at `named`, `size`
+/// bytes. No record is the normal case of an older image (the caller warns
+/// if kubelet must run); a record of another binary (kubelet replaced
+/// after the bake) or an unreadable one is said and passed over.
+fn read_record(record: &Path, named: &Path, size: u64) -> Option<KubeletVersion> {
+    let text = match std::fs::read_to_string(record) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(e) => {
+            log::warn!(
+                "reading the image's kubelet record {}: {e}",
+                record.display()
+            );
+            return None;
+        }
+    };
+    match Record::parse(&text) {
+        Ok(found) if found.kubelet == named && found.size == size => Some(found.version),
+        Ok(found) => {
+            log::warn!(
+                "the image's kubelet record {} is of {} ({} bytes), not of {} ({size} bytes): kubelet changed after the image was baked; not used",
+                record.display(),
+                found.kubelet.display(),
+                found.size,
+                named.display()
+            );
+            None
+        }
+        Err(e) => {
+            log::warn!(
+                "the image's kubelet record {} is unreadable ({e}); not used",
+                record.display()
+            );
+            None
+        }
+    }
+}
+
 fn read_cache(cache: &Path, binary: &BinaryIdentity) -> Option<KubeletVersion> {
     let bytes = std::fs::read(cache).ok()?;
     let cached: Cached = serde_json::from_slice(&bytes).ok()?;
@@ -326,6 +475,17 @@ mod tests {
         .unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
         path
+    }
+
+    /// A probe of `kubelet` with `cache` and no image record.
+    fn probe(kubelet: &Path, cache: &Path) -> Probe {
+        let record = cache.with_extension("no-record");
+        Probe::start(Places {
+            kubelet,
+            named: kubelet,
+            cache,
+            record: &record,
+        })
     }
 
     fn runs(dir: &Path) -> usize {
@@ -369,10 +529,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let kubelet = fake_kubelet(dir.path(), "Kubernetes v1.26.3");
         let cache = dir.path().join("state/kubelet-version.json");
-        let first = Probe::start(&kubelet, &cache).finish().unwrap();
+        let first = probe(&kubelet, &cache).finish().unwrap();
         assert_eq!(first.version, KubeletVersion::new(1, 26, 3));
         assert!(matches!(first.found, Found::Ran(_)));
-        let second = Probe::start(&kubelet, &cache).finish().unwrap();
+        let second = probe(&kubelet, &cache).finish().unwrap();
         let cached = Answer {
             version: KubeletVersion::new(1, 26, 3),
             found: Found::Cached,
@@ -382,7 +542,7 @@ mod tests {
 
         // A new kubelet (another size) is asked again.
         let kubelet = fake_kubelet(dir.path(), "Kubernetes v1.34.10");
-        let third = Probe::start(&kubelet, &cache).finish().unwrap();
+        let third = probe(&kubelet, &cache).finish().unwrap();
         assert_eq!(third.version, KubeletVersion::new(1, 34, 10));
         assert!(matches!(third.found, Found::Ran(_)));
         assert_eq!(runs(dir.path()), 2);
@@ -392,25 +552,25 @@ mod tests {
     fn a_missing_failing_or_silent_kubelet_is_a_clear_error() {
         let dir = tempfile::tempdir().unwrap();
         let cache = dir.path().join("cache.json");
-        let err = Probe::start(&dir.path().join("nope"), &cache)
+        let err = probe(&dir.path().join("nope"), &cache)
             .finish()
             .unwrap_err();
         assert!(err.to_string().contains("--kubelet-path"), "{err}");
 
         let kubelet = fake_kubelet(dir.path(), "not a version");
-        let err = Probe::start(&kubelet, &cache).finish().unwrap_err();
+        let err = probe(&kubelet, &cache).finish().unwrap_err();
         assert!(err.to_string().contains("no Kubernetes version"), "{err}");
         assert!(!cache.exists());
 
         let failing = dir.path().join("failing");
         std::fs::write(&failing, "#!/bin/sh\necho broken >&2\nexit 3\n").unwrap();
         std::fs::set_permissions(&failing, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let err = Probe::start(&failing, &cache).finish().unwrap_err();
+        let err = probe(&failing, &cache).finish().unwrap_err();
         assert!(err.to_string().contains("broken"), "{err}");
 
         let not_executable = dir.path().join("plain");
         std::fs::write(&not_executable, "x").unwrap();
-        let err = Probe::start(&not_executable, &cache).finish().unwrap_err();
+        let err = probe(&not_executable, &cache).finish().unwrap_err();
         assert!(err.to_string().contains("cannot run it"), "{err}");
     }
 
@@ -420,10 +580,10 @@ mod tests {
         let kubelet = fake_kubelet(dir.path(), "Kubernetes v1.23.0");
         let cache = dir.path().join("cache.json");
         std::fs::write(&cache, "{not json").unwrap();
-        let answer = Probe::start(&kubelet, &cache).finish().unwrap();
+        let answer = probe(&kubelet, &cache).finish().unwrap();
         assert_eq!(answer.version, KubeletVersion::new(1, 23, 0));
         assert!(matches!(answer.found, Found::Ran(_)));
-        let answer = Probe::start(&kubelet, &cache).finish().unwrap();
+        let answer = probe(&kubelet, &cache).finish().unwrap();
         assert_eq!(answer.found, Found::Cached);
     }
 
@@ -439,9 +599,55 @@ mod tests {
         // Not executable: running it would fail.
         std::fs::set_permissions(&kubelet, std::fs::Permissions::from_mode(0o644)).unwrap();
         let cache = dir.path().join("cache.json");
-        let answer = Probe::start(&kubelet, &cache).finish().unwrap();
+        let answer = probe(&kubelet, &cache).finish().unwrap();
         assert_eq!(answer.version, KubeletVersion::new(1, 34, 1));
         assert!(matches!(answer.found, Found::BuildInfo(_)));
         assert_eq!(answer.found.name(), "build-info");
+    }
+
+    #[test]
+    fn the_images_record_answers_without_running_kubelet() {
+        let dir = tempfile::tempdir().unwrap();
+        let kubelet = fake_kubelet(dir.path(), "Kubernetes v1.37.2");
+        let size = std::fs::metadata(&kubelet).unwrap().len();
+        let named = Path::new("/usr/bin/kubelet");
+        let cache = dir.path().join("state/kubelet-version.json");
+        let record = dir.path().join("kubelet-version");
+        let places = Places {
+            kubelet: &kubelet,
+            named,
+            cache: &cache,
+            record: &record,
+        };
+        std::fs::write(
+            &record,
+            format!("# baked\nkubelet=/usr/bin/kubelet\nsize={size}\nversion=v1.37.2\nlater=key\n"),
+        )
+        .unwrap();
+        let answer = Probe::start(places).finish().unwrap();
+        assert_eq!(answer.version, KubeletVersion::new(1, 37, 2));
+        assert!(matches!(answer.found, Found::Recorded(_)));
+        assert_eq!(answer.found.name(), "recorded");
+        assert_eq!(runs(dir.path()), 0);
+        assert!(!cache.exists(), "a recorded version needs no cache");
+
+        // Another binary than the record's (replaced after the bake, or
+        // another path): kubelet is asked, and the record left alone.
+        for other in [
+            format!(
+                "kubelet=/usr/bin/kubelet\nsize={}\nversion=v1.37.2\n",
+                size + 1
+            ),
+            format!("kubelet=/opt/bin/kubelet\nsize={size}\nversion=v1.37.2\n"),
+            "size=12\nversion=v1.37.2\n".to_string(),
+            "kubelet=/usr/bin/kubelet\nsize=x\nversion=v1.37.2\n".to_string(),
+            format!("kubelet=/usr/bin/kubelet\nsize={size}\nversion=1.37\n"),
+        ] {
+            std::fs::write(&record, &other).unwrap();
+            let _ = std::fs::remove_file(&cache);
+            let answer = Probe::start(places).finish().unwrap();
+            assert!(matches!(answer.found, Found::Ran(_)), "{other}");
+        }
+        assert_eq!(runs(dir.path()), 5);
     }
 }

@@ -16,14 +16,22 @@ pub(super) struct Units {
     pub reload: bool,
 }
 
-/// `kubelet --version` of the kubelet under the root, or its cached answer
+/// The version of the kubelet under the root: the image's record, the
+/// cache, its build information or `kubelet --version`
 /// ([`kubelet::Probe`]); started early, finished in [`run`].
 pub(super) fn probe_kubelet(run: &Run) -> Result<kubelet::Probe, Failure> {
     let path = &run.settings.node.kubelet_path;
     let program = run.root.join(path);
     let program = program.map_err(fail_as(Kind::Config, Phase::Apply, "--kubelet-path"))?;
+    let record = run.root.join(kubelet::VERSION_RECORD);
+    let record = record.map_err(fail_as(Kind::Failed, Phase::Apply, "kubelet's record"))?;
     let cache = run.state_dir.join(kubelet::VERSION_CACHE);
-    Ok(kubelet::Probe::start(&program, &cache))
+    Ok(kubelet::Probe::start(kubelet::Places {
+        kubelet: &program,
+        named: Path::new(path),
+        cache: &cache,
+        record: &record,
+    }))
 }
 
 pub(super) fn run(
@@ -96,5 +104,14 @@ fn kubelet_version(probe: kubelet::Probe) -> Result<kubelet::KubeletVersion, Fai
         found.took().as_secs_f64(),
         asked.elapsed().as_secs_f64()
     );
+    // Still supported (images baked before the record existed must keep
+    // joining), but it put a 100 MB binary's start on the boot's path.
+    if let kubelet::Found::Ran(took) = found {
+        log::warn!(
+            "ran `kubelet --version` ({:.1} s) because the image did not record kubelet's version when it was baked: record it in {} (packaging/bake/provision does; packaging/examples/AMI.md)",
+            took.as_secs_f64(),
+            kubelet::VERSION_RECORD
+        );
+    }
     Ok(version)
 }

@@ -25,7 +25,7 @@ use crate::harness::poll::{self, Seen};
 use crate::harness::process::Daemon;
 use crate::karpenter::standin::ec2nodeclasses;
 use crate::server::world::World;
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use kube::api::DynamicObject;
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
@@ -386,6 +386,97 @@ impl Report {
     }
 }
 
+/// The `key=value` pairs of the first of `lines` that starts with
+/// `prefix` (the agent's `kubelet version=… from=…` and `exiting …` lines).
+pub fn logged_pairs<'a>(
+    lines: impl IntoIterator<Item = &'a str>,
+    prefix: &str,
+) -> Option<BTreeMap<String, String>> {
+    let line = lines.into_iter().find(|l| l.starts_with(prefix))?;
+    Some(
+        line.split_whitespace()
+            .filter_map(|pair| pair.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    )
+}
+
+/// Where the agent's kubelet version came from when the image recorded it
+/// at bake time (packaging/bake/provision; the agent's `Found::Recorded`).
+pub const KUBELET_VERSION_RECORDED: &str = "recorded";
+
+/// What the agent's run cost, from its log: how it learnt kubelet's
+/// version, and its last line's wall time and CPU seconds from the fork to
+/// its exit (with what systemd does in the forked process before the
+/// exec: the unit's sandbox), the same from its `main` on, and its
+/// children's CPU. The unit runs it with `--no-start-kubelet` and systemd
+/// starts kubelet when it exits (once the runtime is up too): this is the
+/// agent's share of the boot up to kubelet's start.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentCost {
+    pub kubelet_version_from: String,
+    pub took_s: f64,
+    pub cpu_s: f64,
+    pub main_took_s: f64,
+    pub main_cpu_s: f64,
+    pub children_cpu_s: f64,
+}
+
+impl AgentCost {
+    pub fn from_log<'a>(lines: impl IntoIterator<Item = &'a str> + Clone) -> Result<Self> {
+        let version = logged_pairs(lines.clone(), "kubelet version=")
+            .context("the agent never logged kubelet's version")?;
+        let exiting = logged_pairs(lines, "exiting ")
+            .context("the agent never logged its `exiting` line (an agent from before it?)")?;
+        let number = |key: &str| -> Result<f64> {
+            exiting
+                .get(key)
+                .and_then(|v| v.parse().ok())
+                .with_context(|| {
+                    format!("no number {key}= in the agent's exiting line: {exiting:?}")
+                })
+        };
+        Ok(AgentCost {
+            kubelet_version_from: version.get("from").cloned().unwrap_or_default(),
+            took_s: number("took_s")?,
+            cpu_s: number("cpu_s")?,
+            main_took_s: number("main_took_s")?,
+            main_cpu_s: number("main_cpu_s")?,
+            children_cpu_s: number("children_cpu_s")?,
+        })
+    }
+
+    /// The image recorded kubelet's version and the agent used it: no
+    /// `kubelet --version` on the boot's path.
+    pub fn check_recorded(&self) -> Result<()> {
+        ensure!(
+            self.kubelet_version_from == KUBELET_VERSION_RECORDED,
+            "the agent learnt kubelet's version from={} instead of the image's record (from={KUBELET_VERSION_RECORDED}): was the image made without packaging/bake/provision?",
+            self.kubelet_version_from
+        );
+        Ok(())
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "kubelet_version_from": self.kubelet_version_from,
+            "took_s": self.took_s,
+            "cpu_s": self.cpu_s,
+            "main_took_s": self.main_took_s,
+            "main_cpu_s": self.main_cpu_s,
+            "children_cpu_s": self.children_cpu_s,
+        })
+    }
+}
+
+/// This machine's load averages (1, 5 and 15 minutes), from
+/// /proc/loadavg, to go beside timings taken under emulation.
+pub fn host_load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|e| format!("unknown ({e})"))
+}
+
 /// `[   21.339976] host autonode-agent[215]: message` (journalctl's
 /// short-monotonic output) as its time and message.
 fn journal_entry(entry: &str) -> Option<(Duration, String)> {
@@ -674,9 +765,10 @@ mod tests {
     use super::*;
 
     /// The image's `KUBELET_EXTRA_ARGS` for a kubelet printing `version`
-    /// (`tests/setup/build-vm-image --kubelet-args`).
+    /// (`packaging/bake/provision --kubelet-args`, which the image's build
+    /// runs).
     fn kubelet_extra_args(version: &str) -> Result<String> {
-        let script = repo_root().join("tests/setup/build-vm-image");
+        let script = repo_root().join("packaging/bake/provision");
         let output = std::process::Command::new(&script)
             .args(["--kubelet-args", version])
             .output()
@@ -685,6 +777,34 @@ mod tests {
             bail!("{}", String::from_utf8_lossy(&output.stderr));
         }
         Ok(String::from_utf8(output.stdout)?.trim().to_string())
+    }
+
+    #[test]
+    fn the_agents_cost_is_read_from_its_log() {
+        let log = [
+            "autonode-agent 0.2.0 starting since_fork_s=0.31",
+            "kubelet version=v1.37.2 from=recorded took_s=0.000 waited_s=0.000",
+            "phase=start succeeded node=n",
+            "exiting outcome=success took_s=1.84 cpu_s=0.42 main_took_s=1.50 main_cpu_s=0.30 children_cpu_s=0.03",
+        ];
+        let cost = AgentCost::from_log(log).unwrap();
+        assert_eq!(cost.kubelet_version_from, "recorded");
+        assert_eq!(
+            (cost.took_s, cost.cpu_s, cost.children_cpu_s),
+            (1.84, 0.42, 0.03)
+        );
+        assert_eq!((cost.main_took_s, cost.main_cpu_s), (1.50, 0.30));
+        assert!(cost.check_recorded().is_ok());
+        let ran = [
+            "kubelet version=v1.37.2 from=kubelet-version took_s=8.155 waited_s=6.508",
+            log[3],
+        ];
+        let err = AgentCost::from_log(ran)
+            .unwrap()
+            .check_recorded()
+            .unwrap_err();
+        assert!(err.to_string().contains("from=kubelet-version"), "{err}");
+        assert!(AgentCost::from_log(log[..3].iter().copied()).is_err());
     }
 
     #[test]

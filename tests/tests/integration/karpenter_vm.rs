@@ -15,7 +15,7 @@ use autonode_tests::fleet::vm::{create_deployment, follow, moto_instance, scale,
 use autonode_tests::karpenter::standin::nodeclaims;
 use autonode_tests::kube::events::event_reasons;
 use autonode_tests::machines::launcher::MachineKind;
-use autonode_tests::machines::vm::LOCAL_IMAGE;
+use autonode_tests::machines::vm::{self, AgentCost, LOCAL_IMAGE};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::Api;
 use kube::Client;
@@ -40,6 +40,11 @@ async fn a_pending_pod_runs_on_a_vm_that_karpenter_launched_and_autonode_joined(
     })
     .await?;
 
+    let load = vm::host_load();
+    // The image's record of kubelet's version (packaging/bake/provision)
+    // spared the agent a `kubelet --version` on the way to the Node.
+    let cost = agent_cost(&journey)?;
+    cost.check_recorded()?;
     check_node(&cluster, &admin, &journey).await?;
     check_pod(&admin, &journey).await?;
     let claim = nodeclaims(&admin).get(&journey.claim).await?;
@@ -57,7 +62,19 @@ async fn a_pending_pod_runs_on_a_vm_that_karpenter_launched_and_autonode_joined(
             "no {reason} Event on the NodeClaim: {reasons:?}"
         );
     }
-    record(&cluster, &journey)
+    record(&cluster, &journey, &cost, &load)
+}
+
+/// The agent's cost, from the log the launcher kept of its run (the
+/// `agent_joined` step's detail: its last lines).
+fn agent_cost(journey: &Journey) -> Result<AgentCost> {
+    let log = journey
+        .steps
+        .iter()
+        .find(|s| s.name == "agent_joined")
+        .map(|s| s.detail.as_str())
+        .unwrap_or_default();
+    AgentCost::from_log(log.lines())
 }
 
 /// The Node is the instance's, as moto describes it, registered by the
@@ -109,7 +126,12 @@ async fn check_pod(admin: &Client, journey: &Journey) -> Result<()> {
 
 /// Writes the journey's figures under `vm` in `target/bench/karpenter.json`
 /// (the top-level `pending_to_ready_s` is the kubelet stand-in's).
-fn record(cluster: &KarpenterCluster, journey: &Journey) -> Result<()> {
+fn record(
+    cluster: &KarpenterCluster,
+    journey: &Journey,
+    cost: &AgentCost,
+    load: &str,
+) -> Result<()> {
     let seconds = |step: &str| journey.seconds(step).map(|s| (s * 10.0).round() / 10.0);
     let steps: serde_json::Map<String, serde_json::Value> = journey
         .steps
@@ -125,7 +147,22 @@ fn record(cluster: &KarpenterCluster, journey: &Journey) -> Result<()> {
         "karpenter_version": cluster.karpenter.release().to_string(),
         "moto_version": MOTO_VERSION,
         "kubernetes_version": cluster.cp.version().to_string(),
+        // The agent's own share (fork to exit, when systemd starts
+        // kubelet), and the host's load averages when the pod ran.
+        "agent": cost.to_json(),
+        "host_load": load,
     });
+    eprintln!(
+        "scale-up to Node Ready {:?} s, to the pod Running {:?} s; the agent took {:.2} s and {:.2} s of CPU from its fork to its exit ({:.2} s and {:.2} s from main; {:.2} s its children's), kubelet's version from={}; host load {load}",
+        seconds("node_ready"),
+        seconds("pod_running"),
+        cost.took_s,
+        cost.cpu_s,
+        cost.main_took_s,
+        cost.main_cpu_s,
+        cost.children_cpu_s,
+        cost.kubelet_version_from
+    );
     let entries = [("vm".to_string(), vm)].into_iter().collect();
     let path = autonode_tests::harness::bench::merge("karpenter.json", entries)?;
     eprintln!("recorded in {}", path.display());

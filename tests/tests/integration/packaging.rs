@@ -128,6 +128,79 @@ fn chroot(root: &Path, args: &[&str]) -> Result<String> {
     run("chroot", &all)
 }
 
+/// The AMI recipe's provisioning (packaging/bake/provision, which the
+/// Packer template and the VM test image's build both run), in a real
+/// Debian root as a chroot bake would: kubelet placed, its AMI-level flags
+/// written, the .deb installed and its unit enabled, the runtime enabled,
+/// and kubelet's version recorded in the form the agent reads. The image
+/// here has a runtime, so nothing is downloaded.
+#[test]
+fn the_bake_script_provisions_a_root_and_records_kubelets_version() -> Result<()> {
+    let deb = package("autonode-agent_", "_amd64.deb")?;
+    let root = debian_root()?;
+    let r = root.path();
+    let bake = r.join("tmp/bake");
+    fs::create_dir_all(&bake)?;
+    fs::copy(&deb, bake.join("autonode-agent.deb"))?;
+    for file in ["provision", "kubelet.service"] {
+        fs::copy(
+            workspace().join("packaging/bake").join(file),
+            bake.join(file),
+        )?;
+    }
+    // A kubelet that only answers --version, as a 1.37 one does.
+    let kubelet = "#!/bin/sh\necho 'Kubernetes v1.37.2'\n";
+    fs::write(bake.join("kubelet"), kubelet)?;
+    let unit = "[Service]\nExecStart=/bin/true\n[Install]\nWantedBy=multi-user.target\n";
+    fs::write(r.join("usr/lib/systemd/system/containerd.service"), unit)?;
+
+    chroot(
+        r,
+        &[
+            "/tmp/bake/provision",
+            "--kubelet",
+            "/tmp/bake/kubelet",
+            "/tmp/bake/autonode-agent.deb",
+        ],
+    )?;
+    assert_eq!(mode(&r.join("usr/bin/kubelet"))?, 0o755);
+    let record = fs::read_to_string(r.join("etc/autonode/kubelet-version"))?;
+    let pairs: Vec<&str> = record.lines().filter(|l| !l.starts_with('#')).collect();
+    let size = kubelet.len();
+    assert_eq!(
+        pairs,
+        [
+            "kubelet=/usr/bin/kubelet",
+            &format!("size={size}"),
+            "version=v1.37.2"
+        ],
+        "{record}"
+    );
+    assert_eq!(mode(&r.join("etc/autonode/kubelet-version"))?, 0o644);
+    let flags = fs::read_to_string(r.join("etc/default/kubelet"))?;
+    assert!(flags.contains("KUBELET_EXTRA_ARGS=\"\""), "{flags}");
+    // The root had no kubelet unit: the recipe's is installed.
+    assert_eq!(
+        fs::read(r.join("usr/lib/systemd/system/kubelet.service"))?,
+        fs::read(workspace().join("packaging/bake/kubelet.service"))?
+    );
+    for unit in [
+        "autonode-agent.service",
+        "containerd.service",
+        "kubelet.service",
+    ] {
+        let enabled = chroot(r, &["systemctl", "is-enabled", unit])?;
+        assert_eq!(enabled.trim(), "enabled", "{unit}");
+    }
+
+    // A package that is not one fails, naming it.
+    fs::write(bake.join("agent.tgz"), "x")?;
+    let refused = chroot(r, &["/tmp/bake/provision", "/tmp/bake/agent.tgz"]);
+    let err = refused.expect_err("a .tgz is no package").to_string();
+    assert!(err.contains("neither a .deb nor an .rpm"), "{err}");
+    Ok(())
+}
+
 /// The .deb in a real Debian root: files and modes, the unit enabled (not
 /// started: there is no systemd running), the binary runs there, the unit
 /// verifies, and removal leaves no unit, drop-in or symlink behind.

@@ -92,6 +92,11 @@ async fn joins_and_becomes_ready(
     let report = vm.agent_report(BOOT_TIMEOUT).await?;
     check_agent(&report, "success", "0")?;
     check_runtime_waited(&report)?;
+    // The image was made by the recipe's provision script, which recorded
+    // kubelet's version: the agent read it and never ran kubelet before
+    // systemd started it. (An image without the record fails here.)
+    let cost = vm::AgentCost::from_log(report.agent_log.iter().map(|(_, l)| l.as_str()))?;
+    cost.check_recorded()?;
     ensure!(
         imds.tokens_issued() > 0,
         "the agent joined without a token from the test's IMDS"
@@ -155,6 +160,7 @@ async fn joins_and_becomes_ready(
     );
     wait_node(vm, &nodes, name, "Ready", is_ready).await?;
     let boot_to_ready = vm.started().elapsed();
+    let load = vm::host_load();
 
     let reasons = env.world.event_reasons(claim, "NodeReady").await?;
     for reason in ["Attested", "AgentProgress", "NodeRegistered", "NodeReady"] {
@@ -173,12 +179,20 @@ async fn joins_and_becomes_ready(
             "boot_to_registered_s": boot_to_registered.as_secs_f64(),
             "boot_to_ready_s": boot_to_ready.as_secs_f64(),
             "agent": agent_timings(&report)?,
+            "agent_cost": cost.to_json(),
+            "host_load": load,
             "imds_tokens_issued": imds.tokens_issued(),
         }),
     )?;
     eprintln!(
-        "vm join ({}): Node registered {boot_to_registered:.1?} and Ready {boot_to_ready:.1?} after QEMU started ({})",
+        "vm join ({}): Node registered {boot_to_registered:.1?} and Ready {boot_to_ready:.1?} after QEMU started; the agent took {:.2} s and {:.2} s of CPU from its fork to its exit ({:.2} s and {:.2} s from main; {:.2} s its children's), kubelet's version from={}; host load {load} ({})",
         arch.name(),
+        cost.took_s,
+        cost.cpu_s,
+        cost.main_took_s,
+        cost.main_cpu_s,
+        cost.children_cpu_s,
+        cost.kubelet_version_from,
         path.display()
     );
     Ok(())
@@ -305,16 +319,9 @@ fn agent_timings(report: &Report) -> Result<serde_json::Value> {
 /// The `key=value` pairs of the agent's first line starting with `prefix`
 /// (`kubelet version=… from=… took_s=… waited_s=…`).
 fn logged_pairs(report: &Report, prefix: &str) -> Result<BTreeMap<String, String>> {
-    let (_, line) = report
-        .agent_log
-        .iter()
-        .find(|(_, message)| message.starts_with(prefix))
-        .with_context(|| format!("the agent never logged {prefix:?}: {:?}", report.agent_log))?;
-    Ok(line
-        .split_whitespace()
-        .filter_map(|pair| pair.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect())
+    let lines = report.agent_log.iter().map(|(_, message)| message.as_str());
+    vm::logged_pairs(lines, prefix)
+        .with_context(|| format!("the agent never logged {prefix:?}: {:?}", report.agent_log))
 }
 
 /// A pair's value as seconds; `None` if absent or not a number ("cached").

@@ -1,0 +1,152 @@
+# An autonode node AMI, for amd64 and arm64 at once: Debian 12's own AMI,
+# with kubelet, containerd and the agent's package, and kubelet's version
+# recorded for the agent. Both AMIs are made by packaging/bake/provision,
+# the script that also makes the VM tests' image (tests/setup/build-vm-image).
+#
+#   packaging/build        # the agent's packages, in target/packages/
+#   cd packaging/examples/packer
+#   packer init .          # the amazon plugin
+#   packer build -var region=us-west-2 -var kubernetes_version=1.34.2 .
+#   packer build -only='*.arm64' ...   # one architecture
+#
+# Tested by `packer validate` in tests/run (Packer 1.9.4, amazon plugin
+# 1.3.4); not built against AWS there. Walkthrough: ../AMI.md.
+
+packer {
+  required_version = ">= 1.9.4"
+  required_plugins {
+    amazon = {
+      source  = "github.com/hashicorp/amazon"
+      version = ">= 1.3.4"
+    }
+  }
+}
+
+variable "region" {
+  type        = string
+  description = "The AWS region the AMIs are made in."
+}
+
+variable "kubernetes_version" {
+  type        = string
+  description = "The kubelet's version, X.Y.Z (one your control plane supports): downloaded from dl.k8s.io on the build instance and checked against its published SHA-256."
+  validation {
+    condition     = can(regex("^1\\.[0-9]+\\.[0-9]+$", var.kubernetes_version))
+    error_message = "The kubernetes_version is X.Y.Z, e.g. 1.34.2 (no leading v)."
+  }
+}
+
+variable "agent_version" {
+  type        = string
+  description = "The agent's package version: packaging/build names its packages autonode-agent_<version>-1_<arch>.deb."
+  default     = "0.2.0"
+}
+
+variable "packages" {
+  type        = string
+  description = "The directory with the agent's .deb packages; empty means this repository's target/packages/."
+  default     = ""
+}
+
+variable "ami_name_prefix" {
+  type    = string
+  default = "autonode-node"
+}
+
+variable "source_ami_owner" {
+  type        = string
+  description = "Who publishes the source AMI: Debian's account, whose AMIs are named debian-12-<arch>-<date>-<build>."
+  default     = "136693071363"
+}
+
+locals {
+  packages  = var.packages != "" ? var.packages : "${path.root}/../../../target/packages"
+  bake      = "${path.root}/../../bake"
+  # One timestamp for both architectures' names.
+  stamp = formatdate("YYYYMMDDhhmm", timestamp())
+}
+
+# What both architectures share; the build below sets what differs.
+source "amazon-ebs" "node" {
+  region       = var.region
+  ssh_username = "admin"
+  # The agent requires IMDSv2 at boot (EC2NodeClass: httpTokens required,
+  # hop limit 1); the AMI says it supports nothing else, and the build
+  # instance uses it too.
+  imds_support = "v2.0"
+  metadata_options {
+    http_endpoint               = "enabled"
+    http_tokens                 = "required"
+    http_put_response_hop_limit = 1
+  }
+  ena_support = true
+  tags = {
+    Name               = "${var.ami_name_prefix}-${local.stamp}"
+    "autonode:agent"   = var.agent_version
+    "autonode:kubelet" = var.kubernetes_version
+    "autonode:source"  = "{{ .SourceAMIName }}"
+  }
+}
+
+build {
+  source "amazon-ebs.node" {
+    name          = "amd64"
+    ami_name      = "${var.ami_name_prefix}-amd64-${local.stamp}"
+    instance_type = "m6i.large"
+    source_ami_filter {
+      filters = {
+        name                = "debian-12-amd64-*"
+        architecture        = "x86_64"
+        root-device-type    = "ebs"
+        virtualization-type = "hvm"
+      }
+      owners      = [var.source_ami_owner]
+      most_recent = true
+    }
+  }
+
+  source "amazon-ebs.node" {
+    name          = "arm64"
+    ami_name      = "${var.ami_name_prefix}-arm64-${local.stamp}"
+    instance_type = "m7g.large"
+    source_ami_filter {
+      filters = {
+        name                = "debian-12-arm64-*"
+        architecture        = "arm64"
+        root-device-type    = "ebs"
+        virtualization-type = "hvm"
+      }
+      owners      = [var.source_ami_owner]
+      most_recent = true
+    }
+  }
+
+  # source.name is the architecture, as Debian and Kubernetes spell it.
+  provisioner "file" {
+    source      = "${local.packages}/autonode-agent_${var.agent_version}-1_${source.name}.deb"
+    destination = "/tmp/autonode-agent.deb"
+  }
+
+  # The script and the kubelet unit it installs where the image has none:
+  # the folder (no trailing slash) becomes /tmp/bake.
+  provisioner "file" {
+    source      = local.bake
+    destination = "/tmp"
+  }
+
+  provisioner "shell" {
+    inline = [
+      "set -eu",
+      "url=https://dl.k8s.io/release/v${var.kubernetes_version}/bin/linux/${source.name}/kubelet",
+      "curl -fsSLo /tmp/kubelet \"$url\"",
+      "echo \"$(curl -fsSL \"$url.sha256\")  /tmp/kubelet\" | sha256sum --check --strict",
+      "chmod 0755 /tmp/bake/provision",
+      "sudo /tmp/bake/provision --kubelet /tmp/kubelet /tmp/autonode-agent.deb",
+      "rm -rf /tmp/kubelet /tmp/autonode-agent.deb /tmp/bake",
+      # Nothing of the build instance's own boot goes into the AMI: no
+      # machine-id (each instance makes its own), no apt lists.
+      "sudo truncate -s 0 /etc/machine-id",
+      "sudo rm -rf /var/lib/apt/lists/*",
+    ]
+  }
+}
