@@ -87,7 +87,7 @@ const HOLD_FOR_JOIN: Duration = Duration::from_secs(60);
 /// whose mark write then conflicted and was read and written again, and
 /// the condition's own write met the mark's in turn (docs/benchmarks.md:
 /// a burst's NodeClaim requests). Bounded: a hold is forgotten after
-/// [`HOLD_FOR_JOIN`], and at most [`HOLDS`] are kept.
+/// `HOLD_FOR_JOIN` (60 s), and at most `HOLDS` (16,384) are kept.
 pub struct JoinHolds {
     since: std::sync::Mutex<Bounded<String, Instant>>,
 }
