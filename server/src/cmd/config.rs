@@ -677,8 +677,12 @@ pub struct JoinApiArgs {
     /// under --max-concurrent-joins before it is answered 503 with
     /// Retry-After. In a burst, a join waiting here starts the moment a
     /// place frees, where one sent away waits out its backoff and pays its
-    /// TLS handshake and admission again. At most 40: every agent waits 60
-    /// s for an answer, and the join itself needs the rest. 0: no waiting.
+    /// TLS handshake and admission again. When more joins wait already than
+    /// places free up in this time (at the rate they have been freeing), a
+    /// newcomer is answered 503 at once, with a Retry-After at its turn (at
+    /// most 30 s, one place's time after the one told before it). At most
+    /// 40: every agent waits 60 s for an answer, and the join itself needs
+    /// the rest. 0: no waiting.
     #[arg(
         long = "join-queue-wait",
         env = "AUTONODE_JOIN_QUEUE_WAIT",

@@ -255,7 +255,7 @@ fn name_held_by_others(
 ) -> Option<Timestamp> {
     let now = ctx.clock.stamp();
     let name = &instance.private_dns_name;
-    let known = (&ctx.claims.store(), ctx.claims.history());
+    let known = (ctx.claims.bound_to(name), ctx.claims.history());
     let held = reuse::last_held_by_others(known, name, instance_id, now)?;
     let open = reuse::window_end(held, ctx.lifetimes.signing) > now;
     if open {

@@ -34,6 +34,7 @@
 //! so every reader of a kind has the relist-after-failure fix, and the API
 //! server serves one watch per kind, not one per controller.
 
+use crate::kube::index::Index;
 use crate::primitives::backoff::WatchBackoff;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus};
@@ -190,16 +191,19 @@ where
     /// Like [`Cache::start_filtered`] (with a `filter` that may hold
     /// state, such as a key), also keeping the last `gone` objects the
     /// watch saw deleted (or a relist no longer had), for [`Cache::gone`],
-    /// and handing each, filtered, to `on_gone` before the store drops it.
+    /// and handing each, filtered, to `on_gone` before the store drops it;
+    /// and keeping `index` in step with the store.
     pub fn start_remembering(
         api: Api<K>,
         what: &'static str,
         filter: impl Fn(&mut K) + Send + Sync + 'static,
         (gone, on_gone): (usize, OnGone<K>),
+        index: Index<K>,
     ) -> Self {
         let config = watcher::Config::default().page_size(LIST_PAGE);
         let gone = Gone::new(gone, Some(on_gone));
-        let (cache, task) = Self::build(api, config, what, Arc::new(filter), false, gone);
+        let filter = Arc::new(filter);
+        let (cache, task) = Self::build(api, config, what, filter, false, (gone, Some(index)));
         tokio::spawn(task);
         cache
     }
@@ -231,7 +235,7 @@ where
             what,
             Arc::new(filter),
             false,
-            Gone::new(0, None),
+            (Gone::new(0, None), None),
         )
     }
 
@@ -249,7 +253,7 @@ where
             what,
             Arc::new(|_: &mut K| {}),
             true,
-            Gone::new(0, None),
+            (Gone::new(0, None), None),
         )
     }
 
@@ -259,7 +263,7 @@ where
         what: &'static str,
         filter: Filter<K>,
         keep_managed_fields: bool,
-        gone: Gone<K>,
+        (gone, index): (Gone<K>, Option<Index<K>>),
     ) -> (Self, impl Future<Output = ()> + Send + 'static) {
         let (store, writer) = reflector::store();
         let (listed_tx, listed) = watch::channel(false);
@@ -277,6 +281,7 @@ where
             changes: changes.clone(),
             gone: gone.clone(),
             relisted: HashSet::new(),
+            index,
         };
         let status = Status {
             listed,
@@ -413,6 +418,8 @@ where
     /// The objects of the list under way, to tell at its end which of the
     /// store's are gone.
     relisted: HashSet<(ObjectRef<K>, Option<String>)>,
+    /// Kept in step with the store, when the cache has one.
+    index: Option<Index<K>>,
 }
 
 impl<K> Task<K>
@@ -439,7 +446,13 @@ where
                         // Recorded before the store drops it, so a reader
                         // always finds an object in one or the other.
                         self.remember_gone(&event);
+                        if let Some(index) = &self.index {
+                            index.before(&event);
+                        }
                         self.writer.apply_watcher_event(&event);
+                        if let Some(index) = &self.index {
+                            index.after(&event);
+                        }
                         self.announce(&event);
                         if matches!(event, watcher::Event::InitDone) {
                             self.in_sync();
@@ -469,7 +482,14 @@ where
         }
         // No reader left is no error: it has stopped.
         match event {
-            watcher::Event::Apply(object) | watcher::Event::Delete(object) => {
+            // The store's own copy, just applied: no second deep copy.
+            watcher::Event::Apply(object) => {
+                let kept = self.writer.as_reader().get(&ObjectRef::from_obj(object));
+                let _ = self
+                    .changes
+                    .send(kept.unwrap_or_else(|| Arc::new(object.clone())));
+            }
+            watcher::Event::Delete(object) => {
                 let _ = self.changes.send(Arc::new(object.clone()));
             }
             watcher::Event::InitDone => {

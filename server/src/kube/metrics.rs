@@ -226,8 +226,8 @@ impl Metrics {
         registry.register(
             "csrs_pending",
             "Kubelet signers' CSRs nobody has decided yet (no Approved, Denied or Failed \
-             condition, no certificate), counted by the leader from the approver's watch \
-             (0 on other replicas)",
+             condition, no certificate), counted by the leader from the approver's watch, \
+             which leaves out autonode's own join CSRs (0 on other replicas)",
             csrs_pending.clone(),
         );
         let agent_reports_refused = Family::<ReportRefusalLabels, Counter>::default();

@@ -7,6 +7,7 @@ pub mod binding;
 pub mod cache;
 pub mod condition;
 pub mod events;
+pub mod index;
 pub mod issuer;
 pub mod karpenter;
 pub mod marks;

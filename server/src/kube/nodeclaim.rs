@@ -12,7 +12,9 @@
 //! a LIST per join: a scale-out of a thousand machines must not become a
 //! thousand LISTs of every NodeClaim.
 
+use crate::kube::binding;
 use crate::kube::cache::{self, Cache, OnGone};
+use crate::kube::index::Index;
 use crate::kube::karpenter::{Condition, NodeClaim};
 use crate::kube::marks::{self, StateKey};
 use crate::kube::reuse::History;
@@ -22,6 +24,23 @@ use kube::{Api, Client};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use time::OffsetDateTime;
+
+/// The keys a NodeClaim is found by (see [`NodeClaims::by_provider_id`],
+/// [`NodeClaims::bound_to`]).
+fn index_keys(claim: &NodeClaim) -> Vec<String> {
+    let provider = claim.provider_id().map(provider_key);
+    let bound = binding::recorded(claim).ok().flatten();
+    let node = bound.map(|record| node_key(&record.node_name));
+    provider.into_iter().chain(node).collect()
+}
+
+fn provider_key(provider_id: &str) -> String {
+    format!("provider:{provider_id}")
+}
+
+fn node_key(node: &str) -> String {
+    format!("node:{node}")
+}
 
 /// How long a join waits for the cache to show a NodeClaim it lacks.
 pub const CACHE_GRACE: Duration = Duration::from_secs(3);
@@ -39,6 +58,8 @@ pub struct NodeClaims {
     /// Seals every mark written, and opens those read.
     key: StateKey,
     history: History,
+    /// The cache's NodeClaims by providerID and by bound node name.
+    index: Index<NodeClaim>,
 }
 
 impl NodeClaims {
@@ -53,11 +74,15 @@ impl NodeClaims {
             remember.record(claim, clock.stamp(), Instant::now());
         });
         let filter = move |claim: &mut NodeClaim| strip(claim, &key);
+        let index = Index::new(index_keys);
+        let gone = (MAX_GONE, on_gone);
+        let cache = Cache::start_remembering(api.clone(), "NodeClaim", filter, gone, index.clone());
         Self {
-            cache: Cache::start_remembering(api.clone(), "NodeClaim", filter, (MAX_GONE, on_gone)),
+            cache,
             api,
             key,
             history,
+            index,
         }
     }
 
@@ -123,14 +148,34 @@ impl NodeClaims {
         Ok(only(provider_id, matches)?)
     }
 
-    /// The NodeClaims whose `status.providerID` is exactly `provider_id`.
-    /// (A scan under the cache's read lock that clones only the matches: a
-    /// snapshot of every NodeClaim per lookup cost an allocation and an
-    /// atomic increment per NodeClaim in the cluster.)
+    /// The NodeClaims whose `status.providerID` is exactly `provider_id`,
+    /// as the store holds them (the index only names candidates).
     pub fn by_provider_id(&self, provider_id: &str) -> Vec<Arc<NodeClaim>> {
-        self.cache
-            .store
-            .state_filter(|c| c.provider_id() == Some(provider_id))
+        self.indexed(&provider_key(provider_id), |c| {
+            c.provider_id() == Some(provider_id)
+        })
+    }
+
+    /// The NodeClaims whose binding records the node name `node`, as the
+    /// store holds them.
+    pub fn bound_to(&self, node: &str) -> Vec<Arc<NodeClaim>> {
+        self.indexed(&node_key(node), |c| {
+            binding::recorded(c)
+                .ok()
+                .flatten()
+                .is_some_and(|r| r.node_name == node)
+        })
+    }
+
+    /// The store's NodeClaims among the index's candidates for `key` that
+    /// `matches` judges, on each as the store holds it now.
+    fn indexed(&self, key: &str, matches: impl Fn(&NodeClaim) -> bool) -> Vec<Arc<NodeClaim>> {
+        let store = &self.cache.store;
+        let found = self.index.candidates(key).into_iter();
+        found
+            .filter_map(|object| store.get(&object))
+            .filter(|claim| matches(claim))
+            .collect()
     }
 
     /// Each NodeClaim this cache's watch brings (see [`Cache::changes`]):

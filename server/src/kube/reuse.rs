@@ -33,7 +33,6 @@ use crate::kube::karpenter::NodeClaim;
 use crate::kube::marks;
 use crate::primitives::bounded::Bounded;
 use k8s_openapi::jiff::Timestamp;
-use kube::runtime::reflector::Store;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -62,11 +61,12 @@ pub fn is_ip_based(name: &str) -> bool {
 /// deletion time for a deleted one (`now` when the watch did not show
 /// one), and any [`marks::NAME_LAST_HELD`] such a NodeClaim carried (the
 /// name may have changed hands more than once). `None` for a name that is
-/// not IP-based: no other instance can have held it. `live` and `gone` are
-/// the NodeClaim cache's store and history
-/// ([`NodeClaims`](crate::kube::nodeclaim::NodeClaims)`::store`, `::history`).
+/// not IP-based: no other instance can have held it. `live` and `gone`
+/// are the NodeClaim cache's NodeClaims bound to `name` and its history
+/// ([`NodeClaims`](crate::kube::nodeclaim::NodeClaims)`::bound_to`,
+/// `::history`).
 pub fn last_held_by_others(
-    (live, gone): (&Store<NodeClaim>, &History),
+    (live, gone): (Vec<Arc<NodeClaim>>, &History),
     name: &str,
     instance_id: &str,
     now: Timestamp,
@@ -74,26 +74,17 @@ pub fn last_held_by_others(
     if !is_ip_based(name) {
         return None;
     }
-    let held_by_another = |claim: &NodeClaim| {
-        // A substring test first: most bindings name other nodes, and this
-        // runs over every NodeClaim for each join and judgement.
-        let mentions = claim
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(marks::BINDING))
-            .is_some_and(|b| b.contains(name));
-        mentions
-            && binding::recorded(claim)
-                .ok()
-                .flatten()
-                .is_some_and(|r| r.node_name == name && r.instance_id != instance_id)
+    let another = |claim: &NodeClaim| {
+        binding::recorded(claim)
+            .ok()
+            .flatten()
+            .is_some_and(|r| r.instance_id != instance_id)
     };
     // The store first, then the history: a NodeClaim the store no longer
     // holds was recorded there before it was dropped.
-    let live = live.state_filter(held_by_another);
     let live = live
         .iter()
+        .filter(|claim| another(claim))
         .flat_map(|claim| [Some(now), marked(claim)])
         .flatten();
     let gone = gone.latest_other(name, instance_id);

@@ -491,6 +491,8 @@ impl TestServer {
                 ("AWS_SECRET_ACCESS_KEY", TEST_SECRET_ACCESS_KEY),
                 ("AWS_REGION", "us-west-2"),
                 ("AWS_EC2_METADATA_DISABLED", "true"),
+                // As packaging/server/deployment.yaml and the chart run it.
+                ("MALLOC_ARENA_MAX", "2"),
             ],
         )?;
         Ok(Self {

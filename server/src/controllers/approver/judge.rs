@@ -123,7 +123,7 @@ fn not_reused(
 ) -> Result<(), Decline> {
     let now = ctx.settings.clock.stamp();
     let claims = &ctx.settings.claims;
-    let known = (&claims.store(), claims.history());
+    let known = (claims.bound_to(node), claims.history());
     let remembered = reuse::last_held_by_others(known, node, instance_id, now);
     let held = remembered.max(reuse::marked(claim).filter(|_| reuse::is_ip_based(node)));
     let Some(held) = held else {

@@ -150,8 +150,8 @@ pub enum Error {
 /// reaches this replica. What is kept of each is what judging reads
 /// ([`keep_for_judging`]). These two watches are not the join path's CSR
 /// watch ([`crate::kube::issuer`]): that one selects autonode's own CSRs by label
-/// and keeps their outcome, these select kubelet's by signer and keep what
-/// judging reads; neither set contains the other.
+/// and keeps their outcome, these select kubelet's by signer, without that
+/// label, and keep what judging reads; neither set contains the other.
 ///
 /// Nothing is judged before the NodeClaim cache has listed (the leader
 /// starts it once the Node cache has, [`crate::controllers::watches`]):

@@ -90,8 +90,10 @@ fn tell(
 /// `Some((node, purpose))` for an undecided kubelet CSR a node made itself.
 ///
 /// CSRs autonode's join path creates are requested by autonode-server's own
-/// identity, not a node's, so they never get here; their labels are not
-/// consulted, as anyone who may create a CSR may set them.
+/// identity, not a node's, so they are never judged here (and the watches
+/// leave out CSRs with autonode's label: a node that sets it on its own
+/// only keeps that CSR from being approved). The labels decide nothing
+/// else, as anyone who may create a CSR may set them.
 pub fn ours_to_judge(csr: &CertificateSigningRequest) -> Option<(String, Purpose)> {
     let purpose = match csr.spec.signer_name.as_str() {
         csr::CLIENT_SIGNER => Purpose::Client,

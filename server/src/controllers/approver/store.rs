@@ -4,6 +4,7 @@
 
 use super::MAX_USAGES;
 use crate::kube::cache::{self, Cache};
+use crate::kube::marks;
 use crate::kube::metrics::{Metrics, SignerLabels};
 use autonode_shared::csr;
 use futures::{Stream, StreamExt};
@@ -65,8 +66,14 @@ pub(super) fn kubelet_csrs(
     impl Stream<Item = Result<Arc<CertificateSigningRequest>, Infallible>> + Send + 'static,
     impl std::future::Future<Output = ()> + Send + 'static,
 ) {
+    // Without autonode's own (labelled) CSRs: the join approves those, and
+    // a node's CSR never is one of them (it is made by the server's own
+    // identity). Each join's two CSRs and their changes were parsed and
+    // kept here for nothing. A node that labels its own CSR so only hides
+    // it from the one controller that could approve it.
     let config = watcher::Config::default()
         .fields(&format!("spec.signerName={signer}"))
+        .labels(&format!("!{}", marks::CSR_MANAGED_LABEL))
         .page_size(cache::SMALL_PAGE);
     let (csrs, watching) = Cache::with_config(api.clone(), config, signer, keep_for_judging);
     let changes = csrs.changes().map(Ok);

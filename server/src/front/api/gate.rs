@@ -13,6 +13,7 @@
 //! NAT address held every place of that source with connections that never
 //! joined, and every booting node behind it was closed on accept.
 
+use super::queue::{Holding, Queue};
 use crate::kube::metrics::{AdmissionLabels, Metrics};
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, Ipv6Addr};
@@ -108,6 +109,7 @@ pub struct Gate {
     open: Arc<Mutex<Open>>,
     joins: Arc<Semaphore>,
     join_queue_wait: Duration,
+    queue: Arc<Queue>,
     source_connections: PerSource,
     source_joins: PerSource,
     metrics: Metrics,
@@ -119,6 +121,8 @@ pub struct Gate {
 pub struct Pass {
     _global: OwnedSemaphorePermit,
     _source: SourceSlot,
+    /// A join's place: its release counts into the queue's rate.
+    _holding: Option<Holding>,
 }
 
 impl Gate {
@@ -128,6 +132,11 @@ impl Gate {
             open: Arc::default(),
             joins: Arc::new(Semaphore::new(limits.max_concurrent_joins)),
             join_queue_wait: limits.join_queue_wait,
+            queue: Arc::new(Queue::new(
+                limits.join_queue_wait,
+                Duration::from_secs(limits.retry_after_secs),
+                limits.max_concurrent_joins,
+            )),
             source_connections: PerSource::new(limits.max_connections_per_source),
             source_joins: PerSource::new(limits.max_joins_per_source),
             metrics,
@@ -162,14 +171,18 @@ impl Gate {
     /// A place for an admitted join from `peer`: under its source's cap at
     /// once (over it: [`Turned::SourceJoins`]), then under the global one,
     /// waiting for it in order of arrival up to the queue's wait (then
-    /// [`Turned::Joins`]). The source's place is held while it waits, so
-    /// one source queues no more than its cap.
+    /// [`Turned::Joins`]); at once [`Turned::Joins`] when more wait already
+    /// than the queue can serve in that time (see [`Queue`]). The source's
+    /// place is held while it waits, so one source queues no more than its
+    /// cap.
     pub async fn join(&self, peer: IpAddr) -> Result<Pass, Turned> {
         let caps = (Turned::SourceJoins, Turned::Joins);
         let source = self.source_joins.try_acquire(peer).ok_or(caps.0)?;
         let global = match self.joins.clone().try_acquire_owned() {
             Ok(global) => global,
+            Err(_) if !self.queue.has_room(Instant::now()) => return Err(caps.1),
             Err(_) => {
+                let _waiting = self.queue.enter();
                 let place = self.joins.clone().acquire_owned();
                 tokio::time::timeout(self.join_queue_wait, place)
                     .await
@@ -180,7 +193,15 @@ impl Gate {
         Ok(Pass {
             _global: global,
             _source: source,
+            _holding: Some(self.queue.hold()),
         })
+    }
+
+    /// How long a join turned away now (for either join cap) should wait
+    /// before it comes back: its turn in the queue when the queue is past
+    /// what it can serve, else `--retry-after`'s floor.
+    pub fn retry_after(&self) -> Duration {
+        self.queue.retry_after(Instant::now())
     }
 
     /// Counts and logs a caller turned away.
@@ -371,6 +392,7 @@ fn take(
     Ok(Pass {
         _global: global,
         _source: source,
+        _holding: None,
     })
 }
 
@@ -545,6 +567,42 @@ mod tests {
         let _join = gate.join(a).await.ok();
         assert_eq!(gate.join(a).await.err(), Some(Turned::SourceJoins));
         assert_eq!(gate.join(b).await.err(), Some(Turned::Joins));
+    }
+
+    /// Past the queue's room (here, before any join finished: as many as
+    /// `MIN_QUEUE`, 64) a join is turned away at once, not after the wait,
+    /// and told when to come back; those waiting still get their turns.
+    #[tokio::test]
+    async fn past_the_queues_room_a_join_is_turned_away_at_once() {
+        let limits = Limits {
+            max_concurrent_joins: 1,
+            join_queue_wait: Duration::from_secs(30),
+            max_joins_per_source: 0,
+            ..Limits::default()
+        };
+        let gate = Arc::new(Gate::new(&limits, Metrics::new()));
+        let peer = ip("10.0.0.1");
+        let held = gate.join(peer).await.unwrap();
+        let waiting: Vec<_> = (0..64)
+            .map(|_| {
+                let gate = gate.clone();
+                tokio::spawn(async move { gate.join(peer).await.map(drop) })
+            })
+            .collect();
+        while gate.queue.waiting_now() < 64 {
+            tokio::task::yield_now().await;
+        }
+        let started = Instant::now();
+        assert_eq!(gate.join(peer).await.err(), Some(Turned::Joins));
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "turned away at once"
+        );
+        assert!(gate.retry_after() >= Duration::from_secs(15));
+        drop(held);
+        for waiter in waiting {
+            assert_eq!(waiter.await.unwrap(), Ok(()));
+        }
     }
 
     #[tokio::test]

@@ -14,10 +14,15 @@
 //!
 //! A join is admitted ([`join::admit`]: parsed, its document verified and
 //! within policy) before it takes a join permit, so neither a slow body nor
-//! a document that will never pass holds one. Past its source's join cap it is answered 429, past the
-//! global one 503, both with `Retry-After`, at once instead of queueing.
+//! a document that will never pass holds one. Past its source's join cap it
+//! is answered 429 at once; past the global one it waits its turn up to
+//! [`Limits::join_queue_wait`], or is answered 503 at once when the queue
+//! is longer than that wait can serve (`queue`). Both carry `Retry-After`
+//! (the caller's turn, when the queue is that long) and close the
+//! connection.
 
 mod gate;
+mod queue;
 
 pub use gate::{Limits, Turned};
 
@@ -193,7 +198,7 @@ async fn handle_join(
         Ok(pass) => pass,
         Err(why) => {
             api.gate.turned(why, peer, Some(request_id));
-            return busy(api, why, request_id);
+            return closing(busy(api, why, request_id));
         }
     };
     match join::handle(&api.join, request_id, admitted).await {
@@ -203,9 +208,11 @@ async fn handle_join(
 }
 
 /// The answer to a caller over a join cap: 429 for its source's, 503 for
-/// the global one; either way, when to come back.
+/// the global one; either way, when to come back: its turn, when the queue
+/// is longer than it can serve in its wait. The connection is closed after
+/// it: its buffers are not held through a wait that may last a minute.
 fn busy(api: &Api, why: Turned, request_id: &str) -> Reply {
-    let reply = if why == Turned::SourceJoins {
+    let mut reply = if why == Turned::SourceJoins {
         error(
             StatusCode::TOO_MANY_REQUESTS,
             "too many joins from this address, retry later",
@@ -218,7 +225,9 @@ fn busy(api: &Api, why: Turned, request_id: &str) -> Reply {
             request_id,
         )
     };
-    retry_later(api, reply)
+    let after = api.gate.retry_after().as_secs_f64().ceil() as u64;
+    reply.headers_mut().insert(RETRY_AFTER, after.into());
+    reply
 }
 
 /// The HTTP verdict on a join that did not succeed.

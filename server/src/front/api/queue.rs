@@ -1,0 +1,283 @@
+//! The join queue's length in time: how fast places free up, whether a
+//! newcomer would get one within the queue's wait, and when to tell one
+//! that would not to come back.
+//!
+//! Why: with far more machines at once than places (5,000 against 256), a
+//! join at the back of the queue waits minutes. Queued anyway, it held its
+//! connection's buffers for the whole `--join-queue-wait`, was told 503
+//! with a fixed 2 s, and came back after the agent's growing backoff, over
+//! and over: each return a TLS handshake and an admission, the server's
+//! memory growing with the connections waiting. Now a join that the queue
+//! cannot serve within its wait is told at once, with a `Retry-After` at
+//! its turn: each one turned away gets the next free moment after the
+//! queue ahead of it has drained, at the rate places have been freeing,
+//! so the fleet comes back spread out at the pace the API server takes
+//! it. Agents since 0.2.0 wait `max(backoff, Retry-After)`.
+//!
+//! Only admitted joins (verified, within policy) are queued or scheduled,
+//! so a caller without a valid document moves nothing here. Every moment
+//! given is at most [`MAX_RETRY_AFTER`] away.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+/// The longest `Retry-After` given: the agent's own longest backoff
+/// (`RetryPolicy::JOIN`'s cap, the same in every released agent), so no
+/// agent waits longer than it would have on its own, and one with a short
+/// `deadline` gives up no sooner. Joins whose turn is further come back
+/// and are given a later one.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
+/// The fewest that may wait while the rate is not known, however few the
+/// places: that many connections' buffers are a few MiB.
+const MIN_QUEUE: usize = 64;
+/// Joins finished that the rate is measured over.
+const RATE_SAMPLES: usize = 256;
+/// Finished joins older than this say nothing about the rate now.
+const RATE_WINDOW: Duration = Duration::from_secs(30);
+/// Fewer finished joins than this in the window: the rate is not known,
+/// and every join waits its turn as if the queue had room.
+const RATE_MIN_SAMPLES: usize = 16;
+
+/// The queue's measure, shared by every join.
+pub struct Queue {
+    /// How long an admitted join may wait for a place.
+    wait: Duration,
+    /// How many may wait while the rate is not known: as many as there
+    /// are places (`--max-concurrent-joins`), and at least [`MIN_QUEUE`].
+    unmeasured: usize,
+    /// The `Retry-After` when the queue has room (a join turned away by its
+    /// source's cap, or one whose wait ran out).
+    floor: Duration,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// When the last joins gave their places back, oldest first.
+    finished: VecDeque<Instant>,
+    /// Joins waiting for a place now.
+    waiting: usize,
+    /// The last moment handed to a join turned away.
+    last_slot: Option<Instant>,
+}
+
+/// A join waiting for a place; counted until dropped.
+pub struct Waiting(Arc<Queue>);
+
+/// A join holding a place; when dropped, the place's release is counted
+/// into the rate.
+pub struct Holding(Arc<Queue>);
+
+impl Queue {
+    pub fn new(wait: Duration, floor: Duration, places: usize) -> Self {
+        Self {
+            wait,
+            unmeasured: places.max(MIN_QUEUE),
+            floor,
+            state: Mutex::default(),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether a join arriving `now` would likely get a place within the
+    /// queue's wait: fewer wait than places free up in that time. While
+    /// the rate is not known (a burst's first seconds), fewer wait than
+    /// there are places (or [`MIN_QUEUE`]): each waiting connection holds
+    /// its buffers, and a burst's first joins all waiting were most of the
+    /// server's peak memory.
+    pub fn has_room(&self, now: Instant) -> bool {
+        let mut state = self.state();
+        let rate = state.rate(now);
+        self.room(&state, rate)
+    }
+
+    fn room(&self, state: &State, rate: Option<f64>) -> bool {
+        match rate {
+            None => state.waiting < self.unmeasured,
+            Some(per_second) => (state.waiting as f64) < per_second * self.wait.as_secs_f64(),
+        }
+    }
+
+    /// Counts a join as waiting until the guard is dropped.
+    pub fn enter(self: &Arc<Self>) -> Waiting {
+        self.state().waiting += 1;
+        Waiting(self.clone())
+    }
+
+    /// Counts a place as taken; its release, when the guard is dropped.
+    pub fn hold(self: &Arc<Self>) -> Holding {
+        Holding(self.clone())
+    }
+
+    /// How long a join turned away `now` should wait before it comes back:
+    /// the floor while the queue has room; past it, the next moment after
+    /// the queue ahead has drained and after every join turned away before
+    /// it, one place's time apart, at most [`MAX_RETRY_AFTER`].
+    pub fn retry_after(&self, now: Instant) -> Duration {
+        let mut state = self.state();
+        let rate = state.rate(now);
+        if self.room(&state, rate) {
+            return self.floor;
+        }
+        let Some(per_second) = rate else {
+            // A full queue of a rate not known yet: its joins are served
+            // within the wait, if each place frees once in it. Back in the
+            // wait's second half, spread, when it has room and a rate,
+            // rather than every 2 s meanwhile, each time a handshake and an
+            // admission.
+            let half = self.wait / 2;
+            return (half + half.mul_f64(rand::random::<f64>())).max(self.floor);
+        };
+        let drained = now + self.wait;
+        let after = state.last_slot.map_or(drained, |last| last.max(drained));
+        let slot = after + Duration::from_secs_f64(1.0 / per_second);
+        if slot <= now + MAX_RETRY_AFTER {
+            state.last_slot = Some(slot);
+            return (slot - now).max(self.floor);
+        }
+        // Past the cap: a moment between the queue's drain and the cap, at
+        // random, so that joins past it come back spread out and keep the
+        // queue fed, where all told the cap came back together after the
+        // queue had long drained and left its places idle.
+        let earliest = self.wait.min(MAX_RETRY_AFTER);
+        let spread = (MAX_RETRY_AFTER - earliest).mul_f64(rand::random::<f64>());
+        (earliest + spread).max(self.floor)
+    }
+}
+
+#[cfg(test)]
+impl Queue {
+    /// Joins waiting now.
+    pub fn waiting_now(&self) -> usize {
+        self.state().waiting
+    }
+}
+
+impl State {
+    /// Places freed a second, over the last finished joins in the window.
+    fn rate(&mut self, now: Instant) -> Option<f64> {
+        while self
+            .finished
+            .front()
+            .is_some_and(|&at| now.saturating_duration_since(at) > RATE_WINDOW)
+        {
+            self.finished.pop_front();
+        }
+        if self.finished.len() < RATE_MIN_SAMPLES {
+            return None;
+        }
+        // Counted from the first release to now, not to the last: places
+        // that stopped freeing lower the rate.
+        let first = *self.finished.front()?;
+        let span = now.saturating_duration_since(first).as_secs_f64();
+        (span > 0.0).then(|| (self.finished.len() - 1) as f64 / span)
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        let mut state = self.0.state();
+        state.waiting = state.waiting.saturating_sub(1);
+    }
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        let mut state = self.0.state();
+        if state.finished.len() >= RATE_SAMPLES {
+            state.finished.pop_front();
+        }
+        state.finished.push_back(Instant::now());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WAIT: Duration = Duration::from_secs(10);
+    const FLOOR: Duration = Duration::from_secs(2);
+    const PLACES: usize = 256;
+
+    /// A queue that saw `count` joins finish over the last `over`.
+    fn measured(count: usize, over: Duration) -> (Arc<Queue>, Instant) {
+        let queue = Arc::new(Queue::new(WAIT, FLOOR, PLACES));
+        let now = Instant::now();
+        let start = now - over;
+        let step = over / count as u32;
+        queue.state().finished = (1..=count as u32).map(|i| start + step * i).collect();
+        (queue, now)
+    }
+
+    #[test]
+    fn while_the_rate_is_unknown_as_many_wait_as_there_are_places_or_min_queue() {
+        let queue = Arc::new(Queue::new(WAIT, FLOOR, PLACES));
+        let now = Instant::now();
+        let mut waiting: Vec<_> = (0..PLACES - 1).map(|_| queue.enter()).collect();
+        assert!(queue.has_room(now));
+        waiting.push(queue.enter());
+        assert!(!queue.has_room(now));
+        // Told to come back in the wait's second half.
+        let turns: Vec<_> = (0..100).map(|_| queue.retry_after(now)).collect();
+        assert!(
+            turns.iter().all(|t| (WAIT / 2..=WAIT).contains(t)),
+            "{turns:?}"
+        );
+        // However few the places, a queue of MIN_QUEUE.
+        let small = Arc::new(Queue::new(WAIT, FLOOR, 1));
+        let waiting: Vec<_> = (0..MIN_QUEUE - 1).map(|_| small.enter()).collect();
+        assert!(small.has_room(now));
+        drop(waiting);
+    }
+
+    #[test]
+    fn past_what_the_wait_can_serve_joins_are_told_their_turns_one_place_apart() {
+        // 20 places a second: 200 can be served within the 10 s wait.
+        let (queue, now) = measured(200, Duration::from_secs(10));
+        let mut waiting: Vec<_> = (0..190).map(|_| queue.enter()).collect();
+        assert!(queue.has_room(now));
+        assert_eq!(queue.retry_after(now), FLOOR);
+        waiting.extend((0..20).map(|_| queue.enter()));
+        assert!(!queue.has_room(now));
+        let ms = |d: Duration| (d.as_secs_f64() * 1000.0).round() as u64;
+        let turns: Vec<_> = (0..3).map(|_| ms(queue.retry_after(now))).collect();
+        assert_eq!(turns, [10_050, 10_100, 10_150]);
+        // Asked 5 s later, with no place freed since: the queue ahead
+        // drains from then on, and at the lower rate (199 in 14.95 s).
+        let later = now + Duration::from_secs(5);
+        assert_eq!(ms(queue.retry_after(later)), 10_075);
+        drop(waiting);
+        assert!(queue.has_room(now));
+    }
+
+    #[test]
+    fn turns_past_the_cap_are_spread_between_the_drain_and_the_cap() {
+        // 2 places a second: 40 turns fit before the 30 s cap.
+        let (queue, now) = measured(20, Duration::from_secs(10));
+        let _waiting: Vec<_> = (0..100).map(|_| queue.enter()).collect();
+        let turns: Vec<_> = (0..1000).map(|_| queue.retry_after(now)).collect();
+        assert!(turns.iter().all(|t| (WAIT..=MAX_RETRY_AFTER).contains(t)));
+        let ordered = turns.windows(2).take_while(|w| w[0] < w[1]).count();
+        assert_eq!(ordered + 1, 40, "one place's time apart up to the cap");
+        let past: std::collections::BTreeSet<_> = turns[40..].iter().collect();
+        assert!(past.len() > 100, "past the cap, spread: {past:?}");
+    }
+
+    #[test]
+    fn old_finishes_do_not_count_and_places_freed_are_counted() {
+        let (queue, now) = measured(100, Duration::from_secs(100));
+        // Only the last 30 s (30 joins) are in the window: 1 a second.
+        assert!(queue
+            .state()
+            .rate(now)
+            .is_some_and(|r| (r - 1.0).abs() < 0.05));
+        let (queue, _) = measured(10, Duration::from_secs(1));
+        assert_eq!(queue.state().rate(Instant::now()), None);
+        drop((0..10).map(|_| queue.hold()).collect::<Vec<_>>());
+        assert!(queue.state().rate(Instant::now()).is_some());
+    }
+}
