@@ -108,8 +108,33 @@ fn parse_cpu_time(stat: &str) -> Option<(f64, f64)> {
     ))
 }
 
+/// This process's peak resident memory in KiB (`VmHWM` in
+/// /proc/self/status); `None` without /proc. Its own, from the exec on:
+/// the `ru_maxrss` a parent reads from `wait4` also holds the memory the
+/// process had before its exec, a copy of the parent's, so a large parent
+/// would read its own size there.
+pub fn peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    parse_peak_rss_kib(&status)
+}
+
+fn parse_peak_rss_kib(status: &str) -> Option<u64> {
+    let line = status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?;
+    line.trim().strip_suffix("kB")?.trim().parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn reads_peak_rss_from_proc_status() {
+        let status =
+            "Name:\tautonode-agent\nVmPeak:\t  20000 kB\nVmHWM:\t    3904 kB\nVmRSS:\t 3800 kB\n";
+        assert_eq!(super::parse_peak_rss_kib(status), Some(3904));
+        assert_eq!(super::parse_peak_rss_kib("VmRSS:\t 3800 kB\n"), None);
+        assert_eq!(super::parse_peak_rss_kib("VmHWM:\t 3800 pages\n"), None);
+        assert!(super::peak_rss_kib().is_some_and(|k| k > 0));
+    }
+
     #[test]
     fn reads_cpu_time_from_proc_stat() {
         // A name with spaces and a parenthesis, as /proc/self/stat has it.

@@ -65,15 +65,17 @@ fn main() -> ExitCode {
 /// `took_s` wall and `cpu_s` CPU since the fork, which take in what
 /// systemd does in the forked process before the exec (the unit's
 /// sandbox); `main_took_s` and `main_cpu_s` the same from `main` on (the
-/// agent's own code); `children_cpu_s` that of what it ran. key=value, for
-/// the VM tests (tests/src/vm.rs, AgentCost).
+/// agent's own code); `children_cpu_s` that of what it ran;
+/// `peak_rss_kib` its own peak memory. key=value, for the VM tests
+/// (tests/src/machines/vm.rs, AgentCost) and the benchmark.
 fn log_cost(outcome: &str, at_main: (Option<f64>, Option<(f64, f64)>)) {
     let now = (logging::process_age(), logging::cpu_time());
     let show = |v: Option<f64>| v.map_or("unknown".into(), |v| format!("{:.2}", v.max(0.0)));
     let since_main = |then: Option<f64>, now: Option<f64>| Some(now? - then?);
     let (cpu_then, cpu_now) = (at_main.1.map(|c| c.0), now.1.map(|c| c.0));
+    let peak = logging::peak_rss_kib().map_or("unknown".into(), |k| k.to_string());
     log::info!(
-        "exiting outcome={outcome} took_s={} cpu_s={} main_took_s={} main_cpu_s={} children_cpu_s={}",
+        "exiting outcome={outcome} took_s={} cpu_s={} main_took_s={} main_cpu_s={} children_cpu_s={} peak_rss_kib={peak}",
         show(now.0),
         show(cpu_now),
         show(since_main(at_main.0, now.0)),

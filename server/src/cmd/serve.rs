@@ -17,6 +17,7 @@ use autonode_server::kube::metrics::Metrics;
 use autonode_server::kube::nodeclaim::{NodeClaims, OnFailure};
 use autonode_server::kube::seal::StateKey;
 use autonode_server::primitives::clock::Clock;
+use autonode_server::primitives::limiter::refusal_line_limiter;
 use autonode_server::report::{Replays, ReportContext};
 use autonode_server::{controllers::approver, controllers::leader};
 use autonode_shared::identity::{Policy, TrustStore};
@@ -91,6 +92,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         lifetimes: args.certificate_lifetimes(),
         on_failure: OnFailure::from_flag(args.delete_failed_nodeclaims),
         lookups: autonode_server::join::lookup_limiter(),
+        refusal_lines: refusal_line_limiter(),
     });
     let report = Arc::new(ReportContext {
         trust,
@@ -102,7 +104,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         clock,
         replays: Replays::default(),
         unbound_reads: autonode_server::report::unbound_read_limiter(),
-        refusal_lines: autonode_server::report::refusal_line_limiter(),
+        refusal_lines: refusal_line_limiter(),
     });
     let readiness = probes::Readiness { claims, nodeconfig };
     serve(&args, join, report, readiness, metrics).await

@@ -1,7 +1,14 @@
-//! The admit step: the request's two CSRs parse and its identity document
-//! is AWS-signed and within the account, region and pendingTime policy.
-//! No I/O and no waiting: it runs before the caller takes a join permit, so
-//! a request that can never pass costs a little CPU and no permit.
+//! The admit step: the request's identity document is AWS-signed and
+//! within the account, region and pendingTime policy, and its two CSRs
+//! parse. No I/O and no waiting: it runs before the caller takes a join
+//! permit, so a request that can never pass costs a little CPU and no
+//! permit.
+//!
+//! The document comes first: its one RSA verification and the policy are
+//! the cheap refusal, where each CSR's proof of possession is an ECDSA
+//! verification several times as costly. A flood of documents from an
+//! account the server does not serve was checked CSRs first, and those
+//! checks were most of what the flood cost (docs/benchmarks.md).
 
 use super::{agents, outcome, JoinContext, Step};
 use crate::join::refusal::{JoinError, Refusal};
@@ -26,8 +33,8 @@ pub struct Admitted {
     pub(super) started: Instant,
 }
 
-/// The admit step: parse, then verify (the signature, then the
-/// policy). A refusal is recorded here like any other.
+/// The admit step: the document (its signature, then the policy), then
+/// the CSRs. A refusal is recorded here like any other.
 pub fn admit(
     ctx: &JoinContext,
     request_id: &str,
@@ -35,9 +42,8 @@ pub fn admit(
 ) -> Result<Admitted, JoinError> {
     let started = Instant::now();
     let mut steps = ctx.metrics.steps();
-    let parsed = parse(&request).and_then(|csrs| Ok((csrs, verify(ctx, &request)?)));
-    let ((client_csr, serving_csr), doc) = match parsed {
-        Ok(parsed) => parsed,
+    let doc = match verify(ctx, &request) {
+        Ok(doc) => doc,
         Err(refusal) => return Err(refused(ctx, request_id, &request, None, started, refusal)),
     };
     let provider_id = aws_provider_id(&doc.availability_zone, &doc.instance_id);
@@ -50,6 +56,10 @@ pub fn admit(
         };
         return Err(refused(ctx, request_id, &request, claim, started, e.into()));
     }
+    let (client_csr, serving_csr) = match parse(&request) {
+        Ok(csrs) => csrs,
+        Err(refusal) => return Err(refused(ctx, request_id, &request, None, started, refusal)),
+    };
     steps.done(Step::Admit.name());
     let version = agents::label(&request.agent_version);
     ctx.metrics

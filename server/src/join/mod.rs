@@ -123,6 +123,9 @@ pub struct JoinContext {
     pub on_failure: OnFailure,
     /// The join's `DescribeInstances` per instance ([`lookup_limiter`]).
     pub lookups: Limiter,
+    /// Warn lines about refused joins, per reason
+    /// ([`refusal_line_limiter`](crate::primitives::limiter::refusal_line_limiter)).
+    pub refusal_lines: Limiter,
 }
 
 /// The join's EC2 lookups per instance: an honest machine asks once, and a

@@ -169,7 +169,15 @@ fn refused(
     agent: &str,
     refusal: &Refusal,
 ) -> JoinLabels {
-    tracing::warn!(request_id, nodeclaim = name(claim), agent, reason = refusal.reason(), detail = %refusal, "join refused");
+    // Anyone on the network can be refused (a document of another account,
+    // a bad signature): a line each would let a flood fill the logs.
+    let reason = refusal.reason();
+    let nodeclaim = name(claim);
+    if ctx.refusal_lines.try_take(reason, Instant::now()).is_ok() {
+        tracing::warn!(request_id, nodeclaim, agent, reason, detail = %refusal, "join refused (warn lines limited per reason; all counted in autonode_joins_total)");
+    } else {
+        tracing::debug!(request_id, nodeclaim, agent, reason, detail = %refusal, "join refused");
+    }
     let replay = matches!(
         refusal,
         Refusal::Binding(BindingRefusal::PossibleReplay { .. })

@@ -70,6 +70,26 @@ impl Bucket {
     }
 }
 
+/// Warn lines about refused requests one reason may take at once, past
+/// which they are one per [`REFUSAL_LINE_PERIOD`]: any network client can
+/// send a join or a report that is refused, and each refusal was a warn
+/// line of up to ~1 KiB. Every refusal is still counted
+/// (`autonode_joins_total`, `autonode_agent_reports_refused_total`) and
+/// logged at debug.
+pub const REFUSAL_LINE_BURST: u32 = 5;
+
+/// One more warn line per refusal reason per this long.
+pub const REFUSAL_LINE_PERIOD: Duration = Duration::from_secs(60);
+
+/// Keys a [`refusal_line_limiter`] tracks: one API's refusal reasons, and
+/// "unavailable", with room to spare.
+const REFUSAL_LINE_KEYS: usize = 64;
+
+/// The warn lines' limiter, one per API (joins, reports), keyed by reason.
+pub fn refusal_line_limiter() -> Limiter {
+    Limiter::new(REFUSAL_LINE_BURST, REFUSAL_LINE_PERIOD, REFUSAL_LINE_KEYS)
+}
+
 /// Per-key token buckets: `burst` at once, then one per `period`. Bounded:
 /// at `capacity` keys, buckets that have refilled (indistinguishable from no
 /// bucket) are dropped; if none has, the new key waits a period, as it would
@@ -114,6 +134,20 @@ impl Limiter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_refusal_reason_has_its_own_budget_of_warn_lines() {
+        let lines = refusal_line_limiter();
+        let t0 = Instant::now();
+        for _ in 0..REFUSAL_LINE_BURST {
+            assert!(lines.try_take("identity", t0).is_ok());
+        }
+        assert!(lines.try_take("identity", t0).is_err(), "past its burst");
+        assert!(lines.try_take("wrong_key", t0).is_ok(), "another reason");
+        let later = t0 + REFUSAL_LINE_PERIOD;
+        assert!(lines.try_take("identity", later).is_ok());
+        assert!(lines.try_take("identity", later).is_err());
+    }
 
     #[test]
     fn the_limiter_allows_a_burst_then_one_per_period() {

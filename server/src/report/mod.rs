@@ -45,9 +45,7 @@ pub mod refusal;
 pub mod replays;
 
 pub use authenticate::{unbound_read_limiter, UNBOUND_READ_BURST, UNBOUND_READ_PERIOD};
-pub use refusal::{
-    refusal_line_limiter, ReportError, ReportRefusal, REFUSAL_LINE_BURST, REFUSAL_LINE_PERIOD,
-};
+pub use refusal::{ReportError, ReportRefusal};
 pub use replays::{Replays, QUOTA_BURST, QUOTA_PERIOD, REPLAY_CAPACITY, REPLAY_SLOTS_PER_INSTANCE};
 
 use crate::kube::events::Events;
@@ -103,7 +101,7 @@ pub struct ReportContext {
     /// [`unbound_read_limiter`]).
     pub unbound_reads: Limiter,
     /// Warn lines about refused reports, per reason (see
-    /// [`refusal_line_limiter`]).
+    /// [`refusal_line_limiter`](crate::primitives::limiter::refusal_line_limiter)).
     pub refusal_lines: Limiter,
 }
 

@@ -7,30 +7,10 @@ use super::{ReportContext, FUTURE_SKEW, REPORT_WINDOW};
 use crate::kube::binding::Unreadable;
 use crate::kube::metrics::ReportRefusalLabels;
 use crate::kube::nodeclaim::{FindError, SelectError};
-use crate::primitives::limiter::Limiter;
 use autonode_shared::identity::{IdentityError, PolicyError};
 use autonode_shared::proof::ProofError;
 use std::time::{Duration, Instant};
 use thiserror::Error;
-
-/// Warn lines about refused reports one reason may take at once, past
-/// which they are one per [`REFUSAL_LINE_PERIOD`]: any network client can
-/// send a report that is refused, and each refusal was a warn line of up to
-/// ~1 KiB. Every refusal is still counted
-/// (`autonode_agent_reports_refused_total{reason}`) and logged at debug.
-pub const REFUSAL_LINE_BURST: u32 = 5;
-
-/// One more warn line per refusal reason per this long.
-pub const REFUSAL_LINE_PERIOD: Duration = Duration::from_secs(60);
-
-/// Keys [`refusal_line_limiter`] tracks: the refusal reasons, and
-/// "unavailable", with room to spare.
-const REFUSAL_LINE_KEYS: usize = 32;
-
-/// The warn lines' limiter, as [`ReportContext::refusal_lines`] holds it.
-pub fn refusal_line_limiter() -> Limiter {
-    Limiter::new(REFUSAL_LINE_BURST, REFUSAL_LINE_PERIOD, REFUSAL_LINE_KEYS)
-}
 
 #[derive(Debug, Error)]
 pub enum ReportError {
@@ -141,24 +121,5 @@ pub(super) fn refused(ctx: &ReportContext, request_id: &str, e: &ReportError) {
         tracing::warn!(request_id, reason, error = %e, "agent report refused (warn lines limited per reason; all counted in autonode_agent_reports_refused_total)");
     } else {
         tracing::debug!(request_id, reason, error = %e, "agent report refused");
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn each_refusal_reason_has_its_own_budget_of_warn_lines() {
-        let lines = refusal_line_limiter();
-        let t0 = Instant::now();
-        for _ in 0..REFUSAL_LINE_BURST {
-            assert!(lines.try_take("identity", t0).is_ok());
-        }
-        assert!(lines.try_take("identity", t0).is_err(), "past its burst");
-        assert!(lines.try_take("wrong_key", t0).is_ok(), "another reason");
-        let later = t0 + REFUSAL_LINE_PERIOD;
-        assert!(lines.try_take("identity", later).is_ok());
-        assert!(lines.try_take("identity", later).is_err());
     }
 }

@@ -420,6 +420,9 @@ pub struct AgentCost {
     pub main_took_s: f64,
     pub main_cpu_s: f64,
     pub children_cpu_s: f64,
+    /// The agent's own peak RSS; `None` from an agent that logs none
+    /// (0.2.0 and before).
+    pub peak_rss_kib: Option<u64>,
 }
 
 impl AgentCost {
@@ -443,6 +446,7 @@ impl AgentCost {
             main_took_s: number("main_took_s")?,
             main_cpu_s: number("main_cpu_s")?,
             children_cpu_s: number("children_cpu_s")?,
+            peak_rss_kib: exiting.get("peak_rss_kib").and_then(|v| v.parse().ok()),
         })
     }
 
@@ -465,6 +469,7 @@ impl AgentCost {
             "main_took_s": self.main_took_s,
             "main_cpu_s": self.main_cpu_s,
             "children_cpu_s": self.children_cpu_s,
+            "peak_rss_kib": self.peak_rss_kib,
         })
     }
 }
@@ -785,7 +790,7 @@ mod tests {
             "autonode-agent 0.2.0 starting since_fork_s=0.31",
             "kubelet version=v1.37.2 from=recorded took_s=0.000 waited_s=0.000",
             "phase=start succeeded node=n",
-            "exiting outcome=success took_s=1.84 cpu_s=0.42 main_took_s=1.50 main_cpu_s=0.30 children_cpu_s=0.03",
+            "exiting outcome=success took_s=1.84 cpu_s=0.42 main_took_s=1.50 main_cpu_s=0.30 children_cpu_s=0.03 peak_rss_kib=3904",
         ];
         let cost = AgentCost::from_log(log).unwrap();
         assert_eq!(cost.kubelet_version_from, "recorded");
@@ -794,6 +799,7 @@ mod tests {
             (1.84, 0.42, 0.03)
         );
         assert_eq!((cost.main_took_s, cost.main_cpu_s), (1.50, 0.30));
+        assert_eq!(cost.peak_rss_kib, Some(3904));
         assert!(cost.check_recorded().is_ok());
         let ran = [
             "kubelet version=v1.37.2 from=kubelet-version took_s=8.155 waited_s=6.508",

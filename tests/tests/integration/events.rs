@@ -4,6 +4,7 @@
 
 use crate::feedback::{join, metrics, post_report};
 use anyhow::{bail, ensure, Context, Result};
+use autonode_server::primitives::limiter::{REFUSAL_LINE_BURST, REFUSAL_LINE_PERIOD};
 use autonode_shared::protocol::{Outcome, Phase};
 use autonode_tests::callers::joiner::{self, Answer, NodeKeys};
 use autonode_tests::harness::poll::{self, Seen};
@@ -25,10 +26,12 @@ const MAX_SIMILAR: i32 = 10;
 /// counted, but the NodeClaim gets 9 PossibleReplay Events apart (each
 /// note carries its request id) and then one combined Event, and the
 /// writes stop at the object's burst: the combined Event's count is what
-/// the burst admitted, the rest is counted as rate limited.
+/// the burst admitted, the rest is counted as rate limited. Nor is the
+/// flood a log flood: warn lines stay within the reason's budget.
 #[tokio::test]
 async fn a_refused_join_flood_writes_a_bounded_number_of_events() -> Result<()> {
     let world = World::start().await?;
+    let started = std::time::Instant::now();
     let (claim, instance) = world.launch(|i| i).await?;
     join(&world, &instance).await?; // Attested: the bucket's first write
     for i in 0..FLOOD {
@@ -75,6 +78,21 @@ async fn a_refused_join_flood_writes_a_bounded_number_of_events() -> Result<()> 
     let dropped = FLOOD as i32 - (BURST - 1);
     let dropped = format!(r#"autonode_events_dropped_total{{reason="rate_limited"}} {dropped}"#);
     ensure!(metrics.contains(&dropped), "{dropped} in: {metrics}");
+
+    // Nor a log flood: warn lines within the reason's budget (the burst,
+    // and one per period the flood lasted), the rest at debug.
+    let warned = world
+        .server
+        .log()
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("join refused"))
+        .count();
+    let periods = started.elapsed().as_secs() / REFUSAL_LINE_PERIOD.as_secs();
+    let budget = usize::try_from(u64::from(REFUSAL_LINE_BURST) + periods + 1)?;
+    ensure!(
+        (1..=budget).contains(&warned),
+        "{warned} warn lines for {FLOOD} refused joins (budget {budget})"
+    );
     Ok(())
 }
 

@@ -330,7 +330,7 @@ async fn warning_messages(world: &World, claim: &str, reason: &str) -> Result<Ve
 /// reasons make at most two budgets of lines, and all 200 are counted.
 #[tokio::test]
 async fn a_flood_of_refused_reports_is_counted_but_not_a_log_flood() -> Result<()> {
-    use autonode_server::report::{REFUSAL_LINE_BURST, REFUSAL_LINE_PERIOD};
+    use autonode_server::primitives::limiter::{REFUSAL_LINE_BURST, REFUSAL_LINE_PERIOD};
     const FLOOD: usize = 100;
     let world = World::start().await?;
     let started = std::time::Instant::now();
