@@ -524,6 +524,15 @@ impl TestServer {
         std::fs::read_to_string(self.dir.path().join("autonode-server.log")).unwrap_or_default()
     }
 
+    /// How many of the server's log lines so far are warnings that
+    /// contain `text` (a message or a field's value).
+    pub fn warn_lines(&self, text: &str) -> usize {
+        self.log()
+            .lines()
+            .filter(|l| l.contains("WARN") && l.contains(text))
+            .count()
+    }
+
     /// Process id.
     pub fn pid(&self) -> u32 {
         self.daemon.pid()
@@ -751,4 +760,14 @@ fn write_kubeconfig(path: &Path, url: &str, ca_pem: &str, user: serde_json::Valu
     });
     std::fs::write(path, serde_json::to_string_pretty(&doc)?)
         .with_context(|| format!("writing {}", path.display()))
+}
+
+/// The most warn lines the server's refusal-line limiter lets through for
+/// `reasons` refusal reasons flooded since `since`: each reason's burst,
+/// and one per period the flood lasted (however slow the machine).
+pub fn refusal_line_budget(since: std::time::Instant, reasons: usize) -> usize {
+    use autonode_server::primitives::limiter::{REFUSAL_LINE_BURST, REFUSAL_LINE_PERIOD};
+    let periods = since.elapsed().as_secs() / REFUSAL_LINE_PERIOD.as_secs();
+    let per_reason = u64::from(REFUSAL_LINE_BURST) + periods + 1;
+    reasons * usize::try_from(per_reason).unwrap_or(usize::MAX)
 }

@@ -4,10 +4,10 @@
 
 use crate::feedback::{join, metrics, post_report};
 use anyhow::{bail, ensure, Context, Result};
-use autonode_server::primitives::limiter::{REFUSAL_LINE_BURST, REFUSAL_LINE_PERIOD};
 use autonode_shared::protocol::{Outcome, Phase};
 use autonode_tests::callers::joiner::{self, Answer, NodeKeys};
 use autonode_tests::harness::poll::{self, Seen};
+use autonode_tests::server::refusal_line_budget;
 use autonode_tests::server::world::World;
 use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, ListParams};
@@ -79,16 +79,10 @@ async fn a_refused_join_flood_writes_a_bounded_number_of_events() -> Result<()> 
     let dropped = format!(r#"autonode_events_dropped_total{{reason="rate_limited"}} {dropped}"#);
     ensure!(metrics.contains(&dropped), "{dropped} in: {metrics}");
 
-    // Nor a log flood: warn lines within the reason's budget (the burst,
-    // and one per period the flood lasted), the rest at debug.
-    let warned = world
-        .server
-        .log()
-        .lines()
-        .filter(|l| l.contains("WARN") && l.contains("join refused"))
-        .count();
-    let periods = started.elapsed().as_secs() / REFUSAL_LINE_PERIOD.as_secs();
-    let budget = usize::try_from(u64::from(REFUSAL_LINE_BURST) + periods + 1)?;
+    // Nor a log flood: warn lines within the reason's budget, the rest at
+    // debug.
+    let warned = world.server.warn_lines("join refused");
+    let budget = refusal_line_budget(started, 1);
     ensure!(
         (1..=budget).contains(&warned),
         "{warned} warn lines for {FLOOD} refused joins (budget {budget})"

@@ -97,6 +97,17 @@ async fn refusals_approve_nothing_and_log_the_reason() -> Result<()> {
     world
         .assert_refused(answer, &other_account, "account")
         .await?;
+    // The same document with CSRs that do not parse: refused for the
+    // document, which admission judges first (one RSA verification, where
+    // the CSRs cost two ECDSA ones: a flood of foreign documents must not
+    // buy the dearer check).
+    let mut request = honest(&other_account)?;
+    request.client_csr = "not a CSR".into();
+    request.serving_csr = "not a CSR".into();
+    let answer = world.joiner.join(&request).await?;
+    world
+        .assert_refused(answer, &other_account, "account_not_allowed")
+        .await?;
 
     // A document signed by a CA nobody pinned, for an instance that does
     // have a NodeClaim: a forgery.

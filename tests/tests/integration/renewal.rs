@@ -245,12 +245,7 @@ async fn csrs_in_a_loop_get_at_most_the_cap_and_bounded_ec2_calls() -> Result<()
     );
     // The node's being over its cap is one warning, not one per CSR and
     // look (each CSR's line is at debug).
-    let warned = world
-        .server
-        .log()
-        .lines()
-        .filter(|l| l.contains("WARN") && l.contains("too_many_csrs"))
-        .count();
+    let warned = world.server.warn_lines("too_many_csrs");
     assert_eq!(warned, 1, "warnings that the node is over its cap");
     Ok(())
 }

@@ -8,6 +8,7 @@ use autonode_shared::protocol::{Outcome, ReportRequest};
 use autonode_tests::callers::joiner::NodeKeys;
 use autonode_tests::cloud::fakecloud::Instance;
 use autonode_tests::karpenter::standin;
+use autonode_tests::server::refusal_line_budget;
 use autonode_tests::server::world::{in_region, World};
 use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, ListParams};
@@ -330,7 +331,6 @@ async fn warning_messages(world: &World, claim: &str, reason: &str) -> Result<Ve
 /// reasons make at most two budgets of lines, and all 200 are counted.
 #[tokio::test]
 async fn a_flood_of_refused_reports_is_counted_but_not_a_log_flood() -> Result<()> {
-    use autonode_server::primitives::limiter::{REFUSAL_LINE_BURST, REFUSAL_LINE_PERIOD};
     const FLOOD: usize = 100;
     let world = World::start().await?;
     let started = std::time::Instant::now();
@@ -355,16 +355,9 @@ async fn a_flood_of_refused_reports_is_counted_but_not_a_log_flood() -> Result<(
         let line = format!(r#"autonode_agent_reports_refused_total{{reason="{reason}"}} {FLOOD}"#);
         ensure!(metrics.contains(&line), "{line} missing:\n{metrics}");
     }
-    let log = world.server.log();
-    let warned = log
-        .lines()
-        .filter(|l| l.contains("WARN") && l.contains("agent report refused"))
-        .count();
+    let warned = world.server.warn_lines("agent report refused");
     eprintln!("warn lines for {FLOOD} refused reports of each of two reasons: {warned}");
-    // The burst, and one per period the flood lasted (however slow), for
-    // each of the two reasons.
-    let periods = started.elapsed().as_secs() / REFUSAL_LINE_PERIOD.as_secs();
-    let budget = 2 * usize::try_from(u64::from(REFUSAL_LINE_BURST) + periods + 1)?;
+    let budget = refusal_line_budget(started, 2);
     ensure!(
         (2..=budget).contains(&warned),
         "{warned} warn lines for {} refused reports (budget {budget})",
