@@ -46,7 +46,11 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Serve(args) => {
             init_logging(&args.log_format)?;
-            tokio::runtime::Runtime::new()?.block_on(serve::run(*args))
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(usize::from(args.worker_threads))
+                .enable_all()
+                .build()?
+                .block_on(serve::run(*args))
         }
     }
 }

@@ -237,6 +237,24 @@ pub struct ServeArgs {
     #[arg(long, env = "AUTONODE_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
 
+    /// Threads that run the server's work: the join API, the watches and
+    /// the leader's controllers (blocking work has threads of its own
+    /// either way). One keeps up with what an API server can take: a join
+    /// costs the server about 3 ms of CPU, and in a burst the API server
+    /// is the limit; each wake-up handed between threads costs CPU too (in
+    /// docs/benchmarks.md, "The third pass", one thread used 2 to 12% less
+    /// CPU a join than two, and refused a flood of foreign documents with
+    /// the joins beside it no slower). Raise it on a host with cores to
+    /// spare for a server that must refuse floods from many sources (each
+    /// refusal verifies a signature).
+    #[arg(
+        long,
+        env = "AUTONODE_WORKER_THREADS",
+        default_value = "1",
+        value_parser = clap::value_parser!(u16).range(1..=256)
+    )]
+    pub worker_threads: u16,
+
     /// Check the settings (flags, environment, --config file) as serve
     /// does before it starts, then exit: 0 when serve would accept them.
     /// Reads none of the files they name and connects nowhere, so it can
@@ -817,6 +835,16 @@ mod tests {
         assert_eq!(args.user_data.join_ca_form, JoinCaForm::Pin);
         assert!(!args.user_data.is_set());
         args.check().unwrap();
+    }
+
+    #[test]
+    fn one_worker_thread_unless_told_and_never_none() {
+        assert_eq!(serve(&[]).unwrap().worker_threads, 1);
+        assert_eq!(serve(&["--worker-threads=4"]).unwrap().worker_threads, 4);
+        for refused in ["--worker-threads=0", "--worker-threads=257"] {
+            let err = serve(&[refused]).expect_err(refused);
+            assert_eq!(err.kind(), ErrorKind::ValueValidation, "{refused}");
+        }
     }
 
     #[test]

@@ -38,13 +38,14 @@ use crate::kube::index::Index;
 use crate::primitives::backoff::WatchBackoff;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::utils::Backoff;
 use kube::runtime::watcher;
 use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Deserializer};
 use std::collections::{HashSet, VecDeque};
 use std::fmt::Debug;
 use std::future::Future;
@@ -544,12 +545,59 @@ where
     }
 }
 
-/// Keeps of `meta` only what names the object and what readers of every
-/// kind use: name, namespace, UID, resourceVersion, generation, creation
-/// and deletion timestamps. Labels, annotations, managedFields, owners and
-/// finalizers go: whoever may write the object may make them large.
+/// What names an object and what readers of every kind use: name,
+/// namespace, UID, resourceVersion, generation, creation and deletion
+/// timestamps. Labels, annotations, managedFields, owners and finalizers
+/// are not part of it: whoever may write the object may make them large.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Identity {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    uid: Option<String>,
+    #[serde(default)]
+    resource_version: Option<String>,
+    #[serde(default)]
+    generation: Option<i64>,
+    #[serde(default)]
+    creation_timestamp: Option<Time>,
+    #[serde(default)]
+    deletion_timestamp: Option<Time>,
+}
+
+impl Identity {
+    /// Reads an object's `metadata` as its identity alone (a
+    /// `deserialize_with` for types a watch parses): serde steps over the
+    /// rest, managedFields included, without building it.
+    pub fn read_meta<'de, D: Deserializer<'de>>(from: D) -> Result<ObjectMeta, D::Error> {
+        Ok(Option::<Identity>::deserialize(from)?
+            .unwrap_or_default()
+            .into())
+    }
+}
+
+impl From<Identity> for ObjectMeta {
+    fn from(identity: Identity) -> Self {
+        ObjectMeta {
+            name: identity.name,
+            namespace: identity.namespace,
+            uid: identity.uid,
+            resource_version: identity.resource_version,
+            generation: identity.generation,
+            creation_timestamp: identity.creation_timestamp,
+            deletion_timestamp: identity.deletion_timestamp,
+            ..ObjectMeta::default()
+        }
+    }
+}
+
+/// Keeps of `meta` only its [`Identity`], for an object already parsed
+/// whole.
 pub fn identity_only(meta: &mut ObjectMeta) {
-    *meta = ObjectMeta {
+    let identity = Identity {
         name: meta.name.take(),
         namespace: meta.namespace.take(),
         uid: meta.uid.take(),
@@ -557,8 +605,8 @@ pub fn identity_only(meta: &mut ObjectMeta) {
         generation: meta.generation.take(),
         creation_timestamp: meta.creation_timestamp.take(),
         deletion_timestamp: meta.deletion_timestamp.take(),
-        ..ObjectMeta::default()
     };
+    *meta = identity.into();
 }
 
 /// What the approver and the feedback controller keep of a Node (they read

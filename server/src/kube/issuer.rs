@@ -15,13 +15,14 @@
 use crate::kube::approval::{self, ApprovalError};
 use crate::kube::binding::CsrRef;
 use crate::kube::cache::{self, Cache};
+use crate::kube::csr_outcome::{self, CsrOutcome, Outcome};
 use crate::kube::marks;
 use crate::kube::reason::Reason;
 use autonode_shared::csr::{self, usages_for, ParsedCsr, Purpose};
 use autonode_shared::issued::{self, IssuedError};
 use futures::StreamExt;
 use k8s_openapi::api::certificates::v1::{
-    CertificateSigningRequest, CertificateSigningRequestCondition, CertificateSigningRequestSpec,
+    CertificateSigningRequest, CertificateSigningRequestSpec,
 };
 use k8s_openapi::ByteString;
 use kube::api::{DeleteParams, ObjectMeta, PostParams, Preconditions};
@@ -108,19 +109,11 @@ pub enum IssueError {
     Api(#[from] kube::Error),
 }
 
-/// Where a CSR stands.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Outcome {
-    Pending,
-    Issued(String),
-    Failed(String),
-}
-
 /// Creates, approves and waits for CSRs.
 #[derive(Clone)]
 pub struct Issuer {
     api: Api<CertificateSigningRequest>,
-    store: Store<CertificateSigningRequest>,
+    store: Store<CsrOutcome>,
     waiters: Arc<Mutex<HashMap<String, watch::Sender<Outcome>>>>,
     timeout: Duration,
 }
@@ -134,8 +127,11 @@ impl Issuer {
         let config = watcher::Config::default()
             .labels(&format!("{MANAGED_LABEL}=true"))
             .page_size(cache::SMALL_PAGE);
+        // The watch parses each CSR as a [`CsrOutcome`]: its identity and
+        // outcome, not the request, labels or managedFields.
+        let watched: Api<CsrOutcome> = Api::all(api.clone().into_client());
         let (csrs, watching) =
-            Cache::with_config(api.clone(), config, "autonode CSR", keep_outcome);
+            Cache::with_config(watched, config, "autonode CSR", CsrOutcome::trim);
         tokio::spawn(watching);
         let waiters: Arc<Mutex<HashMap<String, watch::Sender<Outcome>>>> = Arc::default();
         let notify = waiters.clone();
@@ -164,7 +160,7 @@ impl Issuer {
     ) -> Result<String, IssueError> {
         let name = csr.metadata.name.clone().unwrap_or_default();
         let uid = csr.metadata.uid.clone().unwrap_or_default();
-        let cert = match outcome(&csr) {
+        let cert = match csr_outcome::of(&csr) {
             Outcome::Issued(cert) => cert,
             Outcome::Failed(message) => return Err(failed(&name, message)),
             Outcome::Pending => {
@@ -217,7 +213,7 @@ impl Issuer {
     /// since keeps it. Best effort: a leftover pending CSR is reaped by
     /// kube-controller-manager's CSR cleaner.
     pub async fn abandon(&self, csr: &CertificateSigningRequest) {
-        if is_approved(csr) || outcome(csr) != Outcome::Pending {
+        if is_approved(csr) || csr_outcome::of(csr) != Outcome::Pending {
             return;
         }
         let name = csr.metadata.name.clone().unwrap_or_default();
@@ -288,7 +284,7 @@ impl Issuer {
             tracing::warn!(csr = %recorded.name, "a CSR object now under a recorded name has another UID; not ours, left alone");
             return Ok(None);
         }
-        if matches!(outcome(&csr), Outcome::Failed(_)) {
+        if matches!(csr_outcome::of(&csr), Outcome::Failed(_)) {
             return Ok(None);
         }
         let asks_the_same = csr::parse_csr(&csr.spec.request.0)
@@ -321,7 +317,7 @@ impl Issuer {
             .store
             .get(&ObjectRef::new(name))
             .filter(|csr| csr.metadata.uid.as_deref() == Some(uid))
-            .map(|csr| outcome(&csr))
+            .map(|csr| csr.outcome())
             .unwrap_or(Outcome::Pending);
         let mut waiters = lock(&self.waiters);
         let sender = waiters
@@ -341,65 +337,14 @@ impl Issuer {
     }
 }
 
-fn wake(waiters: &Mutex<HashMap<String, watch::Sender<Outcome>>>, csr: &CertificateSigningRequest) {
-    let state = outcome(csr);
+fn wake(waiters: &Mutex<HashMap<String, watch::Sender<Outcome>>>, csr: &CsrOutcome) {
+    let state = csr.outcome();
     if state == Outcome::Pending {
         return;
     }
     let uid = csr.metadata.uid.as_deref().unwrap_or_default();
     if let Some(sender) = lock(waiters).get(uid) {
         sender.send_replace(state);
-    }
-}
-
-/// What the cache keeps of a CSR: its name and UID (to find it and know it
-/// is the one a join made), and the status that makes its [`outcome`]. The
-/// label the watch selects on is anyone's to set, on CSRs of any size: the
-/// rest (annotations, labels, the request, and the thousands of requests a
-/// scale-out leaves) is not read from here.
-fn keep_outcome(csr: &mut CertificateSigningRequest) {
-    cache::identity_only(&mut csr.metadata);
-    csr.spec = CertificateSigningRequestSpec::default();
-    let conditions = csr.status.as_mut().and_then(|s| s.conditions.as_mut());
-    if let Some(conditions) = conditions {
-        conditions.retain(|c| matches!(c.type_.as_str(), "Approved" | "Denied" | "Failed"));
-        for condition in conditions {
-            // A refusal's message is what a failed join says; nothing else
-            // of a condition is read.
-            let message = condition
-                .message
-                .take()
-                .filter(|_| condition.type_ != "Approved");
-            *condition = CertificateSigningRequestCondition {
-                type_: std::mem::take(&mut condition.type_),
-                status: std::mem::take(&mut condition.status),
-                message,
-                ..Default::default()
-            };
-        }
-    }
-}
-
-fn outcome(csr: &CertificateSigningRequest) -> Outcome {
-    let status = csr.status.as_ref();
-    if let Some(cert) = status
-        .and_then(|s| s.certificate.as_ref())
-        .filter(|c| !c.0.is_empty())
-    {
-        return Outcome::Issued(String::from_utf8_lossy(&cert.0).into_owned());
-    }
-    let conditions = status.and_then(|s| s.conditions.as_ref());
-    let failed = conditions
-        .into_iter()
-        .flatten()
-        .find(|c| (c.type_ == "Failed" || c.type_ == "Denied") && c.status == "True");
-    match failed {
-        Some(c) => Outcome::Failed(format!(
-            "{}: {}",
-            c.type_,
-            c.message.as_deref().unwrap_or("no message")
-        )),
-        None => Outcome::Pending,
     }
 }
 
@@ -422,62 +367,4 @@ fn failed(name: &str, message: String) -> IssueError {
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn the_cache_keeps_name_uid_and_outcome_only() {
-        let big = "x".repeat(200_000);
-        let mut csr: CertificateSigningRequest = serde_json::from_value(json!({
-            "metadata": {
-                "name": "c1", "uid": "u1",
-                "labels": {MANAGED_LABEL: "true"},
-                "annotations": {"big": big},
-                "managedFields": [{"manager": "kubectl"}],
-            },
-            "spec": {
-                "request": "eHh4", "signerName": csr::CLIENT_SIGNER,
-                "usages": ["client auth"], "username": "system:node:x",
-                "groups": ["system:nodes"], "extra": {"k": [big]},
-            },
-            "status": {
-                "conditions": [
-                    {"type": "Approved", "status": "True", "reason": "R", "message": big},
-                    {"type": "Other", "status": "True", "message": big},
-                ],
-                "certificate": "Y2VydA==",
-            },
-        }))
-        .unwrap();
-        keep_outcome(&mut csr);
-        assert_eq!(
-            serde_json::to_value(&csr).unwrap(),
-            json!({
-                "apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
-                "metadata": {"name": "c1", "uid": "u1"},
-                "spec": {"request": "", "signerName": ""},
-                "status": {
-                    "conditions": [{"type": "Approved", "status": "True"}],
-                    "certificate": "Y2VydA==",
-                },
-            })
-        );
-        assert_eq!(outcome(&csr), Outcome::Issued("cert".into()));
-    }
-
-    #[test]
-    fn a_refusals_message_is_kept() {
-        let mut csr: CertificateSigningRequest = serde_json::from_value(json!({
-            "metadata": {"name": "c1"},
-            "spec": {"request": "", "signerName": csr::CLIENT_SIGNER},
-            "status": {"conditions": [{"type": "Failed", "status": "True", "message": "no"}]},
-        }))
-        .unwrap();
-        keep_outcome(&mut csr);
-        assert_eq!(outcome(&csr), Outcome::Failed("Failed: no".into()));
-    }
 }

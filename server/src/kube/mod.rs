@@ -6,6 +6,7 @@ pub mod approval;
 pub mod binding;
 pub mod cache;
 pub mod condition;
+pub mod csr_outcome;
 pub mod events;
 pub mod index;
 pub mod issuer;

@@ -1,0 +1,247 @@
+//! Where a CSR stands, and the little of a CSR the issuer's watch parses
+//! to know it.
+//!
+//! Each change to one of a join's CSRs (created, approved, signed) comes
+//! down the issuer's watch as the whole object: the request, labels, and
+//! managedFields (one entry per writer, each a tree of the fields it
+//! owns). Parsed as k8s-openapi's type, managedFields alone were most of
+//! that watch's parsing, 4% of the server's CPU in a burst of 1,000 joins
+//! (docs/benchmarks.md). [`CsrOutcome`] names the same API resource and
+//! reads only the identity, the certificate and each condition's type,
+//! status and message; serde steps over the rest without building it.
+
+use crate::kube::cache::Identity;
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::ByteString;
+use kube::core::{ClusterResourceScope, Resource};
+use serde::Deserialize;
+use std::borrow::Cow;
+
+/// Where a CSR stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Pending,
+    /// Signed: the certificate (PEM).
+    Issued(String),
+    /// Denied or failed: the condition's type and message.
+    Failed(String),
+}
+
+/// A `certificates.k8s.io/v1` CertificateSigningRequest as the issuer's
+/// watch reads it: its identity and what makes its [`Outcome`].
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct CsrOutcome {
+    #[serde(default, deserialize_with = "Identity::read_meta")]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    status: Option<Status>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+struct Status {
+    #[serde(default)]
+    certificate: Option<ByteString>,
+    #[serde(default)]
+    conditions: Option<Vec<Condition>>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+struct Condition {
+    #[serde(rename = "type")]
+    type_: String,
+    #[serde(default)]
+    status: String,
+    #[serde(default)]
+    message: Option<String>,
+}
+
+impl CsrOutcome {
+    /// Where it stands: a certificate is an issue; else a Denied or
+    /// Failed condition that is True is a failure; else pending.
+    pub fn outcome(&self) -> Outcome {
+        let status = self.status.as_ref();
+        let certificate = status.and_then(|s| s.certificate.as_ref());
+        if let Some(cert) = certificate.filter(|c| !c.0.is_empty()) {
+            return Outcome::Issued(String::from_utf8_lossy(&cert.0).into_owned());
+        }
+        let conditions = status
+            .and_then(|s| s.conditions.as_deref())
+            .unwrap_or_default();
+        let failed = conditions
+            .iter()
+            .find(|c| (c.type_ == "Failed" || c.type_ == "Denied") && c.status == "True");
+        match failed {
+            Some(c) => Outcome::Failed(format!(
+                "{}: {}",
+                c.type_,
+                c.message.as_deref().unwrap_or("no message")
+            )),
+            None => Outcome::Pending,
+        }
+    }
+
+    /// Drops what [`CsrOutcome::outcome`] does not read: conditions other
+    /// than a decision, and an approval's message. A condition's message
+    /// is the approver's to write, at any length.
+    pub fn trim(&mut self) {
+        let conditions = self.status.as_mut().and_then(|s| s.conditions.as_mut());
+        if let Some(conditions) = conditions {
+            conditions.retain(|c| matches!(c.type_.as_str(), "Approved" | "Denied" | "Failed"));
+            for condition in conditions.iter_mut().filter(|c| c.type_ == "Approved") {
+                condition.message = None;
+            }
+        }
+    }
+}
+
+/// Where the CSR `csr`, parsed whole (as a create or an approval answers),
+/// stands: read as the watch reads it, so the two cannot disagree.
+pub fn of(csr: &CertificateSigningRequest) -> Outcome {
+    let status = csr.status.as_ref().map(|status| Status {
+        certificate: status.certificate.clone(),
+        conditions: status.conditions.as_ref().map(|conditions| {
+            conditions
+                .iter()
+                .map(|c| Condition {
+                    type_: c.type_.clone(),
+                    status: c.status.clone(),
+                    message: c.message.clone(),
+                })
+                .collect()
+        }),
+    });
+    CsrOutcome {
+        metadata: ObjectMeta::default(),
+        status,
+    }
+    .outcome()
+}
+
+impl Resource for CsrOutcome {
+    type DynamicType = ();
+    type Scope = ClusterResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        "CertificateSigningRequest".into()
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        "certificates.k8s.io".into()
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        "v1".into()
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        "certificatesigningrequests".into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn big_csr(conditions: serde_json::Value, certificate: Option<&str>) -> serde_json::Value {
+        let big = "x".repeat(200_000);
+        let mut status = json!({ "conditions": conditions });
+        if let Some(cert) = certificate {
+            status["certificate"] = json!(cert);
+        }
+        json!({
+            "apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
+            "metadata": {
+                "name": "c1", "uid": "u1", "resourceVersion": "7",
+                "labels": {"autonode.dev/managed": "true"},
+                "annotations": {"big": big},
+                "managedFields": [{"manager": "kubectl", "operation": "Update",
+                    "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": {"f:labels": {}}}}],
+            },
+            "spec": {
+                "request": "eHh4", "signerName": "kubernetes.io/kube-apiserver-client-kubelet",
+                "usages": ["client auth"], "username": "system:node:x",
+                "groups": ["system:nodes"], "extra": {"k": [big]},
+            },
+            "status": status,
+        })
+    }
+
+    #[test]
+    fn reads_identity_and_outcome_and_nothing_else() {
+        let big = "x".repeat(200_000);
+        let conditions = json!([
+            {"type": "Approved", "status": "True", "reason": "R", "message": big},
+            {"type": "Other", "status": "True", "message": big},
+        ]);
+        let mut csr: CsrOutcome =
+            serde_json::from_value(big_csr(conditions, Some("Y2VydA=="))).unwrap();
+        csr.trim();
+        assert_eq!(csr.metadata.name.as_deref(), Some("c1"));
+        assert_eq!(csr.metadata.uid.as_deref(), Some("u1"));
+        assert_eq!(csr.metadata.resource_version.as_deref(), Some("7"));
+        assert!(csr.metadata.managed_fields.is_none());
+        assert!(csr.metadata.annotations.is_none() && csr.metadata.labels.is_none());
+        let kept = csr
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .unwrap();
+        assert_eq!(kept.len(), 1, "only the decision is kept: {kept:?}");
+        assert_eq!(
+            (kept[0].type_.as_str(), kept[0].message.as_deref()),
+            ("Approved", None)
+        );
+        assert_eq!(csr.outcome(), Outcome::Issued("cert".into()));
+    }
+
+    #[test]
+    fn reads_the_same_outcome_as_the_whole_object() {
+        let cases = [
+            (json!([]), None, Outcome::Pending),
+            (
+                json!([{"type": "Approved", "status": "True"}]),
+                None,
+                Outcome::Pending,
+            ),
+            (
+                json!([{"type": "Approved", "status": "True"},
+                       {"type": "Failed", "status": "True", "message": "no"}]),
+                None,
+                Outcome::Failed("Failed: no".into()),
+            ),
+            (
+                json!([{"type": "Denied", "status": "True"}]),
+                None,
+                Outcome::Failed("Denied: no message".into()),
+            ),
+            (
+                json!([{"type": "Denied", "status": "False"}]),
+                None,
+                Outcome::Pending,
+            ),
+            (json!([]), Some("Y2VydA=="), Outcome::Issued("cert".into())),
+        ];
+        for (conditions, certificate, want) in cases {
+            let object = big_csr(conditions, certificate);
+            let whole: CertificateSigningRequest = serde_json::from_value(object.clone()).unwrap();
+            let mut lean: CsrOutcome = serde_json::from_value(object).unwrap();
+            lean.trim();
+            assert_eq!(of(&whole), want);
+            assert_eq!(lean.outcome(), want);
+        }
+    }
+
+    #[test]
+    fn a_csr_without_status_or_metadata_is_pending() {
+        let csr: CsrOutcome = serde_json::from_value(json!({"spec": {}})).unwrap();
+        assert_eq!(csr.outcome(), Outcome::Pending);
+        let csr: CsrOutcome =
+            serde_json::from_value(json!({"metadata": null, "status": null})).unwrap();
+        assert_eq!(csr.outcome(), Outcome::Pending);
+    }
+}
