@@ -734,6 +734,27 @@ pub struct JoinApiArgs {
     )]
     pub max_connections_per_source: u32,
 
+    /// TLS ClientHellos answered at once. The answer's signature is what a
+    /// handshake costs the server (about 1 ms of CPU with an RSA 2048 key,
+    /// cert-manager's default; far less with ECDSA), and a caller gets it
+    /// for a replayed ClientHello that costs it nothing. It is made off
+    /// the worker threads, on at most this many threads; more handshakes
+    /// wait their turn, in order of arrival, within --handshake-timeout
+    /// (then closed). So a flood of ClientHellos takes at most this many
+    /// cores, and joins and the leader's work go on beside it.
+    #[arg(long, env = "AUTONODE_MAX_HANDSHAKES", default_value = "2", value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub max_handshakes: u32,
+
+    /// TLS handshakes one source address (an IPv6 one by its /64) may have
+    /// waiting for or making the answer to its ClientHello (see
+    /// --max-handshakes); more are closed at once. So one source's flood
+    /// waits behind itself, not in front of everyone else. Keep it at 16 or
+    /// more (a NAT gateway puts a subnet's booting nodes behind one
+    /// address); 0: no per-source limit (behind a load balancer that hides
+    /// client addresses, as --max-joins-per-source).
+    #[arg(long, env = "AUTONODE_MAX_HANDSHAKES_PER_SOURCE", default_value = "16")]
+    pub max_handshakes_per_source: u32,
+
     /// Seconds a connection has for its TLS handshake.
     #[arg(
         long = "handshake-timeout",
@@ -766,6 +787,8 @@ impl JoinApiArgs {
             max_joins_per_source: count(self.max_joins_per_source),
             max_connections: count(self.max_connections),
             max_connections_per_source: count(self.max_connections_per_source),
+            max_handshakes: count(self.max_handshakes),
+            max_handshakes_per_source: count(self.max_handshakes_per_source),
             handshake_timeout: Duration::from_secs(self.handshake_timeout_secs),
             body_timeout: Duration::from_secs(self.body_timeout_secs),
             ..autonode_server::front::api::Limits::default()
@@ -854,6 +877,8 @@ mod tests {
         assert_eq!(limits.max_joins_per_source, 8);
         assert_eq!(limits.max_connections, 4096);
         assert_eq!(limits.max_connections_per_source, 64);
+        assert_eq!(limits.max_handshakes, 2);
+        assert_eq!(limits.max_handshakes_per_source, 16);
         assert_eq!(limits.handshake_timeout, Duration::from_secs(3));
         assert_eq!(limits.body_timeout, Duration::from_secs(5));
     }
@@ -895,6 +920,8 @@ mod tests {
         for bad in [
             "--max-concurrent-joins=0",
             "--max-connections=0",
+            "--max-handshakes=0",
+            "--max-handshakes=257",
             "--rollout-failures=0",
             "--rollout-ready-deadline=0",
             "--handshake-timeout=0",

@@ -25,7 +25,6 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_rustls::TlsAcceptor;
 
 /// Checks what needs no cluster, then starts the caches, the leader's
 /// controllers and the endpoints, and serves until SIGTERM.
@@ -171,17 +170,17 @@ async fn serve(
     let cert = ReloadingCert::load(&args.tls_cert, &args.tls_key)
         .context("loading the serving certificate")?;
     cert.spawn_reloader();
-    let acceptor = TlsAcceptor::from(Arc::new(cert.server_config()));
+    let tls = Arc::new(cert.server_config());
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
-    let metrics_listener = TcpListener::bind(args.metrics_listen)
-        .await
+    let metrics_listener = std::net::TcpListener::bind(args.metrics_listen)
         .with_context(|| format!("listening on {}", args.metrics_listen))?;
     tracing::info!(join_api = %listener.local_addr()?, metrics = %metrics_listener.local_addr()?, "autonode-server serving");
-    tokio::spawn(probes::serve(metrics_listener, metrics.clone(), readiness));
+    probes::start(metrics_listener, metrics.clone(), readiness)
+        .context("starting the probes' thread")?;
     tokio::select! {
-        _ = api::serve(listener, acceptor, Api::new(join, report, limits, metrics)) => {}
+        _ = api::serve(listener, tls, Api::new(join, report, limits, metrics)) => {}
         _ = shutdown_signal() => tracing::info!("shutting down"),
     }
     Ok(())

@@ -5,6 +5,12 @@
 //! node-config caches have had their first list), so a replica that cannot
 //! reach the guest cluster is taken out of the Service instead of refusing
 //! machines or keeping them waiting.
+//!
+//! They are answered on a thread of their own ([`start`]), not on the
+//! worker threads: kubelet restarts the pod when `/healthz` goes
+//! unanswered for its timeout, and the worker threads are what a flood of
+//! the join API (TLS handshakes, refused documents) keeps busy. A flood is
+//! to be refused, not to restart the replica that refuses it.
 
 use crate::join::render::inputs::NodeConfig;
 use crate::kube::metrics::Metrics;
@@ -14,7 +20,19 @@ use http_body_util::Full;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use std::time::Duration;
+use thiserror::Error;
 use tokio::net::TcpListener;
+
+/// Why the probes could not be started.
+#[derive(Debug, Error)]
+pub enum ProbesError {
+    #[error("the probes' runtime: {0}")]
+    Runtime(std::io::Error),
+    #[error("the probes' listener: {0}")]
+    Listener(std::io::Error),
+    #[error("the probes' thread: {0}")]
+    Thread(std::io::Error),
+}
 
 /// What `/readyz` asks.
 #[derive(Clone)]
@@ -39,8 +57,37 @@ impl Readiness {
     }
 }
 
-/// Serves the observability endpoints forever.
-pub async fn serve(listener: TcpListener, metrics: Metrics, readiness: Readiness) {
+/// Serves the observability endpoints on `listener` forever, on a thread
+/// of their own (named `probes`) with its own single-threaded runtime:
+/// whatever keeps the worker threads busy, a probe is answered as soon as
+/// the OS runs this thread. `metrics` and `readiness` are read there; both
+/// are handles on state the worker threads keep.
+pub fn start(
+    listener: std::net::TcpListener,
+    metrics: Metrics,
+    readiness: Readiness,
+) -> Result<(), ProbesError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(ProbesError::Runtime)?;
+    listener
+        .set_nonblocking(true)
+        .map_err(ProbesError::Listener)?;
+    // Registered with the probes' runtime, so its readiness is polled there.
+    let listener = {
+        let _inside = runtime.enter();
+        TcpListener::from_std(listener).map_err(ProbesError::Listener)?
+    };
+    std::thread::Builder::new()
+        .name("probes".into())
+        .spawn(move || runtime.block_on(serve(listener, metrics, readiness)))
+        .map_err(ProbesError::Thread)?;
+    Ok(())
+}
+
+/// Serves the observability endpoints forever (on the runtime it runs on).
+async fn serve(listener: TcpListener, metrics: Metrics, readiness: Readiness) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(50)).await;

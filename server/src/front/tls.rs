@@ -4,14 +4,22 @@
 //! the server picks the new pair up within [`RELOAD_INTERVAL`] without a
 //! restart. A pair that fails to load is logged and the old one kept, so a
 //! half-written rotation never takes the API down.
+//!
+//! A ClientHello is answered ([`answer`]) on a blocking thread: with an
+//! RSA key (cert-manager's default) the answer's signature is the costliest
+//! thing the join API does for a caller, and one a caller gets for a
+//! replayed ClientHello that costs it nothing.
 
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
+use rustls::HandshakeKind;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 use thiserror::Error;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_rustls::server::{Accept, StartHandshake};
 
 /// How often the files are checked for changes.
 pub const RELOAD_INTERVAL: Duration = Duration::from_secs(10);
@@ -34,6 +42,52 @@ pub enum TlsError {
     },
     #[error("TLS configuration: {0}")]
     Config(#[from] rustls::Error),
+}
+
+/// Why a ClientHello went unanswered.
+#[derive(Debug, Error)]
+pub enum Unanswered {
+    /// It needed a HelloRetryRequest (its key shares are none the server
+    /// takes). The second ClientHello would be answered while the
+    /// handshake is awaited, outside the handshake caps, so such a
+    /// handshake goes no further; every agent, and TLS clients generally,
+    /// send an X25519 share, which needs no retry.
+    #[error("the ClientHello needs a HelloRetryRequest")]
+    HelloRetry,
+    /// The blocking thread answering it did not finish (a panic).
+    #[error("answering the ClientHello: {0}")]
+    Lost(#[from] tokio::task::JoinError),
+}
+
+/// Answers a ClientHello read by a `LazyConfigAcceptor` (the server's
+/// first flight, signed with the serving key) on a blocking thread, and
+/// drops `place` when that is done, so that a place under the handshake
+/// caps is given back when the signature is made, not before, even if the
+/// caller stops waiting. What is left of the handshake (sending that
+/// flight, reading the client's Finished) costs little and is awaited on
+/// the returned future.
+pub async fn answer<IO, P>(
+    start: StartHandshake<IO>,
+    config: Arc<rustls::ServerConfig>,
+    place: P,
+) -> Result<Accept<IO>, Unanswered>
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    P: Send + 'static,
+{
+    let (accept, retry) = tokio::task::spawn_blocking(move || {
+        let mut retry = false;
+        let accept = start.into_stream_with(config, |conn| {
+            retry = conn.handshake_kind() == Some(HandshakeKind::FullWithHelloRetryRequest);
+        });
+        drop(place);
+        (accept, retry)
+    })
+    .await?;
+    if retry {
+        return Err(Unanswered::HelloRetry);
+    }
+    Ok(accept)
 }
 
 /// Serves the current certificate and reloads it when the files change.
@@ -182,6 +236,68 @@ mod tests {
             second,
             "a broken pair must not replace a good one"
         );
+    }
+
+    /// A ClientHello as a client sends it, read by the server's acceptor,
+    /// and the client's end of the pipe (the server's answer goes there).
+    async fn hello() -> (
+        StartHandshake<tokio::io::DuplexStream>,
+        tokio::io::DuplexStream,
+    ) {
+        use tokio::io::AsyncWriteExt as _;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth();
+        let name = "one.example".try_into().unwrap();
+        let mut client = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+        let mut bytes = Vec::new();
+        client.write_tls(&mut bytes).unwrap();
+        let (mut ours, theirs) = tokio::io::duplex(64 * 1024);
+        ours.write_all(&bytes).await.unwrap();
+        let acceptor = rustls::server::Acceptor::default();
+        let start = tokio_rustls::LazyConfigAcceptor::new(acceptor, theirs)
+            .await
+            .unwrap();
+        (start, ours)
+    }
+
+    fn loaded(dir: &Path) -> Arc<ReloadingCert> {
+        write_pair(dir, "one.example");
+        ReloadingCert::load(&dir.join("tls.crt"), &dir.join("tls.key")).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_clienthello_is_answered_and_its_place_given_back_once_signed() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = Arc::new(loaded(dir.path()).server_config());
+        let place = Arc::new(());
+        let (start, _client) = hello().await;
+        let answered = answer(start, config, place.clone()).await;
+        assert!(answered.is_ok(), "{:?}", answered.err());
+        assert_eq!(Arc::strong_count(&place), 1, "the place was given back");
+    }
+
+    /// A server that takes none of the client's key shares would answer
+    /// with a HelloRetryRequest, and the second ClientHello outside the
+    /// caps: refused instead.
+    #[tokio::test]
+    async fn a_clienthello_needing_a_retry_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut provider = rustls::crypto::ring::default_provider();
+        provider.kx_groups = vec![rustls::crypto::ring::kx_group::SECP384R1];
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(provider))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_cert_resolver(loaded(dir.path()));
+        let place = Arc::new(());
+        let (start, _client) = hello().await;
+        let answered = answer(start, Arc::new(config), place.clone()).await;
+        assert!(matches!(answered, Err(Unanswered::HelloRetry)));
+        assert_eq!(Arc::strong_count(&place), 1);
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! Who gets in: the join API's caps on connections and on joins in flight,
-//! globally and per source address, and the count of whom they turned away.
+//! Who gets in: the join API's caps on connections, on TLS handshakes
+//! being answered and on joins in flight, globally and per source address,
+//! and the count of whom they turned away.
 //!
 //! The global caps bound what the server spends; the per-source ones keep
 //! one address from taking all of it, so an honest machine elsewhere still
@@ -40,6 +41,13 @@ pub struct Limits {
     pub max_connections: usize,
     /// Open connections from one source, likewise. 0: no limit.
     pub max_connections_per_source: usize,
+    /// ClientHellos answered at once (the server's signature, made off the
+    /// worker threads); more wait their turn, in order of arrival, within
+    /// the handshake timeout.
+    pub max_handshakes: usize,
+    /// Handshakes one source may have waiting for or making that answer;
+    /// more are closed at once. 0: no limit.
+    pub max_handshakes_per_source: usize,
     /// Time allowed for the TLS handshake.
     pub handshake_timeout: Duration,
     /// Time allowed for the request headers (on a kept-alive connection,
@@ -58,6 +66,8 @@ impl Default for Limits {
             max_joins_per_source: 8,
             max_connections: 4096,
             max_connections_per_source: 64,
+            max_handshakes: 2,
+            max_handshakes_per_source: 16,
             handshake_timeout: Duration::from_secs(3),
             body_timeout: Duration::from_secs(5),
             retry_after_secs: 2,
@@ -77,6 +87,14 @@ pub enum Turned {
     Joins,
     /// Its source's join cap: 429.
     SourceJoins,
+    /// No place to answer its ClientHello came before its handshake's
+    /// deadline: closed.
+    Handshakes,
+    /// Its source's handshake cap: closed at once.
+    SourceHandshakes,
+    /// Its ClientHello needed a HelloRetryRequest: closed, since the
+    /// second ClientHello would be answered outside the handshake caps.
+    HelloRetry,
     HandshakeTimeout,
     HeaderTimeout,
     BodyTimeout,
@@ -91,6 +109,9 @@ impl Turned {
             Turned::SourceConnections => "source_connections",
             Turned::Joins => "joins",
             Turned::SourceJoins => "source_joins",
+            Turned::Handshakes => "handshakes",
+            Turned::SourceHandshakes => "source_handshakes",
+            Turned::HelloRetry => "hello_retry",
             Turned::HandshakeTimeout => "handshake_timeout",
             Turned::HeaderTimeout => "header_timeout",
             Turned::BodyTimeout => "body_timeout",
@@ -110,8 +131,10 @@ pub struct Gate {
     joins: Arc<Semaphore>,
     join_queue_wait: Duration,
     queue: Arc<Queue>,
+    handshakes: Arc<Semaphore>,
     source_connections: PerSource,
     source_joins: PerSource,
+    source_handshakes: PerSource,
     metrics: Metrics,
     last_warned: Mutex<Option<Instant>>,
 }
@@ -137,8 +160,10 @@ impl Gate {
                 Duration::from_secs(limits.retry_after_secs),
                 limits.max_concurrent_joins,
             )),
+            handshakes: Arc::new(Semaphore::new(limits.max_handshakes)),
             source_connections: PerSource::new(limits.max_connections_per_source),
             source_joins: PerSource::new(limits.max_joins_per_source),
+            source_handshakes: PerSource::new(limits.max_handshakes_per_source),
             metrics,
             last_warned: Mutex::new(None),
         }
@@ -194,6 +219,34 @@ impl Gate {
             _global: global,
             _source: source,
             _holding: Some(self.queue.hold()),
+        })
+    }
+
+    /// A place to answer `peer`'s ClientHello (the costly part of a TLS
+    /// handshake: the server's signature): under its source's cap at once
+    /// (over it: [`Turned::SourceHandshakes`]), then under the global one,
+    /// waiting for it in order of arrival until `deadline` (then
+    /// [`Turned::Handshakes`]). The source's place is held while it waits,
+    /// so one source has no more than its cap in the line, and a flood
+    /// from a few sources does not push everyone else's handshakes back.
+    pub async fn handshake(
+        &self,
+        peer: IpAddr,
+        deadline: tokio::time::Instant,
+    ) -> Result<Pass, Turned> {
+        let source = self
+            .source_handshakes
+            .try_acquire(peer)
+            .ok_or(Turned::SourceHandshakes)?;
+        let place = self.handshakes.clone().acquire_owned();
+        let global = tokio::time::timeout_at(deadline, place)
+            .await
+            .map_err(|_| Turned::Handshakes)?
+            .map_err(|_| Turned::Handshakes)?;
+        Ok(Pass {
+            _global: global,
+            _source: source,
+            _holding: None,
         })
     }
 
@@ -631,6 +684,43 @@ mod tests {
         assert_eq!(gate.join(c).await.err(), Some(Turned::Joins));
         assert!(started.elapsed() >= wait, "turned away before its wait");
         drop(held);
+    }
+
+    /// One place to answer ClientHellos, two per source: a source's third
+    /// handshake is closed at once, without touching the global line;
+    /// another source's waits its turn until its deadline, and gets a
+    /// place freed before it.
+    #[tokio::test]
+    async fn handshakes_wait_their_turn_and_a_source_holds_no_more_than_its_cap() {
+        let limits = Limits {
+            max_handshakes: 1,
+            max_handshakes_per_source: 2,
+            ..Limits::default()
+        };
+        let gate = Arc::new(Gate::new(&limits, Metrics::new()));
+        let (a, b) = (ip("10.0.0.1"), ip("10.0.0.2"));
+        let soon = || tokio::time::Instant::now() + Duration::from_millis(200);
+        let far = tokio::time::Instant::now() + Duration::from_secs(30);
+        let answering = gate.handshake(a, far).await.unwrap();
+        let waiting = tokio::spawn({
+            let gate = gate.clone();
+            async move { gate.handshake(a, far).await.map(drop) }
+        });
+        while gate.source_handshakes.held_by(a) < 2 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(
+            gate.handshake(a, far).await.err(),
+            Some(Turned::SourceHandshakes)
+        );
+        assert_eq!(
+            gate.handshake(b, soon()).await.err(),
+            Some(Turned::Handshakes)
+        );
+        assert_eq!(gate.source_handshakes.held_by(b), 0, "given back");
+        drop(answering);
+        assert_eq!(waiting.await.unwrap(), Ok(()));
+        assert!(gate.handshake(b, soon()).await.is_ok());
     }
 
     #[test]

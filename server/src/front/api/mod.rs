@@ -4,7 +4,12 @@
 //! nothing of its callers. Past the global or its source's connection cap
 //! (`gate`) a connection takes the place of the one longest not inside a
 //! join or report, or is closed on accept if there is none; it must finish
-//! its TLS handshake within [`Limits::handshake_timeout`], and send its
+//! its TLS handshake within [`Limits::handshake_timeout`]. Its ClientHello
+//! is answered (the server's signature) under a place of the handshake caps
+//! (`gate`: [`Limits::max_handshakes`] at once, off the worker threads,
+//! waited for in order of arrival; [`Limits::max_handshakes_per_source`]
+//! waiting or answered per source), so a flood of ClientHellos costs the
+//! worker threads little and waits its turn. It must then send its
 //! headers (again after each answer, when kept alive), then its body (at
 //! most [`MAX_REQUEST_BYTES`]), each within [`Limits::body_timeout`]. Only a
 //! join or a report keeps a connection alive: after any other request (an
@@ -26,6 +31,7 @@ mod queue;
 
 pub use gate::{Limits, Turned};
 
+use crate::front::tls::{self, Unanswered};
 use crate::join::refusal::JoinError;
 use crate::join::{self, JoinContext};
 use crate::kube::metrics::Metrics;
@@ -46,7 +52,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
-use tokio_rustls::TlsAcceptor;
+use tokio::time::{timeout_at, Instant};
+use tokio_rustls::server::TlsStream;
+use tokio_rustls::LazyConfigAcceptor;
 
 /// State shared by every connection.
 pub struct Api {
@@ -73,7 +81,7 @@ impl Api {
 }
 
 /// Accepts connections forever.
-pub async fn serve(listener: TcpListener, tls: TlsAcceptor, api: Arc<Api>) {
+pub async fn serve(listener: TcpListener, tls: Arc<rustls::ServerConfig>, api: Arc<Api>) {
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -114,16 +122,18 @@ pub async fn serve(listener: TcpListener, tls: TlsAcceptor, api: Arc<Api>) {
 /// One connection: the handshake, then HTTP/1.1 requests until it closes.
 async fn connection(
     api: Arc<Api>,
-    tls: TlsAcceptor,
+    tls: Arc<rustls::ServerConfig>,
     stream: TcpStream,
     peer: SocketAddr,
     ticket: Arc<Ticket>,
 ) {
-    let handshake = tokio::time::timeout(api.limits.handshake_timeout, tls.accept(stream));
-    let stream = match handshake.await {
-        Ok(Ok(stream)) => stream,
-        Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-        Err(_) => return api.gate.turned(Turned::HandshakeTimeout, peer.ip(), None),
+    let deadline = Instant::now() + api.limits.handshake_timeout;
+    let stream = match handshake(&api, tls, stream, peer.ip(), deadline).await {
+        Ok(stream) => stream,
+        Err(Unshaken::Turned(why)) => return api.gate.turned(why, peer.ip(), None),
+        Err(Unshaken::Failed(e)) => {
+            return tracing::debug!(%peer, error = %e, "TLS handshake failed")
+        }
     };
     let header_timeout = api.limits.body_timeout;
     let service_api = api.clone();
@@ -141,6 +151,50 @@ async fn connection(
         Err(e) => tracing::debug!(%peer, error = %e, "connection ended with an error"),
         Ok(()) => {}
     }
+}
+
+/// Why a handshake did not finish.
+enum Unshaken {
+    /// Turned away (counted): a cap or a timeout.
+    Turned(Turned),
+    /// The TLS exchange failed.
+    Failed(std::io::Error),
+}
+
+impl From<Turned> for Unshaken {
+    fn from(why: Turned) -> Self {
+        Unshaken::Turned(why)
+    }
+}
+
+/// The TLS handshake, by `deadline`: the ClientHello is read here; the
+/// answer to it (the server's signature, the costly part) is made under a
+/// place of the handshake caps, off the worker threads ([`tls::answer`]);
+/// the rest (the client's Finished) is read here again.
+async fn handshake(
+    api: &Api,
+    tls: Arc<rustls::ServerConfig>,
+    stream: TcpStream,
+    peer: IpAddr,
+    deadline: Instant,
+) -> Result<TlsStream<TcpStream>, Unshaken> {
+    let late = |_| Unshaken::Turned(Turned::HandshakeTimeout);
+    let hello = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), stream);
+    let start = timeout_at(deadline, hello)
+        .await
+        .map_err(late)?
+        .map_err(Unshaken::Failed)?;
+    let place = api.gate.handshake(peer, deadline).await?;
+    let accept = match timeout_at(deadline, tls::answer(start, tls, place)).await {
+        Ok(Ok(accept)) => accept,
+        Ok(Err(Unanswered::HelloRetry)) => return Err(Turned::HelloRetry.into()),
+        Ok(Err(e @ Unanswered::Lost(_))) => return Err(Unshaken::Failed(std::io::Error::other(e))),
+        Err(elapsed) => return Err(late(elapsed)),
+    };
+    timeout_at(deadline, accept)
+        .await
+        .map_err(late)?
+        .map_err(Unshaken::Failed)
 }
 
 type Reply = Response<Full<Bytes>>;
