@@ -175,6 +175,76 @@ impl Attackers {
     }
 }
 
+impl Attackers {
+    /// `per_source` callers from each of `sources`, each sending `server`
+    /// the same ClientHello ([`client_hello`]) on a new connection, reading
+    /// until the server has answered it (its signed first flight) or closed,
+    /// and starting over, never finishing a handshake: what costs the
+    /// server a signature and the caller nothing. The server's answers are
+    /// counted in `answered` (a refused connection waits 50 ms before the
+    /// next).
+    pub fn replayed_hellos(
+        &mut self,
+        server: std::net::SocketAddr,
+        sources: &[IpAddr],
+        per_source: usize,
+        answered: &Arc<std::sync::atomic::AtomicU64>,
+    ) -> Result<()> {
+        let hello = Bytes::from(client_hello()?);
+        for source in sources.iter().copied() {
+            for _ in 0..per_source {
+                let (hello, answered) = (hello.clone(), answered.clone());
+                self.tasks.push(tokio::spawn(async move {
+                    loop {
+                        if replay_hello(server, source, &hello).await.unwrap_or(false) {
+                            answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        } else {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                    }
+                }));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A TLS 1.3 ClientHello for `localhost`, as an agent's rustls sends it.
+pub fn client_hello() -> Result<Vec<u8>> {
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(rustls::RootCertStore::empty())
+    .with_no_client_auth();
+    let name = "localhost".try_into()?;
+    let mut client = rustls::ClientConnection::new(Arc::new(config), name)?;
+    let mut bytes = Vec::new();
+    client.write_tls(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// Sends `hello` from `source`: whether the server answered it (sent its
+/// first flight, which holds the signature) before closing.
+async fn replay_hello(server: std::net::SocketAddr, source: IpAddr, hello: &[u8]) -> Result<bool> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(std::net::SocketAddr::new(source, 0))?;
+    let mut stream = socket.connect(server).await?;
+    stream.write_all(hello).await?;
+    // A TLS 1.3 server's first flight with an RSA 2048 certificate is well
+    // over 1 KiB; what a refusal sends (an alert, if anything) is not.
+    let mut answer = vec![0; 16 * 1024];
+    let mut read = 0;
+    while read < 1024 {
+        match stream.read(&mut answer[read..]).await? {
+            0 => break,
+            n => read += n,
+        }
+    }
+    Ok(read >= 1024)
+}
+
 /// GET of a path the join API does not serve: the status.
 async fn not_found(client: &Client<Https, Body>, server: &str) -> Result<u16> {
     let request = hyper::Request::get(format!("{server}/no-such-page"))

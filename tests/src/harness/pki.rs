@@ -72,6 +72,26 @@ impl Ca {
 
     /// A serving certificate for the given DNS names and IP addresses.
     pub fn server(&self, dns: &[&str], ips: &[IpAddr]) -> Result<CertPair> {
+        let key = KeyPair::generate().context("generating key")?;
+        self.server_with(dns, ips, key)
+    }
+
+    /// Like [`Ca::server`], with an RSA 2048 key, as cert-manager issues
+    /// by default: each TLS handshake's signature then costs the server
+    /// what it costs in most deployments.
+    pub fn server_rsa(&self, dns: &[&str], ips: &[IpAddr]) -> Result<CertPair> {
+        use rsa::pkcs8::EncodePrivateKey as _;
+        let rsa = rsa::RsaPrivateKey::new(&mut rand::thread_rng(), 2048)
+            .context("generating an RSA key")?;
+        let pem = rsa
+            .to_pkcs8_pem(rsa::pkcs8::LineEnding::LF)
+            .context("encoding the RSA key")?;
+        let key = KeyPair::from_pem_and_sign_algo(&pem, &rcgen::PKCS_RSA_SHA256)
+            .context("loading the RSA key")?;
+        self.server_with(dns, ips, key)
+    }
+
+    fn server_with(&self, dns: &[&str], ips: &[IpAddr], key: KeyPair) -> Result<CertPair> {
         let mut params = CertificateParams::default();
         params.distinguished_name = name(dns.first().copied().unwrap_or("server"), None);
         params.subject_alt_names = dns
@@ -85,12 +105,16 @@ impl Ca {
             KeyUsagePurpose::DigitalSignature,
             KeyUsagePurpose::KeyEncipherment,
         ];
-        self.issue(params)
+        self.issue_for(params, key)
     }
 
-    fn issue(&self, mut params: CertificateParams) -> Result<CertPair> {
-        validity(&mut params);
+    fn issue(&self, params: CertificateParams) -> Result<CertPair> {
         let key = KeyPair::generate().context("generating key")?;
+        self.issue_for(params, key)
+    }
+
+    fn issue_for(&self, mut params: CertificateParams, key: KeyPair) -> Result<CertPair> {
+        validity(&mut params);
         let cert = params
             .signed_by(&key, &self.issuer)
             .context("signing certificate")?;

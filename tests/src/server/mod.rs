@@ -293,6 +293,9 @@ pub struct Setup<'a> {
     /// The server binary; `None`: [`server_binary`] (an earlier
     /// revision's, for the skew tests: [`crate::server::skew`]).
     pub binary: Option<&'a Path>,
+    /// Serve the join API with an RSA key (cert-manager's default) rather
+    /// than an ECDSA one: what a handshake costs the server then.
+    pub rsa_serving_key: bool,
 }
 
 /// How the harness gets the server's ServiceAccount token.
@@ -320,6 +323,7 @@ impl Default for Setup<'_> {
             token: ServerToken::Requested,
             join_ca: None,
             binary: None,
+            rsa_serving_key: false,
         }
     }
 }
@@ -433,7 +437,11 @@ impl TestServer {
         };
         let mut ips = vec![IpAddr::V4(Ipv4Addr::LOCALHOST)];
         ips.extend_from_slice(setup.extra_ips);
-        let serving = join_ca.server(&["localhost"], &ips)?;
+        let serving = if setup.rsa_serving_key {
+            join_ca.server_rsa(&["localhost"], &ips)?
+        } else {
+            join_ca.server(&["localhost"], &ips)?
+        };
         let put = |name: &str, text: &str| -> Result<PathBuf> {
             let path = dir.path().join(name);
             std::fs::write(&path, text).with_context(|| format!("writing {name}"))?;

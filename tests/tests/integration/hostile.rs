@@ -349,3 +349,127 @@ async fn one_source_past_its_join_cap_is_told_429_and_then_joins() -> Result<()>
     assert!(turned_away(&world, "source_joins").await? > 0);
     Ok(())
 }
+
+/// (g) A flood of replayed ClientHellos against an RSA serving key
+/// (cert-manager's default), from many source addresses (as from many IPv6
+/// /64s; with the per-source caps off behind a load balancer, one address
+/// is as many), with one worker thread (the default): every liveness probe
+/// is answered within the chart's `livenessProbe.timeoutSeconds`, as
+/// kubelet judges it, all through the flood, and the server joins a
+/// machine after it. (Before, the probes shared the worker thread with the
+/// handshakes' signatures, thousands of them a scheduler round: the probes
+/// went unanswered and kubelet would restart the pod while the flood went
+/// on.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handshake_flood_does_not_starve_the_liveness_probe() -> Result<()> {
+    const SOURCES: u8 = 150;
+    const PER_SOURCE: usize = 20;
+    const FLOOD_FOR: Duration = Duration::from_secs(20);
+    let timeout = liveness_timeout()?;
+    let args = ["--worker-threads=1".to_string()];
+    let world = World::start_setup(&autonode_tests::server::Setup {
+        extra_args: &args,
+        rsa_serving_key: true,
+        ..Default::default()
+    })
+    .await?;
+    let requests = honest_requests(&world, 1).await?;
+    let join_api: SocketAddr = world.server.url().trim_start_matches("https://").parse()?;
+    let probes: SocketAddr = world
+        .server
+        .metrics_url()
+        .trim_start_matches("http://")
+        .parse()?;
+    let sources: Vec<IpAddr> = (1..=SOURCES)
+        .map(|i| IpAddr::V4(Ipv4Addr::new(127, 0, 1, i)))
+        .collect();
+    let answered = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut flood = Attackers::default();
+    flood.replayed_hellos(join_api, &sources, PER_SOURCE, &answered)?;
+    // Kubelet is another process: its probes must not wait on this
+    // process's runtime, which runs the flood.
+    let probing = std::thread::spawn(move || {
+        let mut results = Vec::new();
+        let until = Instant::now() + FLOOD_FOR;
+        while Instant::now() < until {
+            let started = Instant::now();
+            results.push(healthz(probes, timeout).map(|()| started.elapsed()));
+            std::thread::sleep(Duration::from_secs(1).saturating_sub(started.elapsed()));
+        }
+        results
+    });
+    let results = tokio::task::spawn_blocking(move || probing.join())
+        .await?
+        .map_err(|_| anyhow::anyhow!("the probing thread panicked"))?;
+    let answered = answered.load(Ordering::Relaxed);
+    drop(flood);
+    let mut took: Vec<Duration> = results
+        .iter()
+        .filter_map(|r| r.as_ref().ok())
+        .copied()
+        .collect();
+    took.sort();
+    eprintln!(
+        "{answered} ClientHellos answered in {FLOOD_FOR:?}; {} probes, {} answered within {timeout:?}: median {:?}, slowest {:?}",
+        results.len(),
+        took.len(),
+        took.get(took.len() / 2),
+        took.last(),
+    );
+    let failed: Vec<String> = results
+        .iter()
+        .filter_map(|r| r.as_ref().err().map(|e| format!("{e:#}")))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "liveness probes unanswered within {timeout:?} during the flood: {failed:?}"
+    );
+    assert!(answered > 0, "the flood was never answered: no flood");
+    world.joiner.join(&requests[0]).await?.granted();
+    Ok(())
+}
+
+/// The chart's `livenessProbe.timeoutSeconds`: how long kubelet waits for
+/// `/healthz` before it counts a failure.
+fn liveness_timeout() -> Result<Duration> {
+    let values: serde_yaml::Value = serde_yaml::from_str(include_str!(
+        "../../../packaging/helm/autonode-server/values.yaml"
+    ))?;
+    let secs = values["livenessProbe"]["timeoutSeconds"]
+        .as_u64()
+        .ok_or_else(|| anyhow::anyhow!("no livenessProbe.timeoutSeconds in values.yaml"))?;
+    Ok(Duration::from_secs(secs))
+}
+
+/// One liveness probe as kubelet makes it: a new connection, `GET
+/// /healthz`, an answer of 200 within `timeout` all told.
+fn healthz(at: SocketAddr, timeout: Duration) -> Result<()> {
+    use std::io::{Read as _, Write as _};
+    let deadline = Instant::now() + timeout;
+    let left = || {
+        deadline
+            .checked_duration_since(Instant::now())
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| anyhow::anyhow!("no answer within {timeout:?}"))
+    };
+    let mut stream = std::net::TcpStream::connect_timeout(&at, left()?)?;
+    stream.set_write_timeout(Some(left()?))?;
+    stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n")?;
+    let mut answer = Vec::new();
+    let mut buf = [0; 1024];
+    loop {
+        stream.set_read_timeout(Some(left()?))?;
+        match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => answer.extend_from_slice(&buf[..n]),
+            Err(e) => return Err(anyhow::anyhow!("no answer within {timeout:?}: {e}")),
+        }
+    }
+    let answer = String::from_utf8_lossy(&answer);
+    anyhow::ensure!(
+        answer.starts_with("HTTP/1.1 200"),
+        "not 200: {}",
+        answer.lines().next().unwrap_or("")
+    );
+    Ok(())
+}
