@@ -180,9 +180,14 @@ impl Attackers {
     /// the same ClientHello ([`client_hello`]) on a new connection, reading
     /// until the server has answered it (its signed first flight) or closed,
     /// and starting over, never finishing a handshake: what costs the
-    /// server a signature and the caller nothing. The server's answers are
-    /// counted in `answered` (a refused connection waits 50 ms before the
-    /// next).
+    /// server a signature and the caller nothing. The ClientHellos go in
+    /// waves, every [`WAVE_SECS`]: so most reach connections the server
+    /// has accepted meanwhile (not its listener's backlog, which its accept
+    /// loop drains a budget at a time), all ready to be answered at once.
+    /// (A wave at most as long as the server's 3 s handshake timeout: a
+    /// connection held longer is closed before its ClientHello comes.) The server's
+    /// answers are counted in `answered` (a refused connection waits
+    /// 500 ms before the next).
     pub fn replayed_hellos(
         &mut self,
         server: std::net::SocketAddr,
@@ -191,15 +196,17 @@ impl Attackers {
         answered: &Arc<std::sync::atomic::AtomicU64>,
     ) -> Result<()> {
         let hello = Bytes::from(client_hello()?);
+        let waves = tokio::time::Instant::now();
         for source in sources.iter().copied() {
             for _ in 0..per_source {
                 let (hello, answered) = (hello.clone(), answered.clone());
                 self.tasks.push(tokio::spawn(async move {
                     loop {
-                        if replay_hello(server, source, &hello).await.unwrap_or(false) {
+                        let sent = replay_hello(server, source, &hello, waves).await;
+                        if sent.unwrap_or(false) {
                             answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         } else {
-                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            tokio::time::sleep(Duration::from_millis(500)).await;
                         }
                     }
                 }));
@@ -208,6 +215,11 @@ impl Attackers {
         Ok(())
     }
 }
+
+/// How often [`Attackers::replayed_hellos`] send their ClientHellos.
+const WAVE_SECS: u64 = 3;
+/// How long at least a connection is held before its ClientHello is sent.
+const HELLO_HELD: Duration = Duration::from_millis(100);
 
 /// A TLS 1.3 ClientHello for `localhost`, as an agent's rustls sends it.
 pub fn client_hello() -> Result<Vec<u8>> {
@@ -226,11 +238,19 @@ pub fn client_hello() -> Result<Vec<u8>> {
 
 /// Sends `hello` from `source`: whether the server answered it (sent its
 /// first flight, which holds the signature) before closing.
-async fn replay_hello(server: std::net::SocketAddr, source: IpAddr, hello: &[u8]) -> Result<bool> {
+async fn replay_hello(
+    server: std::net::SocketAddr,
+    source: IpAddr,
+    hello: &[u8],
+    waves: tokio::time::Instant,
+) -> Result<bool> {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let socket = tokio::net::TcpSocket::new_v4()?;
     socket.bind(std::net::SocketAddr::new(source, 0))?;
     let mut stream = socket.connect(server).await?;
+    let ready = tokio::time::Instant::now() + HELLO_HELD;
+    let wave = ready.duration_since(waves).as_secs() / WAVE_SECS + 1;
+    tokio::time::sleep_until(waves + Duration::from_secs(wave * WAVE_SECS)).await;
     stream.write_all(hello).await?;
     // A TLS 1.3 server's first flight with an RSA 2048 certificate is well
     // over 1 KiB; what a refusal sends (an alert, if anything) is not.

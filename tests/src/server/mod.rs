@@ -293,9 +293,10 @@ pub struct Setup<'a> {
     /// The server binary; `None`: [`server_binary`] (an earlier
     /// revision's, for the skew tests: [`crate::server::skew`]).
     pub binary: Option<&'a Path>,
-    /// Serve the join API with an RSA key (cert-manager's default) rather
-    /// than an ECDSA one: what a handshake costs the server then.
-    pub rsa_serving_key: bool,
+    /// Serve the join API with an RSA key of this many bits (what
+    /// cert-manager issues) rather than an ECDSA one: what a handshake
+    /// costs the server then.
+    pub rsa_serving_key: Option<usize>,
 }
 
 /// How the harness gets the server's ServiceAccount token.
@@ -323,7 +324,7 @@ impl Default for Setup<'_> {
             token: ServerToken::Requested,
             join_ca: None,
             binary: None,
-            rsa_serving_key: false,
+            rsa_serving_key: None,
         }
     }
 }
@@ -437,10 +438,9 @@ impl TestServer {
         };
         let mut ips = vec![IpAddr::V4(Ipv4Addr::LOCALHOST)];
         ips.extend_from_slice(setup.extra_ips);
-        let serving = if setup.rsa_serving_key {
-            join_ca.server_rsa(&["localhost"], &ips)?
-        } else {
-            join_ca.server(&["localhost"], &ips)?
+        let serving = match setup.rsa_serving_key {
+            Some(bits) => join_ca.server_rsa(&["localhost"], &ips, bits)?,
+            None => join_ca.server(&["localhost"], &ips)?,
         };
         let put = |name: &str, text: &str| -> Result<PathBuf> {
             let path = dir.path().join(name);
