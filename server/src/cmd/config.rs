@@ -748,11 +748,11 @@ pub struct JoinApiArgs {
     /// TLS handshakes one source address (an IPv6 one by its /64) may have
     /// waiting for or making the answer to its ClientHello (see
     /// --max-handshakes); more are closed at once. So one source's flood
-    /// waits behind itself, not in front of everyone else. Keep it at 16 or
+    /// waits behind itself, not in front of everyone else. Keep it at 32 or
     /// more (a NAT gateway puts a subnet's booting nodes behind one
     /// address); 0: no per-source limit (behind a load balancer that hides
     /// client addresses, as --max-joins-per-source).
-    #[arg(long, env = "AUTONODE_MAX_HANDSHAKES_PER_SOURCE", default_value = "16")]
+    #[arg(long, env = "AUTONODE_MAX_HANDSHAKES_PER_SOURCE", default_value = "32")]
     pub max_handshakes_per_source: u32,
 
     /// Seconds a connection has for its TLS handshake.
@@ -878,7 +878,7 @@ mod tests {
         assert_eq!(limits.max_connections, 4096);
         assert_eq!(limits.max_connections_per_source, 64);
         assert_eq!(limits.max_handshakes, 2);
-        assert_eq!(limits.max_handshakes_per_source, 16);
+        assert_eq!(limits.max_handshakes_per_source, 32);
         assert_eq!(limits.handshake_timeout, Duration::from_secs(3));
         assert_eq!(limits.body_timeout, Duration::from_secs(5));
     }

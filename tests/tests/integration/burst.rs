@@ -15,6 +15,7 @@ async fn two_hundred_joins_at_once_give_two_hundred_nodes() -> Result<()> {
     // Distinct machines, though all from 127.0.0.1: no per-source caps.
     let world = World::start_with(&[
         "--max-connections-per-source=0".into(),
+        "--max-handshakes-per-source=0".into(),
         "--max-joins-per-source=0".into(),
     ])
     .await?;

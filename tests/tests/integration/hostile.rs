@@ -229,6 +229,7 @@ async fn connections_that_never_join_do_not_hold_the_global_cap() -> Result<()> 
     let world = World::start_with(&[
         format!("--max-connections={CAP}"),
         "--max-connections-per-source=0".into(),
+        "--max-handshakes-per-source=0".into(),
         "--max-joins-per-source=0".into(),
     ])
     .await?;

@@ -41,6 +41,7 @@ const RETRY_PAUSE: Duration = Duration::from_millis(500);
 fn distinct_machines() -> Vec<String> {
     vec![
         "--max-connections-per-source=0".into(),
+        "--max-handshakes-per-source=0".into(),
         "--max-joins-per-source=0".into(),
     ]
 }

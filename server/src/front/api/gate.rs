@@ -67,7 +67,7 @@ impl Default for Limits {
             max_connections: 4096,
             max_connections_per_source: 64,
             max_handshakes: 2,
-            max_handshakes_per_source: 16,
+            max_handshakes_per_source: 32,
             handshake_timeout: Duration::from_secs(3),
             body_timeout: Duration::from_secs(5),
             retry_after_secs: 2,
