@@ -212,10 +212,13 @@ async fn a_lone_bad_machine_is_replaced_in_seconds_each_time_one_of_its_group_wa
 /// deleted (waited for), every Node cordoned, so Karpenter launches again.
 async fn next_round(cluster: &KarpenterCluster) -> Result<()> {
     use k8s_openapi::api::core::v1::{Node, Pod};
-    use kube::api::{Api, Patch, PatchParams};
+    use kube::api::{Api, DeleteParams, Patch, PatchParams};
     let admin = cluster.cp.admin().await?;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
-    pods.delete(POD, &Default::default()).await?;
+    // At once: the stand-in kubelet runs no pod, so nothing would confirm
+    // a graceful deletion.
+    pods.delete(POD, &DeleteParams::default().grace_period(0))
+        .await?;
     cluster
         .wait_for("the pod gone", Duration::from_secs(120), || async {
             Ok(pods.get_opt(POD).await?.is_none().then_some(()))
