@@ -182,6 +182,24 @@ pub struct ServeArgs {
     #[arg(long, env = "AUTONODE_DELETE_FAILED_NODECLAIMS", default_value = "true", action = clap::ArgAction::Set)]
     pub delete_failed_nodeclaims: bool,
 
+    /// Failures of one group (NodePool, EC2NodeClass and reason) deleted
+    /// at once while no machine of the NodePool and class has become Ready
+    /// since: one bad machine is replaced in seconds, but past this many
+    /// in a row the failure is a pattern (a broken userData or AMI), and
+    /// later NodeClaims of the group are marked failed and kept, so
+    /// Karpenter's registration timeout replaces them (a launch per
+    /// machine per 15 minutes, not one every few seconds). A Warning Event
+    /// on the NodePool and EC2NodeClass says so. 0 never deletes (as
+    /// `--delete-failed-nodeclaims=false` but for impostor Nodes). Causes
+    /// on the server's side (allow-lists, clocks) never delete.
+    #[arg(
+        long,
+        env = "AUTONODE_FAILURE_BUDGET",
+        default_value_t = autonode_server::kube::budget::DEFAULT_LIMIT,
+        value_name = "FAILURES"
+    )]
+    pub failure_budget: u32,
+
     /// Approve the CSRs kubelet makes itself (client renewals, serving
     /// certificates) when they match the node's NodeClaim and EC2 facts.
     #[arg(long, env = "AUTONODE_APPROVE_KUBELET_CSRS", default_value = "true", action = clap::ArgAction::Set)]

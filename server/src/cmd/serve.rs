@@ -11,10 +11,11 @@ use autonode_server::front::tls::ReloadingCert;
 use autonode_server::join::render::inputs::{NodeConfig, NodeConfigSettings};
 use autonode_server::join::render::ClusterSettings;
 use autonode_server::join::{ClusterInfo, JoinContext};
+use autonode_server::kube::budget::{self, Budget};
 use autonode_server::kube::events::Events;
 use autonode_server::kube::issuer::Issuer;
 use autonode_server::kube::metrics::Metrics;
-use autonode_server::kube::nodeclaim::{NodeClaims, OnFailure};
+use autonode_server::kube::nodeclaim::NodeClaims;
 use autonode_server::kube::seal::StateKey;
 use autonode_server::primitives::clock::Clock;
 use autonode_server::primitives::limiter::refusal_line_limiter;
@@ -48,7 +49,13 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     // The one sealing key: the rollout guard's state and NodeClaim marks.
     let key = args.nodeclasses.state_key(&args.tls_key)?;
     let signing = args.certificate_lifetimes().signing;
-    let claims = NodeClaims::start(client.clone(), key, clock, signing);
+    let settings = budget::Settings {
+        delete: args.delete_failed_nodeclaims,
+        limit: args.failure_budget,
+    };
+    let told = (events.clone(), metrics.clone());
+    let budget = Budget::new(client.clone(), settings, told, clock);
+    let claims = NodeClaims::start(client.clone(), key, (clock, signing), budget);
     let issuer = Issuer::start(client.clone(), args.csr_timeout());
     let ec2 = ec2_lookup(&args).await?;
     let leader = leader(
@@ -89,7 +96,6 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         nodeconfig: nodeconfig.clone(),
         clock,
         lifetimes: args.certificate_lifetimes(),
-        on_failure: OnFailure::from_flag(args.delete_failed_nodeclaims),
         lookups: autonode_server::join::lookup_limiter(),
         refusal_lines: refusal_line_limiter(),
     });
@@ -99,7 +105,6 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         claims: claims.clone(),
         events,
         metrics: metrics.clone(),
-        on_failure: OnFailure::from_flag(args.delete_failed_nodeclaims),
         clock,
         replays: Replays::default(),
         unbound_reads: autonode_server::report::unbound_read_limiter(),
@@ -154,7 +159,6 @@ fn leader(
         )?,
         capacity: args.capacity_tolerance(),
         clock,
-        on_failure: OnFailure::from_flag(args.delete_failed_nodeclaims),
     })
 }
 

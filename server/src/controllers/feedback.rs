@@ -49,13 +49,14 @@
 
 use crate::controllers::capacity;
 use crate::kube::binding;
+use crate::kube::budget::{Cause, Failure};
 use crate::kube::cache::Cache;
 use crate::kube::condition::{self, set_condition, Desired};
 use crate::kube::events::Events;
 use crate::kube::karpenter::NodeClaim;
 use crate::kube::marks;
 use crate::kube::metrics::Metrics;
-use crate::kube::nodeclaim::{pending, Failed, Milestone, NodeClaims, OnFailure};
+use crate::kube::nodeclaim::{pending, Milestone, NodeClaims};
 use crate::kube::reason::Reason;
 use crate::primitives::bounded::Bounded;
 use crate::primitives::clock::{Clock, KubeTime};
@@ -136,8 +137,6 @@ pub struct Context {
     pub capacity: capacity::Check,
     /// When milestones are due and conditions change.
     pub clock: Clock,
-    /// What becomes of a NodeClaim Registered to an impostor Node.
-    pub on_failure: OnFailure,
     /// Conditions held back while their join is in flight.
     pub holds: JoinHolds,
 }
@@ -170,7 +169,6 @@ pub async fn run(
     metrics: Metrics,
     capacity: capacity::Check,
     clock: Clock,
-    on_failure: OnFailure,
 ) {
     let claim_changes = claims.changes().map(Ok::<_, Infallible>);
     let node_changes = nodes.changes().map(Ok::<_, Infallible>);
@@ -196,7 +194,6 @@ pub async fn run(
         metrics,
         capacity,
         clock,
-        on_failure,
         holds: JoinHolds::default(),
     });
     // Debounced: a NodeClaim's events come in bursts while its machine
@@ -323,13 +320,11 @@ async fn fail_impostor(
     tracing::warn!(nodeclaim = %name, node = %registered, "{why}");
     ctx.metrics.spoofed_nodes.inc();
     ctx.events.warning(claim, Reason::NodeSpoofed, why.clone());
-    let failed = ctx
-        .claims
-        .failed_impostor(claim, &why, ctx.on_failure)
-        .await?;
-    if failed == Failed::Deleted {
-        ctx.metrics.nodeclaims_deleted.inc();
-    }
+    let spoofed = Failure {
+        reason: "node_spoofed",
+        cause: Cause::Impostor,
+    };
+    ctx.claims.failed_impostor(claim, &why, spoofed).await?;
     Ok(Action::requeue(Duration::from_secs(3)))
 }
 

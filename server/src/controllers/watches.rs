@@ -34,7 +34,7 @@
 use crate::kube::cache::{self, Cache};
 use crate::kube::events::Events;
 use crate::kube::metrics::Metrics;
-use crate::kube::nodeclaim::{NodeClaims, OnFailure};
+use crate::kube::nodeclaim::NodeClaims;
 use crate::primitives::clock::Clock;
 use crate::{
     controllers::approver, controllers::capacity, controllers::feedback, controllers::nodeclass,
@@ -58,9 +58,6 @@ pub struct Leader {
     pub capacity: capacity::Tolerance,
     /// What "now" is for the feedback controller.
     pub clock: Clock,
-    /// What becomes of a NodeClaim the feedback controller finds
-    /// Registered to an impostor Node (`--delete-failed-nodeclaims`).
-    pub on_failure: OnFailure,
 }
 
 impl Leader {
@@ -87,7 +84,6 @@ impl Leader {
             self.metrics,
             check,
             self.clock,
-            self.on_failure,
         );
         let nodeclasses = {
             let client = self.client.clone();

@@ -54,7 +54,15 @@ pub fn admit(
             [only] => Some(only.clone()),
             _ => None,
         };
-        return Err(refused(ctx, request_id, &request, claim, started, e.into()));
+        let refusal = Refusal::from(e);
+        if let (None, Some(failure)) = (&claim, refusal.failure()) {
+            // The cache may not hold the providerID Karpenter just wrote:
+            // recorded once it does (a document of an instance no
+            // NodeClaim ever names waits a while, bounded, and is dropped).
+            let why = format!("join refused for good: {refusal}");
+            ctx.claims.failed_when_known(&provider_id, why, failure);
+        }
+        return Err(refused(ctx, request_id, &request, claim, started, refusal));
     }
     let (client_csr, serving_csr) = match parse(&request) {
         Ok(csrs) => csrs,

@@ -56,7 +56,7 @@ use crate::kube::events::Events;
 use crate::kube::issuer::{Issuer, Lifetimes};
 use crate::kube::karpenter::NodeClaim;
 use crate::kube::metrics::{Metrics, Steps};
-use crate::kube::nodeclaim::{Milestone, NodeClaims, OnFailure};
+use crate::kube::nodeclaim::{Milestone, NodeClaims};
 use crate::primitives::clock::Clock;
 use crate::primitives::limiter::Limiter;
 use approve::approve;
@@ -118,9 +118,6 @@ pub struct JoinContext {
     pub clock: Clock,
     /// How long the join's certificates last.
     pub lifetimes: Lifetimes,
-    /// What becomes of the NodeClaim of an instance refused for good (see
-    /// [`Refusal::dooms_instance`](crate::join::refusal::Refusal::dooms_instance)).
-    pub on_failure: OnFailure,
     /// The join's `DescribeInstances` per instance ([`lookup_limiter`]).
     pub lookups: Limiter,
     /// Warn lines about refused joins, per reason

@@ -7,6 +7,7 @@
 use super::{Granted, JoinContext};
 use crate::join::refusal::{JoinError, Refusal};
 use crate::kube::binding::{self, Binding, BindingRefusal};
+use crate::kube::budget::Failure;
 use crate::kube::karpenter::NodeClaim;
 use crate::kube::marks;
 use crate::kube::metrics::JoinLabels;
@@ -190,10 +191,19 @@ fn refused(
         ctx.metrics.spoofed_nodes.inc();
     }
     if let Some(claim) = claim {
-        if dooms_nodeclaim(refusal, claim) {
+        if let Some(failure) = refusal
+            .failure()
+            .filter(|_| dooms_nodeclaim(refusal, claim))
+        {
             let why = format!("join refused for good: {refusal}");
             let impostor = refusal.dooms_registered_instance();
-            fail_doomed(ctx, claim.clone(), request_id.to_string(), why, impostor);
+            fail_doomed(
+                ctx,
+                claim.clone(),
+                request_id.to_string(),
+                (why, failure),
+                impostor,
+            );
         }
         let reason = match (replay, spoofed) {
             (true, _) => Reason::PossibleReplay,
@@ -224,31 +234,30 @@ fn dooms_nodeclaim(refusal: &Refusal, claim: &NodeClaim) -> bool {
 }
 
 /// Does with the NodeClaim of an instance that can never join what the
-/// failure policy says, in the background.
+/// failure budget decides, in the background.
 /// `impostor`: the NodeClaim is Registered to a Node that is not its
 /// machine's ([`Refusal::dooms_registered_instance`]).
 fn fail_doomed(
     ctx: &JoinContext,
     claim: NodeClaim,
     request_id: String,
-    why: String,
+    (why, failure): (String, Failure),
     impostor: bool,
 ) {
-    let (claims, metrics, policy) = (ctx.claims.clone(), ctx.metrics.clone(), ctx.on_failure);
+    let claims = ctx.claims.clone();
     tokio::spawn(async move {
         let name = claim.metadata.name.clone().unwrap_or_default();
         let failed = if impostor {
-            claims.failed_impostor(&claim, &why, policy).await
+            claims.failed_impostor(&claim, &why, failure).await
         } else {
-            claims.failed(&claim, &why, policy).await
+            claims.failed(&claim, &why, failure).await
         };
         match failed {
             Ok(Failed::Deleted) => {
-                metrics.nodeclaims_deleted.inc();
                 tracing::warn!(request_id, nodeclaim = %name, "instance refused for good; NodeClaim deleted so Karpenter replaces it now");
             }
             Ok(Failed::Marked) => {
-                tracing::warn!(request_id, nodeclaim = %name, "instance refused for good; NodeClaim marked failed and kept (--delete-failed-nodeclaims=false)");
+                tracing::warn!(request_id, nodeclaim = %name, reason = failure.reason, "instance refused for good; NodeClaim marked failed and kept (a cause on the server's side, the failure budget spent, or --delete-failed-nodeclaims=false)");
             }
             Ok(Failed::Left) => {}
             Err(e) => {

@@ -13,6 +13,7 @@
 use crate::ec2::LookupError;
 use crate::join::render::inputs::ConfigError;
 use crate::kube::binding::{BindingError, BindingRefusal};
+use crate::kube::budget::{Cause, Failure};
 use crate::kube::issuer::IssueError;
 use crate::kube::nodeclaim::{FindError, SelectError};
 use autonode_shared::csr::CsrError;
@@ -110,27 +111,55 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    /// Whether this refusal means the instance itself can never join (its
-    /// account, region, age, EC2 state or image), as opposed to a bad
-    /// request that someone else holding its document could have sent (a
-    /// forged signature, foreign CSRs, a replay): only the former may get
-    /// its NodeClaim deleted, or a leaked document would be a way to have
-    /// healthy machines replaced.
-    pub fn dooms_instance(&self) -> bool {
-        // A pendingTime "in the future" may be our own clock's fault.
-        if let Self::Policy(PolicyError::PendingTimeInFuture { .. }) = self {
-            return false;
+    /// What this refusal says of the instance's NodeClaim, each reason
+    /// decided here with its reasoning (the budget, `crate::kube::budget`,
+    /// then decides whether a failure deletes):
+    ///
+    /// - [`Cause::Machine`], replace: the instance itself can never join
+    ///   (its EC2 state, its image, its name, its agent), and another
+    ///   machine may; counted against its group's failure budget.
+    /// - [`Cause::Server`], mark only: the instance is refused for
+    ///   something on autonode's side. A NodeClaim has a providerID only
+    ///   because Karpenter launched that instance in the account and
+    ///   region it runs in, so an account or region refused is the
+    ///   allow-list's mistake; a pendingTime too old, in the future or
+    ///   before the NodeClaim is read against the server's clock or the
+    ///   API server's, not against anything the machine chose. A
+    ///   replacement fails the same way: marked and said, never deleted,
+    ///   and not the values on trial's failure for the rollout guard.
+    /// - [`Cause::Impostor`], replace: the NodeClaim's Node is another
+    ///   node's (see [`Refusal::NodeSpoofed`]).
+    /// - `None`, nothing: a bad request that someone else holding the
+    ///   instance's document could have sent (a forged signature, foreign
+    ///   CSRs, a replay), or a refusal that says nothing of the machine;
+    ///   acting on it would let a leaked document get healthy machines
+    ///   marked or replaced.
+    pub fn cause(&self) -> Option<Cause> {
+        match self {
+            Self::Policy(_) | Self::NodeClaim(SelectError::PendingBeforeNodeClaim { .. }) => {
+                Some(Cause::Server)
+            }
+            Self::InstanceNotLive { .. }
+            | Self::ImageMismatch { .. }
+            | Self::NoPrivateDnsName(_)
+            | Self::AgentTooOld { .. } => Some(Cause::Machine),
+            Self::NodeSpoofed { .. } => Some(Cause::Impostor),
+            _ => None,
         }
-        matches!(
-            self,
-            Self::Policy(_)
-                | Self::NodeClaim(SelectError::PendingBeforeNodeClaim { .. })
-                | Self::InstanceNotLive { .. }
-                | Self::ImageMismatch { .. }
-                | Self::NoPrivateDnsName(_)
-                | Self::AgentTooOld { .. }
-                | Self::NodeSpoofed { .. }
-        )
+    }
+
+    /// The failure this refusal records on the instance's NodeClaim, if
+    /// any ([`Refusal::cause`]).
+    pub fn failure(&self) -> Option<Failure> {
+        let reason = self.reason();
+        self.cause().map(|cause| Failure { reason, cause })
+    }
+
+    /// Whether this refusal marks the instance's NodeClaim failed (and may
+    /// replace it): it says something definite of the instance itself, or
+    /// of autonode's settings ([`Refusal::cause`]).
+    pub fn dooms_instance(&self) -> bool {
+        self.cause().is_some()
     }
 
     /// Whether the refusal dooms the instance even when its NodeClaim is
@@ -378,5 +407,29 @@ mod tests {
         let serving = Refusal::ServingCsr(CsrError::NoSans);
         assert!(!serving.dooms_instance() && !serving.dooms_bound_instance());
         assert_eq!(serving.caller_message(), "join refused");
+    }
+
+    #[test]
+    fn causes_on_the_servers_side_mark_and_the_machines_own_replace() {
+        let account = Refusal::Policy(PolicyError::AccountNotAllowed("1".into()));
+        let before = Refusal::NodeClaim(SelectError::PendingBeforeNodeClaim {
+            nodeclaim: "c1".into(),
+            pending: "p".into(),
+            created: "c".into(),
+        });
+        for refusal in [account, before] {
+            assert_eq!(refusal.cause(), Some(Cause::Server), "{refusal}");
+        }
+        let image = Refusal::ImageMismatch {
+            instance_id: "i-1".into(),
+            signed: "a".into(),
+            actual: "b".into(),
+        };
+        let failure = image.failure().unwrap();
+        assert_eq!(
+            (failure.reason, failure.cause),
+            ("image_mismatch", Cause::Machine)
+        );
+        assert_eq!(Refusal::BadRequest("x".into()).failure(), None);
     }
 }

@@ -164,6 +164,13 @@ impl Events {
         self.publish(object.object_ref(&()), "Warning", reason.as_str(), &note);
     }
 
+    /// A Warning event on the object `regarding` names: for an object the
+    /// server knows only by reference (a NodeClaim's NodePool, from its
+    /// owner reference).
+    pub fn warning_about(&self, regarding: ObjectReference, reason: Reason, note: String) {
+        self.publish(regarding, "Warning", reason.as_str(), &note);
+    }
+
     fn publish(&self, regarding: ObjectReference, type_: &str, reason: &str, note: &str) {
         let draft = Draft {
             regarding,

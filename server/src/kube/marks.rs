@@ -56,6 +56,13 @@ pub const HANDOVER_MANAGER: &str = "autonode-server-handover";
 pub const BINDING: &str = "autonode.dev/binding";
 /// An agent's fatal report, when deleting failed NodeClaims is turned off.
 pub const BOOTSTRAP_FAILED: &str = "autonode.dev/bootstrap-failed";
+/// What a [`BOOTSTRAP_FAILED`] mark's failure was, as `<cause>:<reason>`
+/// (see `crate::kube::budget::Failure::mark`), written in the same patch:
+/// the failure budget groups failures by it, and the rollout guard leaves
+/// out causes on the server's side. An older server neither writes nor
+/// keeps it (its cache keeps only the marks it knows); its failure marks
+/// count as the machine's, reason `unknown`.
+pub const FAILURE_REASON: &str = "autonode.dev/failure-reason";
 /// Milestones already reported on a NodeClaim (comma-separated).
 pub const REPORTED: &str = "autonode.dev/reported";
 /// When another instance last held the node name this NodeClaim's binding
@@ -65,7 +72,13 @@ pub const NAME_LAST_HELD: &str = "autonode.dev/name-last-held";
 
 /// Every annotation autonode writes on NodeClaims: the only ones it reads
 /// back, and only when [`keep_own`] finds them written by autonode.
-pub const NODECLAIM_MARKS: [&str; 4] = [BINDING, BOOTSTRAP_FAILED, REPORTED, NAME_LAST_HELD];
+pub const NODECLAIM_MARKS: [&str; 5] = [
+    BINDING,
+    BOOTSTRAP_FAILED,
+    FAILURE_REASON,
+    REPORTED,
+    NAME_LAST_HELD,
+];
 
 /// Labels on the CSR objects the join creates. Anyone who may create a CSR
 /// may set them too: they help operators find objects, and decide nothing.

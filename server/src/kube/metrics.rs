@@ -69,7 +69,9 @@ pub struct Metrics {
     pub renewals_refused: Family<KindLabels, Counter>,
     pub agent_reports: Family<PhaseLabels, Counter>,
     pub joins_in_flight: Gauge,
-    pub nodeclaims_deleted: Counter,
+    pub nodeclaims_deleted: Family<FailureLabels, Counter>,
+    pub nodeclaims_failed_server_side: Family<FailureLabels, Counter>,
+    pub failure_groups_over_budget: Gauge,
     pub nodeclass_checks: Counter,
     pub nodeclass_writes: Counter,
     pub rollouts_reverted: Family<NodeClassLabels, Counter>,
@@ -171,11 +173,27 @@ impl Metrics {
             "Join requests being processed",
             joins_in_flight.clone(),
         );
-        let nodeclaims_deleted = Counter::default();
+        let nodeclaims_deleted = Family::<FailureLabels, Counter>::default();
         registry.register(
             "nodeclaims_deleted",
-            "NodeClaims deleted because their machine failed to bootstrap",
+            "NodeClaims deleted because their machine failed to bootstrap, by reason, \
+             NodePool and EC2NodeClass",
             nodeclaims_deleted.clone(),
+        );
+        let nodeclaims_failed_server_side = Family::<FailureLabels, Counter>::default();
+        registry.register(
+            "nodeclaims_failed_server_side",
+            "NodeClaims marked failed (never deleted) for a cause on autonode's side: an \
+             allow-list that leaves out the fleet's account or region, the server's clock",
+            nodeclaims_failed_server_side.clone(),
+        );
+        let failure_groups_over_budget = Gauge::default();
+        registry.register(
+            "failure_groups_over_budget",
+            "NodePool, EC2NodeClass and reason groups past their failure budget \
+             (--failure-budget) with no machine of them Ready since: their failed NodeClaims \
+             are kept, not replaced at once (each replica counts from its NodeClaim cache)",
+            failure_groups_over_budget.clone(),
         );
         let nodeclass_checks = Counter::default();
         registry.register(
@@ -277,6 +295,8 @@ impl Metrics {
             agent_reports,
             joins_in_flight,
             nodeclaims_deleted,
+            nodeclaims_failed_server_side,
+            failure_groups_over_budget,
             nodeclass_checks,
             nodeclass_writes,
             rollouts_reverted,
@@ -367,6 +387,17 @@ pub struct CapacityLabels {
     pub nodeclass: String,
     /// `cpu`, `memory`, `pods` or `ephemeral-storage`.
     pub resource: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FailureLabels {
+    /// The failure's reason: a refusal's label, `agent_fatal`,
+    /// `node_spoofed` (a closed set), or `unknown`.
+    pub reason: String,
+    /// The NodeClaim's NodePool and EC2NodeClass: the operator's objects
+    /// (a cluster has a handful), never request data.
+    pub nodepool: String,
+    pub nodeclass: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

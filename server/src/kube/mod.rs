@@ -4,6 +4,7 @@
 
 pub mod approval;
 pub mod binding;
+pub mod budget;
 pub mod cache;
 pub mod condition;
 pub mod csr_outcome;

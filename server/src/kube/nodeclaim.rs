@@ -13,15 +13,18 @@
 //! thousand LISTs of every NodeClaim.
 
 use crate::kube::binding;
+use crate::kube::budget::{Budget, Decision, Failure};
 use crate::kube::cache::{self, Cache, OnGone};
 use crate::kube::index::Index;
 use crate::kube::karpenter::{Condition, NodeClaim};
 use crate::kube::marks::{self, StateKey};
 use crate::kube::reuse::History;
+use crate::primitives::bounded::Bounded;
 use crate::primitives::clock::{self, Clock, KubeTime};
+use futures::StreamExt;
 use kube::api::{DeleteParams, Patch, Preconditions};
 use kube::{Api, Client};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use time::OffsetDateTime;
 
@@ -50,6 +53,20 @@ pub const CACHE_GRACE: Duration = Duration::from_secs(3);
 /// node names they held are remembered apart, by time ([`History`]).
 pub const MAX_GONE: usize = 1024;
 
+/// How long a failure found at admission waits for the cache to show the
+/// instance's NodeClaim ([`NodeClaims::failed_when_known`]): Karpenter
+/// writes the providerID seconds after the launch, long before an agent
+/// boots and joins, so this is only the cache's lag, generously.
+pub const AWAIT_CLAIM: Duration = Duration::from_secs(120);
+
+/// Failures found at admission waiting for their NodeClaim, at most: each
+/// is an AWS-signed document of a distinct instance, which costs whoever
+/// sends them an instance apiece.
+pub const AWAITING: usize = 1024;
+
+/// Failures waiting for their instance's NodeClaim to show, by providerID.
+type Awaiting = Arc<Mutex<Bounded<String, (Failure, String)>>>;
+
 /// The NodeClaim cache.
 #[derive(Clone)]
 pub struct NodeClaims {
@@ -60,29 +77,94 @@ pub struct NodeClaims {
     history: History,
     /// The cache's NodeClaims by providerID and by bound node name.
     index: Index<NodeClaim>,
+    /// What becomes of a failed machine's NodeClaim.
+    budget: Budget,
+    awaiting: Awaiting,
 }
 
 impl NodeClaims {
     /// Starts watching NodeClaims in the background. `key` seals and opens
     /// marks; the names of bound NodeClaims seen gone (`clock`'s time)
-    /// are remembered for `signing` (`--signing-duration`).
-    pub fn start(client: Client, key: StateKey, clock: Clock, signing: Duration) -> Self {
+    /// are remembered for `signing` (`--signing-duration`). Every
+    /// NodeClaim the watch brings or sees go is shown to `budget`.
+    pub fn start(
+        client: Client,
+        key: StateKey,
+        (clock, signing): (Clock, Duration),
+        budget: Budget,
+    ) -> Self {
         let api: Api<NodeClaim> = Api::all(client);
         let history = History::new(signing);
         let remember = history.clone();
+        let counter = budget.clone();
         let on_gone: OnGone<NodeClaim> = Arc::new(move |claim: &NodeClaim| {
             remember.record(claim, clock.stamp(), Instant::now());
+            counter.observe(claim);
         });
         let filter = move |claim: &mut NodeClaim| strip(claim, &key);
         let index = Index::new(index_keys);
         let gone = (MAX_GONE, on_gone);
         let cache = Cache::start_remembering(api.clone(), "NodeClaim", filter, gone, index.clone());
-        Self {
+        let awaiting = Arc::new(Mutex::new(Bounded::new(AWAIT_CLAIM, AWAITING)));
+        let claims = Self {
             cache,
             api,
             key,
             history,
             index,
+            budget,
+            awaiting,
+        };
+        tokio::spawn(claims.clone().watch_failures());
+        claims
+    }
+
+    /// Shows the budget every NodeClaim the watch brings, and acts on the
+    /// failures that were waiting for one to show.
+    async fn watch_failures(self) {
+        let mut changes = std::pin::pin!(self.changes());
+        while let Some(claim) = changes.next().await {
+            self.budget.observe(&claim);
+            let waiting = claim.provider_id().and_then(|pid| {
+                let mut awaiting = self.awaiting.lock().unwrap_or_else(PoisonError::into_inner);
+                awaiting.remove(&pid.to_string())
+            });
+            if let Some((failure, why)) = waiting {
+                let claims = self.clone();
+                tokio::spawn(async move { claims.failed_logged(&claim, &why, failure).await });
+            }
+        }
+    }
+
+    /// Records `failure` on the NodeClaim of `provider_id`: now if the
+    /// cache holds it, else once the watch shows it (within
+    /// [`AWAIT_CLAIM`]): a join refused at admission comes before the
+    /// NodeClaim lookup, and may come before the cache has the
+    /// providerID Karpenter just wrote.
+    pub fn failed_when_known(&self, provider_id: &str, why: String, failure: Failure) {
+        if let [claim] = self.by_provider_id(provider_id).as_slice() {
+            let (claims, claim) = (self.clone(), claim.clone());
+            tokio::spawn(async move { claims.failed_logged(&claim, &why, failure).await });
+            return;
+        }
+        let mut awaiting = self.awaiting.lock().unwrap_or_else(PoisonError::into_inner);
+        awaiting.insert(provider_id.to_string(), Instant::now(), (failure, why));
+    }
+
+    /// [`NodeClaims::failed`], with what it did logged; not for a bound
+    /// NodeClaim (a join got through once: whoever was refused now may be
+    /// someone else holding its document).
+    async fn failed_logged(&self, claim: &NodeClaim, why: &str, failure: Failure) {
+        if matches!(binding::recorded(claim), Ok(Some(_))) {
+            return;
+        }
+        let name = claim.metadata.name.as_deref().unwrap_or_default();
+        match self.failed(claim, why, failure).await {
+            Ok(Failed::Left) => {}
+            Ok(done) => tracing::warn!(nodeclaim = name, reason = failure.reason, ?done, "{why}"),
+            Err(error) => {
+                tracing::warn!(nodeclaim = name, %error, "could not mark the NodeClaim of a refused instance")
+            }
         }
     }
 
@@ -247,20 +329,15 @@ impl NodeClaims {
     /// it failed with `why` (capped), so that the last state the watches
     /// see says why it went (the rollout guard names it): one more write,
     /// on the failure path only.
-    async fn delete_failed(&self, claim: &NodeClaim, why: &str) -> Result<bool, kube::Error> {
+    async fn delete_failed(
+        &self,
+        claim: &NodeClaim,
+        why: &str,
+        failure: Failure,
+    ) -> Result<bool, kube::Error> {
         let name = claim.metadata.name.clone().unwrap_or_default();
-        // The uid in a patch is a precondition: a NodeClaim of the same
-        // name made since is not marked (409).
-        let note =
-            serde_json::json!({marks::BOOTSTRAP_FAILED: marks::capped(why, marks::MAX_NOTE)});
-        let patch = serde_json::json!({"metadata": {
-            "uid": claim.metadata.uid,
-            "annotations": self.sealed(claim, note),
-        }});
-        match self.merge(&name, &patch).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => return Ok(false),
-            Err(e) => return Err(e),
+        if !self.mark_failed(claim, why, failure).await? {
+            return Ok(false);
         }
         let params = DeleteParams {
             preconditions: Some(Preconditions {
@@ -276,21 +353,22 @@ impl NodeClaims {
         }
     }
 
-    /// Does with `claim`, whose machine failed for good, what `policy`
-    /// says; the one place for both ways a failure is known (a join
-    /// refused for good, an agent's signed fatal report). A registered
+    /// Does with `claim`, whose machine failed for good, what the failure
+    /// budget decides ([`Budget::decide`]); the one place for every way a
+    /// failure is known (a join refused for good, an agent's signed fatal
+    /// report, an impostor Node). A registered
     /// NodeClaim is left alone: its Node exists, so whatever failed, the
     /// machine is a node, and its Node's conditions speak for it now.
     pub async fn failed(
         &self,
         claim: &NodeClaim,
         why: &str,
-        policy: OnFailure,
+        failure: Failure,
     ) -> Result<Failed, kube::Error> {
         if claim.is_registered() {
             return Ok(Failed::Left);
         }
-        self.act_on_failure(claim, why, policy).await
+        self.act_on_failure(claim, why, failure).await
     }
 
     /// [`NodeClaims::failed`] for a NodeClaim Karpenter Registered to an
@@ -303,38 +381,54 @@ impl NodeClaims {
         &self,
         claim: &NodeClaim,
         why: &str,
-        policy: OnFailure,
+        failure: Failure,
     ) -> Result<Failed, kube::Error> {
-        self.act_on_failure(claim, why, policy).await
+        self.act_on_failure(claim, why, failure).await
     }
 
+    /// Asks the budget, then deletes (marked first) or marks; a NodeClaim
+    /// to be kept that already carries autonode's failure mark is left as
+    /// it is (a refused machine's every retry would be a write).
     async fn act_on_failure(
         &self,
         claim: &NodeClaim,
         why: &str,
-        policy: OnFailure,
+        failure: Failure,
     ) -> Result<Failed, kube::Error> {
-        let done = match policy {
-            OnFailure::Delete => self
-                .delete_failed(claim, why)
+        let done = match self.budget.decide(claim, failure) {
+            Decision::Delete => self
+                .delete_failed(claim, why, failure)
                 .await?
                 .then_some(Failed::Deleted),
-            OnFailure::Mark => self
-                .mark_failed(claim, why)
+            Decision::Mark if marked_failed(claim) => None,
+            Decision::Mark => self
+                .mark_failed(claim, why, failure)
                 .await?
                 .then_some(Failed::Marked),
         };
+        if let Some(done) = done {
+            self.budget.done(claim, failure, done == Failed::Deleted);
+        }
         Ok(done.unwrap_or(Failed::Left))
     }
 
     /// Marks `claim` failed with `note` (the [`marks::BOOTSTRAP_FAILED`]
-    /// annotation), for the feedback controller's condition; only if it is
-    /// still the object judged (same uid). `Ok(false)` when it was gone or
-    /// replaced.
-    async fn mark_failed(&self, claim: &NodeClaim, note: &str) -> Result<bool, kube::Error> {
+    /// annotation), for the feedback controller's condition, with the
+    /// failure's cause and reason ([`marks::FAILURE_REASON`]) in the same
+    /// write; only if it is still the object judged (same uid: a NodeClaim
+    /// of the same name made since is not marked, 409). `Ok(false)` when
+    /// it was gone or replaced.
+    async fn mark_failed(
+        &self,
+        claim: &NodeClaim,
+        note: &str,
+        failure: Failure,
+    ) -> Result<bool, kube::Error> {
         let name = claim.metadata.name.clone().unwrap_or_default();
-        let note =
-            serde_json::json!({marks::BOOTSTRAP_FAILED: marks::capped(note, marks::MAX_NOTE)});
+        let note = serde_json::json!({
+            marks::BOOTSTRAP_FAILED: marks::capped(note, marks::MAX_NOTE),
+            marks::FAILURE_REASON: failure.mark(),
+        });
         let patch = serde_json::json!({"metadata": {
             "uid": claim.metadata.uid,
             "annotations": self.sealed(claim, note),
@@ -410,30 +504,6 @@ impl NodeClaims {
     }
 }
 
-/// What becomes of a NodeClaim whose machine failed for good: one policy,
-/// set by `--delete-failed-nodeclaims`, for a join refused for good and an
-/// agent's signed fatal report alike.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnFailure {
-    /// Marked failed, then deleted, so Karpenter replaces the machine now
-    /// rather than after its 15-minute registration timeout.
-    Delete,
-    /// Marked failed and kept (the `AutonodeBootstrapped` condition says
-    /// why), for someone to look at the machine.
-    Mark,
-}
-
-impl OnFailure {
-    /// The policy `--delete-failed-nodeclaims` asks for.
-    pub fn from_flag(delete: bool) -> Self {
-        if delete {
-            OnFailure::Delete
-        } else {
-            OnFailure::Mark
-        }
-    }
-}
-
 /// What [`NodeClaims::failed`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Failed {
@@ -441,6 +511,16 @@ pub enum Failed {
     Marked,
     /// Nothing: registered, gone, or replaced by another of its name.
     Left,
+}
+
+/// Whether autonode marked `claim` failed (a foreign mark was dropped when
+/// the claim was kept).
+pub fn marked_failed(claim: &NodeClaim) -> bool {
+    claim
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(marks::BOOTSTRAP_FAILED))
 }
 
 /// Seconds since the NodeClaim was created.
@@ -464,9 +544,15 @@ pub fn strip(claim: &mut NodeClaim, key: &StateKey) {
         (!all.is_empty()).then_some(all)
     });
     let labels = claim.metadata.labels.take();
+    // The NodePool's, for the failure budget's Event on it (its UID).
+    let owners = claim.metadata.owner_references.take().and_then(|mut all| {
+        all.retain(|o| o.kind == "NodePool" && o.api_version.starts_with("karpenter.sh/"));
+        (!all.is_empty()).then_some(all)
+    });
     cache::identity_only(&mut claim.metadata);
     claim.metadata.annotations = marks;
     claim.metadata.labels = labels;
+    claim.metadata.owner_references = owners;
 }
 
 /// Drops the `autonode.dev/*` marks on `claim` that autonode did not write
@@ -535,6 +621,15 @@ pub fn only(
     }
 }
 
+/// How many seconds the API server's clock (which stamps a NodeClaim's
+/// creation) may be ahead of EC2's (which stamps an instance's
+/// pendingTime) before an instance counts as older than its NodeClaim.
+/// Both are NTP-disciplined, but a second or two apart is ordinary, and
+/// with none a join was refused (and, before the failure budget, its
+/// NodeClaim deleted) for it; five seconds is far shorter than any
+/// launch, so an instance launched for another NodeClaim is still told.
+pub const CLOCK_TOLERANCE: i64 = 5;
+
 /// The rules the one NodeClaim an attested instance joins as must pass:
 /// not Registered, not deleting, and the instance's `pendingTime` no
 /// earlier than the NodeClaim's creation (an instance older than its claim
@@ -553,8 +648,13 @@ pub fn check(claim: &NodeClaim, pending_time: OffsetDateTime) -> Result<(), Sele
         .as_ref()
         .map(clock::from_k8s);
     match created {
-        // The API server stores whole seconds: compare at that resolution.
-        Some(created) if pending_time.unix_timestamp() >= created.unix_timestamp() => Ok(()),
+        // The API server stores whole seconds: compare at that resolution,
+        // with the tolerance for its clock being ahead of EC2's.
+        Some(created)
+            if pending_time.unix_timestamp() + CLOCK_TOLERANCE >= created.unix_timestamp() =>
+        {
+            Ok(())
+        }
         created => Err(SelectError::PendingBeforeNodeClaim {
             nodeclaim: name,
             pending: pending_time.to_string(),
@@ -713,7 +813,12 @@ mod tests {
             check(&deleting, AFTER),
             Err(SelectError::Deleting(_))
         ));
-        let before = datetime!(2026-01-01 09:59:59 UTC);
+        let skewed = datetime!(2026-01-01 09:59:58 UTC);
+        assert!(
+            check(&claim(json!({})), skewed).is_ok(),
+            "the API server's clock 2 s ahead of EC2's refuses nothing"
+        );
+        let before = datetime!(2026-01-01 09:59:54 UTC);
         assert!(matches!(
             check(&claim(json!({})), before),
             Err(SelectError::PendingBeforeNodeClaim { .. })

@@ -44,6 +44,14 @@ pub enum Reason {
     AgentRetrying,
     /// The machine failed to join for good (Event and condition).
     BootstrapFailed,
+    /// NodeClaims of a NodePool and class keep failing for one reason with
+    /// none Ready since: past the failure budget, kept marked instead of
+    /// deleted (Event, on the NodePool and the EC2NodeClass).
+    FailureBudgetSpent,
+    /// NodeClaims are refused for a cause on autonode's side (its
+    /// allow-lists, its clock): marked, never deleted (Event, on the
+    /// NodePool and the EC2NodeClass).
+    FailingOnServerSide,
 
     // After the join.
     /// kubelet registered the Node (Event and condition).
@@ -97,7 +105,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, for the docs' check and the tests.
-    pub const ALL: [Reason; 32] = [
+    pub const ALL: [Reason; 34] = [
         Reason::Attested,
         Reason::JoinRefused,
         Reason::PossibleReplay,
@@ -110,6 +118,8 @@ impl Reason {
         Reason::AgentProgress,
         Reason::AgentRetrying,
         Reason::BootstrapFailed,
+        Reason::FailureBudgetSpent,
+        Reason::FailingOnServerSide,
         Reason::NodeRegistered,
         Reason::NodeReady,
         Reason::CapacityShortfall,
@@ -147,6 +157,8 @@ impl Reason {
             Reason::AgentProgress => "AgentProgress",
             Reason::AgentRetrying => "AgentRetrying",
             Reason::BootstrapFailed => "BootstrapFailed",
+            Reason::FailureBudgetSpent => "FailureBudgetSpent",
+            Reason::FailingOnServerSide => "FailingOnServerSide",
             Reason::NodeRegistered => "NodeRegistered",
             Reason::NodeReady => "NodeReady",
             Reason::CapacityShortfall => "CapacityShortfall",

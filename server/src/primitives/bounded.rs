@@ -83,6 +83,11 @@ impl<K: Hash + Eq, V> Bounded<K, V> {
         self.entries.remove(key).map(|(value, _)| value)
     }
 
+    /// Every value held, live or not yet evicted (for a summary of all).
+    pub fn values(&self) -> impl Iterator<Item = &V> {
+        self.entries.values().map(|(value, _)| value)
+    }
+
     /// Whether nothing is held.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()

@@ -5,6 +5,7 @@
 use super::authenticate::{Sender, Trust};
 use super::refusal::{ClaimCall, ReportError};
 use super::ReportContext;
+use crate::kube::budget::{Cause, Failure};
 use crate::kube::karpenter::NodeClaim;
 use crate::kube::marks::{capped, MAX_MESSAGE};
 use crate::kube::metrics::PhaseLabels;
@@ -48,7 +49,13 @@ pub(super) async fn act(
     Ok(())
 }
 
-/// Does with the NodeClaim what the failure policy says.
+/// An agent's signed fatal report: the machine's own failure.
+const AGENT_FATAL: Failure = Failure {
+    reason: "agent_fatal",
+    cause: Cause::Machine,
+};
+
+/// Does with the NodeClaim what the failure budget decides.
 async fn failed(
     ctx: &ReportContext,
     claim: &NodeClaim,
@@ -56,10 +63,9 @@ async fn failed(
     why: &str,
 ) -> Result<(), ReportError> {
     let name = claim.metadata.name.clone().unwrap_or_default();
-    match ctx.claims.failed(claim, why, ctx.on_failure).await {
+    match ctx.claims.failed(claim, why, AGENT_FATAL).await {
         Ok(Failed::Deleted) => {
             tracing::warn!(request_id, nodeclaim = %name, "agent failed for good (signed report); NodeClaim deleted so Karpenter replaces the machine now");
-            ctx.metrics.nodeclaims_deleted.inc();
             Ok(())
         }
         Ok(Failed::Marked | Failed::Left) => Ok(()),

@@ -50,7 +50,7 @@ pub use replays::{Replays, QUOTA_BURST, QUOTA_PERIOD, REPLAY_CAPACITY, REPLAY_SL
 
 use crate::kube::events::Events;
 use crate::kube::metrics::Metrics;
-use crate::kube::nodeclaim::{NodeClaims, OnFailure};
+use crate::kube::nodeclaim::NodeClaims;
 use crate::primitives::clock::Clock;
 use crate::primitives::limiter::Limiter;
 use act::act;
@@ -90,9 +90,6 @@ pub struct ReportContext {
     pub claims: NodeClaims,
     pub events: Events,
     pub metrics: Metrics,
-    /// What becomes of the NodeClaim when its agent reports, signed, that
-    /// it failed for good.
-    pub on_failure: OnFailure,
     /// Injected so tests can set the time.
     pub clock: Clock,
     /// Signed reports this replica accepted within the window.

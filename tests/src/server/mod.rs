@@ -468,9 +468,17 @@ impl TestServer {
                 dir.path().join("identity-certs").display()
             ),
             format!("--ec2-endpoint={}", cloud.ec2_endpoint),
-            format!("--allowed-accounts={}", cloud.accounts.join(",")),
             format!("--allowed-regions={}", cloud.regions.join(",")),
         ];
+        // Unless the test sets its own (a wrong allow-list, say): the
+        // flag's values add up.
+        if !setup
+            .extra_args
+            .iter()
+            .any(|a| a.starts_with("--allowed-accounts"))
+        {
+            args.push(format!("--allowed-accounts={}", cloud.accounts.join(",")));
+        }
         // Unless the test sets its own (the flag may be given once).
         if !setup
             .extra_args

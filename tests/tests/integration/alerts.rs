@@ -320,6 +320,18 @@ async fn alerts_and_dashboard_ask_only_for_series_the_server_exports() -> Result
         ensure!(status == 413, "an oversized body was answered {status}");
     }
 
+    // A machine of an account the server does not allow: refused for a
+    // cause on the server's side, its NodeClaim marked, never deleted.
+    let (_, foreign) = world
+        .launch(|i| autonode_tests::cloud::fakecloud::Instance {
+            account_id: "999988887777".into(),
+            ..i
+        })
+        .await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let foreign = honest_request(&foreign, world.cloud.ca(), &NodeKeys::generate()?)?;
+    world.joiner.join(&foreign).await?;
+    scrape_with(&world, "autonode_nodeclaims_failed_server_side_total{").await?;
     scrape_with(&world, "autonode_csr_left_pending_total{").await?;
     scrape_with(&world, "autonode_events_dropped_total{").await?;
     // Both pending CSRs, counted from the approver's store (the oversized

@@ -293,7 +293,9 @@ async fn a_fatal_report_replaces_the_machine_and_a_transient_one_does_not() -> R
     );
     let metrics = metrics(&world).await?;
     assert!(
-        metrics.contains("autonode_nodeclaims_deleted_total 1"),
+        metrics.contains(
+            r#"autonode_nodeclaims_deleted_total{reason="agent_fatal",nodepool="default",nodeclass="default"} 1"#
+        ),
         "{metrics}"
     );
     Ok(())

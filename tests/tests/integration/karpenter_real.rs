@@ -594,23 +594,31 @@ pub(crate) async fn flawed_machine_replaced_in(
             "the flawed machine's agent to fail",
             LAUNCH_TIMEOUT,
             || async {
-                let flawed = cluster.launcher.machines().into_values().find(|m| m.broken);
-                let Some(machine) = flawed else {
-                    return Ok(None);
-                };
-                if let Some(error) = &machine.error {
-                    bail!("machine {}: {error}", machine.instance_id);
-                }
-                if machine.agent.is_none() {
-                    return Ok(None);
-                }
+                // The flawed machine whose NodeClaim is still there: an
+                // earlier round's flawed machine is stopped, its claim gone.
                 let all = list_nodeclaims(&admin).await?;
-                let claim = all.into_iter().find(|c| {
-                    c.data["status"]["providerID"]
-                        .as_str()
-                        .is_some_and(|p| p.ends_with(&machine.instance_id))
-                });
-                Ok(claim.and_then(|c| c.metadata.name).map(|n| (n, machine)))
+                let flawed = cluster
+                    .launcher
+                    .machines()
+                    .into_values()
+                    .filter(|m| m.broken);
+                for machine in flawed {
+                    let claim = all.iter().find(|c| {
+                        c.data["status"]["providerID"]
+                            .as_str()
+                            .is_some_and(|p| p.ends_with(&machine.instance_id))
+                    });
+                    let Some(name) = claim.and_then(|c| c.metadata.name.clone()) else {
+                        continue;
+                    };
+                    if let Some(error) = &machine.error {
+                        bail!("machine {}: {error}", machine.instance_id);
+                    }
+                    if machine.agent.is_some() {
+                        return Ok(Some((name, machine)));
+                    }
+                }
+                Ok(None)
             },
         )
         .await?;

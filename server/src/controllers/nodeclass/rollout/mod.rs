@@ -45,6 +45,7 @@
 //! `tests.rs`; [`crate::controllers::nodeclass`] reads the class and the NodeClaims and
 //! writes the result together with the kept fields, in one apply.
 
+use crate::kube::budget;
 use crate::kube::condition::BOOTSTRAPPED as CONDITION;
 use crate::kube::karpenter::{Ec2NodeClass, NodeClaim};
 use crate::kube::marks;
@@ -568,6 +569,11 @@ pub fn outcome(claim: &NodeClaim, now: i64, deadline: Duration) -> Outcome {
     let is_true = |kind: &str| claim.condition(kind).is_some_and(|c| c.status == "True");
     if is_true("Ready") || is_true("Initialized") || is_true(CONDITION) {
         return Outcome::Ready;
+    }
+    if budget::failed_server_side(claim) {
+        // Refused for autonode's settings or clock (an allow-list, a
+        // clock): nothing of the values on trial was tried.
+        return Outcome::Elsewhere;
     }
     let mark = claim
         .metadata
