@@ -125,6 +125,28 @@ pub fn with_reported(reported: &str, more: &[&str]) -> String {
 /// stays far below the API server's 256 KiB for all annotations).
 pub const MAX_NOTE: usize = 256;
 
+/// How the [`BOOTSTRAP_FAILED`] note of a NodeClaim failed because an
+/// impostor Node was Registered for it begins (see
+/// [`crate::kube::impostor`]). The note is sealed like every mark, so only
+/// autonode can have written it.
+const IMPOSTOR_NOTE: &str = "impostor: ";
+
+/// The [`BOOTSTRAP_FAILED`] note for a NodeClaim failed because an
+/// impostor Node took it (`why`).
+pub fn impostor_note(why: &str) -> String {
+    format!("{IMPOSTOR_NOTE}{why}")
+}
+
+/// Whether autonode failed the NodeClaim with `meta` (as kept by
+/// [`keep_own`]) because an impostor Node took it: its machine's failure
+/// is someone else's doing, no verdict on what it was launched with.
+pub fn failed_for_impostor(meta: &ObjectMeta) -> bool {
+    meta.annotations
+        .as_ref()
+        .and_then(|a| a.get(BOOTSTRAP_FAILED))
+        .is_some_and(|note| note.starts_with(IMPOSTOR_NOTE))
+}
+
 /// The most bytes of an agent's report message the server keeps (in the
 /// Events and marks it makes of it; the protocol promises the cut).
 pub const MAX_MESSAGE: usize = 1024;

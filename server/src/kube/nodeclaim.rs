@@ -14,6 +14,7 @@
 
 use crate::kube::binding;
 use crate::kube::cache::{self, Cache, OnGone};
+use crate::kube::impostor::Impostors;
 use crate::kube::index::Index;
 use crate::kube::karpenter::{Condition, NodeClaim};
 use crate::kube::marks::{self, StateKey};
@@ -60,6 +61,7 @@ pub struct NodeClaims {
     history: History,
     /// The cache's NodeClaims by providerID and by bound node name.
     index: Index<NodeClaim>,
+    impostors: Arc<Impostors>,
 }
 
 impl NodeClaims {
@@ -83,7 +85,15 @@ impl NodeClaims {
             key,
             history,
             index,
+            impostors: Arc::default(),
         }
+    }
+
+    /// How many victims each impostor Node may cost (see
+    /// [`crate::kube::impostor`]): one allowance per replica, whichever of
+    /// the join and the feedback controller finds the victim.
+    pub fn impostors(&self) -> &Impostors {
+        &self.impostors
     }
 
     /// The node names gone NodeClaims held (see [`crate::kube::reuse`]).
@@ -298,14 +308,17 @@ impl NodeClaims {
     /// (another node registered it with this instance's providerID). Its
     /// "node" is not its machine, so the registration protects nothing:
     /// deleting the NodeClaim makes Karpenter terminate the machine,
-    /// delete the impostor Node and launch another.
+    /// delete the impostor Node and launch another. The failure's note
+    /// says an impostor failed it ([`marks::impostor_note`]): it says
+    /// nothing of the machine's AMI or userData.
     pub async fn failed_impostor(
         &self,
         claim: &NodeClaim,
         why: &str,
         policy: OnFailure,
     ) -> Result<Failed, kube::Error> {
-        self.act_on_failure(claim, why, policy).await
+        let note = marks::impostor_note(why);
+        self.act_on_failure(claim, &note, policy).await
     }
 
     async fn act_on_failure(

@@ -435,6 +435,15 @@ fn a_claims_outcome_follows_its_conditions_marks_and_age() {
         outcome(&marked, NOW, deadline),
         Outcome::Failed("agent phase apply fatal".into())
     );
+    // Failed because an impostor Node took it: nothing of the values.
+    let victim = nodeclaim(json!({"metadata": {"name": "c1", "uid": "u1",
+        "creationTimestamp": "2023-11-14T22:13:20Z",
+        "annotations": {marks::BOOTSTRAP_FAILED: marks::impostor_note("Registered to Node x")}}}));
+    assert_eq!(outcome(&victim, NOW, deadline), Outcome::Elsewhere);
+    assert_eq!(
+        outcome_when_deleted(&victim, NOW, deadline),
+        Outcome::Elsewhere
+    );
     let late = outcome(&nodeclaim(json!({})), NOW + 61, deadline);
     assert!(matches!(late, Outcome::Failed(r) if r.contains("not Ready 60s")));
     let pending = nodeclaim(json!({}));
