@@ -1575,3 +1575,63 @@ async fn the_server_joins_under_the_charts_narrowest_guest_rbac() -> Result<()> 
     assert!(!may_delete_nodeclaims(&world).await?);
     Ok(())
 }
+
+/// Item 3 of issue 48, the chart's part: where helm reads the cluster
+/// (`helm upgrade --install`), the sealing key Secret is made once, on an
+/// upgrade with the serving key already there as `previous.key` (what the
+/// server derived its key from until then), and kept byte for byte by the
+/// next upgrade: a new key at every render would void every seal as a new
+/// TLS key did.
+#[tokio::test]
+async fn helm_makes_the_sealing_key_once_and_keeps_it() -> Result<()> {
+    use k8s_openapi::api::core::v1::{Namespace, Secret};
+    const NS: &str = "autonode-seal";
+    let cp = ControlPlane::start().await?;
+    let admin = cp.admin().await?;
+    let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": NS}}))?;
+    Api::<Namespace>::all(admin.clone())
+        .create(&PostParams::default(), &namespace)
+        .await?;
+    // The serving certificate's Secret, as cert-manager keeps it.
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), NS);
+    let tls_key = "-----BEGIN PRIVATE KEY-----\nthe serving key\n-----END PRIVATE KEY-----\n";
+    let tls: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "autonode-server-tls"}, "type": "kubernetes.io/tls",
+        "stringData": {"tls.crt": "cert", "tls.key": tls_key}}))?;
+    secrets.create(&PostParams::default(), &tls).await?;
+
+    let kubeconfig = cp.admin_kubeconfig().to_string_lossy().into_owned();
+    let chart = chart_dir().to_string_lossy().into_owned();
+    let upgrade = || {
+        helm::helm(&[
+            "upgrade",
+            "--install",
+            "autonode-server",
+            &chart,
+            "--kubeconfig",
+            &kubeconfig,
+            "--namespace",
+            NS,
+        ])
+    };
+    let key_data = || async {
+        let secret = secrets.get("autonode-seal-key").await?;
+        anyhow::Ok(secret.data.unwrap_or_default())
+    };
+    upgrade()?;
+    let made = key_data().await?;
+    let seal = made.get("seal.key").context("seal.key")?;
+    ensure!(seal.0.len() == 32, "32 random bytes: {}", seal.0.len());
+    let previous = made.get("previous.key").context("previous.key")?;
+    ensure!(
+        previous.0 == tls_key.as_bytes(),
+        "the TLS key as previous.key"
+    );
+
+    upgrade()?;
+    ensure!(
+        key_data().await? == made,
+        "an upgrade changed the sealing key"
+    );
+    Ok(())
+}
