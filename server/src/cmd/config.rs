@@ -601,12 +601,38 @@ pub struct NodeClassArgs {
     )]
     pub rollout_ready_deadline_secs: u64,
 
-    /// Rollout guard: file with the key (at least 32 random bytes) that
-    /// authenticates the state the guard keeps on each EC2NodeClass (an
-    /// HMAC), so that whoever may edit a class cannot forge it. Every
-    /// replica must read the same key (e.g. one Secret). Unset: a key
-    /// derived from the --tls-key file, which the replicas share; a new TLS
-    /// key then makes the guard forget its state once (logged).
+    /// File with the replicas' sealing key (at least 32 random bytes): it
+    /// authenticates what autonode must rely on and others could write (the
+    /// rollout guard's state on each EC2NodeClass, autonode's marks on
+    /// NodeClaims), so that whoever may edit those objects cannot forge or
+    /// erase it. Every replica must read the same key (e.g. one Secret), and
+    /// it must outlive the serving certificate. Unset: a key derived from
+    /// the --tls-key file, which changes with every new TLS private key
+    /// (warned at start).
+    #[arg(
+        long = "seal-key-file",
+        env = "AUTONODE_SEAL_KEY_FILE",
+        value_name = "PATH",
+        conflicts_with = "rollout_state_key_file"
+    )]
+    pub seal_key_file: Option<std::path::PathBuf>,
+
+    /// Files with earlier sealing keys (comma-separated, at most 4): seals
+    /// made under them still open, and are made again under the current
+    /// key when autonode next writes what they seal. Each file may be an
+    /// earlier --seal-key-file or the --tls-key file a server without
+    /// --seal-key-file derived its key from. A file that is not there is
+    /// skipped (logged).
+    #[arg(
+        long = "previous-seal-key-file",
+        env = "AUTONODE_PREVIOUS_SEAL_KEY_FILE",
+        value_name = "PATH",
+        value_delimiter = ','
+    )]
+    pub previous_seal_key_files: Vec<std::path::PathBuf>,
+
+    /// Deprecated: the old name of --seal-key-file (the same file gives the
+    /// same key under either name); warned at start.
     #[arg(
         long = "rollout-state-key-file",
         env = "AUTONODE_ROLLOUT_STATE_KEY_FILE",
@@ -676,27 +702,65 @@ impl NodeClassArgs {
         }))
     }
 
-    /// The replicas' sealing key (the rollout state's, and NodeClaim
-    /// marks'): from --rollout-state-key-file, else derived from the TLS
-    /// key's file.
+    /// The replicas' sealing key ring (the rollout state's, and NodeClaim
+    /// marks'): from --seal-key-file (or its old name), else derived from
+    /// the TLS key's file; with the --previous-seal-key-file keys.
     pub fn state_key(
         &self,
         tls_key: &std::path::Path,
     ) -> Result<autonode_server::kube::seal::StateKey> {
         use autonode_server::kube::seal::StateKey;
-        match &self.rollout_state_key_file {
-            Some(path) => StateKey::from_key_file(path).context("--rollout-state-key-file"),
-            None => {
-                tracing::info!(
-                    "rollout state key derived from --tls-key (--rollout-state-key-file is unset): \
-                     a new TLS key makes the rollout guard forget each class's state once, \
-                     and leaves NodeClaim marks sealed before it counting only as marks from \
-                     before seals do"
-                );
-                StateKey::from_tls_key(tls_key).context("--tls-key, for the rollout state key")
-            }
+        if self.rollout_state_key_file.is_some() {
+            tracing::warn!(
+                "--rollout-state-key-file (AUTONODE_ROLLOUT_STATE_KEY_FILE) is deprecated: \
+                 name the same file with --seal-key-file (AUTONODE_SEAL_KEY_FILE)"
+            );
         }
+        let key = match self
+            .seal_key_file
+            .as_ref()
+            .or(self.rollout_state_key_file.as_ref())
+        {
+            Some(path) => StateKey::from_key_file(path).context("--seal-key-file")?,
+            None => {
+                tracing::warn!(
+                    "sealing key derived from --tls-key (--seal-key-file is unset): a new TLS \
+                     private key (cert-manager makes one at every renewal by default) voids every \
+                     seal at the next restart: NodeClaim marks (a reused node name's window) and \
+                     the rollout guard's state are forgotten, and replicas started on either side \
+                     of a renewal seal with different keys. Set --seal-key-file (the chart makes \
+                     one), with this TLS key file as --previous-seal-key-file"
+                );
+                StateKey::from_tls_key(tls_key).context("--tls-key, for the sealing key")?
+            }
+        };
+        previous_keys(key, &self.previous_seal_key_files)
     }
+}
+
+/// `key` with each of `files` as a previous key; a file not there is
+/// skipped (a fresh install has none).
+fn previous_keys(
+    mut key: autonode_server::kube::seal::StateKey,
+    files: &[std::path::PathBuf],
+) -> Result<autonode_server::kube::seal::StateKey> {
+    for path in files {
+        if !path.exists() {
+            tracing::info!(path = %path.display(), "no previous sealing key there: none opens its seals");
+            continue;
+        }
+        key = key
+            .with_previous_file(path)
+            .context("--previous-seal-key-file")?;
+    }
+    if key.previous_keys() > 0 {
+        tracing::info!(
+            keys = key.previous_keys(),
+            "seals made under the previous sealing keys open, and are made again under the \
+             current key when next written"
+        );
+    }
+    Ok(key)
 }
 
 /// `serve`'s caps and timeouts for the join API (`autonode_server::front::api`):
@@ -1087,6 +1151,55 @@ mod tests {
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
         }
+    }
+
+    #[test]
+    fn the_sealing_key_is_its_files_and_the_previous_keys_still_open() {
+        use autonode_server::kube::seal::StateKey;
+        let dir = tempfile::tempdir().unwrap();
+        let put = |name: &str, bytes: &[u8]| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, bytes).unwrap();
+            path
+        };
+        let tls = put("tls.key", b"-----BEGIN PRIVATE KEY-----\nthe serving key\n");
+        let seal = put("seal.key", &[5; 32]);
+        let before = StateKey::from_tls_key(&tls).unwrap();
+        let sealed_before = before.mac(b"p", "u", "t");
+
+        // As deployed before: derived from the TLS key, and warned.
+        let (key, log) = logged(|| serve(&[]).unwrap().nodeclasses.state_key(&tls));
+        assert_eq!(key.unwrap(), before);
+        assert!(
+            log.contains("WARN") && log.contains("--seal-key-file is unset"),
+            "{log}"
+        );
+
+        // Upgraded: its own key, and the TLS key's seals still open.
+        let flags = [
+            format!("--seal-key-file={}", seal.display()),
+            format!(
+                "--previous-seal-key-file={},{}",
+                tls.display(),
+                dir.path().join("absent").display()
+            ),
+        ];
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let (key, log) = logged(|| serve(&flags).unwrap().nodeclasses.state_key(&tls));
+        let key = key.unwrap();
+        assert!(key.opens(b"p", "u", "t", &sealed_before));
+        let own = StateKey::from_key_file(&seal).unwrap();
+        assert_eq!(key.mac(b"p", "u", "t"), own.mac(b"p", "u", "t"));
+        assert!(log.contains("no previous sealing key there"), "{log}");
+        assert!(!log.contains("WARN"), "{log}");
+
+        // The old name: the same key, and a deprecation warning.
+        let old = format!("--rollout-state-key-file={}", seal.display());
+        let (key, log) = logged(|| serve(&[&old]).unwrap().nodeclasses.state_key(&tls));
+        assert_eq!(key.unwrap(), own);
+        assert!(log.contains("WARN") && log.contains("deprecated"), "{log}");
+        let both = format!("--seal-key-file={}", seal.display());
+        assert!(serve(&[&old, &both]).is_err());
     }
 
     #[tokio::test]

@@ -292,6 +292,10 @@ fn impostor(claim: &NodeClaim) -> Option<Impostor> {
     })
 }
 
+/// How often a NodeClaim whose impostor has cost its allowance of victims
+/// is looked at again.
+const WITHHELD_LOOK: Duration = Duration::from_secs(300);
+
 /// A Node Karpenter Registered a NodeClaim to that is not its machine.
 struct Impostor {
     /// The Node Karpenter took.
@@ -313,6 +317,16 @@ async fn fail_impostor(
         registered,
         machine,
     } = impostor;
+    let told = (&ctx.metrics, &ctx.events);
+    if !ctx
+        .claims
+        .impostors()
+        .may_fail_victim(told, claim, &registered)
+    {
+        // Past the impostor's allowance: left alone (and said once); looked
+        // at again when the allowance may have grown.
+        return Ok(Action::requeue(WITHHELD_LOOK));
+    }
     let why = format!(
         "NodeClaim {name} is Registered to Node {registered}, but its machine is {machine}: a \
          Node carrying this instance's providerID was registered by another node"

@@ -118,11 +118,18 @@ pub(super) async fn attest(
 /// Why a join for a Registered NodeClaim (whose Karpenter `nodeName` is
 /// `node`) is refused. Registered to the machine EC2 names for the
 /// instance (as the binding recorded it, or EC2 says when unbound), the
-/// join is merely late: `nodeclaim_registered`. Registered to any other
-/// Node, that Node carries this instance's providerID without being its
-/// machine (NodeRestriction lets a node choose its providerID), and
-/// Karpenter gave it this NodeClaim's labels, taints and pods:
-/// `node_spoofed`, which fails the NodeClaim so Karpenter replaces it.
+/// join is merely late: `nodeclaim_registered`. Registered to a Node that
+/// is provably another machine's, that Node carries this instance's
+/// providerID without being its machine (NodeRestriction lets a node
+/// choose its providerID), and Karpenter gave it this NodeClaim's labels,
+/// taints and pods: `node_spoofed`, which fails the NodeClaim so Karpenter
+/// replaces it. Bound, the claim's machine is the one its binding names,
+/// so any other Node is an impostor. Unbound, the machine may be one
+/// autonode never joined, whose Node is named otherwise than EC2 names it
+/// (Bottlerocket after its instance id, any `--hostname-override`): only a
+/// Node name that is another machine's ([`names_another_machine`]) is
+/// proof; any other is refused as late, and nothing is deleted on the
+/// word of whoever holds one of its identity documents.
 /// The binding was judged first: a bound claim's join here is its own
 /// machine's (or costs a replay nothing), and needs no EC2 lookup.
 async fn registered_refusal(
@@ -140,7 +147,10 @@ async fn registered_refusal(
     let expected = match existing {
         Some(record) => record.node_name.clone(),
         None => match lookup(ctx, doc).await {
-            Ok(instance) => instance.private_dns_name,
+            Ok(instance) if names_another_machine(ctx, claim, &instance, &node) => {
+                instance.private_dns_name
+            }
+            Ok(_) => return late,
             Err(e) => return e,
         },
     };
@@ -154,6 +164,42 @@ async fn registered_refusal(
         expected,
     }
     .into()
+}
+
+/// Whether Node name `node`, which an unbound `claim` is Registered to, is
+/// provably not `instance`'s machine: it is the name another NodeClaim's
+/// binding recorded (EC2's name for that machine, which autonode joined),
+/// or an EC2 address-based name (`ip-10-0-0-1.<domain>`) for an address
+/// `instance` does not have. EC2 gives such names by the address, so one
+/// for another address names another machine; a machine naming its own
+/// Node after its own address under another domain (a VPC's DHCP options)
+/// is its own.
+fn names_another_machine(
+    ctx: &JoinContext,
+    claim: &NodeClaim,
+    instance: &Ec2Instance,
+    node: &str,
+) -> bool {
+    let bound_elsewhere = ctx
+        .claims
+        .bound_to(node)
+        .iter()
+        .any(|other| other.metadata.uid != claim.metadata.uid);
+    let own = |ip: &std::net::IpAddr| {
+        instance.private_ips.contains(ip) || instance.interface_ips.contains(ip)
+    };
+    let another_address = address_in_ec2_name(node).is_some_and(|ip| !own(&ip));
+    bound_elsewhere || another_address
+}
+
+/// The IPv4 address an EC2 address-based name (`ip-10-0-0-1.ec2.internal`,
+/// `ip-10-0-0-1.<region>.compute.internal`, or under a VPC's own domain)
+/// is made of; `None` for any other name.
+fn address_in_ec2_name(node: &str) -> Option<std::net::IpAddr> {
+    let (host, domain) = node.split_once('.')?;
+    let dotted = host.strip_prefix("ip-")?.replace('-', ".");
+    let ip: std::net::Ipv4Addr = dotted.parse().ok()?;
+    (!domain.is_empty()).then_some(std::net::IpAddr::V4(ip))
 }
 
 /// This instance's EC2 lookups are spent for now ([`super::lookup_limiter`]).
@@ -262,4 +308,37 @@ fn name_held_by_others(
         tracing::warn!(node = %name, instance = %instance_id, last_held = %held, "this node name was another instance's within a certificate's lifetime: its kubelet CSRs stay pending until then, and this join's certificates last the signer's full lifetime");
     }
     open.then_some(held)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_address_based_name_gives_an_address() {
+        let ip = |s: &str| Some(s.parse::<std::net::IpAddr>().unwrap());
+        assert_eq!(
+            address_in_ec2_name("ip-10-0-0-1.ec2.internal"),
+            ip("10.0.0.1")
+        );
+        assert_eq!(
+            address_in_ec2_name("ip-10-1-2-3.us-west-2.compute.internal"),
+            ip("10.1.2.3")
+        );
+        assert_eq!(
+            address_in_ec2_name("ip-10-1-2-3.corp.example"),
+            ip("10.1.2.3")
+        );
+        for other in [
+            "i-0123456789abcdef0",
+            "i-0123456789abcdef0.us-west-2.compute.internal",
+            "ip-10-0-0-1",
+            "ip-10-0-0.ec2.internal",
+            "ip-10-0-0-999.ec2.internal",
+            "node-7.example",
+            "ip-10-0-0-1.",
+        ] {
+            assert_eq!(address_in_ec2_name(other), None, "{other}");
+        }
+    }
 }

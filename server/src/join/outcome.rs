@@ -196,7 +196,7 @@ fn refused(
             .filter(|_| dooms_nodeclaim(refusal, claim))
         {
             let why = format!("join refused for good: {refusal}");
-            let impostor = refusal.dooms_registered_instance();
+            let impostor = impostor_of(refusal);
             fail_doomed(
                 ctx,
                 claim.clone(),
@@ -233,24 +233,40 @@ fn dooms_nodeclaim(refusal: &Refusal, claim: &NodeClaim) -> bool {
         && (!claim.is_registered() || refusal.dooms_registered_instance())
 }
 
+/// The impostor Node a refusal names, when the NodeClaim is Registered to
+/// a Node that is not its machine's ([`Refusal::dooms_registered_instance`]).
+fn impostor_of(refusal: &Refusal) -> Option<String> {
+    match refusal {
+        Refusal::NodeSpoofed { registered, .. } => Some(registered.clone()),
+        _ => None,
+    }
+}
+
 /// Does with the NodeClaim of an instance that can never join what the
 /// failure budget decides, in the background.
-/// `impostor`: the NodeClaim is Registered to a Node that is not its
-/// machine's ([`Refusal::dooms_registered_instance`]).
+/// `impostor`: the Node the NodeClaim is Registered to, which is not its
+/// machine's; failed only within that impostor's allowance of victims
+/// ([`crate::kube::impostor`]).
 fn fail_doomed(
     ctx: &JoinContext,
     claim: NodeClaim,
     request_id: String,
     (why, failure): (String, Failure),
-    impostor: bool,
+    impostor: Option<String>,
 ) {
-    let claims = ctx.claims.clone();
+    let (claims, metrics, events) = (ctx.claims.clone(), ctx.metrics.clone(), ctx.events.clone());
     tokio::spawn(async move {
         let name = claim.metadata.name.clone().unwrap_or_default();
-        let failed = if impostor {
-            claims.failed_impostor(&claim, &why, failure).await
-        } else {
-            claims.failed(&claim, &why, failure).await
+        let failed = match impostor {
+            Some(node) => {
+                let told = (&metrics, &events);
+                if claims.impostors().may_fail_victim(told, &claim, &node) {
+                    claims.failed_impostor(&claim, &why, failure).await
+                } else {
+                    Ok(Failed::Left)
+                }
+            }
+            None => claims.failed(&claim, &why, failure).await,
         };
         match failed {
             Ok(Failed::Deleted) => {

@@ -133,10 +133,13 @@ fn recorded(claim: &NodeClaim) -> Option<(Cause, String)> {
     Some(parsed.unwrap_or((Cause::Machine, "unknown".to_string())))
 }
 
-/// Whether `claim`'s failure mark records a cause on the server's side:
-/// the rollout guard does not count it against the values on trial.
-pub fn failed_server_side(claim: &NodeClaim) -> bool {
-    matches!(recorded(claim), Some((Cause::Server, _)))
+/// Whether `claim`'s failure mark records a cause outside the machine:
+/// autonode's settings or clock ([`Cause::Server`]), or an impostor Node
+/// that took it ([`Cause::Impostor`], see [`crate::kube::impostor`]). The
+/// rollout guard counts neither against the values on trial: nothing of
+/// them was tried.
+pub fn failed_elsewhere(claim: &NodeClaim) -> bool {
+    matches!(recorded(claim), Some((Cause::Server | Cause::Impostor, _)))
 }
 
 /// What to do with a failed machine's NodeClaim.
@@ -862,7 +865,7 @@ mod tests {
             recorded(&claim),
             Some((Cause::Server, "too_old".to_string()))
         );
-        assert!(failed_server_side(&claim));
+        assert!(failed_elsewhere(&claim));
         claim
             .metadata
             .annotations
@@ -873,6 +876,6 @@ mod tests {
             recorded(&claim),
             Some((Cause::Machine, "unknown".to_string()))
         );
-        assert!(!failed_server_side(&claim));
+        assert!(!failed_elsewhere(&claim));
     }
 }

@@ -65,6 +65,7 @@ pub struct Metrics {
     pub join_step_seconds: Family<StepLabels, Histogram>,
     pub possible_replays: Counter,
     pub spoofed_nodes: Counter,
+    pub impostor_repeats: Counter,
     pub approvals: Family<KindLabels, Counter>,
     pub renewals_refused: Family<KindLabels, Counter>,
     pub agent_reports: Family<PhaseLabels, Counter>,
@@ -148,6 +149,14 @@ impl Metrics {
             "NodeClaims found Registered to a Node that is not their machine (another node \
              registered a Node with their instance's providerID), each then failed",
             spoofed_nodes.clone(),
+        );
+        let impostor_repeats = Counter::default();
+        registry.register(
+            "impostor_repeats",
+            "NodeClaims found Registered to an impostor Node that had already cost its \
+             allowance of victims (see kube/impostor.rs): left as they are; that node is \
+             likely compromised (its name is in the log and the Warning Event)",
+            impostor_repeats.clone(),
         );
         let approvals = Family::<KindLabels, Counter>::default();
         registry.register(
@@ -290,6 +299,7 @@ impl Metrics {
             join_step_seconds,
             possible_replays,
             spoofed_nodes,
+            impostor_repeats,
             approvals,
             renewals_refused,
             agent_reports,

@@ -9,6 +9,7 @@ pub mod cache;
 pub mod condition;
 pub mod csr_outcome;
 pub mod events;
+pub mod impostor;
 pub mod index;
 pub mod issuer;
 pub mod karpenter;

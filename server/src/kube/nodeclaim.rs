@@ -15,6 +15,7 @@
 use crate::kube::binding;
 use crate::kube::budget::{Budget, Decision, Failure};
 use crate::kube::cache::{self, Cache, OnGone};
+use crate::kube::impostor::Impostors;
 use crate::kube::index::Index;
 use crate::kube::karpenter::{Condition, NodeClaim};
 use crate::kube::marks::{self, StateKey};
@@ -80,6 +81,7 @@ pub struct NodeClaims {
     /// What becomes of a failed machine's NodeClaim.
     budget: Budget,
     awaiting: Awaiting,
+    impostors: Arc<Impostors>,
 }
 
 impl NodeClaims {
@@ -114,6 +116,7 @@ impl NodeClaims {
             index,
             budget,
             awaiting,
+            impostors: Arc::default(),
         };
         tokio::spawn(claims.clone().watch_failures());
         claims
@@ -166,6 +169,13 @@ impl NodeClaims {
                 tracing::warn!(nodeclaim = name, %error, "could not mark the NodeClaim of a refused instance")
             }
         }
+    }
+
+    /// How many victims each impostor Node may cost (see
+    /// [`crate::kube::impostor`]): one allowance per replica, whichever of
+    /// the join and the feedback controller finds the victim.
+    pub fn impostors(&self) -> &Impostors {
+        &self.impostors
     }
 
     /// The node names gone NodeClaims held (see [`crate::kube::reuse`]).
@@ -376,7 +386,9 @@ impl NodeClaims {
     /// (another node registered it with this instance's providerID). Its
     /// "node" is not its machine, so the registration protects nothing:
     /// deleting the NodeClaim makes Karpenter terminate the machine,
-    /// delete the impostor Node and launch another.
+    /// delete the impostor Node and launch another. The failure's reason
+    /// mark says an impostor failed it ([`crate::kube::budget::Cause::Impostor`]):
+    /// it says nothing of the machine's AMI or userData.
     pub async fn failed_impostor(
         &self,
         claim: &NodeClaim,

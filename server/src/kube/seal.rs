@@ -10,25 +10,40 @@
 //! autonode's marks on NodeClaims ([`crate::kube::marks`]). Each use has
 //! its own purpose string at the head of what is MACed, and each seal
 //! names the object's UID, so no seal opens for another use or object.
+//!
+//! The key is a ring: one current key, which makes every seal, and up to
+//! [`MAX_PREVIOUS`] earlier ones (`--previous-seal-key-file`), under which
+//! seals still open. A key changes without voiding what was sealed before
+//! (a seal is made again under the current key whenever autonode next
+//! writes what it seals), and an upgrade from a key derived from the TLS
+//! key keeps every seal (that TLS key, as a previous key).
 
 use base64::Engine;
 use ring::hmac;
 use std::path::{Path, PathBuf};
 
-/// The fewest bytes a `--rollout-state-key-file` may hold.
+/// The fewest bytes a `--seal-key-file` may hold.
 pub const MIN_KEY_BYTES: usize = 32;
-/// What the key is derived for, from `--rollout-state-key-file`. The
-/// label predates the key's use for NodeClaim marks; it is kept so that
-/// an upgrade does not make every sealed rollout state unreadable.
+/// The most earlier keys a ring opens seals with: each
+/// `--previous-seal-key-file` is two (see [`StateKey::with_previous_file`]).
+pub const MAX_PREVIOUS: usize = 8;
+/// What the key is derived for, from `--seal-key-file` (once named
+/// `--rollout-state-key-file`). The label predates the key's use for
+/// NodeClaim marks and the flag's new name; it is kept so that the same
+/// file gives the same key under either name.
 const FROM_KEY_FILE: &[u8] = b"autonode.dev/rollout state key, from --rollout-state-key-file, v1";
 /// What the key is derived for, from `--tls-key` (a distinct label: the
 /// derived key is no key of TLS's).
 const FROM_TLS_KEY: &[u8] = b"autonode.dev/rollout state key, from --tls-key, v1";
 
 /// The key that seals and opens what autonode relies on; shared by the
-/// replicas.
+/// replicas. A ring: seals are made under the current key and open under
+/// it or any of the previous ones.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub struct StateKey([u8; 32]);
+pub struct StateKey {
+    current: [u8; 32],
+    previous: [Option<[u8; 32]>; MAX_PREVIOUS],
+}
 
 impl std::fmt::Debug for StateKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -46,10 +61,12 @@ pub enum KeyError {
         source: std::io::Error,
     },
     #[error(
-        "{path} holds {len} bytes; the rollout state key needs at least {MIN_KEY_BYTES} random bytes \
+        "{path} holds {len} bytes; the sealing key needs at least {MIN_KEY_BYTES} random bytes \
          (e.g. `head -c 32 /dev/urandom > key`, kept in a Secret all replicas mount)"
     )]
     Short { path: PathBuf, len: usize },
+    #[error("{path}: more than {} previous sealing keys", MAX_PREVIOUS / 2)]
+    TooMany { path: PathBuf },
 }
 
 impl StateKey {
@@ -72,12 +89,42 @@ impl StateKey {
         Ok(Self::derive(&read(path)?, FROM_TLS_KEY))
     }
 
+    /// This ring with the key in `path` added as a previous one: seals made
+    /// under it open, none is made. The file is taken both ways a key has
+    /// been had from a file, so it may be an earlier `--seal-key-file` or
+    /// the `--tls-key` file of a server that derived its key from that.
+    pub fn with_previous_file(self, path: &Path) -> Result<Self, KeyError> {
+        let bytes = read(path)?;
+        let mut ring = self.with_previous(Self::derive(&bytes, FROM_TLS_KEY).current);
+        if bytes.len() >= MIN_KEY_BYTES {
+            ring = ring.and_then(|r| r.with_previous(Self::derive(&bytes, FROM_KEY_FILE).current));
+        }
+        ring.ok_or_else(|| KeyError::TooMany {
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// This ring with `key` among the previous keys; `None` when full.
+    fn with_previous(mut self, key: [u8; 32]) -> Option<Self> {
+        let free = self.previous.iter_mut().find(|k| k.is_none())?;
+        *free = Some(key);
+        Some(self)
+    }
+
+    /// How many previous keys the ring holds.
+    pub fn previous_keys(&self) -> usize {
+        self.previous.iter().flatten().count()
+    }
+
     /// HMAC-SHA256(secret, label): a key for this use only.
     fn derive(secret: &[u8], label: &[u8]) -> Self {
         let tag = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, secret), label);
-        let mut key = [0; 32];
-        key.copy_from_slice(tag.as_ref());
-        Self(key)
+        let mut current = [0; 32];
+        current.copy_from_slice(tag.as_ref());
+        Self {
+            current,
+            previous: [None; MAX_PREVIOUS],
+        }
     }
 
     /// What a MAC is over: the purpose, the UID (length-prefixed, so UID
@@ -91,23 +138,27 @@ impl StateKey {
         message
     }
 
-    fn hmac_key(&self) -> hmac::Key {
-        hmac::Key::new(hmac::HMAC_SHA256, &self.0)
-    }
-
-    /// The MAC (base64) of `text` for `purpose` on the object with `uid`.
+    /// The MAC (base64) of `text` for `purpose` on the object with `uid`,
+    /// under the current key.
     pub fn mac(&self, purpose: &[u8], uid: &str, text: &str) -> String {
-        let tag = hmac::sign(&self.hmac_key(), &Self::message(purpose, uid, text));
+        let key = hmac::Key::new(hmac::HMAC_SHA256, &self.current);
+        let tag = hmac::sign(&key, &Self::message(purpose, uid, text));
         base64::engine::general_purpose::STANDARD.encode(tag.as_ref())
     }
 
-    /// Whether `mac` is [`StateKey::mac`] of the same arguments, compared
-    /// in constant time (the comparison tells nothing of the right MAC).
+    /// Whether `mac` is [`StateKey::mac`] of the same arguments under the
+    /// current key or a previous one, compared in constant time (the
+    /// comparison tells nothing of the right MAC).
     pub fn opens(&self, purpose: &[u8], uid: &str, text: &str, mac: &str) -> bool {
         let Ok(mac) = base64::engine::general_purpose::STANDARD.decode(mac) else {
             return false;
         };
-        hmac::verify(&self.hmac_key(), &Self::message(purpose, uid, text), &mac).is_ok()
+        let message = Self::message(purpose, uid, text);
+        let previous = self.previous.iter().flatten();
+        std::iter::once(&self.current).chain(previous).any(|key| {
+            let key = hmac::Key::new(hmac::HMAC_SHA256, key);
+            hmac::verify(&key, &message, &mac).is_ok()
+        })
     }
 }
 
@@ -135,5 +186,55 @@ mod tests {
         assert!(!other.opens(b"p", "uid-1", "text", &mac));
         // The UID's length is under the MAC: "uid-1" + "text" is not "uid-1t" + "ext".
         assert!(!key.opens(b"p", "uid-1t", "ext", &mac));
+    }
+
+    fn file(dir: &tempfile::TempDir, name: &str, bytes: &[u8]) -> PathBuf {
+        let path = dir.path().join(name);
+        std::fs::write(&path, bytes).unwrap();
+        path
+    }
+
+    #[test]
+    fn a_previous_key_opens_its_seals_and_seals_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let tls = file(
+            &dir,
+            "tls.key",
+            b"-----BEGIN PRIVATE KEY-----\nan older server's TLS key\n",
+        );
+        let old_file = file(&dir, "old.key", &[3; 32]);
+        let new_file = file(&dir, "seal.key", &[4; 32]);
+        // An older server's seals: derived from its TLS key, or an earlier key file.
+        let by_tls = StateKey::from_tls_key(&tls).unwrap().mac(b"p", "u", "t");
+        let by_file = StateKey::from_key_file(&old_file)
+            .unwrap()
+            .mac(b"p", "u", "t");
+        let current = StateKey::from_key_file(&new_file).unwrap();
+        assert!(!current.opens(b"p", "u", "t", &by_tls));
+        let ring = current
+            .with_previous_file(&tls)
+            .and_then(|r| r.with_previous_file(&old_file))
+            .unwrap();
+        // Each file both ways: which way a file's seals were made is not known.
+        assert_eq!(ring.previous_keys(), 4);
+        assert!(ring.opens(b"p", "u", "t", &by_tls));
+        assert!(ring.opens(b"p", "u", "t", &by_file));
+        assert!(!ring.opens(b"p", "u2", "t", &by_tls));
+        // Seals are made under the current key only.
+        assert_eq!(ring.mac(b"p", "u", "t"), current.mac(b"p", "u", "t"));
+    }
+
+    #[test]
+    fn the_ring_is_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ring = StateKey::derive(&[1; 32], FROM_KEY_FILE);
+        for n in 0..MAX_PREVIOUS / 2 {
+            ring = ring
+                .with_previous_file(&file(&dir, &format!("k{n}"), &[n as u8; 32]))
+                .unwrap();
+        }
+        assert_eq!(ring.previous_keys(), MAX_PREVIOUS);
+        let more = ring.with_previous_file(&file(&dir, "more", &[9; 32]));
+        assert!(matches!(more, Err(KeyError::TooMany { .. })));
     }
 }

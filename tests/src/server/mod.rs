@@ -297,6 +297,9 @@ pub struct Setup<'a> {
     /// cert-manager issues) rather than an ECDSA one: what a handshake
     /// costs the server then.
     pub rsa_serving_key: Option<usize>,
+    /// More environment, as a Deployment's `env` sets it (`AUTONODE_*`
+    /// settings, which a server that does not know one ignores).
+    pub env: &'a [(&'a str, &'a str)],
 }
 
 /// How the harness gets the server's ServiceAccount token.
@@ -325,6 +328,7 @@ impl Default for Setup<'_> {
             join_ca: None,
             binary: None,
             rsa_serving_key: None,
+            env: &[],
         }
     }
 }
@@ -492,25 +496,21 @@ impl TestServer {
             Some(path) => path.to_path_buf(),
             None => server_binary()?,
         };
-        let daemon = Daemon::spawn_with_env(
-            "autonode-server",
-            &binary,
-            &args,
-            dir.path(),
-            &[
-                ("RUST_LOG", "info,autonode_server=debug"),
-                // An error that ends it is its last lines, not a backtrace
-                // (RUST_BACKTRACE, when set, would also capture one for
-                // every anyhow error); panics still print theirs.
-                ("RUST_LIB_BACKTRACE", "0"),
-                ("AWS_ACCESS_KEY_ID", TEST_ACCESS_KEY_ID),
-                ("AWS_SECRET_ACCESS_KEY", TEST_SECRET_ACCESS_KEY),
-                ("AWS_REGION", "us-west-2"),
-                ("AWS_EC2_METADATA_DISABLED", "true"),
-                // As packaging/server/deployment.yaml and the chart run it.
-                ("MALLOC_ARENA_MAX", "2"),
-            ],
-        )?;
+        let mut env = vec![
+            ("RUST_LOG", "info,autonode_server=debug"),
+            // An error that ends it is its last lines, not a backtrace
+            // (RUST_BACKTRACE, when set, would also capture one for
+            // every anyhow error); panics still print theirs.
+            ("RUST_LIB_BACKTRACE", "0"),
+            ("AWS_ACCESS_KEY_ID", TEST_ACCESS_KEY_ID),
+            ("AWS_SECRET_ACCESS_KEY", TEST_SECRET_ACCESS_KEY),
+            ("AWS_REGION", "us-west-2"),
+            ("AWS_EC2_METADATA_DISABLED", "true"),
+            // As packaging/server/deployment.yaml and the chart run it.
+            ("MALLOC_ARENA_MAX", "2"),
+        ];
+        env.extend_from_slice(setup.env);
+        let daemon = Daemon::spawn_with_env("autonode-server", &binary, &args, dir.path(), &env)?;
         Ok(Self {
             daemon,
             url: format!("https://127.0.0.1:{port}"),
@@ -552,6 +552,18 @@ impl TestServer {
     /// Process id.
     pub fn pid(&self) -> u32 {
         self.daemon.pid()
+    }
+
+    /// A new serving key and certificate from `ca` (the `join_ca` it was
+    /// started with) in place of its files, as a cert-manager renewal with
+    /// `rotationPolicy: Always` (its default since v1.18) leaves them: read
+    /// within seconds, and at the next start.
+    pub fn rotate_tls_key(&self, ca: &Ca) -> Result<()> {
+        let serving = ca.server(&["localhost"], &[IpAddr::V4(Ipv4Addr::LOCALHOST)])?;
+        let chain = format!("{}{}", serving.cert_pem, ca.cert_pem());
+        std::fs::write(self.dir().join("tls.crt"), chain)?;
+        std::fs::write(self.dir().join("tls.key"), serving.key_pem)?;
+        Ok(())
     }
 
     /// Its working directory.

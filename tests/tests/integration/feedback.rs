@@ -546,3 +546,78 @@ async fn refused_for_good(
     );
     Ok(())
 }
+
+/// Status Karpenter writes once a Node carrying the NodeClaim's providerID
+/// registers: Registered to that Node.
+async fn registered_to(claims: &Api<DynamicObject>, claim: &str, node: &str) -> Result<()> {
+    let status = serde_json::json!({"status": {"nodeName": node, "conditions": [{
+        "type": "Registered", "status": "True", "reason": "Registered",
+        "message": "Registered", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
+    claims
+        .patch_status(claim, &PatchParams::default(), &Patch::Merge(&status))
+        .await?;
+    Ok(())
+}
+
+/// Item 6 of issue 48. One compromised node registers its own Node under
+/// each booting machine's providerID in turn (NodeRestriction lets a
+/// kubelet choose its Node's providerID), and Karpenter Registers each
+/// machine's NodeClaim to it. The first victim is failed and deleted, as
+/// decided (Karpenter replaces it and deletes the impostor's Node). Before,
+/// every victim was: one node kept a cluster from growing, and victims of
+/// a rollout trial reverted a good AMI. Now one impostor Node name costs
+/// one victim an hour: the next is left as it is, and the repeat is told
+/// as a compromised node (`autonode_impostor_repeats_total`, a log line
+/// and a `NodeSpoofed` Warning naming the Node).
+#[tokio::test]
+async fn one_impostor_node_costs_one_victim_and_its_repeat_is_told_as_a_compromise() -> Result<()> {
+    const IMPOSTOR: &str = "ip-10-66-6-6.ec2.internal";
+    let world = World::start_with(&["--leader-lease=3".into()]).await?;
+    let claims = standin::nodeclaims(&world.cp.admin().await?);
+    let first = world.join_new(|i| i).await?;
+    let second = world.join_new(|i| i).await?;
+
+    registered_to(&claims, &first.claim, IMPOSTOR).await?;
+    wait_deleted(&claims, &first.claim).await?;
+    registered_to(&claims, &second.claim, IMPOSTOR).await?;
+    let told = poll::until(
+        "the repeat told as a compromised node",
+        Duration::from_secs(20),
+        Duration::from_millis(200),
+        || async {
+            let events: Api<Event> = Api::namespaced(world.cp.admin().await?, "default");
+            let selector = format!("involvedObject.name={}", second.claim);
+            let listed = events
+                .list(&ListParams::default().fields(&selector))
+                .await?;
+            Ok(listed.items.into_iter().find_map(|e| {
+                let message = e.message.filter(|m| m.contains("likely compromised"))?;
+                (e.reason.as_deref() == Some("NodeSpoofed")).then_some(message)
+            }))
+        },
+    )
+    .await?;
+    ensure!(told.contains(IMPOSTOR), "the Event names the Node: {told}");
+    let text = metrics(&world).await?;
+    ensure!(
+        text.lines()
+            .any(|l| l == "autonode_impostor_repeats_total 1"),
+        "one repeat counted: {text}"
+    );
+    // Left as it is: looked at again, still not failed.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let kept = claims.get_opt(&second.claim).await?;
+    ensure!(
+        kept.is_some_and(|c| c.metadata.deletion_timestamp.is_none()),
+        "the impostor's second victim was deleted"
+    );
+    ensure!(
+        world
+            .server
+            .log()
+            .lines()
+            .any(|l| l.contains("ERROR") && l.contains(IMPOSTOR)),
+        "an error line names the Node"
+    );
+    Ok(())
+}

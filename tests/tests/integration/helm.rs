@@ -386,6 +386,8 @@ fn the_defaults_render_the_server_only() -> Result<()> {
             ("tls-cert", None) => Some("/etc/autonode/tls/tls.crt".to_string()),
             ("tls-key", None) => Some("/etc/autonode/tls/tls.key".to_string()),
             ("kubeconfig", None) => Some("/etc/autonode/guest/kubeconfig".to_string()),
+            ("seal-key-file", None) => Some("/etc/autonode/seal/seal.key".to_string()),
+            ("previous-seal-key-file", None) => Some("/etc/autonode/seal/previous.key".to_string()),
             ("allowed-accounts" | "allowed-regions", v) => v,
             (_, Some(v)) if v.is_empty() => None,
             (_, v) => v,
@@ -428,7 +430,11 @@ fn the_defaults_render_the_server_only() -> Result<()> {
         .collect();
     assert_eq!(
         secrets,
-        ["autonode-server-tls", "autonode-guest-kubeconfig"]
+        [
+            "autonode-server-tls",
+            "autonode-guest-kubeconfig",
+            "autonode-seal-key"
+        ]
     );
     let labels = &pod["metadata"]["labels"];
     let selects = |selector: &Value| -> Result<()> {
@@ -796,16 +802,35 @@ fn secrets_created_or_referenced() -> Result<()> {
     Ok(())
 }
 
-/// The rollout state key: not mounted by default (the server derives it
-/// from the TLS key); with a Secret named, mounted and passed as
-/// --rollout-state-key-file; made by the chart only from a given value.
+/// The sealing key: by default the sealKey Secret, mounted whole (its
+/// optional previous.key with it) and passed as --seal-key-file and
+/// --previous-seal-key-file; never made where helm cannot read the cluster
+/// (`helm template`: a key made there would be new at every render). The
+/// deprecated rolloutStateKey, when named, is the sealing key instead.
 #[test]
-fn the_rollout_state_key_is_mounted_when_named() -> Result<()> {
-    const FLAG: &str = "--rollout-state-key-file=/etc/autonode/rollout-state-key/key";
+fn the_sealing_key_is_a_secret_of_its_own_kept_across_renders() -> Result<()> {
     let plain = template(NAMESPACE, &[])?;
-    ensure!(!args(&plain)?
+    let given = args(&plain)?;
+    for flag in [
+        "--seal-key-file=/etc/autonode/seal/seal.key",
+        "--previous-seal-key-file=/etc/autonode/seal/previous.key",
+    ] {
+        ensure!(given.iter().any(|a| a == flag), "{flag}: {given:?}");
+    }
+    ensure!(!given
         .iter()
         .any(|a| a.starts_with("--rollout-state-key-file")));
+    let volumes = &only(&plain, "Deployment")?["spec"]["template"]["spec"]["volumes"];
+    let whole = volumes.as_array().into_iter().flatten().any(|v| {
+        v["secret"]["secretName"] == "autonode-seal-key" && v["secret"]["items"].is_null()
+    });
+    ensure!(whole, "{volumes}");
+    ensure!(
+        !plain.iter().any(|d| d["kind"] == "Secret"),
+        "helm template makes no key"
+    );
+
+    const FLAG: &str = "--seal-key-file=/etc/autonode/rollout-state-key/key";
     let docs = template(
         NAMESPACE,
         &[
@@ -817,7 +842,11 @@ fn the_rollout_state_key_is_mounted_when_named() -> Result<()> {
             "rolloutStateKey.value=0123456789abcdef0123456789abcdef",
         ],
     )?;
-    ensure!(args(&docs)?.iter().any(|a| a == FLAG), "{:?}", args(&docs)?);
+    let given = args(&docs)?;
+    ensure!(given.iter().any(|a| a == FLAG), "{given:?}");
+    ensure!(!given
+        .iter()
+        .any(|a| a.starts_with("--previous-seal-key-file")));
     let volumes = &only(&docs, "Deployment")?["spec"]["template"]["spec"]["volumes"];
     let mounted = volumes
         .as_array()
@@ -825,6 +854,10 @@ fn the_rollout_state_key_is_mounted_when_named() -> Result<()> {
         .flatten()
         .any(|v| v["secret"]["secretName"] == "rk" && v["secret"]["items"][0]["path"] == "key");
     ensure!(mounted, "{volumes}");
+    ensure!(
+        !volumes.to_string().contains("autonode-seal-key"),
+        "{volumes}"
+    );
     ensure!(docs
         .iter()
         .any(|d| d["kind"] == "Secret" && d["metadata"]["name"] == "rk"));
@@ -1540,5 +1573,65 @@ async fn the_server_joins_under_the_charts_narrowest_guest_rbac() -> Result<()> 
     let world = world_under_chart_rbac(&sets).await?;
     world.join_new(|i| i).await?;
     assert!(!may_delete_nodeclaims(&world).await?);
+    Ok(())
+}
+
+/// Item 3 of issue 48, the chart's part: where helm reads the cluster
+/// (`helm upgrade --install`), the sealing key Secret is made once, on an
+/// upgrade with the serving key already there as `previous.key` (what the
+/// server derived its key from until then), and kept byte for byte by the
+/// next upgrade: a new key at every render would void every seal as a new
+/// TLS key did.
+#[tokio::test]
+async fn helm_makes_the_sealing_key_once_and_keeps_it() -> Result<()> {
+    use k8s_openapi::api::core::v1::{Namespace, Secret};
+    const NS: &str = "autonode-seal";
+    let cp = ControlPlane::start().await?;
+    let admin = cp.admin().await?;
+    let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": NS}}))?;
+    Api::<Namespace>::all(admin.clone())
+        .create(&PostParams::default(), &namespace)
+        .await?;
+    // The serving certificate's Secret, as cert-manager keeps it.
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), NS);
+    let tls_key = "-----BEGIN PRIVATE KEY-----\nthe serving key\n-----END PRIVATE KEY-----\n";
+    let tls: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "autonode-server-tls"}, "type": "kubernetes.io/tls",
+        "stringData": {"tls.crt": "cert", "tls.key": tls_key}}))?;
+    secrets.create(&PostParams::default(), &tls).await?;
+
+    let kubeconfig = cp.admin_kubeconfig().to_string_lossy().into_owned();
+    let chart = chart_dir().to_string_lossy().into_owned();
+    let upgrade = || {
+        helm::helm(&[
+            "upgrade",
+            "--install",
+            "autonode-server",
+            &chart,
+            "--kubeconfig",
+            &kubeconfig,
+            "--namespace",
+            NS,
+        ])
+    };
+    let key_data = || async {
+        let secret = secrets.get("autonode-seal-key").await?;
+        anyhow::Ok(secret.data.unwrap_or_default())
+    };
+    upgrade()?;
+    let made = key_data().await?;
+    let seal = made.get("seal.key").context("seal.key")?;
+    ensure!(seal.0.len() == 32, "32 random bytes: {}", seal.0.len());
+    let previous = made.get("previous.key").context("previous.key")?;
+    ensure!(
+        previous.0 == tls_key.as_bytes(),
+        "the TLS key as previous.key"
+    );
+
+    upgrade()?;
+    ensure!(
+        key_data().await? == made,
+        "an upgrade changed the sealing key"
+    );
     Ok(())
 }

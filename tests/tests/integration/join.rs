@@ -9,7 +9,7 @@ use autonode_tests::karpenter::standin;
 use autonode_tests::machines::node::registration;
 use autonode_tests::server::world::{in_region, World, ACCOUNT, REGION};
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, DynamicObject, PostParams};
 use std::net::{IpAddr, Ipv4Addr};
 
 #[tokio::test]
@@ -394,5 +394,80 @@ async fn an_unbound_instances_lookups_are_limited() -> Result<()> {
     );
     // Another instance joins at once.
     world.join_new(|i| i).await?;
+    Ok(())
+}
+
+/// Marks `claim` Registered to `node`, Initialized and Ready, as Karpenter
+/// does once a machine's Node is up.
+async fn ready_as(claims: &Api<DynamicObject>, claim: &str, node: &str) -> Result<()> {
+    let at = "2026-01-01T00:00:00Z";
+    let condition = |kind: &str| {
+        serde_json::json!({"type": kind, "status": "True", "reason": kind, "message": kind,
+            "lastTransitionTime": at})
+    };
+    let status = serde_json::json!({"status": {"nodeName": node, "conditions": [
+        condition("Registered"), condition("Initialized"), condition("Ready")]}});
+    claims
+        .patch_status(
+            claim,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&status),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Item 4 of issue 48. The join serves every NodeClaim, also machines of
+/// classes that join some other way. Two such Ready machines, never joined
+/// by autonode: one whose Node is named after its instance id (as
+/// Bottlerocket names it), one named as EC2 names it. Whoever holds one
+/// of their identity documents joins with it and keys of their own. Before,
+/// the first's NodeClaim was failed as `node_spoofed` and deleted (its
+/// Node name is not EC2's), so Karpenter terminated a healthy node; now
+/// both are refused as late joins and kept: nothing proves either Node an
+/// impostor. A Node that is provably another machine's (the name autonode
+/// recorded when it joined that machine) is still `node_spoofed`.
+#[tokio::test]
+async fn a_join_with_a_foreign_machines_document_deletes_nothing_unproven() -> Result<()> {
+    let world = World::start().await?;
+    let ca = world.cloud.ca();
+    let honest = |instance: &Instance| -> Result<_> {
+        let keys = NodeKeys::generate()?;
+        joiner::honest_request(instance, ca, &keys)
+    };
+    let admin = world.cp.admin().await?;
+    let claims = standin::nodeclaims(&admin);
+    let (by_id, bottlerocket) = world.launch(|i| i).await?;
+    ready_as(&claims, &by_id, &bottlerocket.instance_id).await?;
+    let (by_ec2, plain) = world.launch(|i| i).await?;
+    ready_as(&claims, &by_ec2, &plain.private_dns_name).await?;
+    wait_for_cache().await;
+
+    for instance in [&bottlerocket, &plain] {
+        let answer = world.joiner.join(&honest(instance)?).await?;
+        world
+            .assert_refused(answer, instance, "nodeclaim_registered")
+            .await?;
+    }
+    // A deletion would have been asked for at once, in the background.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    for claim in [&by_id, &by_ec2] {
+        let kept = claims.get_opt(claim).await?;
+        ensure!(
+            kept.is_some_and(|c| c.metadata.deletion_timestamp.is_none()),
+            "{claim}: a healthy node's NodeClaim was deleted on a foreign join's word"
+        );
+    }
+
+    // Proof: the Node is one autonode joined (its binding names it), and
+    // another machine's NodeClaim is Registered to it.
+    let joined = world.join_new(|i| i).await?;
+    let (victim, booting) = world.launch(|i| i).await?;
+    ready_as(&claims, &victim, &joined.instance.private_dns_name).await?;
+    wait_for_cache().await;
+    let answer = world.joiner.join(&honest(&booting)?).await?;
+    world
+        .assert_refused(answer, &booting, "node_spoofed")
+        .await?;
     Ok(())
 }

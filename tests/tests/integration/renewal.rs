@@ -7,8 +7,10 @@ use autonode_server::controllers::approver::LOOKUP_BURST;
 use autonode_shared::protocol::JoinResponse;
 use autonode_tests::callers::joiner::CsrShape;
 use autonode_tests::cloud::fakecloud::Instance;
+use autonode_tests::harness::pki::Ca;
 use autonode_tests::harness::poll;
 use autonode_tests::server::world::World;
+use autonode_tests::server::Setup;
 use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestSpec,
 };
@@ -353,13 +355,23 @@ async fn dead_credential_gets_nothing(world: &World, x: &Joined, y: &Joined) -> 
 #[tokio::test]
 async fn a_name_reuse_mark_copied_from_a_nodepool_does_not_erase_the_window() -> Result<()> {
     let world = reuse_world().await?;
-    let x = Joined::new(&world, |i| i).await?;
+    let (x, y) = dead_x_and_ys_copied_mark(&world).await?;
+    // Forget what this server saw of X: only the marks on Y's NodeClaim are left.
+    world.server.restart().await?;
+    dead_credential_gets_nothing(&world, &x, &y).await
+}
+
+/// X joined, registered and gone; Y given X's name, its NodeClaim carrying
+/// the `name-last-held` value autonode writes, copied from a NodePool's
+/// template beforehand; Y registered.
+async fn dead_x_and_ys_copied_mark(world: &World) -> Result<(Joined, Joined)> {
+    let x = Joined::new(world, |i| i).await?;
     register(&x.client, &x.name, &x.provider_id()).await?;
     let admin = world.cp.admin().await?;
-    let deleted = x.goes_away_held(&world, &admin).await?;
+    let deleted = x.goes_away_held(world, &admin).await?;
 
     let template = serde_json::json!({ "autonode.dev/name-last-held": deleted });
-    let y = Joined::annotated(&world, template, named_as(&x)).await?;
+    let y = Joined::annotated(world, template, named_as(&x)).await?;
     assert_eq!(y.name, x.name, "EC2 gave Y X's name");
     let marks = autonode_tests::karpenter::standin::annotations(&admin, &y.claim).await?;
     let mark = marks.get("autonode.dev/name-last-held").map(String::as_str);
@@ -369,7 +381,39 @@ async fn a_name_reuse_mark_copied_from_a_nodepool_does_not_erase_the_window() ->
         "the attacker predicted the mark"
     );
     register(&y.client, &y.name, &y.provider_id()).await?;
-    // Forget what this server saw of X: only the marks on Y's NodeClaim are left.
+    Ok((x, y))
+}
+
+/// Item 3 of issue 48. The sealing key was derived from the TLS key, and
+/// cert-manager makes a new TLS key at every renewal by default: after the
+/// next restart no seal opened, the NodePool author's copy of the mark
+/// (the test above) was dropped again, and the dead node's credential was
+/// renewed and given a serving certificate for Y. Deployed as the chart
+/// and the Kustomize base now deploy it (AUTONODE_SEAL_KEY_FILE, a Secret
+/// of its own), a new TLS key changes nothing sealed.
+#[tokio::test]
+async fn a_name_reuse_mark_outlives_a_new_tls_key() -> Result<()> {
+    let [signing, join] = REUSE_LIFETIMES;
+    let dir = tempfile::tempdir()?;
+    let seal_key = dir.path().join("seal.key");
+    std::fs::write(&seal_key, rand::random::<[u8; 32]>())?;
+    let seal_key = seal_key.to_string_lossy().into_owned();
+    let ca = Ca::new("autonode-join-ca")?;
+    let flags = [
+        format!("--signing-duration={}", signing.as_secs()),
+        format!("--join-certificate-lifetime={}", join.as_secs()),
+    ];
+    let world = World::start_setup(&Setup {
+        extra_args: &flags,
+        join_ca: Some(&ca),
+        env: &[("AUTONODE_SEAL_KEY_FILE", &seal_key)],
+        ..Setup::default()
+    })
+    .await?;
+    let (x, y) = dead_x_and_ys_copied_mark(&world).await?;
+    // cert-manager renews the serving certificate with a new key; the
+    // replica restarts (a rollout, a node drain) and has forgotten X.
+    world.server.rotate_tls_key(&ca)?;
     world.server.restart().await?;
     dead_credential_gets_nothing(&world, &x, &y).await
 }

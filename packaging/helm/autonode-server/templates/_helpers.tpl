@@ -74,7 +74,10 @@ tls-cert: /etc/autonode/tls/tls.crt
 tls-key: /etc/autonode/tls/tls.key
 kubeconfig: /etc/autonode/guest/kubeconfig
 {{- if .Values.rolloutStateKey.secretName }}
-rollout-state-key-file: /etc/autonode/rollout-state-key/key
+seal-key-file: /etc/autonode/rollout-state-key/key
+{{- else }}
+seal-key-file: /etc/autonode/seal/seal.key
+previous-seal-key-file: /etc/autonode/seal/previous.key
 {{- end }}
 {{- end }}
 

@@ -218,7 +218,8 @@ pub enum Outcome {
     /// Launched under other values after all: Karpenter recorded an AMI
     /// that is not the trial's (it may record it after the trial saw the
     /// NodeClaim); or deleted without ever being launched, which says
-    /// nothing of the values. Forgotten by the trial.
+    /// nothing of the values; or failed by autonode because an impostor
+    /// Node took it. Forgotten by the trial.
     Elsewhere,
 }
 
@@ -560,20 +561,24 @@ pub fn under_trial(claim: &NodeClaim, class: &str, since: i64, ami_ids: &[&str])
     of_class && created.is_some_and(|c| c >= since) && image_fits
 }
 
-/// Where `claim`'s bootstrap stands, at `now` (Unix seconds). Ready is
+/// Where `claim`'s bootstrap stands, at `now` (Unix seconds). A NodeClaim
+/// autonode failed because an impostor Node took it counts for nothing
+/// (elsewhere). Ready is
 /// Karpenter's word (`Ready` or `Initialized`) or autonode's own
 /// condition; failed is autonode's mark or condition, or, once launched,
 /// being deleted or not Ready `deadline` after creation. A NodeClaim never
 /// launched is pending, and forgotten when deleted.
 pub fn outcome(claim: &NodeClaim, now: i64, deadline: Duration) -> Outcome {
+    // Failed for a cause outside the machine: an impostor Node took it
+    // (checked before Ready: a victim Registered to a Ready impostor reads
+    // Ready), or autonode's own settings or clock refused it. Nothing of
+    // the values on trial was tried.
+    if budget::failed_elsewhere(claim) {
+        return Outcome::Elsewhere;
+    }
     let is_true = |kind: &str| claim.condition(kind).is_some_and(|c| c.status == "True");
     if is_true("Ready") || is_true("Initialized") || is_true(CONDITION) {
         return Outcome::Ready;
-    }
-    if budget::failed_server_side(claim) {
-        // Refused for autonode's settings or clock (an allow-list, a
-        // clock): nothing of the values on trial was tried.
-        return Outcome::Elsewhere;
     }
     let mark = claim
         .metadata

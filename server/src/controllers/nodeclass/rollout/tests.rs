@@ -435,17 +435,25 @@ fn a_claims_outcome_follows_its_conditions_marks_and_age() {
         outcome(&marked, NOW, deadline),
         Outcome::Failed("agent phase apply fatal".into())
     );
-    // Refused for the server's own settings: nothing of the values was
-    // tried, whether kept or gone.
-    let server_side = nodeclaim(json!({"metadata": {"name": "c1", "uid": "u1",
-        "creationTimestamp": "2023-11-14T22:13:20Z",
-        "annotations": {marks::BOOTSTRAP_FAILED: "join refused for good: account 1 is not allowed",
-            marks::FAILURE_REASON: "server:account_not_allowed"}}}));
-    assert_eq!(outcome(&server_side, NOW, deadline), Outcome::Elsewhere);
-    assert_eq!(
-        outcome_when_deleted(&server_side, NOW, deadline),
-        Outcome::Elsewhere
-    );
+    // Refused for the server's own settings, or failed because an
+    // impostor Node took it: nothing of the values was tried, whether kept
+    // or gone.
+    for (note, reason) in [
+        (
+            "join refused for good: account 1 is not allowed",
+            "server:account_not_allowed",
+        ),
+        ("Registered to Node x", "impostor:node_spoofed"),
+    ] {
+        let elsewhere = nodeclaim(json!({"metadata": {"name": "c1", "uid": "u1",
+            "creationTimestamp": "2023-11-14T22:13:20Z",
+            "annotations": {marks::BOOTSTRAP_FAILED: note, marks::FAILURE_REASON: reason}}}));
+        assert_eq!(outcome(&elsewhere, NOW, deadline), Outcome::Elsewhere);
+        assert_eq!(
+            outcome_when_deleted(&elsewhere, NOW, deadline),
+            Outcome::Elsewhere
+        );
+    }
     let late = outcome(&nodeclaim(json!({})), NOW + 61, deadline);
     assert!(matches!(late, Outcome::Failed(r) if r.contains("not Ready 60s")));
     let pending = nodeclaim(json!({}));
