@@ -5,6 +5,7 @@
 pub mod approval;
 pub mod binding;
 pub mod cache;
+pub mod class_meta;
 pub mod condition;
 pub mod csr_outcome;
 pub mod events;
