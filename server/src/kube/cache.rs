@@ -184,7 +184,15 @@ where
     /// strips what the cache's readers do not read; managedFields are
     /// dropped after it in any case: they can outweigh a small object.
     pub fn start_filtered(api: Api<K>, what: &'static str, filter: fn(&mut K)) -> Self {
-        let (cache, task) = Self::new(api, what, filter);
+        Self::start_paged(api, what, filter, LIST_PAGE)
+    }
+
+    /// Like [`Cache::start_filtered`], listing `page` objects at a time:
+    /// [`SMALL_PAGE`] for a kind whose every object its writer may make
+    /// large.
+    pub fn start_paged(api: Api<K>, what: &'static str, filter: fn(&mut K), page: u32) -> Self {
+        let config = watcher::Config::default().page_size(page);
+        let (cache, task) = Self::with_config(api, config, what, filter);
         tokio::spawn(task);
         cache
     }
@@ -240,9 +248,10 @@ where
         )
     }
 
-    /// Like [`Cache::with_config`], keeping whole objects, managedFields
-    /// included: for a controller that reads who owns which field (the
-    /// EC2NodeClass upkeep, of the few classes it selects).
+    /// Like [`Cache::with_config`], keeping objects as parsed,
+    /// managedFields included: for a controller that reads who owns which
+    /// field (the EC2NodeClass upkeep, whose type parses of managedFields
+    /// only what it reads: see [`crate::kube::class_meta`]).
     pub fn whole(
         api: Api<K>,
         config: watcher::Config,
@@ -553,19 +562,19 @@ where
 #[serde(rename_all = "camelCase")]
 pub struct Identity {
     #[serde(default)]
-    name: Option<String>,
+    pub(crate) name: Option<String>,
     #[serde(default)]
-    namespace: Option<String>,
+    pub(crate) namespace: Option<String>,
     #[serde(default)]
-    uid: Option<String>,
+    pub(crate) uid: Option<String>,
     #[serde(default)]
-    resource_version: Option<String>,
+    pub(crate) resource_version: Option<String>,
     #[serde(default)]
-    generation: Option<i64>,
+    pub(crate) generation: Option<i64>,
     #[serde(default)]
-    creation_timestamp: Option<Time>,
+    pub(crate) creation_timestamp: Option<Time>,
     #[serde(default)]
-    deletion_timestamp: Option<Time>,
+    pub(crate) deletion_timestamp: Option<Time>,
 }
 
 impl Identity {

@@ -147,8 +147,12 @@ impl Resource for NodeClaim {
 }
 
 /// `karpenter.k8s.aws/v1` EC2NodeClass, as far as autonode reads it.
+/// Whoever may create one makes it as large as they like: its metadata
+/// is parsed as [`crate::kube::class_meta`] says, and nothing else
+/// autonode does not read is built.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 pub struct Ec2NodeClass {
+    #[serde(default, deserialize_with = "crate::kube::class_meta::read_meta")]
     pub metadata: ObjectMeta,
     #[serde(default)]
     pub spec: Ec2NodeClassSpec,
@@ -172,7 +176,8 @@ pub struct Ec2NodeClassSpec {
     pub ami_family: Option<String>,
     #[serde(default)]
     pub ami_selector_terms: Vec<serde_json::Value>,
-    #[serde(default)]
+    /// Cut at [`crate::kube::class_meta::MAX_USER_DATA`].
+    #[serde(default, deserialize_with = "crate::kube::class_meta::read_user_data")]
     pub user_data: Option<String>,
     /// Kubelet settings Karpenter bin-packs with; the node must match them.
     #[serde(default)]

@@ -76,6 +76,7 @@ pub struct Metrics {
     pub nodeclass_checks: Counter,
     pub nodeclass_writes: Counter,
     pub rollouts_reverted: Family<NodeClassLabels, Counter>,
+    pub rollout_states_unrecorded: Counter,
     pub milestone_seconds: Family<MilestoneLabels, Histogram>,
     pub leader: Gauge,
     pub caches_ready: Gauge,
@@ -223,6 +224,14 @@ impl Metrics {
              because the NodeClaims launched under them failed, by EC2NodeClass",
             rollouts_reverted.clone(),
         );
+        let rollout_states_unrecorded = Counter::default();
+        registry.register(
+            "rollout_states_unrecorded",
+            "EC2NodeClass rollout states the guard could not record for want of room in its \
+             store (the class's budget, or every class's slot taken: Events RolloutStoreFull); \
+             new AMI/userData wait meanwhile",
+            rollout_states_unrecorded.clone(),
+        );
         let milestone_seconds = Family::<MilestoneLabels, Histogram>::new_with_constructor(|| {
             Histogram::new(exponential_buckets(1.0, 2.0, 12))
         });
@@ -310,6 +319,7 @@ impl Metrics {
             nodeclass_checks,
             nodeclass_writes,
             rollouts_reverted,
+            rollout_states_unrecorded,
             milestone_seconds,
             leader,
             caches_ready,

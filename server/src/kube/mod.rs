@@ -6,6 +6,7 @@ pub mod approval;
 pub mod binding;
 pub mod budget;
 pub mod cache;
+pub mod class_meta;
 pub mod condition;
 pub mod csr_outcome;
 pub mod events;

@@ -245,3 +245,163 @@ async fn left_pending(world: &World, csrs: &[String]) -> Result<Vec<String>> {
     )
     .await
 }
+
+/// Fat EC2NodeClasses the attacker makes (issue 48, item 2).
+const FAT_CLASSES: usize = 160;
+/// Empty annotation keys on each: about 660 KB of JSON per class, most
+/// of it the keys listed again in managedFields.
+const FAT_KEYS: usize = 25_000;
+/// The memory limit the chart and the Kustomize base ship.
+const SHIPPED_LIMIT: u64 = 256 << 20;
+/// How much the leader may grow once it keeps them all. The server
+/// before kept every class whole, managedFields included: 8 such classes
+/// took it from 41 to 162 MiB.
+const CLASS_GROWTH_BOUND: u64 = 32 << 20;
+
+/// The serve flags that turn the EC2NodeClass upkeep on (a join CA file
+/// in `dir`), with a short leader lease for the restart.
+fn upkeep_flags(dir: &std::path::Path) -> Result<Vec<String>> {
+    let ca_file = dir.join("join-ca.pem");
+    std::fs::write(
+        &ca_file,
+        autonode_tests::harness::pki::Ca::new("memory-join-ca")?.cert_pem(),
+    )?;
+    Ok(vec![
+        "--public-url=https://autonode.example.com:8443".into(),
+        format!("--join-ca-file={}", ca_file.display()),
+        "--cluster-name=memory".into(),
+        "--leader-lease=3".into(),
+    ])
+}
+
+/// A counter or gauge from the server's `/metrics`, 0 when absent.
+async fn metric(world: &World, name: &str) -> Result<f64> {
+    let url = format!("{}/metrics", world.server.metrics_url());
+    let (_, body) = autonode_tests::server::http_get(&url).await?;
+    Ok(body
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0))
+}
+
+/// Waits until the leader has done `at_least` of `name` (its upkeep).
+async fn upkeep_reached(world: &World, name: &str, at_least: f64) -> Result<()> {
+    let reached = poll::until(
+        &format!("{name} at {at_least}"),
+        Duration::from_secs(600),
+        Duration::from_millis(500),
+        || async { Ok((metric(world, name).await? >= at_least).then_some(())) },
+    )
+    .await;
+    if reached.is_err() {
+        let log = world.server.log();
+        let warnings: Vec<&str> = log.lines().filter(|l| l.contains("WARN")).collect();
+        eprintln!(
+            "{name} at {}; the server's last warnings:\n{}",
+            metric(world, name).await?,
+            warnings[warnings.len().saturating_sub(10)..].join("\n")
+        );
+    }
+    reached
+}
+
+/// Creates the fat class `name`: [`FAT_KEYS`] empty annotations.
+async fn create_fat_class(admin: &kube::Client, name: String) -> Result<()> {
+    let annotations: serde_json::Map<String, serde_json::Value> = (0..FAT_KEYS)
+        .map(|i| (format!("k{i:05}"), serde_json::Value::from("")))
+        .collect();
+    let spec = autonode_tests::karpenter::standin::custom_spec(serde_json::json!({}));
+    let created = autonode_tests::karpenter::standin::create_nodeclass(
+        admin,
+        &name,
+        serde_json::Value::Object(annotations),
+        spec,
+    )
+    .await;
+    match created {
+        Ok(_) => Ok(()),
+        // A create the API server took but answered too late is sent
+        // again (it is slow with a hundred such classes): made already.
+        Err(e) if format!("{e:#}").contains("AlreadyExists") => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whoever may create EC2NodeClasses makes them as large as the API server
+/// takes: the leader's upkeep keeps every class, and every replica's join
+/// caches them. Neither builds what autonode does not read, so the leader
+/// stays near its baseline, and a replica restarted among them (listing
+/// them all again, then leading) peaks well under the shipped limit.
+#[tokio::test]
+async fn fat_ec2nodeclasses_do_not_grow_the_server() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let world = World::start_with(&upkeep_flags(dir.path())?).await?;
+    let admin = world.cp.admin().await?;
+    // A plain class written once: the upkeep leads and has listed.
+    let spec = autonode_tests::karpenter::standin::custom_spec(serde_json::json!({}));
+    autonode_tests::karpenter::standin::create_nodeclass(
+        &admin,
+        "plain",
+        serde_json::json!({}),
+        spec,
+    )
+    .await?;
+    let writes = "autonode_nodeclass_writes_total";
+    upkeep_reached(&world, writes, 1.0).await?;
+    let baseline = world.server.rss_bytes()?;
+
+    let started = std::time::Instant::now();
+    stream::iter(0..FAT_CLASSES)
+        .map(|i| create_fat_class(&admin, format!("fat-{i:03}")))
+        .buffer_unordered(4)
+        .try_collect::<Vec<()>>()
+        .await?;
+    eprintln!(
+        "created {FAT_CLASSES} fat classes in {:?}",
+        started.elapsed()
+    );
+    // Each class written once by the upkeep: every one seen, parsed, kept.
+    upkeep_reached(&world, writes, 1.0 + FAT_CLASSES as f64).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = world.server.rss_bytes()?;
+    let leader_peak = world.server.peak_rss_bytes()?;
+    let growth = after.saturating_sub(baseline);
+    eprintln!(
+        "leader RSS: baseline {} MiB, with {FAT_CLASSES} fat classes {} MiB (+{} KiB), \
+         peak {} MiB; shipped limit {} MiB",
+        baseline >> 20,
+        after >> 20,
+        growth >> 10,
+        leader_peak >> 20,
+        SHIPPED_LIMIT >> 20
+    );
+    assert!(growth < CLASS_GROWTH_BOUND, "grew by {} MiB", growth >> 20);
+    assert!(
+        leader_peak < SHIPPED_LIMIT,
+        "peaked at {} MiB",
+        leader_peak >> 20
+    );
+
+    // A replica started now lists them all again, and leads.
+    world.server.restart().await?;
+    let checks = "autonode_nodeclass_checks_total";
+    upkeep_reached(&world, checks, 1.0 + FAT_CLASSES as f64).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let peak = world.server.peak_rss_bytes()?;
+    eprintln!(
+        "restarted replica: peak RSS {} MiB; shipped limit {} MiB",
+        peak >> 20,
+        SHIPPED_LIMIT >> 20
+    );
+    assert!(
+        peak < SHIPPED_LIMIT,
+        "restarted, peaked at {} MiB",
+        peak >> 20
+    );
+    // And it still does its work.
+    world
+        .join_new(|i| i)
+        .await
+        .context("a join after the attack")?;
+    Ok(())
+}

@@ -423,3 +423,42 @@ async fn without_the_policy_a_looping_editors_values_are_read_back() -> Result<(
     assert!(count.hers > 0, "{count:?}");
     Ok(())
 }
+
+/// Issue 48, item 1: the retry annotation is the editors' to set, and the
+/// rollout guard records it; past 63 characters the policy refuses a new
+/// value (on a create too), so no editor sizes the guard's store with it.
+/// A long value set before the policy is left alone (the server records
+/// its digest): her edits of other fields still pass.
+#[tokio::test]
+async fn a_retry_value_past_63_characters_is_refused() -> Result<()> {
+    let node = NodeFlags::new(&[])?;
+    let Some((_world, eve, _)) = guarded(&node).await? else {
+        return Ok(());
+    };
+    const RETRY: &str = "autonode.dev/retry-rollout";
+    let refused = |what: &str, result: Option<(u16, String)>| -> Result<()> {
+        let (code, message) = result.with_context(|| format!("{what}: accepted"))?;
+        ensure!(
+            code == 422 && message.contains(RETRY) && message.contains("63"),
+            "{what}: {code} {message}"
+        );
+        Ok(())
+    };
+    let long = json!({"metadata": {"annotations": {RETRY: "r".repeat(64)}}});
+    refused(
+        "a 64-character retry value",
+        patch(&eve, "default", &long).await?,
+    )?;
+    let short = json!({"metadata": {"annotations": {RETRY: "2026-01-01T00:00:00Z"}}});
+    let passed = patch(&eve, "default", &short).await?;
+    ensure!(passed.is_none(), "a short retry value: {passed:?}");
+    let created: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "karpenter.k8s.aws/v1", "kind": "EC2NodeClass",
+        "metadata": {"name": "eves", "annotations": {RETRY: "r".repeat(110_000)}},
+        "spec": standin::custom_spec(json!({})),
+    }))?;
+    refused(
+        "a class created with a 110,000-byte retry value",
+        refusal(eve.create(&PostParams::default(), &created).await)?,
+    )
+}

@@ -944,3 +944,115 @@ async fn under_rbac_before_the_store_the_state_stays_on_the_class_and_it_says_so
     class_when(&world, "promoted", |c| state(c)["trial"].is_null()).await?;
     Ok(())
 }
+
+/// The store's entries: each key's bytes (name and text), by class name.
+async fn store_entries(world: &World) -> Result<Vec<(String, usize, Value)>> {
+    let api: Api<ConfigMap> = Api::namespaced(world.cp.admin().await?, "autonode-system");
+    let data = api
+        .get_opt(STORE)
+        .await?
+        .and_then(|m| m.data)
+        .unwrap_or_default();
+    Ok(data
+        .into_iter()
+        .map(|(name, text)| {
+            let entry = serde_json::from_str(&text).unwrap_or(Value::Null);
+            let bytes = name.len() + text.len();
+            (name, bytes, entry)
+        })
+        .collect())
+}
+
+/// The cap a server before per-class budgets filled the store to.
+const STORE_CAP: usize = 900 * 1024;
+const RETRY: &str = "autonode.dev/retry-rollout";
+
+/// Issue 48, item 1: a class editor fills the rollout store with long
+/// retry values (her right, by design, and not refused without the
+/// admission policy) to within bytes of its cap, and the operator's next
+/// class is never kept: its creator's AMI terms stay. The server before
+/// recorded each value whole in the one ConfigMap; now each is recorded
+/// as its digest, and each class has a budget and a slot of its own.
+#[tokio::test]
+async fn an_editors_long_retry_values_do_not_keep_other_classes_from_the_store() -> Result<()> {
+    let flags = Flags::new()?;
+    let world = World::start_with(&flags.with_ami(OLD_AMI)).await?;
+    let admin = world.cp.admin().await?;
+    let api = ec2nodeclasses(&admin);
+    let kept = |name: &'static str| {
+        let api = api.clone();
+        async move {
+            eventually(&format!("EC2NodeClass {name} kept"), || async {
+                let class = api.get(name).await?;
+                Ok((ami(&class) == OLD_AMI).then_some(()))
+            })
+            .await
+        }
+    };
+    // Values of at most 110,000 bytes: the server before wrote each into
+    // the class's sealed annotation too, and all of a class's annotations
+    // must stay under 256 KiB.
+    const EVE: [&str; 9] = [
+        "eve-0", "eve-1", "eve-2", "eve-3", "eve-4", "eve-5", "eve-6", "eve-7", "eve-8",
+    ];
+    for (i, name) in EVE.iter().enumerate() {
+        // The last one tuned to leave a few hundred bytes of the cap.
+        let length = if i + 1 < EVE.len() {
+            110_000
+        } else {
+            let entries = store_entries(&world).await?;
+            let used: usize = entries.iter().map(|(_, bytes, _)| bytes).sum();
+            let (_, first, _) = entries
+                .iter()
+                .find(|(n, _, _)| n == "eve-0")
+                .context("eve-0")?;
+            // Her entry without the value: what the tuned one adds to it
+            // (against this server, the value is not in the entry at all).
+            let overhead = if *first > 110_000 {
+                first - 110_000
+            } else {
+                *first
+            };
+            (STORE_CAP - used)
+                .saturating_sub(overhead + name.len() + 300)
+                .clamp(64, 110_000)
+        };
+        let annotations = json!({ RETRY: "r".repeat(length) });
+        let spec = standin::custom_spec(json!({}));
+        standin::create_nodeclass(&admin, name, annotations, spec).await?;
+        let name: &'static str = name;
+        kept(name).await?;
+    }
+    let entries = store_entries(&world).await?;
+    let used: usize = entries.iter().map(|(_, bytes, _)| bytes).sum();
+    eprintln!(
+        "store after her classes: {} entries, {used} bytes",
+        entries.len()
+    );
+    // The operator's class, made now, is kept: the AMI she gave it at
+    // creation replaced by the server's.
+    standin::create_custom_nodeclass(&admin, CLASS, "mine").await?;
+    let class = class_when(&world, "kept by autonode", |c| {
+        ami(c) == OLD_AMI && state(c)["trial"].is_object()
+    })
+    .await?;
+    ensure!(class.data["spec"]["userData"] != "mine");
+    let entries = store_entries(&world).await?;
+    for (name, bytes, entry) in &entries {
+        ensure!(
+            *bytes <= 16 * 1024,
+            "{name}'s entry takes {bytes} bytes: {entry}"
+        );
+        if let Some(retried) = entry["state"]["retried"].as_str() {
+            ensure!(
+                retried.starts_with("sha256:"),
+                "{name} records {retried:.80}"
+            );
+        }
+    }
+    ensure!(
+        entries.iter().any(|(name, _, _)| name == CLASS),
+        "the operator's class has no entry"
+    );
+    Ok(())
+}

@@ -58,8 +58,12 @@ impl Context {
         let live = |n: &str, u: &str| self.live(n, u);
         match self.store.fits(name, uid, state, &live).await {
             Ok(()) => true,
-            Err(error) => {
+            Err(error) if error.is_full() => {
                 self.tell_full(class, name, &error);
+                false
+            }
+            Err(error) => {
+                tracing::warn!(nodeclass = %name, %error, "rollout state not recorded; EC2NodeClass left as it is");
                 false
             }
         }
@@ -77,12 +81,13 @@ impl Context {
         let uid = class.metadata.uid.as_deref().unwrap_or_default();
         let live = |n: &str, u: &str| self.live(n, u);
         let recorded = self.store.record(name, uid, state, &live).await;
-        let at = match recorded.map_err(|e| store_error(name, e))? {
-            Recorded::Refused => {
+        let at = match self.unless_full(class, name, recorded)? {
+            Some(Recorded::Refused) => {
                 self.tell_unavailable(class);
                 return Ok(());
             }
-            Recorded::Written { at } => at,
+            Some(Recorded::Written { at }) => at,
+            None => return Ok(()),
         };
         let mut started = state.clone();
         match started.trial.as_mut() {
@@ -90,7 +95,26 @@ impl Context {
             _ => return Ok(()),
         }
         let again = self.store.record(name, uid, &started, &live).await;
-        again.map(|_| ()).map_err(|e| store_error(name, e))
+        self.unless_full(class, name, again).map(|_| ())
+    }
+
+    /// What a record of `class`'s state came to: `None` when there was no
+    /// room for it (told: the class goes on as decided by the caller, who
+    /// acted only on what is safe without a record), an error otherwise.
+    fn unless_full(
+        &self,
+        class: &Ec2NodeClass,
+        name: &str,
+        recorded: Result<Recorded, StoreError>,
+    ) -> Result<Option<Recorded>, Error> {
+        match recorded {
+            Ok(recorded) => Ok(Some(recorded)),
+            Err(error) if error.is_full() => {
+                self.tell_full(class, name, &error);
+                Ok(None)
+            }
+            Err(error) => Err(store_error(name, error)),
+        }
     }
 
     /// Logs and records, once per class, that the store may not be used.
@@ -105,9 +129,10 @@ impl Context {
         }
     }
 
-    /// Logs and records, once per class version, that its state does
-    /// not fit in the store.
+    /// Counts a state not recorded for want of room, and logs and records
+    /// it once per class version.
     fn tell_full(&self, class: &Ec2NodeClass, name: &str, error: &StoreError) {
+        self.settings.metrics.rollout_states_unrecorded.inc();
         let events = &self.settings.events;
         let version = class.metadata.resource_version.as_deref();
         if events.is_news(class, FULL_TOPIC, version.unwrap_or_default()) {

@@ -203,7 +203,9 @@ impl Desired {
 /// wakes its class.
 pub async fn run(client: Client, settings: Settings, claims: NodeClaims) {
     let api: Api<Ec2NodeClass> = Api::all(client.clone());
-    let config = watcher::Config::default();
+    // Small pages: a page is held whole before it is parsed, and whoever
+    // may create a class makes it up to the API server's object limit.
+    let config = watcher::Config::default().page_size(crate::kube::cache::SMALL_PAGE);
     // A cache, not kube-runtime's Controller: it lists again after a
     // failed watch (see `crate::kube::cache`), and runs only while polled here.
     let (classes, watching) = Cache::whole(api.clone(), config, "EC2NodeClass upkeep");

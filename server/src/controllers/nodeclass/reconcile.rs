@@ -95,15 +95,17 @@ async fn keep(
         return Ok(Action::requeue(settings.resync));
     }
     // Checked before the class changes: values applied under a state that
-    // could not be recorded would run unguarded.
-    if source.is_store() && !ctx.fits(class, name, &plan.state).await {
+    // could not be recorded would run unguarded, but for those that are
+    // safe without a record.
+    let fits = !source.is_store() || ctx.fits(class, name, &plan.state).await;
+    if !fits && !safe_unrecorded(source, plan, &settings.desired.values(format)) {
         return Ok(Action::requeue(settings.resync));
     }
     let Some(written) = write(ctx, class, &desired, format, &released, plan).await? else {
         return Ok(Action::requeue(Duration::from_secs(1)));
     };
     let restored = written.class;
-    if source.is_store() {
+    if source.is_store() && fits {
         let state = started(&plan.state, &restored, written.changed);
         ctx.record(&restored, name, &state).await?;
     }
@@ -116,6 +118,24 @@ async fn keep(
     ctx.announce(&restored, name, plan);
     ctx.mark_status(&restored, name, plan).await;
     Ok(Action::requeue(settings.resync))
+}
+
+/// Whether `plan` may be applied though its state cannot be recorded in
+/// the store (no room: see [`rollout::store::StoreError::is_full`]): it
+/// puts back the good values the store holds (a revert), or gives a class
+/// the store has no entry for the `rendered` values, with no other good
+/// values to lose. Its state then stays on the class alone (sealed), as
+/// before the store. Anything else (new values over good ones) waits: a
+/// trial the store does not hold could be forgotten by deleting the
+/// class's annotation, and a revert with it.
+fn safe_unrecorded(source: &Source, plan: &Plan, rendered: &rollout::Values) -> bool {
+    match source {
+        Source::Stored(state) => state.good.as_ref() == Some(&plan.target),
+        Source::Carried => {
+            &plan.target == rendered && plan.state.good.as_ref().is_none_or(|g| g == rendered)
+        }
+        Source::Annotation => true,
+    }
 }
 
 /// Whether the store falls behind `plan`: its state changed, or the class

@@ -39,7 +39,7 @@
 use crate::join::render::{self, ClusterSettings, IgnitionError, NodeFacts};
 use crate::kube::cache::{self, Cache};
 use crate::kube::events::Events;
-use crate::kube::karpenter::{Ec2NodeClass, NodeClaim};
+use crate::kube::karpenter::{Ec2NodeClass, Ec2NodeClassSpec, NodeClaim};
 use crate::kube::reason::Reason;
 use crate::primitives::told::Told;
 use autonode_shared::ignition::Config;
@@ -211,7 +211,12 @@ impl NodeConfig {
     /// ConfigMaps and Secrets in the background.
     pub fn start(client: Client, settings: NodeConfigSettings, events: Events) -> Self {
         let class_api = Api::all(client.clone());
-        let classes = Cache::start_filtered(class_api.clone(), "EC2NodeClass", strip_class);
+        let classes = Cache::start_paged(
+            class_api.clone(),
+            "EC2NodeClass",
+            strip_class,
+            cache::SMALL_PAGE,
+        );
         let configmaps = Cache::start_filtered(
             Api::namespaced(client.clone(), &settings.namespace),
             "Ignition ConfigMap",
@@ -514,9 +519,16 @@ fn class_reference(class: &Ec2NodeClass) -> Option<(String, String)> {
     (!reference.is_empty()).then(|| (reference.clone(), purpose))
 }
 
-/// What the EC2NodeClass cache keeps: the class's identity, its spec, and
-/// of its annotations only [`IGNITION_ANNOTATION`].
+/// What the EC2NodeClass cache keeps: the class's identity, of its spec
+/// `kubelet`, and of its annotations only [`IGNITION_ANNOTATION`] (the
+/// class's type parses little more: see [`cache`] and
+/// [`crate::kube::class_meta`]).
 fn strip_class(class: &mut Ec2NodeClass) {
+    class.spec = Ec2NodeClassSpec {
+        kubelet: class.spec.kubelet.take(),
+        ..Ec2NodeClassSpec::default()
+    };
+    class.status = None;
     let ignition = class
         .metadata
         .annotations
@@ -625,9 +637,9 @@ mod tests {
             "labels": {"l": "v"}, "managedFields": [{"manager": "kubectl"}],
             "annotations": {IGNITION_ANNOTATION: "secret/gpu", "other": big},
         });
-        let mut class: Ec2NodeClass =
-            serde_json::from_value(json!({"metadata": meta, "spec": {"amiFamily": "Custom"}}))
-                .unwrap();
+        let mut class: Ec2NodeClass = serde_json::from_value(json!({"metadata": meta, "spec": {
+                "amiFamily": "Custom", "userData": big, "kubelet": {"maxPods": 110}}}))
+        .unwrap();
         strip_class(&mut class);
         assert_eq!(
             class.metadata.annotations,
@@ -637,7 +649,12 @@ mod tests {
             )]))
         );
         assert!(class.metadata.labels.is_none() && class.metadata.managed_fields.is_none());
-        assert_eq!(class.spec.ami_family.as_deref(), Some("Custom"));
+        assert_eq!(class.spec.ami_family, None);
+        assert_eq!(class.spec.user_data, None);
+        assert_eq!(
+            class.spec.kubelet.as_ref().and_then(|k| k.max_pods),
+            Some(110)
+        );
         assert_eq!(
             class_reference(&class).map(|r| r.0).as_deref(),
             Some("secret/gpu")

@@ -46,6 +46,7 @@
 //! writes the result together with the kept fields, in one apply.
 
 use crate::kube::budget;
+use crate::kube::class_meta::retry_token;
 use crate::kube::condition::BOOTSTRAPPED as CONDITION;
 use crate::kube::karpenter::{Ec2NodeClass, NodeClaim};
 use crate::kube::marks;
@@ -68,6 +69,9 @@ pub use seal::StateKey;
 
 /// The most NodeClaims a trial remembers (the annotation stays small).
 pub const MAX_TRACKED: usize = 64;
+/// The most failures a refusal keeps (its Event names the first ten and
+/// counts them all): a reverted state stays within its store budget.
+pub const MAX_FAILED: usize = 16;
 /// How the guard judges a trial.
 #[derive(Debug, Clone, Copy)]
 pub struct Settings {
@@ -306,6 +310,11 @@ fn seed(input: &Input) -> State {
 /// Decides, for one class, which values to keep and the state to record.
 pub fn plan(input: Input) -> Plan {
     let mut state = input.state.clone().unwrap_or_else(|| seed(&input));
+    // A retry value a server before digests recorded whole compares as
+    // what the class's value now reads as (see `retry_token`).
+    if let Some(retried) = state.retried.as_mut() {
+        *retried = retry_token(retried);
+    }
     // A trial in a state read back began with the apply that wrote it.
     if let Some(trial) = state.trial.as_mut().filter(|t| t.since.is_none()) {
         trial.since = input.applied_at;
@@ -402,7 +411,7 @@ fn judge(state: &mut State, input: &Input, notes: &mut Vec<Note>) {
             let tried = std::mem::replace(&mut state.applied, good);
             state.refused = Some(Refused {
                 values: tried,
-                failed: failed.clone(),
+                failed: failed.iter().take(MAX_FAILED).cloned().collect(),
             });
             state.trial = None;
             notes.push(Note::Reverted(failed));
@@ -673,7 +682,9 @@ pub fn held(class: &Ec2NodeClass) -> bool {
     annotation(class, HOLD_ANNOTATION) == Some("true")
 }
 
-/// The class's [`RETRY_ANNOTATION`], if set.
+/// The class's [`RETRY_ANNOTATION`], if set: as its type reads it, the
+/// value itself when short, else its digest (see [`retry_token`]), which
+/// is what the state records.
 pub fn retry(class: &Ec2NodeClass) -> Option<String> {
     annotation(class, RETRY_ANNOTATION).map(str::to_string)
 }

@@ -30,8 +30,23 @@ use std::time::{Duration, Instant};
 pub const STORE_NAME: &str = "autonode-rollout";
 /// The most bytes of `data` the store grows to: under the 1 MiB an object
 /// may hold, with room for its metadata (and a trial's start, filled in
-/// after the size was checked).
+/// after the size was checked). A server before per-class budgets refuses
+/// past it too, so it stays: a store this server writes never stops an
+/// older replica during a rolling upgrade.
 pub const MAX_BYTES: usize = 900 * 1024;
+/// The most bytes one class's entry (its name and text) may hold: its
+/// budget. Whoever may edit a class (or launch NodeClaims from it) can
+/// grow its state only within it, so one class's growth blocks only its
+/// own record. What autonode records is bounded: values it rendered, a
+/// retry value or its digest, at most [`super::MAX_TRACKED`] NodeClaims
+/// with notes cut at [`crate::kube::marks::MAX_NOTE`].
+pub const ENTRY_BUDGET: usize = 16 * 1024;
+/// How many classes' entries the store holds: each takes a budget's room
+/// (an older server's larger entry, as many as it spans), so a class that
+/// has an entry can always grow within its budget. A class past them is
+/// not recorded until one frees (a class deleted); see
+/// `crate::controllers::nodeclass` for what it still gets.
+pub const SLOTS: usize = MAX_BYTES / ENTRY_BUDGET;
 /// How long a server refused the store (403) keeps to the annotation
 /// before asking again: RBAC applied later is picked up without a restart,
 /// and a refused server does not ask on every reconcile.
@@ -80,11 +95,19 @@ pub enum StoreError {
     #[error("ConfigMap {STORE_NAME} changed {ATTEMPTS} times while it was written")]
     Conflicts,
     #[error(
-        "ConfigMap {STORE_NAME} would hold {bytes} bytes with this class's rollout state, over \
-         the {MAX_BYTES} it is kept under: the state is not recorded, so the class's AMI and \
-         userData are not changed"
+        "ConfigMap {STORE_NAME} holds the rollout state of {SLOTS} classes (each may take up to \
+         {ENTRY_BUDGET} bytes of its {MAX_BYTES}), and this class has none there yet: its state \
+         is not recorded until another class is deleted; meanwhile only what is safe without a \
+         record is applied (the rendered values to a class with no last good values, a revert \
+         to recorded good values), and new AMI/userData are not"
     )]
-    Full { bytes: usize },
+    Full { entries: usize },
+    #[error(
+        "this class's rollout state would take {bytes} bytes of ConfigMap {STORE_NAME}, over the \
+         {ENTRY_BUDGET} each class may take: it is not recorded; only what is safe without a \
+         record is applied (a revert to recorded good values), and new AMI/userData are not"
+    )]
+    OverBudget { bytes: usize },
     #[error("encoding a rollout state: {0}")]
     Encode(#[from] serde_json::Error),
 }
@@ -123,14 +146,16 @@ pub fn decode(data: &BTreeMap<String, String>, name: &str, uid: &str) -> Option<
 }
 
 /// `data` with class `name`'s entry set to `state` and the entries of
-/// classes that are not `live` (by name and UID) dropped; and its size.
+/// classes that are not `live` (by name and UID) dropped: refused when
+/// the entry is over its [`ENTRY_BUDGET`], or the other classes' take
+/// every one of the [`SLOTS`].
 pub fn next_data(
     data: &BTreeMap<String, String>,
     name: &str,
     uid: &str,
     state: &State,
     live: &(dyn Fn(&str, &str) -> bool + Sync),
-) -> Result<(BTreeMap<String, String>, usize), StoreError> {
+) -> Result<BTreeMap<String, String>, StoreError> {
     let mut next: BTreeMap<String, String> = data
         .iter()
         .filter(|(key, text)| *key == name || entry_live(key, text, live))
@@ -140,9 +165,37 @@ pub fn next_data(
         uid: uid.to_string(),
         state: state.clone(),
     };
-    next.insert(name.to_string(), serde_json::to_string(&entry)?);
-    let bytes = next.iter().map(|(k, v)| k.len() + v.len()).sum();
-    Ok((next, bytes))
+    let text = serde_json::to_string(&entry)?;
+    let bytes = name.len() + text.len();
+    if bytes > ENTRY_BUDGET {
+        return Err(StoreError::OverBudget { bytes });
+    }
+    let others: usize = next
+        .iter()
+        .filter(|(key, _)| *key != name)
+        .map(|(key, text)| slots(key.len() + text.len()))
+        .sum();
+    if others + 1 > SLOTS {
+        return Err(StoreError::Full {
+            entries: next.len(),
+        });
+    }
+    next.insert(name.to_string(), text);
+    Ok(next)
+}
+
+/// The slots an entry of `bytes` takes: one, or as many budgets as an
+/// older server's larger entry spans.
+fn slots(bytes: usize) -> usize {
+    bytes.div_ceil(ENTRY_BUDGET).max(1)
+}
+
+impl StoreError {
+    /// Whether the state was refused for room (the class's own budget, or
+    /// every slot taken): told, not retried at once.
+    pub fn is_full(&self) -> bool {
+        matches!(self, Self::Full { .. } | Self::OverBudget { .. })
+    }
 }
 
 /// Whether the entry `text` under `key` is of a class that still exists.
@@ -218,9 +271,9 @@ impl Store {
         })
     }
 
-    /// Whether class `name`'s entry set to `state` would keep the store
-    /// under [`MAX_BYTES`], checked against the copy before the class is
-    /// changed: a state that could not be recorded must not be acted on.
+    /// Whether class `name`'s entry set to `state` would fit (its budget,
+    /// a slot), checked against the copy before the class is changed: a
+    /// state that could not be recorded must not be acted on.
     pub async fn fits(
         &self,
         name: &str,
@@ -230,11 +283,7 @@ impl Store {
     ) -> Result<(), StoreError> {
         let copy = self.copy.lock().await;
         let data = copy.as_ref().map(|s| s.data.clone()).unwrap_or_default();
-        let (_, bytes) = next_data(&data, name, uid, state, live)?;
-        if bytes > MAX_BYTES {
-            return Err(StoreError::Full { bytes });
-        }
-        Ok(())
+        next_data(&data, name, uid, state, live).map(|_| ())
     }
 
     /// Records `state` for class `name` with `uid`, dropping the entries
@@ -252,11 +301,13 @@ impl Store {
                 Some(snapshot) => snapshot,
                 None => self.fetch().await?,
             };
-            let (data, bytes) = next_data(&snapshot.data, name, uid, state, live)?;
-            if bytes > MAX_BYTES {
-                *copy = Some(snapshot);
-                return Err(StoreError::Full { bytes });
-            }
+            let data = match next_data(&snapshot.data, name, uid, state, live) {
+                Ok(data) => data,
+                Err(error) => {
+                    *copy = Some(snapshot);
+                    return Err(error);
+                }
+            };
             match self.write(snapshot.version.clone(), data).await {
                 Ok(map) => {
                     let at = written_at(&map);
@@ -375,7 +426,7 @@ mod tests {
 
     #[test]
     fn a_state_reads_back_for_its_class_only() {
-        let (data, _) = next_data(&BTreeMap::new(), "a", "uid-a", &reverted(), &all_live).unwrap();
+        let data = next_data(&BTreeMap::new(), "a", "uid-a", &reverted(), &all_live).unwrap();
         assert_eq!(decode(&data, "a", "uid-a"), Some(reverted()));
         // Deleted and made again under the name: another UID, afresh.
         assert_eq!(decode(&data, "a", "uid-a2"), None);
@@ -386,35 +437,31 @@ mod tests {
     fn an_entry_that_does_not_parse_reads_as_none_and_is_kept() {
         let data = BTreeMap::from([("a".to_string(), "{not json".to_string())]);
         assert_eq!(decode(&data, "a", "uid-a"), None);
-        let (next, _) = next_data(&data, "b", "uid-b", &reverted(), &|_, _| false).unwrap();
+        let next = next_data(&data, "b", "uid-b", &reverted(), &|_, _| false).unwrap();
         assert!(next.contains_key("a") && next.contains_key("b"), "{next:?}");
     }
 
     #[test]
     fn a_write_drops_the_entries_of_classes_gone_but_its_own() {
-        let (data, _) =
-            next_data(&BTreeMap::new(), "gone", "uid-g", &reverted(), &all_live).unwrap();
-        let (data, _) = next_data(&data, "kept", "uid-k", &reverted(), &all_live).unwrap();
+        let data = next_data(&BTreeMap::new(), "gone", "uid-g", &reverted(), &all_live).unwrap();
+        let data = next_data(&data, "kept", "uid-k", &reverted(), &all_live).unwrap();
         let live = |name: &str, uid: &str| name == "kept" && uid == "uid-k";
-        let (next, bytes) = next_data(&data, "mine", "uid-m", &reverted(), &live).unwrap();
+        let next = next_data(&data, "mine", "uid-m", &reverted(), &live).unwrap();
         assert_eq!(next.keys().collect::<Vec<_>>(), ["kept", "mine"]);
-        assert_eq!(
-            bytes,
-            next.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
-        );
         // A class made again under the name: its predecessor's entry goes.
         let live = |name: &str, uid: &str| name == "kept" && uid == "uid-k2";
-        let (next, _) = next_data(&data, "mine", "uid-m", &reverted(), &live).unwrap();
+        let next = next_data(&data, "mine", "uid-m", &reverted(), &live).unwrap();
         assert_eq!(next.keys().collect::<Vec<_>>(), ["mine"]);
     }
 
-    #[test]
-    fn the_size_counts_what_a_full_trial_holds() {
+    /// A state after a revert with `claims` NodeClaims of the longest
+    /// names and notes seen under its trial, and as many failures.
+    fn full(claims: usize) -> State {
         let mut state = reverted();
         let mut trial = Trial::new();
-        for i in 0..crate::controllers::nodeclass::rollout::MAX_TRACKED {
+        for i in 0..claims {
             trial.claims.insert(
-                format!("default-{i:05}"),
+                format!("{}-{i:05}", "n".repeat(56)),
                 crate::controllers::nodeclass::rollout::Seen {
                     uid: "0".repeat(36),
                     failed: Some("x".repeat(crate::kube::marks::MAX_NOTE)),
@@ -422,11 +469,60 @@ mod tests {
                 },
             );
         }
+        if let Some(refused) = state.refused.as_mut() {
+            refused.failed = trial.failures();
+        }
         state.trial = Some(trial);
-        let (_, bytes) = next_data(&BTreeMap::new(), "a", "uid-a", &state, &all_live).unwrap();
+        state
+    }
+
+    #[test]
+    fn a_class_over_its_budget_is_refused_alone() {
+        let mut data = BTreeMap::new();
+        for i in 0..SLOTS - 1 {
+            data = next_data(&data, &format!("c{i}"), "u", &reverted(), &all_live).unwrap();
+        }
+        let grown = next_data(&data, "c0", "u", &full(40), &all_live);
         assert!(
-            bytes > crate::kube::marks::MAX_NOTE * 64 && bytes < MAX_BYTES,
-            "{bytes}"
+            matches!(grown, Err(StoreError::OverBudget { .. })),
+            "{grown:?}"
         );
+        // The others still fit, the last slot included.
+        let data = next_data(&data, "last", "u", &reverted(), &all_live).unwrap();
+        assert_eq!(data.len(), SLOTS);
+        let data = next_data(&data, "c1", "u", &full(8), &all_live).unwrap();
+        // Every slot taken: a new class waits; one that has an entry grows.
+        let new = next_data(&data, "new", "u", &reverted(), &all_live);
+        assert!(matches!(new, Err(StoreError::Full { .. })), "{new:?}");
+        assert!(new.unwrap_err().is_full());
+        next_data(&data, "c2", "u", &full(8), &all_live).unwrap();
+        // A class deleted frees its slot.
+        let live = |name: &str, _: &str| name != "c3";
+        next_data(&data, "new", "u", &reverted(), &live).unwrap();
+        // Full to the last byte, the store is under its cap.
+        let bytes: usize = data.iter().map(|(k, v)| k.len() + v.len()).sum();
+        assert!(bytes <= SLOTS * ENTRY_BUDGET && SLOTS * ENTRY_BUDGET <= MAX_BYTES);
+    }
+
+    #[test]
+    fn an_older_servers_large_entries_take_the_slots_they_span() {
+        let big = serde_json::to_string(&Entry {
+            uid: "u".into(),
+            state: State {
+                retried: Some("r".repeat(3 * ENTRY_BUDGET)),
+                ..reverted()
+            },
+        })
+        .unwrap();
+        let mut data: BTreeMap<String, String> = (0..SLOTS.div_ceil(4))
+            .map(|i| (format!("old{i}"), big.clone()))
+            .collect();
+        // Each spans four slots: none is left for a new class.
+        let new = next_data(&data, "new", "u", &reverted(), &all_live);
+        assert!(matches!(new, Err(StoreError::Full { .. })), "{new:?}");
+        // Rewritten by this server (the retry value as its digest), an
+        // entry shrinks and frees its slots.
+        data = next_data(&data, "old0", "u", &reverted(), &all_live).unwrap();
+        next_data(&data, "new", "u", &reverted(), &all_live).unwrap();
     }
 }

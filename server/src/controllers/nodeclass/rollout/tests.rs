@@ -260,6 +260,28 @@ fn a_new_retry_value_applies_the_refused_values_once_more() {
 }
 
 #[test]
+fn a_long_retry_value_an_older_server_recorded_whole_is_no_new_retry() {
+    let (old, new) = (values("ami-1"), values("ami-2"));
+    let mut next = input(Some(trying(&old, &new)), new.clone(), new.clone());
+    next.observed = Some(vec![failed("a"), failed("b"), failed("c")]);
+    let mut refused = plan(next).state;
+    let long = "r".repeat(100_000);
+    refused.retried = Some(long.clone());
+    let mut again = input(Some(refused), old.clone(), new.clone());
+    // The class's value as its type reads it: the digest.
+    again.retry = Some(crate::kube::class_meta::retry_token(&long));
+    let plan = plan(again.clone());
+    assert!(
+        matches!(plan.notes.as_slice(), [Note::Refusing(_)]),
+        "{:?}",
+        plan.notes
+    );
+    assert_eq!(plan.target, old);
+    // Recorded again, the state holds the digest, not the value.
+    assert_eq!(plan.state.retried, again.retry);
+}
+
+#[test]
 fn other_new_values_are_tried_even_after_a_refusal() {
     let (old, new, newer) = (values("ami-1"), values("ami-2"), values("ami-3"));
     let mut next = input(Some(trying(&old, &new)), new.clone(), new.clone());
