@@ -136,7 +136,7 @@ impl Context {
         let events = &self.settings.events;
         let version = class.metadata.resource_version.as_deref();
         if events.is_news(class, FULL_TOPIC, version.unwrap_or_default()) {
-            tracing::warn!(nodeclass = %name, %error, "rollout state not recorded; EC2NodeClass left as it is");
+            tracing::warn!(nodeclass = %name, %error, "rollout state not recorded; only what is safe without a record is applied");
             events.warning(class, Reason::RolloutStoreFull, error.to_string());
         }
     }
