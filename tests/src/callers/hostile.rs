@@ -181,7 +181,7 @@ impl Attackers {
     /// until the server has answered it (its signed first flight) or closed,
     /// and starting over, never finishing a handshake: what costs the
     /// server a signature and the caller nothing. The ClientHellos go in
-    /// waves, every [`WAVE_SECS`]: so most reach connections the server
+    /// waves, every `WAVE_SECS` seconds: so most reach connections the server
     /// has accepted meanwhile (not its listener's backlog, which its accept
     /// loop drains a budget at a time), all ready to be answered at once.
     /// (A wave at most as long as the server's 3 s handshake timeout: a
