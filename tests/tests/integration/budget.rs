@@ -244,3 +244,26 @@ async fn fail_one(world: &World) -> Result<(String, Instance)> {
     );
     Ok((claim, instance))
 }
+
+/// Attack: whoever may edit a NodePool copies autonode's failure marks
+/// (`bootstrap-failed` and `failure-reason`) onto every NodeClaim through
+/// its template, to spend the group's budget so that the next real
+/// failure is kept instead of replaced. Only sealed marks count: two
+/// forged failures spend nothing, and the real one is deleted at once.
+#[tokio::test]
+async fn failure_marks_copied_from_a_nodepool_spend_no_budget() -> Result<()> {
+    let world = World::start().await?;
+    let api = nodeclaims(&world.cp.admin().await?);
+    let forged = serde_json::json!({
+        FAILED: "forged failure",
+        "autonode.dev/failure-reason": "machine:instance_not_live",
+    });
+    for _ in 0..2 {
+        world.launch_annotated(forged.clone(), |i| i).await?;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let over = series(&world, "autonode_failure_groups_over_budget ").await?;
+    ensure!(over == 0.0, "forged marks spent the budget: {over}");
+    let (claim, _) = fail_one(&world).await?;
+    wait_deleted(&api, &claim).await
+}
