@@ -925,7 +925,11 @@ async fn server_kustomization_dry_runs_on_apiserver() -> Result<()> {
         .collect();
     assert_eq!(
         secrets,
-        ["autonode-server-tls", "autonode-guest-kubeconfig"]
+        [
+            "autonode-server-tls",
+            "autonode-guest-kubeconfig",
+            "autonode-seal-key"
+        ]
     );
     // Settings reach the server as its AUTONODE_* variables: the paths of
     // the mounted Secrets and, from the generated ConfigMap, the rest.
@@ -934,6 +938,8 @@ async fn server_kustomization_dry_runs_on_apiserver() -> Result<()> {
         "AUTONODE_TLS_CERT",
         "AUTONODE_TLS_KEY",
         "AUTONODE_KUBECONFIG",
+        "AUTONODE_SEAL_KEY_FILE",
+        "AUTONODE_PREVIOUS_SEAL_KEY_FILE",
     ] {
         assert!(env.contains(var), "{var} not set: {env}");
     }
