@@ -200,6 +200,17 @@ pub struct ServeArgs {
     )]
     pub failure_budget: u32,
 
+    /// Refuse joins from agents older than this release (MAJOR.MINOR.PATCH,
+    /// e.g. 0.3.0), with the reason `agent_below_minimum`: the machine is
+    /// replaced like any machine that can never join (within
+    /// --failure-budget: past it, a fleet still booting the old AMI is
+    /// marked, kept and said once), and the Event, the server's log and
+    /// the agent's own log say which agent to bake. Nodes that already
+    /// joined are not touched. Unset: every agent the wire format serves
+    /// (docs/upgrading.md, "Which agents a server serves").
+    #[arg(long, env = "AUTONODE_MIN_AGENT_VERSION", value_name = "VERSION")]
+    pub min_agent_version: Option<autonode_server::join::agents::MinVersion>,
+
     /// Approve the CSRs kubelet makes itself (client renewals, serving
     /// certificates) when they match the node's NodeClaim and EC2 facts.
     #[arg(long, env = "AUTONODE_APPROVE_KUBELET_CSRS", default_value = "true", action = clap::ArgAction::Set)]

@@ -97,6 +97,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         clock,
         lifetimes: args.certificate_lifetimes(),
         lookups: autonode_server::join::lookup_limiter(),
+        min_agent_version: args.min_agent_version,
         refusal_lines: refusal_line_limiter(),
     });
     let report = Arc::new(ReportContext {

@@ -100,6 +100,7 @@ pub(super) async fn attest(
     if let Some(node) = registered {
         return Err(registered_refusal(ctx, &claim, &doc, existing.as_ref(), node).await);
     }
+    below_minimum(ctx, &doc, &request.agent_version)?;
     let instance = lookup(ctx, &doc).await?;
     check_csrs(&csrs, &instance, &request.agent_version)?;
     let held = name_held_by_others(ctx, &instance, &doc.instance_id);
@@ -290,6 +291,26 @@ fn too_old(serving: &ParsedCsr, instance: &Ec2Instance, agent_version: &str) -> 
         agent_version: agent_version.chars().take(64).collect(),
         extra,
     })
+}
+
+/// The operator's `--min-agent-version` against the version the agent
+/// reports. Judged after the binding, so a bound claim's join here is its
+/// own machine's; before EC2 is asked, so a fleet of retired AMIs costs no
+/// `DescribeInstances`. A Registered claim never reaches it: a node that
+/// joined is not touched by a minimum raised later.
+fn below_minimum(
+    ctx: &JoinContext,
+    doc: &IdentityDocument,
+    agent_version: &str,
+) -> Result<(), Refusal> {
+    match ctx.min_agent_version {
+        Some(minimum) if !minimum.admits(agent_version) => Err(Refusal::AgentBelowMinimum {
+            instance_id: doc.instance_id.clone(),
+            agent_version: agent_version.chars().take(64).collect(),
+            minimum,
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// When another instance last held the node name EC2 gives this one, if

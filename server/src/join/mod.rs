@@ -120,6 +120,9 @@ pub struct JoinContext {
     pub lifetimes: Lifetimes,
     /// The join's `DescribeInstances` per instance ([`lookup_limiter`]).
     pub lookups: Limiter,
+    /// The oldest agent release admitted (`--min-agent-version`); `None`:
+    /// every agent the wire format serves.
+    pub min_agent_version: Option<agents::MinVersion>,
     /// Warn lines about refused joins, per reason
     /// ([`refusal_line_limiter`](crate::primitives::limiter::refusal_line_limiter)).
     pub refusal_lines: Limiter,

@@ -22,6 +22,7 @@ use autonode_shared::issued::IssuedError;
 use std::net::IpAddr;
 use thiserror::Error;
 
+use crate::join::agents::MinVersion;
 use crate::join::agents::PRIMARY_ADDRESSES_ONLY as AGENT_FIXED;
 
 fn list(ips: &[IpAddr]) -> String {
@@ -98,6 +99,21 @@ pub enum Refusal {
         agent_version: String,
         extra: Vec<IpAddr>,
     },
+    /// An agent older than the operator's `--min-agent-version`: the AMI
+    /// was baked with an agent the operator retired, and no later try of
+    /// that AMI can pass, so the machine is replaced (within the failure
+    /// budget: a whole fleet of such AMIs is one systemic cause, said once)
+    /// and the words say what to bake.
+    #[error(
+        "the AMI's autonode-agent ({agent_version:?}) on instance {instance_id} is older than \
+         this server's --min-agent-version {minimum}: bake autonode-agent {minimum} or later into \
+         the AMI and point the EC2NodeClass at it (docs/upgrading.md)"
+    )]
+    AgentBelowMinimum {
+        instance_id: String,
+        agent_version: String,
+        minimum: MinVersion,
+    },
     #[error("kube-controller-manager refused to sign {csr}: {message}")]
     SigningFailed { csr: String, message: String },
     #[error("CSR object {csr} is not the one this join created and judged: {detail}")]
@@ -142,7 +158,8 @@ impl Refusal {
             Self::InstanceNotLive { .. }
             | Self::ImageMismatch { .. }
             | Self::NoPrivateDnsName(_)
-            | Self::AgentTooOld { .. } => Some(Cause::Machine),
+            | Self::AgentTooOld { .. }
+            | Self::AgentBelowMinimum { .. } => Some(Cause::Machine),
             Self::NodeSpoofed { .. } => Some(Cause::Impostor),
             _ => None,
         }
@@ -168,7 +185,10 @@ impl Refusal {
     /// so it is the bound machine's own (a resume), never another
     /// holder of its document.
     pub fn dooms_bound_instance(&self) -> bool {
-        matches!(self, Self::AgentTooOld { .. } | Self::NodeSpoofed { .. })
+        matches!(
+            self,
+            Self::AgentTooOld { .. } | Self::AgentBelowMinimum { .. } | Self::NodeSpoofed { .. }
+        )
     }
 
     /// Whether the refusal dooms the instance even when its NodeClaim is
@@ -186,6 +206,9 @@ impl Refusal {
         match self {
             Self::AgentTooOld { .. } => format!(
                 "join refused: this autonode-agent is too old for the server; bake autonode-agent {AGENT_FIXED} or later into the AMI"
+            ),
+            Self::AgentBelowMinimum { minimum, .. } => format!(
+                "join refused: this autonode-agent is older than the server's minimum (--min-agent-version {minimum}); bake autonode-agent {minimum} or later into the AMI"
             ),
             _ => "join refused".to_string(),
         }
@@ -216,6 +239,7 @@ impl Refusal {
             Self::ClientCsr(_) => "client_csr",
             Self::ServingCsr(_) => "serving_csr",
             Self::AgentTooOld { .. } => "agent_too_old",
+            Self::AgentBelowMinimum { .. } => "agent_below_minimum",
             Self::NodeSpoofed { .. } => "node_spoofed",
             Self::SigningFailed { .. } => "signing_failed",
             Self::CsrSubstituted { .. } => "csr_substituted",
@@ -407,6 +431,24 @@ mod tests {
         let serving = Refusal::ServingCsr(CsrError::NoSans);
         assert!(!serving.dooms_instance() && !serving.dooms_bound_instance());
         assert_eq!(serving.caller_message(), "join refused");
+    }
+
+    #[test]
+    fn an_agent_below_the_minimum_dooms_its_instance_and_says_what_to_bake() {
+        let refusal = Refusal::AgentBelowMinimum {
+            instance_id: "i-1".into(),
+            agent_version: "0.2.0".into(),
+            minimum: "0.3.0".parse().unwrap(),
+        };
+        assert_eq!(refusal.reason(), "agent_below_minimum");
+        assert!(refusal.dooms_instance() && refusal.dooms_bound_instance());
+        assert!(!refusal.dooms_registered_instance());
+        assert_eq!(refusal.cause(), Some(Cause::Machine));
+        let text = refusal.to_string();
+        assert!(text.contains("\"0.2.0\"") && text.contains("i-1"), "{text}");
+        assert!(text.contains("autonode-agent 0.3.0 or later"), "{text}");
+        let told = refusal.caller_message();
+        assert!(told.contains("--min-agent-version 0.3.0") && told.contains("0.3.0 or later"));
     }
 
     #[test]

@@ -288,6 +288,42 @@ fn lint_strict_package_and_install_dry_run() -> Result<()> {
         "{}",
         wrong.stderr
     );
+    // The chart is for its own release: an image tag of another minor
+    // release (an older server refuses this chart's newer flags and
+    // crash-loops) is refused; its own, a patch of it, or a tag that is no
+    // version render.
+    let minor = version
+        .rsplitn(2, '.')
+        .last()
+        .unwrap_or_default()
+        .to_string();
+    let (major, minor_n) = minor.split_once('.').context("appVersion X.Y.Z")?;
+    let mut tags = vec![
+        (version.to_string(), true),
+        (format!("{minor}.7"), true),
+        (format!("v{minor}.0"), true),
+        ("latest".to_string(), true),
+        (format!("{}.{minor_n}.0", major.parse::<u64>()? + 1), false),
+    ];
+    if let Some(earlier) = minor_n.parse::<u64>()?.checked_sub(1) {
+        tags.push((format!("{major}.{earlier}.0"), false));
+    }
+    for (tag, renders) in tags {
+        let set = format!("image.tag={tag}");
+        let run = helm::run(
+            &helm::helm_binary()?,
+            &["template", "x", &chart, "--set-string", &set],
+        )?;
+        assert_eq!(run.ok, renders, "{set}: {}", run.stderr);
+        if !renders {
+            assert!(
+                run.stderr.contains("renders the flags of its own")
+                    && run.stderr.contains("helm rollback"),
+                "{}",
+                run.stderr
+            );
+        }
+    }
     // values.schema.json refuses a `serve` key that is no flag (a typo
     // would otherwise be a server that does not start).
     let typo = helm::run(
@@ -562,6 +598,10 @@ fn edges(key: &str, prop: &Value) -> Result<(Vec<SetArg>, Vec<SetArg>)> {
     } else if let Some(values) = prop["enum"].as_array() {
         inside.extend(values.iter().filter_map(Value::as_str).map(set_string));
         outside.push(set_string("not-one-of-them"));
+    } else if prop["pattern"].as_str().is_some_and(|p| !p.contains(':')) {
+        // A release version (min-agent-version): X.Y.Z, nothing else.
+        inside.extend(["0.2.0", "0.3.0", "10.20.30"].map(set_string));
+        outside.extend(["0.3", "0.3.0-dev", "v0.3.0", "0.3.0.1", ""].map(set_string));
     } else if prop["pattern"].is_string() {
         inside.extend(["0.0.0.0:1", "[::]:65535", "127.0.0.1:8080"].map(set_string));
         outside

@@ -139,11 +139,18 @@ fn multi_address(i: Instance) -> Instance {
     }
 }
 
-/// An earlier agent refused on a multi-address instance: exit 2 at once,
-/// its NodeClaim deleted (Karpenter replaces the machine now, not after
-/// 15 minutes), and the Event, the server's log and the agent's own log
-/// say the AMI's agent is too old and which version fixes it.
-async fn assert_too_old(world: &World, claim: &str, run: &Output, who: &str) -> Result<()> {
+/// An agent refused for good with a reason that replaces its machine:
+/// exit 2 at once, its NodeClaim deleted (Karpenter replaces the machine
+/// now, not after 15 minutes), the agent's own log and an Event on the
+/// NodeClaim each holding all of their `words`, and the server's log
+/// naming the `reason` with the NodeClaim.
+async fn assert_refused_and_replaced(
+    world: &World,
+    (claim, run): (&str, &Output),
+    (agent_words, event_words): (&[&str], &[&str]),
+    reason: &str,
+    who: &str,
+) -> Result<()> {
     let agent_log = stderr(run);
     assert_eq!(
         run.status.code(),
@@ -151,31 +158,38 @@ async fn assert_too_old(world: &World, claim: &str, run: &Output, who: &str) -> 
         "{who}: not refused for good:\n{agent_log}"
     );
     assert!(
-        agent_log.contains("too old") && agent_log.contains("0.2.0"),
-        "{who}: {agent_log}"
+        agent_words.iter().all(|w| agent_log.contains(w)),
+        "{who}: the agent's log lacks {agent_words:?}: {agent_log}"
     );
     let admin = world.cp.admin().await?;
     crate::feedback::wait_deleted(&nodeclaims(&admin), claim)
         .await
-        .with_context(|| format!("{who}: the NodeClaim of a too-old agent was not deleted"))?;
+        .with_context(|| format!("{who}: the NodeClaim refused as {reason} was not deleted"))?;
     let refused = world.event_reasons(claim, "JoinRefused").await?;
     assert!(refused.iter().any(|r| r == "JoinRefused"), "{refused:?}");
     let events = events_of(&admin, claim).await?;
     let said = events
         .iter()
         .filter_map(|e| e.message.as_deref())
-        .any(|m| m.contains("too old") && m.contains("autonode-agent 0.2.0 or later"));
-    assert!(
-        said,
-        "{who}: no Event says the agent is too old: {events:?}"
-    );
+        .any(|m| event_words.iter().all(|w| m.contains(w)));
+    assert!(said, "{who}: no Event says {event_words:?}: {events:?}");
     let log = world.server.log();
     assert!(
-        log.lines()
-            .any(|l| l.contains("agent_too_old") && l.contains(claim)),
+        log.lines().any(|l| l.contains(reason) && l.contains(claim)),
         "{who}: the server's log does not name the reason"
     );
     Ok(())
+}
+
+/// An earlier agent refused on a multi-address instance: the Event, the
+/// server's log and the agent's own log say the AMI's agent is too old and
+/// which version fixes it.
+async fn assert_too_old(world: &World, claim: &str, run: &Output, who: &str) -> Result<()> {
+    let words = (
+        &["too old", "0.2.0"][..],
+        &["too old", "autonode-agent 0.2.0 or later"][..],
+    );
+    assert_refused_and_replaced(world, (claim, run), words, "agent_too_old", who).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -648,4 +662,80 @@ async fn an_earlier_agent_joins_a_machine_the_real_karpenter_launched() -> Resul
         journey.node
     );
     Ok(())
+}
+
+/// An agent refused by `--min-agent-version` (within the failure budget):
+/// the Event, the server's log and the agent's own log say which agent to
+/// bake.
+async fn assert_below_minimum(
+    world: &World,
+    claim: &str,
+    run: &Output,
+    minimum: &str,
+    who: &str,
+) -> Result<()> {
+    let flag = format!("--min-agent-version {minimum}");
+    let bake = format!("bake autonode-agent {minimum} or later");
+    let older = format!("older than this server's {flag}");
+    let words = (&[flag.as_str(), &bake][..], &[older.as_str(), &bake][..]);
+    assert_refused_and_replaced(world, (claim, run), words, "agent_below_minimum", who).await
+}
+
+/// `--min-agent-version` (issue 49, item 5) at the previous release: the
+/// real agents of the revisions before it (which report 0.1.0) are refused
+/// and their machines replaced, with the words that say what to bake; the
+/// previous release's own agent and this tree's join as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn earlier_agents_below_the_minimum_are_refused_and_the_minimum_itself_joins() -> Result<()> {
+    let revisions = skew::all()?;
+    let previous = revisions.last().context("no previous release")?;
+    let (major, minor, patch) = previous.agent_version()?;
+    let minimum = format!("{major}.{minor}.{patch}");
+    let world = World::start_setup(&Setup {
+        extra_args: &[format!("--min-agent-version={minimum}")],
+        ..Setup::default()
+    })
+    .await?;
+    let mut refused = 0;
+    for revision in &revisions {
+        let who = revision.label();
+        let (claim, node) = machine(&world, |i| i).await?;
+        let run = node.run_agent_binary(&revision.agent(), &[]).await?;
+        if revision.agent_version()? < (major, minor, patch) {
+            assert_below_minimum(&world, &claim, &run, &minimum, &who).await?;
+            refused += 1;
+        } else {
+            assert_eq!(run.status.code(), Some(0), "{who}:\n{}", stderr(&run));
+        }
+    }
+    assert!(refused > 0, "no revision is older than {minimum}");
+    let (_, node) = machine(&world, |i| i).await?;
+    let run = node.run_agent(&[]).await?;
+    assert_eq!(run.status.code(), Some(0), "this agent:\n{}", stderr(&run));
+    Ok(())
+}
+
+/// `--min-agent-version` at the release this tree is the pre-release of
+/// (`AUTONODE_MIN_AGENT_VERSION`, as the chart's env would set it): this
+/// tree's own agent (`X.Y.Z-dev`) comes before it and is refused, its
+/// machine replaced, with the words that say what to bake.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn this_agent_below_the_minimum_is_refused_and_its_machine_replaced() -> Result<()> {
+    let ours = env!("CARGO_PKG_VERSION");
+    let core = ours.split('-').next().unwrap_or(ours);
+    // A release tree: the next patch is above it.
+    let minimum = if core == ours {
+        let (rest, patch) = core.rsplit_once('.').context("X.Y.Z")?;
+        format!("{rest}.{}", patch.parse::<u64>()? + 1)
+    } else {
+        core.to_string()
+    };
+    let world = World::start_setup(&Setup {
+        env: &[("AUTONODE_MIN_AGENT_VERSION", minimum.as_str())],
+        ..Setup::default()
+    })
+    .await?;
+    let (claim, node) = machine(&world, |i| i).await?;
+    let run = node.run_agent(&[]).await?;
+    assert_below_minimum(&world, &claim, &run, &minimum, "this agent").await
 }

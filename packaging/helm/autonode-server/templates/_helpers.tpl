@@ -54,6 +54,19 @@ cluster it does not know, so a typo renders nothing silently. */}}
 
 {{- define "autonode.image" -}}
 {{- $tag := default .Chart.AppVersion .Values.image.tag }}
+{{- /* The chart renders the flags of its own release: a server of an
+earlier minor release refuses the newer ones and crash-loops, so a tag
+naming another minor release than appVersion is refused here (patch
+releases add no flags). Roll back with the chart of that release (helm
+rollback, or helm upgrade --version). A tag that is no version, or a
+digest, is the operator's to match. */}}
+{{- $minor := "^v?[0-9]+\\.[0-9]+" }}
+{{- if and .Values.image.tag (regexMatch (printf "%s\\.[0-9]+" $minor) .Values.image.tag) }}
+{{- $want := regexFind $minor .Chart.AppVersion }}
+{{- if ne (trimPrefix "v" (regexFind $minor .Values.image.tag)) $want }}
+{{- fail (printf "image.tag %s is not a %s release, and this chart (appVersion %s) renders the flags of its own: a server of another minor release refuses them or lacks them. Use the chart of that release (helm rollback, or helm upgrade --version), or leave image.tag empty (docs/upgrading.md)" .Values.image.tag $want .Chart.AppVersion) }}
+{{- end }}
+{{- end }}
 {{- if .Values.image.digest }}
 {{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
 {{- else }}
