@@ -38,8 +38,8 @@ variable "kubernetes_version" {
 
 variable "agent_version" {
   type        = string
-  description = "The agent's package version: packaging/build names its packages autonode-agent_<version>-1_<arch>.deb."
-  default     = "0.2.0"
+  description = "The agent's package version: packaging/build names its packages autonode-agent_<version>-1_<arch>.deb (`packaging/version --package`: 0.3.0~dev between releases)."
+  default     = "0.3.0~dev"
 }
 
 variable "packages" {

@@ -37,6 +37,12 @@ fn version() -> &'static str {
     env!("CARGO_PKG_VERSION")
 }
 
+/// The version as the packages spell it (`packaging/version --package`): a
+/// pre-release's `-` as `~`, which Debian and RPM order before the release.
+fn package_version() -> String {
+    version().replacen('-', "~", 1)
+}
+
 /// Runs a command, fails with its output unless it succeeds; returns stdout.
 fn run(program: &str, args: &[&str]) -> Result<String> {
     let output = Command::new(program)
@@ -211,7 +217,10 @@ fn deb_installs_enabled_and_removes_cleanly() -> Result<()> {
         "dpkg-deb",
         &["--field", &deb.to_string_lossy(), "Version", "Depends"],
     )?;
-    assert!(info.contains(&format!("Version: {}", version())), "{info}");
+    assert!(
+        info.contains(&format!("Version: {}-1", package_version())),
+        "{info}"
+    );
     assert!(
         !info.contains("libc"),
         "a static binary depends on no libc: {info}"
@@ -414,7 +423,7 @@ fn rpm_contents_and_scripts() -> Result<()> {
     let rpm = rpm.to_string_lossy();
 
     let version_out = run("rpm", &["-qp", "--queryformat", "%{NAME} %{VERSION}", &rpm])?;
-    assert_eq!(version_out, format!("autonode-agent {}", version()));
+    assert_eq!(version_out, format!("autonode-agent {}", package_version()));
 
     // path → mode, from `rpm -qp --dump` (path size mtime digest mode ...).
     let dump = run("rpm", &["-qp", "--dump", &rpm])?;
@@ -1099,19 +1108,21 @@ async fn example_nodeclass_and_nodepool_are_accepted() -> Result<()> {
 }
 
 /// What `packaging/release --here` (tests/run makes it) left for this
-/// version: the four agent packages, the image, the chart packaged at the
-/// workspace's version, a CycloneDX SBOM per binary describing that binary
-/// and its dependencies, and `SHA256SUMS` naming exactly those files and
-/// verifying every one.
+/// tree, in `target/release-here/` (never a release's own
+/// `target/release/<version>/`): the four agent packages, the image, the
+/// chart packaged at the workspace's version, a CycloneDX SBOM per binary
+/// describing that binary and its dependencies, and `SHA256SUMS` naming
+/// exactly those files and verifying every one.
 #[test]
 fn the_release_has_every_artifact_an_sbom_per_binary_and_checksums_that_verify() -> Result<()> {
     let version = env!("CARGO_PKG_VERSION");
-    let dir = workspace().join("target/release").join(version);
+    let package = package_version();
+    let dir = workspace().join("target/release-here");
     let mut expected: Vec<String> = vec![
-        format!("autonode-agent_{version}-1_amd64.deb"),
-        format!("autonode-agent_{version}-1_arm64.deb"),
-        format!("autonode-agent-{version}-1.x86_64.rpm"),
-        format!("autonode-agent-{version}-1.aarch64.rpm"),
+        format!("autonode-agent_{package}-1_amd64.deb"),
+        format!("autonode-agent_{package}-1_arm64.deb"),
+        format!("autonode-agent-{package}-1.x86_64.rpm"),
+        format!("autonode-agent-{package}-1.aarch64.rpm"),
         "autonode-server-oci.tar".into(),
         format!("autonode-server-{version}.tgz"),
         "autonode-agent.cdx.json".into(),
