@@ -45,5 +45,7 @@ mod reports;
 mod resilience;
 mod rollout;
 mod skew;
+mod surface;
 mod userdata_oracle;
+mod versions;
 mod vm;
