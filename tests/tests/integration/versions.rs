@@ -426,3 +426,155 @@ fn cut_makes_every_edit_and_an_annotated_tag_on_a_scratch_repository() -> Result
     assert!(ours_tags.is_empty(), "this repository has {tag}");
     Ok(())
 }
+
+/// Stand-ins for the builds `packaging/release` runs (minutes of CPU, and
+/// other tests' subject: packaging::, and the reproducible builds'): each
+/// writes its artifacts from the tree it runs in, so two builds of one
+/// commit give the same bytes and a build of another commit other ones.
+/// `cargo` answers only `cyclonedx`, `helm` only `package`.
+const STUBS: &[(&str, &str)] = &[
+    (
+        "packaging/build",
+        "#!/usr/bin/env bash\nset -e\nv=$(packaging/version --package)\nd=${CARGO_TARGET_DIR:-target}/packages\nmkdir -p \"$d\"\n\
+         for f in autonode-agent_$v-1_amd64.deb autonode-agent_$v-1_arm64.deb autonode-agent-$v-1.x86_64.rpm autonode-agent-$v-1.aarch64.rpm; do\n\
+         git rev-parse HEAD >\"$d/$f\"; echo \"$f\" >>\"$d/$f\"; done\n",
+    ),
+    (
+        "packaging/build-image",
+        "#!/usr/bin/env bash\nset -e\nd=${CARGO_TARGET_DIR:-target}/packages\nmkdir -p \"$d\"\ngit rev-parse HEAD >\"$d/autonode-server-oci.tar\"\n",
+    ),
+    (
+        "stubs/cargo",
+        "#!/usr/bin/env bash\nset -e\n[ \"$1\" = cyclonedx ] || exit 1\nmkdir -p agent server shared tests\n\
+         echo '{}' >agent/autonode-agent_bin.cdx.json\necho '{}' >server/autonode-server_bin.cdx.json\n",
+    ),
+    ("stubs/cargo-cyclonedx", "#!/bin/sh\nexit 0\n"),
+    (
+        "stubs/helm",
+        "#!/usr/bin/env bash\nset -e\n[ \"$1\" = package ] || exit 1\nv=$4\nd=${@: -1}\n\
+         cat \"$2/Chart.yaml\" >\"$d/autonode-server-$v.tgz\"\n",
+    ),
+    (
+        "tests/setup/install-helm",
+        "#!/bin/sh\necho \"$(cd \"$(dirname \"$0\")/../..\" && pwd)/stubs/helm\"\n",
+    ),
+];
+
+/// `packaging/release X.Y.Z` on a scratch repository after a cut, with the
+/// builds stood in for: it builds the commit the record names into
+/// `target/release/X.Y.Z/`; `--record` writes the artifacts' SHA-256 into
+/// the record, a later build must give them, and a record whose hashes or
+/// commit another file contradicts is refused. `--here` writes
+/// `target/release-here/`, never a release's folder.
+#[test]
+fn release_builds_the_recorded_commit_and_holds_it_to_the_recorded_hashes() -> Result<()> {
+    let ours = env!("CARGO_PKG_VERSION");
+    let Some((release, _)) = ours.split_once('-') else {
+        return Ok(());
+    };
+    let dir = scratch()?;
+    let root = dir.path();
+    for (path, text) in STUBS {
+        let file = root.join(path);
+        fs::create_dir_all(file.parent().context("a parent")?)?;
+        fs::write(&file, text)?;
+        Command::new("chmod").arg("+x").arg(&file).status()?;
+    }
+    let chart = "packaging/helm/autonode-server";
+    let copied = Command::new("cp")
+        .args([
+            "-a",
+            &repo().join(chart).to_string_lossy(),
+            &root.join("packaging/helm").to_string_lossy(),
+        ])
+        .status()?;
+    ensure!(copied.success(), "copying the chart");
+    fs::copy(
+        repo().join("packaging/release"),
+        root.join("packaging/release"),
+    )?;
+    fs::write(root.join(".gitignore"), "target/\n")?;
+    git(root, &["add", "-A"])?;
+    git(root, &["commit", "-q", "-m", "the builds stood in for"])?;
+    let cut = in_scratch(root.join("packaging/cut"), root)
+        .arg(release)
+        .output()?;
+    ensure!(
+        cut.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cut.stderr)
+    );
+
+    let path = format!(
+        "{}:{}",
+        root.join("stubs").display(),
+        std::env::var("PATH")?
+    );
+    let release_run = |args: &[&str]| {
+        in_scratch(root.join("packaging/release"), root)
+            .args(args)
+            .env("PATH", &path)
+            .output()
+    };
+    let said = |run: &std::process::Output| String::from_utf8_lossy(&run.stderr).into_owned();
+    let record = root.join(format!("packaging/releases/{release}.toml"));
+    let out = root.join("target/release").join(release);
+
+    let first = release_run(&[release])?;
+    assert!(first.status.success(), "{}", said(&first));
+    assert!(
+        said(&first).contains("lists no SHA-256"),
+        "{}",
+        said(&first)
+    );
+    let tagged = git(root, &["rev-parse", &format!("v{release}^{{commit}}")])?;
+    let deb = fs::read_to_string(out.join(format!("autonode-agent_{release}-1_amd64.deb")))?;
+    assert!(deb.starts_with(&tagged), "built from another commit: {deb}");
+
+    let recorded = release_run(&[release, "--record"])?;
+    assert!(recorded.status.success(), "{}", said(&recorded));
+    let text = fs::read_to_string(&record)?;
+    assert_eq!(text.matches(" = \"").count(), 3 + 8, "{text}");
+    let again = release_run(&[release])?;
+    assert!(
+        again.status.success() && said(&again).contains("every artifact has the SHA-256"),
+        "{}",
+        said(&again)
+    );
+
+    // Another artifact than the recorded one is refused, loudly.
+    let digest = text
+        .lines()
+        .find(|l| l.contains(".deb\" = \""))
+        .context("a .deb hash")?;
+    let (name, hash) = digest.split_once(" = \"").context("name = \"hash\"")?;
+    let flipped = if hash.starts_with('0') { "1" } else { "0" };
+    let forged = format!("{name} = \"{flipped}{}", &hash[1..]);
+    fs::write(&record, text.replace(digest, &forged))?;
+    let tampered = release_run(&[release])?;
+    assert!(
+        !tampered.status.success() && said(&tampered).contains("are not the ones"),
+        "{}",
+        said(&tampered)
+    );
+    // A record naming another commit than the changelog is refused.
+    let other = git(root, &["rev-parse", "HEAD~2"])?;
+    fs::write(&record, text.replace(&tagged, &other))?;
+    let moved = release_run(&[release])?;
+    assert!(
+        !moved.status.success() && said(&moved).contains("does not name"),
+        "{}",
+        said(&moved)
+    );
+
+    fs::write(&record, &text)?;
+    let here = release_run(&["--here"])?;
+    assert!(here.status.success(), "{}", said(&here));
+    assert!(root.join("target/release-here/SHA256SUMS").is_file());
+    let next = check_tree(root)?;
+    assert!(
+        !root.join("target/release").join(&next).exists(),
+        "--here wrote {next}'s folder"
+    );
+    Ok(())
+}
