@@ -691,8 +691,14 @@ async fn earlier_agents_below_the_minimum_are_refused_and_the_minimum_itself_joi
     let previous = revisions.last().context("no previous release")?;
     let (major, minor, patch) = previous.agent_version()?;
     let minimum = format!("{major}.{minor}.{patch}");
+    // Every refusal of one NodePool and class counts against one failure
+    // budget: room for each revision's, so each is replaced.
+    let extra_args = [
+        format!("--min-agent-version={minimum}"),
+        format!("--failure-budget={}", revisions.len() + 1),
+    ];
     let world = World::start_setup(&Setup {
-        extra_args: &[format!("--min-agent-version={minimum}")],
+        extra_args: &extra_args,
         ..Setup::default()
     })
     .await?;
