@@ -25,7 +25,7 @@ use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn workspace() -> PathBuf {
+pub(crate) fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("tests/ has a parent")
@@ -38,7 +38,7 @@ fn version() -> &'static str {
 }
 
 /// Runs a command, fails with its output unless it succeeds; returns stdout.
-fn run(program: &str, args: &[&str]) -> Result<String> {
+pub(crate) fn run(program: &str, args: &[&str]) -> Result<String> {
     let output = Command::new(program)
         .args(args)
         .output()
@@ -100,7 +100,7 @@ fn unit_symlinks(dir: &Path) -> Result<Vec<String>> {
 }
 
 /// A fresh Debian 12 root (minbase + systemd), extracted from the cache.
-fn debian_root() -> Result<tempfile::TempDir> {
+pub(crate) fn debian_root() -> Result<tempfile::TempDir> {
     let tarball = run(
         &workspace().join("packaging/debian-root").to_string_lossy(),
         &[],
@@ -122,7 +122,7 @@ fn debian_root() -> Result<tempfile::TempDir> {
     Ok(root)
 }
 
-fn chroot(root: &Path, args: &[&str]) -> Result<String> {
+pub(crate) fn chroot(root: &Path, args: &[&str]) -> Result<String> {
     let mut all = vec![root.to_str().context("root path")?];
     all.extend_from_slice(args);
     run("chroot", &all)
