@@ -1101,8 +1101,8 @@ async fn example_nodeclass_and_nodepool_are_accepted() -> Result<()> {
 /// What `packaging/release --here` (tests/run makes it) left for this
 /// version: the four agent packages, the image, the chart packaged at the
 /// workspace's version, a CycloneDX SBOM per binary describing that binary
-/// and its dependencies, and `SHA256SUMS` naming exactly those files and
-/// verifying every one.
+/// and its dependencies, the `BUILDINFO` naming the compilers, and
+/// `SHA256SUMS` naming exactly those files and verifying every one.
 #[test]
 fn the_release_has_every_artifact_an_sbom_per_binary_and_checksums_that_verify() -> Result<()> {
     let version = env!("CARGO_PKG_VERSION");
@@ -1116,6 +1116,7 @@ fn the_release_has_every_artifact_an_sbom_per_binary_and_checksums_that_verify()
         format!("autonode-server-{version}.tgz"),
         "autonode-agent.cdx.json".into(),
         "autonode-server.cdx.json".into(),
+        "BUILDINFO".into(),
     ];
     expected.sort();
     let sums = fs::read_to_string(dir.join("SHA256SUMS")).with_context(|| {
@@ -1147,6 +1148,22 @@ fn the_release_has_every_artifact_an_sbom_per_binary_and_checksums_that_verify()
         assert_eq!(sbom["metadata"]["component"]["name"], binary);
         let components = sbom["components"].as_array().map_or(0, Vec::len);
         assert!(components > 20, "{binary}: {components} components");
+    }
+    // What a rebuild needs to get the same bytes: the commit's time and
+    // both compilers, the aarch64 one (Debian's moving rustc-web) with
+    // its package version.
+    let info = fs::read_to_string(dir.join("BUILDINFO"))?;
+    for key in [
+        "source_date_epoch=1",
+        "x86_64.rustc=1.",
+        "aarch64.rustc=1.",
+        "aarch64.deb.rustc-web=1.",
+        "image.ca-certificates=2",
+    ] {
+        assert!(
+            info.lines().any(|l| l.starts_with(key)),
+            "BUILDINFO lacks {key}: {info}"
+        );
     }
     Ok(())
 }

@@ -10,7 +10,8 @@
 //! `SHA256SUMS.asc`; `skopeo standalone-verify` of the image's signature.
 //!
 //! The artifacts are what `packaging/release --here` left in
-//! `target/release/<version>/` (tests/run makes them; unsigned there, as
+//! `target/release/<version>/` (or `AUTONODE_RELEASE_DIR`; tests/run makes
+//! them; unsigned there, as
 //! CI holds no release key): each test copies them and signs the copy with
 //! a throwaway key of its own. Whatever architectures were built are
 //! signed and checked (both in CI, amd64 only where the arm64 lane is not
@@ -143,7 +144,11 @@ struct Signed {
 }
 
 fn signed_release() -> Result<Signed> {
-    let built = workspace().join("target/release").join(version());
+    // AUTONODE_RELEASE_DIR: another release directory to judge (a release
+    // built elsewhere, before it is published).
+    let built = std::env::var_os("AUTONODE_RELEASE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join("target/release").join(version()));
     let sums = fs::read_to_string(built.join("SHA256SUMS")).with_context(|| {
         format!(
             "{}: run packaging/release --here (tests/run does)",
@@ -428,10 +433,14 @@ fn rpm_checks_the_signature_against_the_imported_key_and_refuses_tampered_rpms()
         // the signature covers).
         let name = rpm.file_name().context("name")?;
         let digests = |path: &Path| -> Result<String> {
-            accepted(
-                Command::new("rpm")
-                    .args(["-qp", "--queryformat", "%{SHA256HEADER} %{PAYLOADDIGEST}"])
-                    .arg(path),
+            run(
+                "rpm",
+                &[
+                    "-qp",
+                    "--queryformat",
+                    "%{SHA256HEADER} %{PAYLOADDIGEST}",
+                    &path.to_string_lossy(),
+                ],
             )
         };
         assert_eq!(
@@ -578,8 +587,15 @@ fn helm_verify_accepts_the_signed_chart_and_refuses_tampered_ones() -> Result<()
         &attacker.fingerprint,
     ])?;
     let other = w.join("other");
+    // Packaged at the release's time, as packaging/sign does.
+    let info = fs::read_to_string(signed.dir.path().join("BUILDINFO"))?;
+    let epoch = info
+        .lines()
+        .find_map(|l| l.strip_prefix("source_date_epoch="))
+        .context("BUILDINFO names no source_date_epoch")?;
     accepted(
         Command::new(workspace().join("packaging/chart"))
+            .env("SOURCE_DATE_EPOCH", epoch)
             .arg(helm)
             .arg(workspace().join("packaging/helm/autonode-server"))
             .arg(version())
