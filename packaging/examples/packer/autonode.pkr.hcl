@@ -3,11 +3,17 @@
 # recorded for the agent. Both AMIs are made by packaging/bake/provision,
 # the script that also makes the VM tests' image (tests/setup/build-vm-image).
 #
-#   packaging/build        # the agent's packages, in target/packages/
 #   cd packaging/examples/packer
 #   packer init .          # the amazon plugin
-#   packer build -var region=us-west-2 -var kubernetes_version=1.34.2 .
+#   packer build -var region=us-west-2 -var kubernetes_version=1.34.2 \
+#     -var repository=https://packages.example.com/autonode/apt \
+#     -var repository_key=autonode-release-key.asc .
 #   packer build -only='*.arm64' ...   # one architecture
+#
+# The agent comes from the release's signed APT repository (packaging/sign
+# lays it out; apt checks it with the release key only, signed-by). Without
+# `repository`, the .deb is uploaded from `packages` instead (packaging/build
+# makes them in target/packages/), as before.
 #
 # Tested by `packer validate` in tests/run (Packer 1.9.4, amazon plugin
 # 1.3.4); not built against AWS there. Walkthrough: ../AMI.md.
@@ -42,9 +48,21 @@ variable "agent_version" {
   default     = "0.3.0~dev"
 }
 
+variable "repository" {
+  type        = string
+  description = "The URL of the release's signed APT repository (the apt/ folder packaging/sign lays out, served over HTTPS); the agent is installed from it, checked with repository_key. Empty: the .deb is uploaded from `packages` instead."
+  default     = ""
+}
+
+variable "repository_key" {
+  type        = string
+  description = "With `repository`: the release's public key file (autonode-release-key.asc), whose fingerprint you checked against the one packaging/README.md publishes. apt trusts the repository with this key and no other."
+  default     = ""
+}
+
 variable "packages" {
   type        = string
-  description = "The directory with the agent's .deb packages; empty means this repository's target/packages/."
+  description = "Without `repository`: the directory with the agent's .deb packages; empty means this repository's target/packages/."
   default     = ""
 }
 
@@ -121,10 +139,15 @@ build {
     }
   }
 
+  provisioner "shell" {
+    inline = ["mkdir -p /tmp/autonode"]
+  }
+
+  # The release key (to install from the repository) or the package itself.
   # source.name is the architecture, as Debian and Kubernetes spell it.
   provisioner "file" {
-    source      = "${local.packages}/autonode-agent_${var.agent_version}-1_${source.name}.deb"
-    destination = "/tmp/autonode-agent.deb"
+    sources     = var.repository != "" ? [var.repository_key] : ["${local.packages}/autonode-agent_${var.agent_version}-1_${source.name}.deb"]
+    destination = "/tmp/autonode/"
   }
 
   # The script and the kubelet unit it installs where the image has none:
@@ -140,9 +163,20 @@ build {
       "url=https://dl.k8s.io/release/v${var.kubernetes_version}/bin/linux/${source.name}/kubelet",
       "curl -fsSLo /tmp/kubelet \"$url\"",
       "echo \"$(curl -fsSL \"$url.sha256\")  /tmp/kubelet\" | sha256sum --check --strict",
+      "deb=/tmp/autonode/autonode-agent_${var.agent_version}-1_${source.name}.deb",
+      # From the repository: apt trusts it with the release key only, and
+      # `apt-get download` refuses a package whose hash is not the one the
+      # signed index names. The source stays on the AMI, signed-by that key.
+      "if [ -n '${var.repository}' ]; then",
+      "  key=/tmp/autonode/$(basename '${var.repository_key}')",
+      "  sudo install -D -m 0644 \"$key\" /usr/share/keyrings/autonode.asc",
+      "  echo 'deb [signed-by=/usr/share/keyrings/autonode.asc] ${var.repository} stable main' | sudo tee /etc/apt/sources.list.d/autonode.list >/dev/null",
+      "  sudo apt-get update -o APT::Update::Error-Mode=any",
+      "  (cd /tmp/autonode && apt-get download autonode-agent=${var.agent_version}-1)",
+      "fi",
       "chmod 0755 /tmp/bake/provision",
-      "sudo /tmp/bake/provision --kubelet /tmp/kubelet /tmp/autonode-agent.deb",
-      "rm -rf /tmp/kubelet /tmp/autonode-agent.deb /tmp/bake",
+      "sudo /tmp/bake/provision --kubelet /tmp/kubelet \"$deb\"",
+      "rm -rf /tmp/kubelet /tmp/autonode /tmp/bake",
       # Nothing of the build instance's own boot goes into the AMI: no
       # machine-id (each instance makes its own), no apt lists.
       "sudo truncate -s 0 /etc/machine-id",

@@ -40,6 +40,7 @@ mod nodeclass_admission;
 mod nodeconfig;
 mod packaging;
 mod rbac;
+mod release_signing;
 mod renewal;
 mod reports;
 mod resilience;

@@ -25,7 +25,7 @@ use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn workspace() -> PathBuf {
+pub(crate) fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("tests/ has a parent")
@@ -44,7 +44,7 @@ fn package_version() -> String {
 }
 
 /// Runs a command, fails with its output unless it succeeds; returns stdout.
-fn run(program: &str, args: &[&str]) -> Result<String> {
+pub(crate) fn run(program: &str, args: &[&str]) -> Result<String> {
     let output = Command::new(program)
         .args(args)
         .output()
@@ -106,7 +106,7 @@ fn unit_symlinks(dir: &Path) -> Result<Vec<String>> {
 }
 
 /// A fresh Debian 12 root (minbase + systemd), extracted from the cache.
-fn debian_root() -> Result<tempfile::TempDir> {
+pub(crate) fn debian_root() -> Result<tempfile::TempDir> {
     let tarball = run(
         &workspace().join("packaging/debian-root").to_string_lossy(),
         &[],
@@ -128,7 +128,7 @@ fn debian_root() -> Result<tempfile::TempDir> {
     Ok(root)
 }
 
-fn chroot(root: &Path, args: &[&str]) -> Result<String> {
+pub(crate) fn chroot(root: &Path, args: &[&str]) -> Result<String> {
     let mut all = vec![root.to_str().context("root path")?];
     all.extend_from_slice(args);
     run("chroot", &all)
@@ -1111,8 +1111,9 @@ async fn example_nodeclass_and_nodepool_are_accepted() -> Result<()> {
 /// tree, in `target/release-here/` (never a release's own
 /// `target/release/<version>/`): the four agent packages, the image, the
 /// chart packaged at the workspace's version, a CycloneDX SBOM per binary
-/// describing that binary and its dependencies, and `SHA256SUMS` naming
-/// exactly those files and verifying every one.
+/// describing that binary and its dependencies, the `BUILDINFO` naming the
+/// compilers, and `SHA256SUMS` naming exactly those files and verifying
+/// every one.
 #[test]
 fn the_release_has_every_artifact_an_sbom_per_binary_and_checksums_that_verify() -> Result<()> {
     let version = env!("CARGO_PKG_VERSION");
@@ -1127,6 +1128,7 @@ fn the_release_has_every_artifact_an_sbom_per_binary_and_checksums_that_verify()
         format!("autonode-server-{version}.tgz"),
         "autonode-agent.cdx.json".into(),
         "autonode-server.cdx.json".into(),
+        "BUILDINFO".into(),
     ];
     expected.sort();
     let sums = fs::read_to_string(dir.join("SHA256SUMS")).with_context(|| {
@@ -1158,6 +1160,22 @@ fn the_release_has_every_artifact_an_sbom_per_binary_and_checksums_that_verify()
         assert_eq!(sbom["metadata"]["component"]["name"], binary);
         let components = sbom["components"].as_array().map_or(0, Vec::len);
         assert!(components > 20, "{binary}: {components} components");
+    }
+    // What a rebuild needs to get the same bytes: the commit's time and
+    // both compilers, the aarch64 one (Debian's moving rustc-web) with
+    // its package version.
+    let info = fs::read_to_string(dir.join("BUILDINFO"))?;
+    for key in [
+        "source_date_epoch=1",
+        "x86_64.rustc=1.",
+        "aarch64.rustc=1.",
+        "aarch64.deb.rustc-web=1.",
+        "image.ca-certificates=2",
+    ] {
+        assert!(
+            info.lines().any(|l| l.starts_with(key)),
+            "BUILDINFO lacks {key}: {info}"
+        );
     }
     Ok(())
 }
