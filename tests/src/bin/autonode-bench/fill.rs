@@ -23,6 +23,7 @@ use autonode_tests::karpenter::standin::{self as karpenter, FIELD_MANAGER};
 use autonode_tests::kube::controlplane::unique;
 use autonode_tests::machines::node;
 use autonode_tests::server::world::{World, ACCOUNT, REGION};
+use autonode_tests::server::TestServer;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::Node;
@@ -129,8 +130,13 @@ pub(crate) async fn launch(
 }
 
 /// Joins every machine through the join protocol, a bounded number at a
-/// time, with the agent's retry rules; fails if any join does.
-pub(crate) async fn join(world: &World, machines: &[Machine]) -> Result<()> {
+/// time, with the agent's retry rules, spread over `servers` as a Service
+/// spreads connections over replicas; fails if any join does.
+pub(crate) async fn join(
+    world: &World,
+    servers: &[&TestServer],
+    machines: &[Machine],
+) -> Result<()> {
     let ca = world.cloud.ca().clone();
     let instances: Vec<Instance> = machines.iter().map(|m| m.instance.clone()).collect();
     let requests = tokio::task::spawn_blocking(move || {
@@ -140,13 +146,16 @@ pub(crate) async fn join(world: &World, machines: &[Machine]) -> Result<()> {
             .collect::<Result<Vec<JoinRequest>>>()
     })
     .await??;
-    // The server's NodeClaim watch has seen the last providerID by now.
+    // The servers' NodeClaim watches have seen the last providerID by now.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let client = JoinClient::new(world.server.url(), world.server.ca_pem())?;
+    let clients = servers
+        .iter()
+        .map(|server| JoinClient::new(server.url(), server.ca_pem()))
+        .collect::<Result<Vec<_>>>()?;
     let deadline = BURST_DEADLINE;
     let failed = futures::stream::iter(requests.into_iter().enumerate())
         .map(|(machine, request)| {
-            let client = client.clone();
+            let client = clients[machine % clients.len()].clone();
             async move { client.join_like_agent(machine, &request, deadline).await }
         })
         .buffer_unordered(JOINS_IN_FLIGHT)

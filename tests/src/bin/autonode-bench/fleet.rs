@@ -75,7 +75,7 @@ async fn one_fleet(size: usize) -> Result<Value> {
         size + 1,
         started.elapsed().as_secs_f64()
     );
-    fill::join(&world, &machines).await?;
+    fill::join(&world, &[&world.server, &follower], &machines).await?;
     eprintln!("  joined after {:.0}s", started.elapsed().as_secs_f64());
     let spare = machines.pop().context("no machine")?;
     fill::register(&admin, &machines).await?;
