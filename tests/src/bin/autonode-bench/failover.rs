@@ -15,8 +15,7 @@
 //! taken again.
 
 use crate::fill::{self, Machine};
-use crate::fleet::leads;
-use crate::measure::round;
+use crate::measure::{leads, round};
 use anyhow::{bail, Context, Result};
 use autonode_tests::callers::joiner::CsrShape;
 use autonode_tests::karpenter::standin as karpenter;

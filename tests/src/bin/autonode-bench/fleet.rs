@@ -17,11 +17,11 @@
 
 use crate::failover::failover;
 use crate::fill;
-use crate::measure::round;
+use crate::measure::{leads, round};
 use anyhow::{Context, Result};
 use autonode_tests::harness::bench::repo_root;
 use autonode_tests::server::world::{cloud_settings, World};
-use autonode_tests::server::{http_get, TestServer};
+use autonode_tests::server::TestServer;
 use serde_json::{json, Map, Value};
 use std::time::{Duration, Instant};
 
@@ -169,12 +169,6 @@ async fn wait_leading(server: &TestServer) -> Result<()> {
         || async { Ok(leads(server).await?.then_some(())) },
     )
     .await
-}
-
-/// Whether `server` runs the leader's controllers (its `autonode_leader`).
-pub(crate) async fn leads(server: &TestServer) -> Result<bool> {
-    let (_, text) = http_get(&format!("{}/metrics", server.metrics_url())).await?;
-    Ok(crate::measure::metric(&text, "autonode_leader").is_ok_and(|v| v == 1.0))
 }
 
 /// The memory limit the chart ships (`resources.limits.memory` in its
