@@ -329,7 +329,7 @@ pub(crate) struct Granted {
 }
 
 impl JoinClient {
-    fn new(base: &str, ca_pem: &str) -> Result<Self> {
+    pub(crate) fn new(base: &str, ca_pem: &str) -> Result<Self> {
         let clients = (1..=SOURCES)
             .map(|i| hostile::client_from(ca_pem, IpAddr::V4(Ipv4Addr::new(127, 0, 1, i))))
             .collect::<Result<Vec<_>>>()?;
@@ -339,7 +339,7 @@ impl JoinClient {
         })
     }
 
-    async fn join_like_agent(
+    pub(crate) async fn join_like_agent(
         &self,
         machine: usize,
         request: &JoinRequest,

@@ -34,6 +34,9 @@
 //! 5. **stock path**: `--stock` kubelet TLS bootstraps at once (1,000) on
 //!    a fresh control plane without autonode: the path a fleet would
 //!    otherwise join by (`stock`).
+//! 6. **fleet**: `--fleet 1000,5000,10000`: the server among a fleet that
+//!    stands (its replicas' memory, a replica started among them, the
+//!    leader killed): see [`fleet`].
 //!
 //! Writes the numbers as JSON (merged with `tests/bench/identity`'s when
 //! `--identity` names its file), the raw timings beside it
@@ -46,6 +49,9 @@
 //! `AUTONODE_BENCH_WRAP="strace -f -tt -o FILE"` runs the agent under a tool.
 
 mod burst;
+mod failover;
+mod fill;
+mod fleet;
 mod floor;
 mod layer;
 mod measure;
@@ -75,8 +81,10 @@ async fn main() -> Result<()> {
     let mut results = Map::new();
     let started = Instant::now();
 
-    eprintln!("== agent joins and bare CSRs, one at a time");
-    sequential(&options, &mut results).await?;
+    if options.joins > 0 {
+        eprintln!("== agent joins and bare CSRs, one at a time");
+        sequential(&options, &mut results).await?;
+    }
     if options.burst > 0 {
         eprintln!(
             "== burst of {} joins, after their API writes alone",
@@ -101,6 +109,9 @@ async fn main() -> Result<()> {
             options.stock
         );
         stock::burst(options.stock, &mut results).await?;
+    }
+    if !options.fleet.is_empty() {
+        fleet::fleet(&options.fleet, &mut results).await?;
     }
     results.insert(
         "agent_size_bytes".into(),

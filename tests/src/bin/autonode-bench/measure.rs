@@ -19,6 +19,13 @@ pub(crate) async fn server_metrics(world: &World) -> Result<String> {
     Ok(autonode_tests::server::http_get(&url).await?.1)
 }
 
+/// Whether `server` runs the leader's controllers (its `autonode_leader`).
+pub(crate) async fn leads(server: &autonode_tests::server::TestServer) -> Result<bool> {
+    let url = format!("{}/metrics", server.metrics_url());
+    let (_, text) = autonode_tests::server::http_get(&url).await?;
+    Ok(metric(&text, "autonode_leader").is_ok_and(|v| v == 1.0))
+}
+
 /// The value of the sample named exactly `name` (with its labels).
 pub(crate) fn metric(text: &str, name: &str) -> Result<f64> {
     text.lines()

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 pub(crate) const USAGE: &str =
     "usage: autonode-bench [--joins N] [--bare N] [--burst N] [--hostile-burst N] \
-[--burst-large N] [--stock N] [--warmup N] [--ignition-kib N] [--agent PATH] [--identity FILE] [--out FILE]
+[--burst-large N] [--stock N] [--fleet N,N..] [--warmup N] [--ignition-kib N] [--agent PATH] [--identity FILE] [--out FILE]
 
-  --joins N        agent joins one at a time (100)
+  --joins N        agent joins one at a time (100; 0 with --bare 0: none)
   --bare N         bare kubelet CSRs and join's writes alone, interleaved (100)
   --burst N        joins at once, after their API writes alone at once
                    (1000; 0: none)
@@ -36,6 +36,8 @@ pub(crate) struct Options {
     pub(crate) hostile_burst: usize,
     pub(crate) burst_large: usize,
     pub(crate) stock: usize,
+    /// Fleet sizes to measure the server among (`--fleet`).
+    pub(crate) fleet: Vec<usize>,
     pub(crate) warmup: usize,
     /// For the joins one at a time: a base Ignition layer of this many KiB
     /// (`--base-ignition`), or none (0).
@@ -54,6 +56,7 @@ impl Options {
             hostile_burst: 1000,
             burst_large: 5000,
             stock: 1000,
+            fleet: Vec::new(),
             warmup: WARMUP,
             ignition_kib: 0,
             agent: node::agent_binary()?,
@@ -70,6 +73,12 @@ impl Options {
                 "--hostile-burst" => options.hostile_burst = value()?.parse()?,
                 "--burst-large" => options.burst_large = value()?.parse()?,
                 "--stock" => options.stock = value()?.parse()?,
+                "--fleet" => {
+                    options.fleet = value()?
+                        .split(',')
+                        .map(|n| n.trim().parse())
+                        .collect::<Result<_, _>>()?
+                }
                 "--warmup" => options.warmup = value()?.parse()?,
                 "--ignition-kib" => options.ignition_kib = value()?.parse()?,
                 "--agent" => options.agent = value()?.into(),
@@ -82,7 +91,7 @@ impl Options {
                 other => bail!("unknown argument {other}\n{USAGE}"),
             }
         }
-        ensure!(options.joins > 0 && options.bare > 0, "{USAGE}");
+        ensure!((options.joins > 0) == (options.bare > 0), "{USAGE}");
         Ok(options)
     }
 }

@@ -193,6 +193,7 @@ pub(crate) fn table(results: &Value) -> String {
         "API requests per join (the burst)",
         &get("burst_api_requests_per_join"),
     ));
+    out.push_str(&crate::fleet::table(results));
     out
 }
 
