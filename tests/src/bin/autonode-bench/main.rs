@@ -35,6 +35,10 @@
 //!    a fresh control plane without autonode: the path a fleet would
 //!    otherwise join by (`stock`).
 //!
+//! 6. **renewal wave**: `--renewal-wave` joined nodes' client renewals and
+//!    serving CSRs at once, approved by the server; beside it the stock
+//!    approvers (`wave`).
+//!
 //! Writes the numbers as JSON (merged with `tests/bench/identity`'s when
 //! `--identity` names its file), the raw timings beside it
 //! (`*.samples.json`), and prints a table.
@@ -54,6 +58,7 @@ mod requests;
 mod sequential;
 mod stock;
 mod table;
+mod wave;
 
 use anyhow::{bail, ensure, Context, Result};
 use burst::{burst, Kind};
@@ -101,6 +106,14 @@ async fn main() -> Result<()> {
             options.stock
         );
         stock::burst(options.stock, &mut results).await?;
+    }
+    if options.renewal_wave > 0 {
+        eprintln!(
+            "== renewal wave: {} nodes' client and serving CSRs at once",
+            options.renewal_wave
+        );
+        let stock = options.renewal_wave_stock.min(options.renewal_wave);
+        wave::wave(options.renewal_wave, stock, &mut results).await?;
     }
     results.insert(
         "agent_size_bytes".into(),
