@@ -108,6 +108,15 @@ impl ControlPlane {
         Self::start_bare(&[], Extra::StockApprover).await
     }
 
+    /// Like [`ControlPlane::start_with_stock_approver`], with
+    /// kube-controller-manager's client limits left at their defaults (20
+    /// requests a second, burst 30), as a cluster that has not raised them
+    /// runs its `csrapproving` controller: the renewal wave's stock
+    /// alternative.
+    pub async fn start_with_stock_approver_at_default_limits() -> Result<Self> {
+        Self::start_bare(&[], Extra::StockApproverDefaultLimits).await
+    }
+
     /// Like [`ControlPlane::start`], without the Karpenter CRDs (for
     /// installing them some other way).
     pub async fn start_without_crds() -> Result<Self> {
@@ -515,6 +524,7 @@ enum Extra {
     Scheduler,
     SchedulerAndNodeLifecycle,
     StockApprover,
+    StockApproverDefaultLimits,
 }
 
 fn start_controller_manager(
@@ -527,7 +537,8 @@ fn start_controller_manager(
     let mut controllers =
         "csrsigning,csrcleaner,serviceaccount,serviceaccount-token,namespace,garbagecollector"
             .to_string();
-    if extra == Extra::StockApprover {
+    let default_limits = extra == Extra::StockApproverDefaultLimits;
+    if extra == Extra::StockApprover || default_limits {
         controllers.push_str(",csrapproving");
     }
     if extra == Extra::SchedulerAndNodeLifecycle {
@@ -546,11 +557,6 @@ fn start_controller_manager(
         // (and, for the real Karpenter, the node lifecycle: see
         // `ControlPlane::start_for_karpenter`).
         format!("--controllers={controllers}"),
-        // The default client limit (20 requests/s, burst 30) caps CSR
-        // signing at about 20 certificates a second, 50 s for a 500-node
-        // scale-out; control planes sized for such scale-outs raise it.
-        "--kube-api-qps=100".into(),
-        "--kube-api-burst=200".into(),
         format!("--cluster-signing-cert-file={}", files.path("ca.crt")),
         format!("--cluster-signing-key-file={}", files.path("ca.key")),
         format!("--root-ca-file={}", files.path("ca.crt")),
@@ -559,6 +565,12 @@ fn start_controller_manager(
             files.path("sa.key")
         ),
     ]);
+    if !default_limits {
+        // The default client limit (20 requests/s, burst 30) caps CSR
+        // signing at about 20 certificates a second, 50 s for a 500-node
+        // scale-out; control planes sized for such scale-outs raise it.
+        args.extend(["--kube-api-qps=100".into(), "--kube-api-burst=200".into()]);
+    }
     args.extend(controller_manager_version_args(version));
     Daemon::spawn(
         "kube-controller-manager",

@@ -183,6 +183,25 @@ pub(crate) async fn burst(
 /// instance, providerID), and what each agent would send: its keys, CSRs
 /// and signed document.
 async fn prepare(world: &World, admin: &kube::Client, count: usize) -> Result<Vec<JoinRequest>> {
+    let machines = machines(world, admin, count).await?;
+    Ok(machines.into_iter().map(|m| m.request).collect())
+}
+
+/// A machine made ready to join: its instance, its keys and the request
+/// its agent sends.
+pub(crate) struct Machine {
+    pub(crate) instance: Instance,
+    pub(crate) request: JoinRequest,
+    pub(crate) keys: NodeKeys,
+}
+
+/// Like [`prepare`], keeping each machine's instance and keys (for what
+/// its kubelet does after the join).
+pub(crate) async fn machines(
+    world: &World,
+    admin: &kube::Client,
+    count: usize,
+) -> Result<Vec<Machine>> {
     let prepared = Instant::now();
     let instances: Vec<Instance> = futures::stream::iter(0..count)
         .map(|_| {
@@ -203,11 +222,19 @@ async fn prepare(world: &World, admin: &kube::Client, count: usize) -> Result<Ve
         .try_collect()
         .await?;
     let ca = world.cloud.ca().clone();
-    let requests = tokio::task::spawn_blocking(move || {
+    let machines = tokio::task::spawn_blocking(move || {
         instances
-            .iter()
-            .map(|instance| joiner::honest_request(instance, &ca, &NodeKeys::generate()?))
-            .collect::<Result<Vec<JoinRequest>>>()
+            .into_iter()
+            .map(|instance| {
+                let keys = NodeKeys::generate()?;
+                let request = joiner::honest_request(&instance, &ca, &keys)?;
+                Ok(Machine {
+                    instance,
+                    request,
+                    keys,
+                })
+            })
+            .collect::<Result<Vec<Machine>>>()
     })
     .await??;
     // The server's NodeClaim watch has seen the last providerID by now.
@@ -216,7 +243,7 @@ async fn prepare(world: &World, admin: &kube::Client, count: usize) -> Result<Ve
         "  {count} instances, NodeClaims and requests ready in {:.1}s",
         prepared.elapsed().as_secs_f64()
     );
-    Ok(requests)
+    Ok(machines)
 }
 
 /// The floor of a burst: the join's API writes alone ([`join_writes`])
@@ -326,6 +353,8 @@ pub(crate) const SOURCES: u8 = 250;
 pub(crate) struct Granted {
     elapsed: Duration,
     busy_answers: u32,
+    /// The server's answer: the node's name and certificates.
+    pub(crate) response: JoinResponse,
 }
 
 impl JoinClient {
@@ -363,6 +392,7 @@ impl JoinClient {
                 return Ok(Granted {
                     elapsed: started.elapsed(),
                     busy_answers,
+                    response,
                 });
             }
             let transient = status == 0 || status == 429 || status >= 500;

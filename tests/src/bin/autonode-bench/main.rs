@@ -37,6 +37,9 @@
 //! 6. **fleet**: `--fleet 1000,5000,10000`: the server among a fleet that
 //!    stands (its replicas' memory, a replica started among them, the
 //!    leader killed): see [`fleet`].
+//! 7. **renewal wave**: `--renewal-wave` joined nodes' client renewals and
+//!    serving CSRs at once, approved by the server; beside it the stock
+//!    approvers (`wave`).
 //!
 //! Writes the numbers as JSON (merged with `tests/bench/identity`'s when
 //! `--identity` names its file), the raw timings beside it
@@ -60,6 +63,7 @@ mod requests;
 mod sequential;
 mod stock;
 mod table;
+mod wave;
 
 use anyhow::{bail, ensure, Context, Result};
 use burst::{burst, Kind};
@@ -112,6 +116,14 @@ async fn main() -> Result<()> {
     }
     if !options.fleet.is_empty() {
         fleet::fleet(&options.fleet, &mut results).await?;
+    }
+    if options.renewal_wave > 0 {
+        eprintln!(
+            "== renewal wave: {} nodes' client and serving CSRs at once",
+            options.renewal_wave
+        );
+        let stock = options.renewal_wave_stock.min(options.renewal_wave);
+        wave::wave(options.renewal_wave, stock, &mut results).await?;
     }
     results.insert(
         "agent_size_bytes".into(),

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 pub(crate) const USAGE: &str =
     "usage: autonode-bench [--joins N] [--bare N] [--burst N] [--hostile-burst N] \
-[--burst-large N] [--stock N] [--fleet N,N..] [--warmup N] [--ignition-kib N] [--agent PATH] [--identity FILE] [--out FILE]
+[--burst-large N] [--stock N] [--fleet N,N..] [--renewal-wave N] [--renewal-wave-stock N] [--warmup N] [--ignition-kib N] [--agent PATH] [--identity FILE] [--out FILE]
 
   --joins N        agent joins one at a time (100; 0 with --bare 0: none)
   --bare N         bare kubelet CSRs and join's writes alone, interleaved (100)
@@ -19,7 +19,12 @@ pub(crate) const USAGE: &str =
                    scale (5000; 0: none)
   --stock N        kubelet TLS bootstraps at once the stock way (client CSR
                    approved by kube-controller-manager, serving CSR by a
-                   one-worker approver) (1000; 0: none)";
+                   one-worker approver) (1000; 0: none)
+  --renewal-wave N N joined nodes' client renewals and serving CSRs at once,
+                   approved by the server (0: none)
+  --renewal-wave-stock N  the same for N nodes the stock way (kcm's client
+                   approver at its default limits, a one-worker serving
+                   approver), after the wave (1000, at most N; 0: none)";
 
 /// Agent runs and bare CSRs not counted, to warm connections and caches.
 pub(crate) const WARMUP: usize = 3;
@@ -38,6 +43,8 @@ pub(crate) struct Options {
     pub(crate) stock: usize,
     /// Fleet sizes to measure the server among (`--fleet`).
     pub(crate) fleet: Vec<usize>,
+    pub(crate) renewal_wave: usize,
+    pub(crate) renewal_wave_stock: usize,
     pub(crate) warmup: usize,
     /// For the joins one at a time: a base Ignition layer of this many KiB
     /// (`--base-ignition`), or none (0).
@@ -57,6 +64,8 @@ impl Options {
             burst_large: 5000,
             stock: 1000,
             fleet: Vec::new(),
+            renewal_wave: 0,
+            renewal_wave_stock: 1000,
             warmup: WARMUP,
             ignition_kib: 0,
             agent: node::agent_binary()?,
@@ -79,6 +88,8 @@ impl Options {
                         .map(|n| n.trim().parse())
                         .collect::<Result<_, _>>()?
                 }
+                "--renewal-wave" => options.renewal_wave = value()?.parse()?,
+                "--renewal-wave-stock" => options.renewal_wave_stock = value()?.parse()?,
                 "--warmup" => options.warmup = value()?.parse()?,
                 "--ignition-kib" => options.ignition_kib = value()?.parse()?,
                 "--agent" => options.agent = value()?.into(),

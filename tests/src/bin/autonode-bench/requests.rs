@@ -24,43 +24,79 @@ pub(crate) const FLOOR: [(&str, f64); 3] = [
 /// election's Lease renewals), kept apart from the per-join counts.
 const BACKGROUND: &[&str] = &["leases"];
 
-/// Where the audit log stood: counting starts after this many events.
-pub(crate) struct Mark(usize);
+/// When counting starts: requests the API server received from then on
+/// (its `requestReceivedTimestamp`, RFC 3339 in UTC with microseconds, so
+/// that the strings sort as the times do). A time, not a line count: the
+/// API server rotates its audit log at 100 MB, which a large burst or a
+/// renewal wave passes.
+pub(crate) struct Mark(String);
 
-pub(crate) fn mark(cp: &ControlPlane) -> Result<Mark> {
-    Ok(Mark(cp.audit_events()?.len()))
+pub(crate) fn mark(_cp: &ControlPlane) -> Result<Mark> {
+    let format = time::macros::format_description!(
+        "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:6]Z"
+    );
+    Ok(Mark(time::OffsetDateTime::now_utc().format(&format)?))
 }
 
 /// The server's requests since `since`, by `verb resource[/subresource]`,
-/// each counted once (its audit ID), and the background ones apart.
+/// each counted once (its audit ID), and the background ones apart; from
+/// the audit log and the files it was rotated to.
 pub(crate) fn since(cp: &ControlPlane, since: &Mark) -> Result<Counted> {
     let user = server_user();
     let mut seen = std::collections::BTreeSet::new();
     let mut counted = Counted::default();
-    for event in cp.audit_events()?.iter().skip(since.0) {
-        if event["user"]["username"] != user.as_str() {
-            continue;
+    for path in audit_files(cp)? {
+        let text = std::fs::read_to_string(&path)?;
+        // Only the server's lines are parsed (a cheap test first).
+        for line in text.lines().filter(|l| l.contains(user.as_str())) {
+            let Ok(event) = serde_json::from_str::<Value>(line) else {
+                continue;
+            };
+            let received = event["requestReceivedTimestamp"].as_str().unwrap_or("");
+            if event["user"]["username"] != user.as_str() || received < since.0.as_str() {
+                continue;
+            }
+            let Some(id) = event["auditID"].as_str() else {
+                continue;
+            };
+            if !seen.insert(id.to_string()) {
+                continue;
+            }
+            count(&event, &mut counted);
         }
-        let Some(id) = event["auditID"].as_str() else {
-            continue;
-        };
-        if !seen.insert(id.to_string()) {
-            continue;
-        }
-        let object = &event["objectRef"];
-        let resource = object["resource"].as_str().unwrap_or("?");
-        let key = match object["subresource"].as_str() {
-            Some(sub) => format!("{} {resource}/{sub}", event["verb"].as_str().unwrap_or("?")),
-            None => format!("{} {resource}", event["verb"].as_str().unwrap_or("?")),
-        };
-        let into = if BACKGROUND.contains(&resource) {
-            &mut counted.background
-        } else {
-            &mut counted.joins
-        };
-        *into.entry(key).or_default() += 1;
     }
     Ok(counted)
+}
+
+/// The audit log and its rotated files (`audit-<time>.log`), beside each
+/// other in the control plane's directory.
+fn audit_files(cp: &ControlPlane) -> Result<Vec<std::path::PathBuf>> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(cp.dir())? {
+        let path = entry?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if name.starts_with("audit") && name.ends_with(".log") {
+            files.push(path);
+        }
+    }
+    Ok(files)
+}
+
+/// Counts one of the server's audited requests into `counted`.
+fn count(event: &Value, counted: &mut Counted) {
+    let object = &event["objectRef"];
+    let resource = object["resource"].as_str().unwrap_or("?");
+    let verb = event["verb"].as_str().unwrap_or("?");
+    let key = match object["subresource"].as_str() {
+        Some(sub) => format!("{verb} {resource}/{sub}"),
+        None => format!("{verb} {resource}"),
+    };
+    let into = if BACKGROUND.contains(&resource) {
+        &mut counted.background
+    } else {
+        &mut counted.joins
+    };
+    *into.entry(key).or_default() += 1;
 }
 
 /// The server's requests, as the API server audited them.

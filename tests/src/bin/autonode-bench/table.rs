@@ -156,6 +156,43 @@ pub(crate) fn table(results: &Value) -> String {
             ),
         ),
         (
+            format!(
+                "renewal wave: {} nodes' client + serving CSRs at once, approved",
+                num("renewal_wave_nodes")
+            ),
+            format!(
+                "{} s, {} / s, {} left pending (p50 {} ms)",
+                num("renewal_wave_seconds"),
+                num("renewal_wave_per_s"),
+                num("renewal_wave_pending"),
+                num("renewal_wave_approval_p50_ms")
+            ),
+        ),
+        (
+            "renewal wave: server CPU (per approval) / API requests per approval / EC2 calls / 429s (APF)".into(),
+            format!(
+                "{} s ({} ms) / {} / {} / {}",
+                num("renewal_wave_server_cpu_s"),
+                num("renewal_wave_server_cpu_per_approval_ms"),
+                get("renewal_wave_api_requests_per_approval")["total"],
+                num("renewal_wave_ec2_calls"),
+                num("renewal_wave_apf_rejected")
+            ),
+        ),
+        (
+            format!(
+                "renewal wave, stock ({} nodes): kcm client approver (default limits) / one-worker serving approver",
+                num("renewal_wave_stock_nodes")
+            ),
+            format!(
+                "{} / s ({} s) / {} / s ({} s)",
+                num("renewal_wave_stock_client_per_s"),
+                num("renewal_wave_stock_client_seconds"),
+                num("renewal_wave_stock_serving_per_s"),
+                num("renewal_wave_stock_serving_seconds")
+            ),
+        ),
+        (
             "identity verifications / s (one core)".into(),
             num("iid_verify_per_s"),
         ),
