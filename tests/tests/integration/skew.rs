@@ -745,3 +745,148 @@ async fn this_agent_below_the_minimum_is_refused_and_its_machine_replaced() -> R
     let run = node.run_agent(&[]).await?;
     assert_below_minimum(&world, &claim, &run, &minimum, "this agent").await
 }
+
+/// A server of the previous release for the rollout guard's world `world`,
+/// with `flags`, leading once the one before it is gone.
+async fn previous_guard(world: &World, flags: &[String]) -> Result<server::TestServer> {
+    let binary = skew::previous_release()?.server();
+    let setup = Setup {
+        extra_args: flags,
+        binary: Some(&binary),
+        ..Setup::default()
+    };
+    let cloud = autonode_tests::server::world::cloud_settings(&world.cloud, &world.ec2);
+    server::TestServer::launch(&world.cp, &cloud, &setup).await
+}
+
+/// Two machines of the rollout guard's `NEW_AMI` fail through `leader`,
+/// which puts `OLD_AMI` back: the class then.
+async fn new_ami_fails(
+    world: &World,
+    leader: &server::TestServer,
+) -> Result<kube::api::DynamicObject> {
+    use crate::rollout::{self as guard, ami, state, NEW_AMI, OLD_AMI};
+    let joiner = autonode_tests::callers::joiner::Joiner::new(leader.url(), leader.ca_pem())?;
+    for _ in 0..2 {
+        let (_, instance) = guard::launch(world, NEW_AMI).await?;
+        guard::fail_bootstrap(world, &joiner, &instance).await?;
+    }
+    guard::class_when(world, "put back", |c| {
+        ami(c) == OLD_AMI && state(c)["refused"].is_object()
+    })
+    .await
+}
+
+/// Checks that the class is still as `reverted` left it (`OLD_AMI`, the
+/// same refusal) after `who` led it.
+async fn still_reverted(
+    world: &World,
+    reverted: &kube::api::DynamicObject,
+    who: &str,
+) -> Result<()> {
+    use crate::rollout::{ami, state, OLD_AMI};
+    let class = ec2nodeclasses(&world.cp.admin().await?).get(CLASS).await?;
+    anyhow::ensure!(
+        ami(&class) == OLD_AMI,
+        "{who} applied the reverted AMI again: {}",
+        ami(&class)
+    );
+    anyhow::ensure!(
+        state(&class)["refused"] == state(reverted)["refused"],
+        "{who} changed the refusal: {}",
+        state(&class)
+    );
+    Ok(())
+}
+
+/// A downgrade to the previous release's server and an upgrade back keep
+/// what the previous release's leader recorded meanwhile. This tree's
+/// server proves `OLD_AMI` (the store records it good); the previous
+/// release's server, which keeps the guard's state on the class alone,
+/// tries `NEW_AMI`, whose machines fail, and puts `OLD_AMI` back; this
+/// tree's server, its flags still on `NEW_AMI`, takes that refusal over
+/// from the class's sealed copy into its store rather than apply the
+/// reverted AMI again from its own, older record.
+#[tokio::test]
+async fn a_downgrade_and_upgrade_back_keep_what_the_previous_releases_leader_reverted() -> Result<()>
+{
+    use crate::rollout::{self as guard, ami, state, stored, NEW_AMI, OLD_AMI};
+    let flags = guard::Flags::new()?;
+    let (world, _) = guard::proven_world(&flags).await?;
+    let before = stored(&world).await?;
+    anyhow::ensure!(
+        before["good"]["amiSelectorTerms"][0]["id"] == OLD_AMI,
+        "the store did not record the proven AMI: {before}"
+    );
+
+    world.server.kill();
+    let old = previous_guard(&world, &flags.next(NEW_AMI)).await?;
+    guard::class_when(&world, "on the new AMI under the previous release", |c| {
+        ami(c) == NEW_AMI && state(c)["trial"].is_object()
+    })
+    .await?;
+    let reverted = new_ami_fails(&world, &old).await?;
+    anyhow::ensure!(
+        stored(&world).await? == before,
+        "the previous release wrote the store: the test would prove nothing"
+    );
+
+    old.kill();
+    let cloud = autonode_tests::server::world::cloud_settings(&world.cloud, &world.ec2);
+    let new = server::TestServer::start(&world.cp, &cloud, &flags.next(NEW_AMI)).await?;
+    guard::resyncs(&new, 3.0).await?;
+    still_reverted(&world, &reverted, "the upgrade back").await?;
+    let after = stored(&world).await?;
+    anyhow::ensure!(
+        after["refused"] == state(&reverted)["refused"]
+            && after["applied"] == state(&reverted)["applied"],
+        "the store did not take the refusal over: {after}"
+    );
+    anyhow::ensure!(!new.log().contains("RolloutStateRejected"), "{}", new.log());
+    Ok(())
+}
+
+/// The previous release's rollout-guard state carried into this tree's
+/// store, and this tree's read by the previous release after a downgrade:
+/// the previous release's server proves `OLD_AMI` (its state on the class
+/// alone); this tree's server, on `NEW_AMI`, carries that state into the
+/// store (`OLD_AMI` good), tries `NEW_AMI` and reverts it when its machines
+/// fail; the previous release's server, back with its flags on `NEW_AMI`,
+/// reads the refusal from the class's copy and keeps `OLD_AMI`.
+#[tokio::test]
+async fn the_previous_releases_guard_state_is_carried_into_the_store_and_a_downgrade_reads_the_copy(
+) -> Result<()> {
+    use crate::rollout::{self as guard, ami, state, stored, NEW_AMI};
+    let flags = guard::Flags::new()?;
+    let previous = skew::previous_release()?.server();
+    let (world, proven) = guard::proven_world_by(&flags, Some(&previous)).await?;
+    anyhow::ensure!(
+        stored(&world).await?.is_null(),
+        "the previous release wrote a store"
+    );
+
+    world.server.kill();
+    let cloud = autonode_tests::server::world::cloud_settings(&world.cloud, &world.ec2);
+    let new = server::TestServer::start(&world.cp, &cloud, &flags.next(NEW_AMI)).await?;
+    guard::class_when(&world, "on the new AMI", |c| ami(c) == NEW_AMI).await?;
+    let carried = stored(&world).await?;
+    anyhow::ensure!(
+        carried["good"] == state(&proven)["good"],
+        "the store did not carry the previous release's last good values: {carried}"
+    );
+    let reverted = new_ami_fails(&world, &new).await?;
+
+    new.kill();
+    let old = previous_guard(&world, &flags.next(NEW_AMI)).await?;
+    // Its resync is a second: it has judged the class many times by then.
+    tokio::time::sleep(std::time::Duration::from_secs(8)).await;
+    still_reverted(&world, &reverted, "the previous release").await?;
+    let reasons =
+        autonode_tests::kube::events::event_reasons(&world.cp.admin().await?, CLASS).await?;
+    anyhow::ensure!(
+        !reasons.iter().any(|r| r == "RolloutStateRejected"),
+        "the previous release rejected this tree's copy: {reasons:?}\n{}",
+        old.log()
+    );
+    Ok(())
+}
