@@ -914,30 +914,9 @@ fn rbac_before_the_store(flags: &[String]) -> Result<String> {
 async fn under_rbac_before_the_store_the_state_stays_on_the_class_and_it_says_so() -> Result<()> {
     let flags = Flags::new()?;
     let args = flags.with_ami(OLD_AMI);
-    let world = World::start_with(&args).await?;
-    world.server.kill();
+    let (world, old_rbac) = without_the_store_role(&args).await?;
     let admin = world.cp.admin().await?;
     let name = "autonode-server-rollout-store";
-    Api::<RoleBinding>::namespaced(admin.clone(), "autonode-system")
-        .delete(name, &Default::default())
-        .await?;
-    Api::<Role>::namespaced(admin.clone(), "autonode-system")
-        .delete(name, &Default::default())
-        .await?;
-    let manifest = rbac_before_the_store(&args)?;
-    let setup = Setup {
-        extra_args: &args,
-        rbac_manifest: Some(&manifest),
-        ..Setup::default()
-    };
-    let cloud = cloud_settings(&world.cloud, &world.ec2);
-    let old_rbac = TestServer::launch(&world.cp, &cloud, &setup).await?;
-
-    standin::create_custom_nodeclass(&admin, CLASS, "mine").await?;
-    class_when(&world, "kept by autonode, its state on it", |c| {
-        ami(c) == OLD_AMI && state(c)["trial"].is_object()
-    })
-    .await?;
     let told = class_events(&world, "RolloutStoreUnavailable").await?;
     ensure!(told[0].contains(name), "{told:?}");
     resyncs(&old_rbac, 2.0).await?;
@@ -961,6 +940,77 @@ async fn under_rbac_before_the_store_the_state_stays_on_the_class_and_it_says_so
     mark_ready(&world, &claim).await?;
     class_when(&world, "promoted", |c| state(c)["trial"].is_null()).await?;
     Ok(())
+}
+
+/// Skew (docs/upgrading.md, the order to upgrade in): a server started
+/// before the store's Role was applied picks the store up within five
+/// minutes of the Role being applied, without a restart (it asks again
+/// every five minutes after a refusal; the period is no setting, so the
+/// test waits it out), carrying the class's state into it.
+#[tokio::test]
+async fn the_store_is_picked_up_within_five_minutes_of_its_role_being_applied() -> Result<()> {
+    let flags = Flags::new()?;
+    let args = flags.with_ami(OLD_AMI);
+    let (world, _server) = without_the_store_role(&args).await?;
+    class_events(&world, "RolloutStoreUnavailable").await?;
+    let admin = world.cp.admin().await?;
+    GuestRbac::for_flags(&args)
+        .without_admission()
+        .apply(&admin, world.cp.version())
+        .await?;
+    let applied = std::time::Instant::now();
+    // Five minutes, and a few resyncs of a second for the reconcile.
+    let entry = poll::until(
+        "the store to hold the class's state",
+        Duration::from_secs(300 + 10),
+        Duration::from_secs(1),
+        || async {
+            let entry = stored(&world).await?;
+            Ok((!entry.is_null()).then_some(entry))
+        },
+    )
+    .await?;
+    let class = ec2nodeclasses(&admin).get(CLASS).await?;
+    ensure!(
+        entry["applied"] == state(&class)["applied"],
+        "the store does not hold the class's state: {entry} vs {}",
+        state(&class)
+    );
+    eprintln!(
+        "the store was picked up {:.0} s after its Role was applied",
+        applied.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// A world whose server (`args`) runs under the guest RBAC of a release
+/// before the store, and a class it keeps, its state on the class.
+async fn without_the_store_role(args: &[String]) -> Result<(World, TestServer)> {
+    let world = World::start_with(args).await?;
+    world.server.kill();
+    let admin = world.cp.admin().await?;
+    let name = "autonode-server-rollout-store";
+    Api::<RoleBinding>::namespaced(admin.clone(), "autonode-system")
+        .delete(name, &Default::default())
+        .await?;
+    Api::<Role>::namespaced(admin.clone(), "autonode-system")
+        .delete(name, &Default::default())
+        .await?;
+    let manifest = rbac_before_the_store(args)?;
+    let setup = Setup {
+        extra_args: args,
+        rbac_manifest: Some(&manifest),
+        ..Setup::default()
+    };
+    let cloud = cloud_settings(&world.cloud, &world.ec2);
+    let old_rbac = TestServer::launch(&world.cp, &cloud, &setup).await?;
+
+    standin::create_custom_nodeclass(&admin, CLASS, "mine").await?;
+    class_when(&world, "kept by autonode, its state on it", |c| {
+        ami(c) == OLD_AMI && state(c)["trial"].is_object()
+    })
+    .await?;
+    Ok((world, old_rbac))
 }
 
 /// The store's entries: each key's bytes (name and text), by class name.
