@@ -542,6 +542,33 @@ async fn a_rolling_upgrade_with_joins_in_flight_fails_no_join_and_drifts_no_clas
     Ok(())
 }
 
+/// The Helm releases of a server and its guest RBAC: name, namespace, and
+/// the settings the guest's needs.
+const HELM_RELEASES: [(&str, &str, &[&str]); 2] = [
+    ("autonode-server", "hosted-cp", &[]),
+    ("autonode-guest", "guest-rbac", &["--set", "cluster=guest"]),
+];
+
+/// Checks that Helm's last revision of `release` is `revision` and
+/// deployed.
+fn deployed_at(release: &str, namespace: &str, kubeconfig: &str, revision: char) -> Result<()> {
+    let args = [
+        "history",
+        release,
+        "--namespace",
+        namespace,
+        "--kubeconfig",
+        kubeconfig,
+    ];
+    let history = autonode_tests::server::helm::helm(&args)?;
+    let last = history.lines().last().unwrap_or_default();
+    anyhow::ensure!(
+        last.trim_start().starts_with(revision) && last.contains("deployed"),
+        "{release}: {history}"
+    );
+    Ok(())
+}
+
 /// `helm upgrade` from each earlier revision's chart (the previous
 /// release's among them) to this one, on a real API server: the server's
 /// release (namespace `hosted-cp`) and the guest RBAC's (`cluster=guest`),
@@ -554,10 +581,7 @@ async fn helm_upgrade_from_every_earlier_chart_works_in_place() -> Result<()> {
     let cp = autonode_tests::kube::controlplane::ControlPlane::start().await?;
     let kubeconfig = cp.admin_kubeconfig().to_string_lossy().into_owned();
     let new_chart = helm::chart_dir();
-    let releases: [(&str, &str, &[&str]); 2] = [
-        ("autonode-server", "hosted-cp", &[]),
-        ("autonode-guest", "guest-rbac", &["--set", "cluster=guest"]),
-    ];
+    let releases = HELM_RELEASES;
     for revision in skew::all()? {
         let who = revision.label();
         let old_chart = revision.chart();
@@ -569,40 +593,14 @@ async fn helm_upgrade_from_every_earlier_chart_works_in_place() -> Result<()> {
                 args.extend(sets.iter().copied());
                 helm::helm(&args).with_context(|| format!("{who}: helm {verb} {release}"))?;
             }
-            let history = helm::helm(&[
-                "history",
-                release,
-                "--namespace",
-                namespace,
-                "--kubeconfig",
-                &kubeconfig,
-            ])?;
-            let last = history.lines().last().unwrap_or_default();
-            assert!(
-                last.trim_start().starts_with('2') && last.contains("deployed"),
-                "{who}: {history}"
-            );
+            deployed_at(release, namespace, &kubeconfig, '2').context(who.clone())?;
         }
-        let deployment = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(
-            cp.admin().await?,
-            "hosted-cp",
-        )
-        .get("autonode-server")
-        .await?;
-        let container = deployment
-            .spec
-            .and_then(|s| s.template.spec)
-            .and_then(|s| s.containers.into_iter().next())
-            .context("no container")?;
-        let image = container.image.unwrap_or_default();
+        let (image, flags) = server_container(&cp).await?;
         assert!(
             image.ends_with(&format!(":{}", env!("CARGO_PKG_VERSION"))),
             "{who}: {image}"
         );
-        assert!(
-            !container.args.unwrap_or_default().is_empty(),
-            "{who}: no flags"
-        );
+        assert!(!flags.is_empty(), "{who}: no flags");
         for (release, namespace, _) in releases {
             let args = [
                 "uninstall",
@@ -887,6 +885,82 @@ async fn the_previous_releases_guard_state_is_carried_into_the_store_and_a_downg
         !reasons.iter().any(|r| r == "RolloutStateRejected"),
         "the previous release rejected this tree's copy: {reasons:?}\n{}",
         old.log()
+    );
+    Ok(())
+}
+
+/// The server container's image and flags as the Deployment in
+/// `hosted-cp` has them.
+async fn server_container(
+    cp: &autonode_tests::kube::controlplane::ControlPlane,
+) -> Result<(String, Vec<String>)> {
+    let deployment =
+        Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(cp.admin().await?, "hosted-cp")
+            .get("autonode-server")
+            .await?;
+    let container = deployment
+        .spec
+        .and_then(|s| s.template.spec)
+        .and_then(|s| s.containers.into_iter().next())
+        .context("no container")?;
+    Ok((
+        container.image.unwrap_or_default(),
+        container.args.unwrap_or_default(),
+    ))
+}
+
+/// `helm rollback` from this tree's chart to the previous release's: the
+/// server's and the guest RBAC's releases installed from the previous
+/// chart, upgraded to this one, and rolled back; the Deployment then runs
+/// the previous release's image with exactly the flags its chart rendered
+/// (none it would refuse, as this chart's new ones), and each release's
+/// last revision is deployed.
+#[tokio::test]
+async fn helm_rollback_to_the_previous_releases_chart_renders_its_own_flags() -> Result<()> {
+    use autonode_tests::server::helm;
+    let cp = autonode_tests::kube::controlplane::ControlPlane::start().await?;
+    let kubeconfig = cp.admin_kubeconfig().to_string_lossy().into_owned();
+    let old_chart = skew::previous_release()?.chart();
+    let new_chart = helm::chart_dir();
+    let releases = HELM_RELEASES;
+    let mut before = None;
+    for (release, namespace, sets) in releases {
+        let steps = [
+            ("install", Some(&old_chart)),
+            ("upgrade", Some(&new_chart)),
+            ("rollback", None),
+        ];
+        for (verb, chart) in steps {
+            let chart = chart.map(|c| c.to_string_lossy().into_owned());
+            let mut args = vec![verb, release];
+            match &chart {
+                Some(chart) => args.extend([chart.as_str(), "--create-namespace"]),
+                None => args.push("1"),
+            }
+            args.extend(["--namespace", namespace, "--kubeconfig", &kubeconfig]);
+            if chart.is_some() {
+                args.extend(sets.iter().copied());
+            }
+            helm::helm(&args).with_context(|| format!("helm {verb} {release}"))?;
+            if release == "autonode-server" && verb == "install" {
+                before = Some(server_container(&cp).await?);
+            }
+            if release == "autonode-server" && verb == "upgrade" {
+                anyhow::ensure!(
+                    before.as_ref() != Some(&server_container(&cp).await?),
+                    "this chart renders what the previous one did: the rollback would prove nothing"
+                );
+            }
+        }
+        deployed_at(release, namespace, &kubeconfig, '3')?;
+    }
+    let (image, flags) = server_container(&cp).await?;
+    let (old_image, old_flags) = before.context("no server install")?;
+    let version = skew::previous_release()?.label();
+    anyhow::ensure!(
+        image == old_image && flags == old_flags,
+        "rolled back to {version}'s chart, the Deployment runs {image} with {flags:?}, \
+         not {old_image} with {old_flags:?}"
     );
     Ok(())
 }
