@@ -22,9 +22,9 @@ use serde_json::{json, Value};
 use std::time::Duration;
 use tempfile::TempDir;
 
-const OLD_AMI: &str = "ami-0aaaaaaaaaaaaaaa1";
-const NEW_AMI: &str = "ami-0bbbbbbbbbbbbbbb2";
-const CLASS: &str = "default";
+pub(crate) const OLD_AMI: &str = "ami-0aaaaaaaaaaaaaaa1";
+pub(crate) const NEW_AMI: &str = "ami-0bbbbbbbbbbbbbbb2";
+pub(crate) const CLASS: &str = "default";
 const STATE: &str = "autonode.dev/rollout";
 const STORE: &str = "autonode-rollout";
 
@@ -32,13 +32,13 @@ const STORE: &str = "autonode-rollout";
 /// of their own), the AMI, a fast resync and lease, two failures to revert,
 /// and the rollout state key the generations share (each test server has a
 /// TLS key of its own, so the key derived from it would not be shared).
-struct Flags {
+pub(crate) struct Flags {
     _dir: TempDir,
     base: Vec<String>,
 }
 
 impl Flags {
-    fn new() -> Result<Self> {
+    pub(crate) fn new() -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let ca_file = dir.path().join("join-ca.pem");
         std::fs::write(&ca_file, Ca::new("rollout-join-ca")?.cert_pem())?;
@@ -60,7 +60,7 @@ impl Flags {
     }
 
     /// The flags with `--ami-ids` set to `ami` for amd64.
-    fn with_ami(&self, ami: &str) -> Vec<String> {
+    pub(crate) fn with_ami(&self, ami: &str) -> Vec<String> {
         let mut flags = self.base.clone();
         flags.push(format!("--ami-ids=amd64={ami}"));
         flags
@@ -69,7 +69,7 @@ impl Flags {
     /// The next generation's flags: `--ami-ids` set to `ami` for amd64,
     /// and another `--agent-deadline`, so its userData differs too (as a
     /// release that changes both).
-    fn next(&self, ami: &str) -> Vec<String> {
+    pub(crate) fn next(&self, ami: &str) -> Vec<String> {
         let mut flags = self.with_ami(ami);
         flags.push("--agent-deadline=700".into());
         flags
@@ -93,7 +93,7 @@ impl Flags {
 }
 
 /// Polls `probe` every 200 ms for up to 30 s until it yields a value.
-async fn eventually<T, F, Fut>(what: &str, probe: F) -> Result<T>
+pub(crate) async fn eventually<T, F, Fut>(what: &str, probe: F) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<Option<T>>>,
@@ -108,7 +108,7 @@ where
 }
 
 /// The class's rollout state, parsed out of its seal (`{state, mac}`).
-fn state(class: &DynamicObject) -> Value {
+pub(crate) fn state(class: &DynamicObject) -> Value {
     let text = class
         .metadata
         .annotations
@@ -122,7 +122,7 @@ fn state(class: &DynamicObject) -> Value {
 
 /// The class's state in the guard's store (ConfigMap autonode-rollout in
 /// the leader namespace), `Null` when there is none.
-async fn stored(world: &World) -> Result<Value> {
+pub(crate) async fn stored(world: &World) -> Result<Value> {
     let api: Api<ConfigMap> = Api::namespaced(world.cp.admin().await?, "autonode-system");
     let Some(map) = api.get_opt(STORE).await? else {
         return Ok(Value::Null);
@@ -147,14 +147,14 @@ fn failed_field<'a>(refused: &'a Value, field: &str) -> Vec<&'a str> {
 }
 
 /// The AMI id the class selects.
-fn ami(class: &DynamicObject) -> &str {
+pub(crate) fn ami(class: &DynamicObject) -> &str {
     class.data["spec"]["amiSelectorTerms"][0]["id"]
         .as_str()
         .unwrap_or_default()
 }
 
 /// Waits until the class is as `done` says, and returns it.
-async fn class_when(
+pub(crate) async fn class_when(
     world: &World,
     what: &str,
     done: impl Fn(&DynamicObject) -> bool,
@@ -168,7 +168,7 @@ async fn class_when(
 }
 
 /// The messages of the Events on the class with `reason`, once there is one.
-async fn class_events(world: &World, reason: &str) -> Result<Vec<String>> {
+pub(crate) async fn class_events(world: &World, reason: &str) -> Result<Vec<String>> {
     let api: Api<Event> = Api::namespaced(world.cp.admin().await?, "default");
     let selector =
         format!("involvedObject.name={CLASS},involvedObject.kind=EC2NodeClass,reason={reason}");
@@ -191,7 +191,7 @@ async fn annotate(api: &Api<DynamicObject>, key: &str, value: Value) -> Result<(
 
 /// Karpenter's part for a machine of `ami`: a NodeClaim of the class, the
 /// instance, its providerID and `status.imageID`.
-async fn launch(world: &World, ami: &str) -> Result<(String, Instance)> {
+pub(crate) async fn launch(world: &World, ami: &str) -> Result<(String, Instance)> {
     let (claim, instance) = world
         .launch(|mut i| {
             i.image_id = ami.to_string();
@@ -210,7 +210,7 @@ async fn launch(world: &World, ami: &str) -> Result<(String, Instance)> {
 }
 
 /// Karpenter's word that `claim`'s node is Ready.
-async fn mark_ready(world: &World, claim: &str) -> Result<()> {
+pub(crate) async fn mark_ready(world: &World, claim: &str) -> Result<()> {
     let now =
         time::OffsetDateTime::now_utc().format(&time::format_description::well_known::Rfc3339)?;
     let conditions = ["Launched", "Registered", "Initialized", "Ready"].map(|kind| {
@@ -230,8 +230,22 @@ async fn mark_ready(world: &World, claim: &str) -> Result<()> {
 
 /// A world whose first server keeps `OLD_AMI`, and a class that has run a
 /// Ready node under it: `OLD_AMI` is its last good AMI.
-async fn proven_world(flags: &Flags) -> Result<(World, DynamicObject)> {
-    let world = World::start_with(&flags.with_ami(OLD_AMI)).await?;
+pub(crate) async fn proven_world(flags: &Flags) -> Result<(World, DynamicObject)> {
+    proven_world_by(flags, None).await
+}
+
+/// [`proven_world`] with its first server running `binary` (`None`: this
+/// tree's).
+pub(crate) async fn proven_world_by(
+    flags: &Flags,
+    binary: Option<&std::path::Path>,
+) -> Result<(World, DynamicObject)> {
+    let world = World::start_setup(&Setup {
+        extra_args: &flags.with_ami(OLD_AMI),
+        binary,
+        ..Setup::default()
+    })
+    .await?;
     let admin = world.cp.admin().await?;
     standin::create_custom_nodeclass(&admin, CLASS, "mine").await?;
     class_when(&world, "kept by autonode", |c| {
@@ -270,7 +284,11 @@ async fn trial_begun(flags: &Flags) -> Result<(World, TestServer, Joiner)> {
 }
 
 /// An honest agent's join, then its signed fatal report, through `joiner`.
-async fn fail_bootstrap(world: &World, joiner: &Joiner, instance: &Instance) -> Result<()> {
+pub(crate) async fn fail_bootstrap(
+    world: &World,
+    joiner: &Joiner,
+    instance: &Instance,
+) -> Result<()> {
     let keys = NodeKeys::generate()?;
     joiner
         .join(&joiner::honest_request(instance, world.cloud.ca(), &keys)?)
@@ -299,7 +317,7 @@ async fn metric(server: &TestServer, line: &str) -> Result<f64> {
 }
 
 /// Waits until `server` has compared its classes `n` more times.
-async fn resyncs(server: &TestServer, n: f64) -> Result<()> {
+pub(crate) async fn resyncs(server: &TestServer, n: f64) -> Result<()> {
     let checks = "autonode_nodeclass_checks_total";
     let start = metric(server, checks).await?;
     eventually(&format!("{n} more resyncs"), || async {
@@ -896,30 +914,9 @@ fn rbac_before_the_store(flags: &[String]) -> Result<String> {
 async fn under_rbac_before_the_store_the_state_stays_on_the_class_and_it_says_so() -> Result<()> {
     let flags = Flags::new()?;
     let args = flags.with_ami(OLD_AMI);
-    let world = World::start_with(&args).await?;
-    world.server.kill();
+    let (world, old_rbac) = without_the_store_role(&args).await?;
     let admin = world.cp.admin().await?;
     let name = "autonode-server-rollout-store";
-    Api::<RoleBinding>::namespaced(admin.clone(), "autonode-system")
-        .delete(name, &Default::default())
-        .await?;
-    Api::<Role>::namespaced(admin.clone(), "autonode-system")
-        .delete(name, &Default::default())
-        .await?;
-    let manifest = rbac_before_the_store(&args)?;
-    let setup = Setup {
-        extra_args: &args,
-        rbac_manifest: Some(&manifest),
-        ..Setup::default()
-    };
-    let cloud = cloud_settings(&world.cloud, &world.ec2);
-    let old_rbac = TestServer::launch(&world.cp, &cloud, &setup).await?;
-
-    standin::create_custom_nodeclass(&admin, CLASS, "mine").await?;
-    class_when(&world, "kept by autonode, its state on it", |c| {
-        ami(c) == OLD_AMI && state(c)["trial"].is_object()
-    })
-    .await?;
     let told = class_events(&world, "RolloutStoreUnavailable").await?;
     ensure!(told[0].contains(name), "{told:?}");
     resyncs(&old_rbac, 2.0).await?;
@@ -943,6 +940,77 @@ async fn under_rbac_before_the_store_the_state_stays_on_the_class_and_it_says_so
     mark_ready(&world, &claim).await?;
     class_when(&world, "promoted", |c| state(c)["trial"].is_null()).await?;
     Ok(())
+}
+
+/// Skew (docs/upgrading.md, the order to upgrade in): a server started
+/// before the store's Role was applied picks the store up within five
+/// minutes of the Role being applied, without a restart (it asks again
+/// every five minutes after a refusal; the period is no setting, so the
+/// test waits it out), carrying the class's state into it.
+#[tokio::test]
+async fn the_store_is_picked_up_within_five_minutes_of_its_role_being_applied() -> Result<()> {
+    let flags = Flags::new()?;
+    let args = flags.with_ami(OLD_AMI);
+    let (world, _server) = without_the_store_role(&args).await?;
+    class_events(&world, "RolloutStoreUnavailable").await?;
+    let admin = world.cp.admin().await?;
+    GuestRbac::for_flags(&args)
+        .without_admission()
+        .apply(&admin, world.cp.version())
+        .await?;
+    let applied = std::time::Instant::now();
+    // Five minutes, and a few resyncs of a second for the reconcile.
+    let entry = poll::until(
+        "the store to hold the class's state",
+        Duration::from_secs(300 + 10),
+        Duration::from_secs(1),
+        || async {
+            let entry = stored(&world).await?;
+            Ok((!entry.is_null()).then_some(entry))
+        },
+    )
+    .await?;
+    let class = ec2nodeclasses(&admin).get(CLASS).await?;
+    ensure!(
+        entry["applied"] == state(&class)["applied"],
+        "the store does not hold the class's state: {entry} vs {}",
+        state(&class)
+    );
+    eprintln!(
+        "the store was picked up {:.0} s after its Role was applied",
+        applied.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// A world whose server (`args`) runs under the guest RBAC of a release
+/// before the store, and a class it keeps, its state on the class.
+async fn without_the_store_role(args: &[String]) -> Result<(World, TestServer)> {
+    let world = World::start_with(args).await?;
+    world.server.kill();
+    let admin = world.cp.admin().await?;
+    let name = "autonode-server-rollout-store";
+    Api::<RoleBinding>::namespaced(admin.clone(), "autonode-system")
+        .delete(name, &Default::default())
+        .await?;
+    Api::<Role>::namespaced(admin.clone(), "autonode-system")
+        .delete(name, &Default::default())
+        .await?;
+    let manifest = rbac_before_the_store(args)?;
+    let setup = Setup {
+        extra_args: args,
+        rbac_manifest: Some(&manifest),
+        ..Setup::default()
+    };
+    let cloud = cloud_settings(&world.cloud, &world.ec2);
+    let old_rbac = TestServer::launch(&world.cp, &cloud, &setup).await?;
+
+    standin::create_custom_nodeclass(&admin, CLASS, "mine").await?;
+    class_when(&world, "kept by autonode, its state on it", |c| {
+        ami(c) == OLD_AMI && state(c)["trial"].is_object()
+    })
+    .await?;
+    Ok((world, old_rbac))
 }
 
 /// The store's entries: each key's bytes (name and text), by class name.

@@ -542,6 +542,33 @@ async fn a_rolling_upgrade_with_joins_in_flight_fails_no_join_and_drifts_no_clas
     Ok(())
 }
 
+/// The Helm releases of a server and its guest RBAC: name, namespace, and
+/// the settings the guest's needs.
+const HELM_RELEASES: [(&str, &str, &[&str]); 2] = [
+    ("autonode-server", "hosted-cp", &[]),
+    ("autonode-guest", "guest-rbac", &["--set", "cluster=guest"]),
+];
+
+/// Checks that Helm's last revision of `release` is `revision` and
+/// deployed.
+fn deployed_at(release: &str, namespace: &str, kubeconfig: &str, revision: char) -> Result<()> {
+    let args = [
+        "history",
+        release,
+        "--namespace",
+        namespace,
+        "--kubeconfig",
+        kubeconfig,
+    ];
+    let history = autonode_tests::server::helm::helm(&args)?;
+    let last = history.lines().last().unwrap_or_default();
+    anyhow::ensure!(
+        last.trim_start().starts_with(revision) && last.contains("deployed"),
+        "{release}: {history}"
+    );
+    Ok(())
+}
+
 /// `helm upgrade` from each earlier revision's chart (the previous
 /// release's among them) to this one, on a real API server: the server's
 /// release (namespace `hosted-cp`) and the guest RBAC's (`cluster=guest`),
@@ -554,10 +581,7 @@ async fn helm_upgrade_from_every_earlier_chart_works_in_place() -> Result<()> {
     let cp = autonode_tests::kube::controlplane::ControlPlane::start().await?;
     let kubeconfig = cp.admin_kubeconfig().to_string_lossy().into_owned();
     let new_chart = helm::chart_dir();
-    let releases: [(&str, &str, &[&str]); 2] = [
-        ("autonode-server", "hosted-cp", &[]),
-        ("autonode-guest", "guest-rbac", &["--set", "cluster=guest"]),
-    ];
+    let releases = HELM_RELEASES;
     for revision in skew::all()? {
         let who = revision.label();
         let old_chart = revision.chart();
@@ -569,40 +593,14 @@ async fn helm_upgrade_from_every_earlier_chart_works_in_place() -> Result<()> {
                 args.extend(sets.iter().copied());
                 helm::helm(&args).with_context(|| format!("{who}: helm {verb} {release}"))?;
             }
-            let history = helm::helm(&[
-                "history",
-                release,
-                "--namespace",
-                namespace,
-                "--kubeconfig",
-                &kubeconfig,
-            ])?;
-            let last = history.lines().last().unwrap_or_default();
-            assert!(
-                last.trim_start().starts_with('2') && last.contains("deployed"),
-                "{who}: {history}"
-            );
+            deployed_at(release, namespace, &kubeconfig, '2').context(who.clone())?;
         }
-        let deployment = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(
-            cp.admin().await?,
-            "hosted-cp",
-        )
-        .get("autonode-server")
-        .await?;
-        let container = deployment
-            .spec
-            .and_then(|s| s.template.spec)
-            .and_then(|s| s.containers.into_iter().next())
-            .context("no container")?;
-        let image = container.image.unwrap_or_default();
+        let (image, flags) = server_container(&cp).await?;
         assert!(
             image.ends_with(&format!(":{}", env!("CARGO_PKG_VERSION"))),
             "{who}: {image}"
         );
-        assert!(
-            !container.args.unwrap_or_default().is_empty(),
-            "{who}: no flags"
-        );
+        assert!(!flags.is_empty(), "{who}: no flags");
         for (release, namespace, _) in releases {
             let args = [
                 "uninstall",
@@ -744,4 +742,225 @@ async fn this_agent_below_the_minimum_is_refused_and_its_machine_replaced() -> R
     let (claim, node) = machine(&world, |i| i).await?;
     let run = node.run_agent(&[]).await?;
     assert_below_minimum(&world, &claim, &run, &minimum, "this agent").await
+}
+
+/// A server of the previous release for the rollout guard's world `world`,
+/// with `flags`, leading once the one before it is gone.
+async fn previous_guard(world: &World, flags: &[String]) -> Result<server::TestServer> {
+    let binary = skew::previous_release()?.server();
+    let setup = Setup {
+        extra_args: flags,
+        binary: Some(&binary),
+        ..Setup::default()
+    };
+    let cloud = autonode_tests::server::world::cloud_settings(&world.cloud, &world.ec2);
+    server::TestServer::launch(&world.cp, &cloud, &setup).await
+}
+
+/// Two machines of the rollout guard's `NEW_AMI` fail through `leader`,
+/// which puts `OLD_AMI` back: the class then.
+async fn new_ami_fails(
+    world: &World,
+    leader: &server::TestServer,
+) -> Result<kube::api::DynamicObject> {
+    use crate::rollout::{self as guard, ami, state, NEW_AMI, OLD_AMI};
+    let joiner = autonode_tests::callers::joiner::Joiner::new(leader.url(), leader.ca_pem())?;
+    for _ in 0..2 {
+        let (_, instance) = guard::launch(world, NEW_AMI).await?;
+        guard::fail_bootstrap(world, &joiner, &instance).await?;
+    }
+    guard::class_when(world, "put back", |c| {
+        ami(c) == OLD_AMI && state(c)["refused"].is_object()
+    })
+    .await
+}
+
+/// Checks that the class is still as `reverted` left it (`OLD_AMI`, the
+/// same refusal) after `who` led it.
+async fn still_reverted(
+    world: &World,
+    reverted: &kube::api::DynamicObject,
+    who: &str,
+) -> Result<()> {
+    use crate::rollout::{ami, state, OLD_AMI};
+    let class = ec2nodeclasses(&world.cp.admin().await?).get(CLASS).await?;
+    anyhow::ensure!(
+        ami(&class) == OLD_AMI,
+        "{who} applied the reverted AMI again: {}",
+        ami(&class)
+    );
+    anyhow::ensure!(
+        state(&class)["refused"] == state(reverted)["refused"],
+        "{who} changed the refusal: {}",
+        state(&class)
+    );
+    Ok(())
+}
+
+/// A downgrade to the previous release's server and an upgrade back keep
+/// what the previous release's leader recorded meanwhile. This tree's
+/// server proves `OLD_AMI` (the store records it good); the previous
+/// release's server, which keeps the guard's state on the class alone,
+/// tries `NEW_AMI`, whose machines fail, and puts `OLD_AMI` back; this
+/// tree's server, its flags still on `NEW_AMI`, takes that refusal over
+/// from the class's sealed copy into its store rather than apply the
+/// reverted AMI again from its own, older record.
+#[tokio::test]
+async fn a_downgrade_and_upgrade_back_keep_what_the_previous_releases_leader_reverted() -> Result<()>
+{
+    use crate::rollout::{self as guard, ami, state, stored, NEW_AMI, OLD_AMI};
+    let flags = guard::Flags::new()?;
+    let (world, _) = guard::proven_world(&flags).await?;
+    let before = stored(&world).await?;
+    anyhow::ensure!(
+        before["good"]["amiSelectorTerms"][0]["id"] == OLD_AMI,
+        "the store did not record the proven AMI: {before}"
+    );
+
+    world.server.kill();
+    let old = previous_guard(&world, &flags.next(NEW_AMI)).await?;
+    guard::class_when(&world, "on the new AMI under the previous release", |c| {
+        ami(c) == NEW_AMI && state(c)["trial"].is_object()
+    })
+    .await?;
+    let reverted = new_ami_fails(&world, &old).await?;
+    anyhow::ensure!(
+        stored(&world).await? == before,
+        "the previous release wrote the store: the test would prove nothing"
+    );
+
+    old.kill();
+    let cloud = autonode_tests::server::world::cloud_settings(&world.cloud, &world.ec2);
+    let new = server::TestServer::start(&world.cp, &cloud, &flags.next(NEW_AMI)).await?;
+    guard::resyncs(&new, 3.0).await?;
+    still_reverted(&world, &reverted, "the upgrade back").await?;
+    let after = stored(&world).await?;
+    anyhow::ensure!(
+        after["refused"] == state(&reverted)["refused"]
+            && after["applied"] == state(&reverted)["applied"],
+        "the store did not take the refusal over: {after}"
+    );
+    anyhow::ensure!(!new.log().contains("RolloutStateRejected"), "{}", new.log());
+    Ok(())
+}
+
+/// The previous release's rollout-guard state carried into this tree's
+/// store, and this tree's read by the previous release after a downgrade:
+/// the previous release's server proves `OLD_AMI` (its state on the class
+/// alone); this tree's server, on `NEW_AMI`, carries that state into the
+/// store (`OLD_AMI` good), tries `NEW_AMI` and reverts it when its machines
+/// fail; the previous release's server, back with its flags on `NEW_AMI`,
+/// reads the refusal from the class's copy and keeps `OLD_AMI`.
+#[tokio::test]
+async fn the_previous_releases_guard_state_is_carried_into_the_store_and_a_downgrade_reads_the_copy(
+) -> Result<()> {
+    use crate::rollout::{self as guard, ami, state, stored, NEW_AMI};
+    let flags = guard::Flags::new()?;
+    let previous = skew::previous_release()?.server();
+    let (world, proven) = guard::proven_world_by(&flags, Some(&previous)).await?;
+    anyhow::ensure!(
+        stored(&world).await?.is_null(),
+        "the previous release wrote a store"
+    );
+
+    world.server.kill();
+    let cloud = autonode_tests::server::world::cloud_settings(&world.cloud, &world.ec2);
+    let new = server::TestServer::start(&world.cp, &cloud, &flags.next(NEW_AMI)).await?;
+    guard::class_when(&world, "on the new AMI", |c| ami(c) == NEW_AMI).await?;
+    let carried = stored(&world).await?;
+    anyhow::ensure!(
+        carried["good"] == state(&proven)["good"],
+        "the store did not carry the previous release's last good values: {carried}"
+    );
+    let reverted = new_ami_fails(&world, &new).await?;
+
+    new.kill();
+    let old = previous_guard(&world, &flags.next(NEW_AMI)).await?;
+    // Its resync is a second: it has judged the class many times by then.
+    tokio::time::sleep(std::time::Duration::from_secs(8)).await;
+    still_reverted(&world, &reverted, "the previous release").await?;
+    let reasons =
+        autonode_tests::kube::events::event_reasons(&world.cp.admin().await?, CLASS).await?;
+    anyhow::ensure!(
+        !reasons.iter().any(|r| r == "RolloutStateRejected"),
+        "the previous release rejected this tree's copy: {reasons:?}\n{}",
+        old.log()
+    );
+    Ok(())
+}
+
+/// The server container's image and flags as the Deployment in
+/// `hosted-cp` has them.
+async fn server_container(
+    cp: &autonode_tests::kube::controlplane::ControlPlane,
+) -> Result<(String, Vec<String>)> {
+    let deployment =
+        Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(cp.admin().await?, "hosted-cp")
+            .get("autonode-server")
+            .await?;
+    let container = deployment
+        .spec
+        .and_then(|s| s.template.spec)
+        .and_then(|s| s.containers.into_iter().next())
+        .context("no container")?;
+    Ok((
+        container.image.unwrap_or_default(),
+        container.args.unwrap_or_default(),
+    ))
+}
+
+/// `helm rollback` from this tree's chart to the previous release's: the
+/// server's and the guest RBAC's releases installed from the previous
+/// chart, upgraded to this one, and rolled back; the Deployment then runs
+/// the previous release's image with exactly the flags its chart rendered
+/// (none it would refuse, as this chart's new ones), and each release's
+/// last revision is deployed.
+#[tokio::test]
+async fn helm_rollback_to_the_previous_releases_chart_renders_its_own_flags() -> Result<()> {
+    use autonode_tests::server::helm;
+    let cp = autonode_tests::kube::controlplane::ControlPlane::start().await?;
+    let kubeconfig = cp.admin_kubeconfig().to_string_lossy().into_owned();
+    let old_chart = skew::previous_release()?.chart();
+    let new_chart = helm::chart_dir();
+    let releases = HELM_RELEASES;
+    let mut before = None;
+    for (release, namespace, sets) in releases {
+        let steps = [
+            ("install", Some(&old_chart)),
+            ("upgrade", Some(&new_chart)),
+            ("rollback", None),
+        ];
+        for (verb, chart) in steps {
+            let chart = chart.map(|c| c.to_string_lossy().into_owned());
+            let mut args = vec![verb, release];
+            match &chart {
+                Some(chart) => args.extend([chart.as_str(), "--create-namespace"]),
+                None => args.push("1"),
+            }
+            args.extend(["--namespace", namespace, "--kubeconfig", &kubeconfig]);
+            if chart.is_some() {
+                args.extend(sets.iter().copied());
+            }
+            helm::helm(&args).with_context(|| format!("helm {verb} {release}"))?;
+            if release == "autonode-server" && verb == "install" {
+                before = Some(server_container(&cp).await?);
+            }
+            if release == "autonode-server" && verb == "upgrade" {
+                anyhow::ensure!(
+                    before.as_ref() != Some(&server_container(&cp).await?),
+                    "this chart renders what the previous one did: the rollback would prove nothing"
+                );
+            }
+        }
+        deployed_at(release, namespace, &kubeconfig, '3')?;
+    }
+    let (image, flags) = server_container(&cp).await?;
+    let (old_image, old_flags) = before.context("no server install")?;
+    let version = skew::previous_release()?.label();
+    anyhow::ensure!(
+        image == old_image && flags == old_flags,
+        "rolled back to {version}'s chart, the Deployment runs {image} with {flags:?}, \
+         not {old_image} with {old_flags:?}"
+    );
+    Ok(())
 }

@@ -5,12 +5,14 @@
 
 use super::{Context, Error};
 use crate::controllers::nodeclass::rollout::cluster::Source;
-use crate::controllers::nodeclass::rollout::store::{self, Lookup, Recorded, StoreError};
+use crate::controllers::nodeclass::rollout::store::{
+    self, copy_digest, Entry, Lookup, Recorded, StoreError,
+};
 use crate::controllers::nodeclass::rollout::{self, Plan, State, Values};
 use crate::controllers::nodeclass::userdata::Format;
 use crate::kube::condition::{self, set_condition, Desired};
 use crate::kube::karpenter::Ec2NodeClass;
-use crate::kube::marks;
+use crate::kube::marks::{self, ROLLOUT_ANNOTATION};
 use crate::kube::reason::Reason;
 use kube::api::Patch;
 use kube::runtime::reflector::ObjectRef;
@@ -24,20 +26,51 @@ const FULL_TOPIC: &str = "rollout-store-full";
 
 impl Context {
     /// Where `class`'s rollout state is: the store's entry, the class's
-    /// annotation to carry over, or (store refused) the annotation alone.
+    /// annotation to carry over (no entry yet, or a newer copy: see
+    /// [`Context::newer_copy`]), or (store refused) the annotation alone.
     /// An error reading the store fails the reconcile: deciding on the
     /// annotation instead is what the store is there to prevent.
     pub(super) async fn source(&self, class: &Ec2NodeClass, name: &str) -> Result<Source, Error> {
         let uid = class.metadata.uid.as_deref().unwrap_or_default();
         let lookup = self.store.lookup(name, uid).await;
         Ok(match lookup.map_err(|e| store_error(name, e))? {
-            Lookup::Found(state) => Source::Stored(state),
+            Lookup::Found(entry) if self.newer_copy(class, name, &entry) => Source::Carried,
+            Lookup::Found(entry) => Source::Stored(Box::new(entry.state)),
             Lookup::Absent => Source::Carried,
             Lookup::Unavailable => {
                 self.tell_unavailable(class);
                 Source::Annotation
             }
         })
+    }
+
+    /// Whether `class` carries a sealed copy of its state that its store
+    /// `entry` has not seen and that is newer than the entry's state (see
+    /// [`rollout::newer_copy`]): what a server before the store (0.2.0)
+    /// recorded while it led, after a downgrade. Taken over (logged), so
+    /// an upgrade back keeps what that leader reverted or promoted.
+    fn newer_copy(&self, class: &Ec2NodeClass, name: &str, entry: &Entry) -> bool {
+        let Some(text) = copy_text(class) else {
+            return false;
+        };
+        if entry.seen.contains(&copy_digest(text)) {
+            return false;
+        }
+        // A copy that does not open is told when it is read as a source.
+        let Ok(Some(copy)) = rollout::read_state(class, &self.settings.rollout.key) else {
+            return false;
+        };
+        let retry = rollout::retry(class);
+        if !rollout::newer_copy(&entry.state, &copy, retry.as_deref()) {
+            return false;
+        }
+        tracing::info!(
+            nodeclass = %name,
+            annotation = ROLLOUT_ANNOTATION,
+            "the class carries a rollout state sealed since the store's (by a server before the \
+             store, after a downgrade) that forgets nothing the store holds; taking it over"
+        );
+        true
     }
 
     /// Whether the class `name` with `uid` exists, as watched: when the
@@ -80,7 +113,8 @@ impl Context {
     ) -> Result<(), Error> {
         let uid = class.metadata.uid.as_deref().unwrap_or_default();
         let live = |n: &str, u: &str| self.live(n, u);
-        let recorded = self.store.record(name, uid, state, &live).await;
+        let copy = copy_text(class);
+        let recorded = self.store.record(name, uid, (state, copy), &live).await;
         let at = match self.unless_full(class, name, recorded)? {
             Some(Recorded::Refused) => {
                 self.tell_unavailable(class);
@@ -94,7 +128,7 @@ impl Context {
             Some(trial) if trial.since.is_none() && at.is_some() => trial.since = at,
             _ => return Ok(()),
         }
-        let again = self.store.record(name, uid, &started, &live).await;
+        let again = self.store.record(name, uid, (&started, copy), &live).await;
         self.unless_full(class, name, again).map(|_| ())
     }
 
@@ -217,6 +251,16 @@ impl Context {
         };
         teller.announce(class, name, plan);
     }
+}
+
+/// The text of `class`'s copy of its rollout state, if it has one.
+fn copy_text(class: &Ec2NodeClass) -> Option<&str> {
+    class
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(ROLLOUT_ANNOTATION)
+        .map(String::as_str)
 }
 
 fn store_error(name: &str, source: StoreError) -> Error {

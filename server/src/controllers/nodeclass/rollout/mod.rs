@@ -384,6 +384,34 @@ pub fn unchanged_but_start(read: &State, planned: &State) -> bool {
     &read == planned
 }
 
+/// Whether `copy`, a state sealed on the class that the store's entry has
+/// not seen (neither autonode's own copy nor one taken over before: see
+/// [`store::Entry::seen`]), is taken over from the `stored` one. It is
+/// what a server before the store (0.2.0, leading after a downgrade)
+/// sealed since the store was last written, unless an editor put back an
+/// older sealed state (the seal cannot tell a replay), so it is taken only
+/// when it forgets nothing the store holds: it differs from `stored`
+/// (beyond a trial's start); it keeps the store's refusal, but for the
+/// retry the class asks for now (`retry`), which the guard acts on anyway;
+/// and it acted on no retry value but the store's or the class's own now
+/// (a copy sealed before a retry the store saw is older).
+pub fn newer_copy(stored: &State, copy: &State, retry: Option<&str>) -> bool {
+    if unchanged_but_start(stored, copy) || unchanged_but_start(copy, stored) {
+        return false;
+    }
+    let token = |v: Option<&String>| v.map(|v| retry_token(v));
+    let (stored_retry, copy_retry) = (token(stored.retried.as_ref()), token(copy.retried.as_ref()));
+    let asked = retry.map(retry_token);
+    let retry_known = copy_retry == stored_retry || (copy_retry.is_some() && copy_retry == asked);
+    let keeps_refusal = match (&stored.refused, &copy.refused) {
+        (None, _) => true,
+        (Some(s), Some(c)) if s.values == c.values => true,
+        // Cleared by a retry the store has not acted on, that the class asks for now.
+        _ => asked.is_some() && asked != stored_retry && copy_retry == asked,
+    };
+    retry_known && keeps_refusal
+}
+
 /// Moves the trial on with what is observed: promotes, reverts or waits.
 fn judge(state: &mut State, input: &Input, notes: &mut Vec<Note>) {
     let (Some(trial), Some(observed)) = (state.trial.as_mut(), input.observed.as_ref()) else {

@@ -54,19 +54,39 @@ pub const RETRY_FORBIDDEN: Duration = Duration::from_secs(300);
 /// How many times a write re-reads after a conflict before giving up (the
 /// reconcile is then retried).
 const ATTEMPTS: usize = 3;
+/// How many digests of the class's sealed copies an entry remembers (see
+/// [`Entry::seen`]): a few more than the copies one rollout writes.
+pub const SEEN: usize = 8;
 
-/// One class's entry: its UID and the guard's state.
+/// One class's entry: its UID, the guard's state, and the sealed copies
+/// of it already seen on the class.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Entry {
     pub uid: String,
     pub state: State,
+    /// The [`copy_digest`]s of the last [`SEEN`] copies of the state found
+    /// on the class when this entry was recorded: autonode's own copies
+    /// and those it took over. A copy among them is never taken over (an
+    /// old copy put back on the class is a replay); one that is not may be
+    /// a state a server before the store sealed since (a downgrade's
+    /// leader: see [`super::newer_copy`]). Servers before it ignore it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub seen: Vec<String>,
+}
+
+/// The digest by which an entry remembers a copy: the SHA-256 (base64) of
+/// the annotation's text, seal and all.
+pub fn copy_digest(text: &str) -> String {
+    use base64::Engine;
+    let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
+    base64::engine::general_purpose::STANDARD.encode(digest.as_ref())
 }
 
 /// What the store holds for a class.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Lookup {
-    /// The state recorded for this class (this UID).
-    Found(Box<State>),
+    /// The entry recorded for this class (this UID).
+    Found(Box<Entry>),
     /// Nothing for this class: the guard reads the class's annotation
     /// (a state a server before the store wrote carries over).
     Absent,
@@ -130,13 +150,13 @@ pub struct Store {
     warned: AtomicBool,
 }
 
-/// The state of class `name` with `uid` in `data`: `None` when there is
+/// The entry of class `name` with `uid` in `data`: `None` when there is
 /// none, it is another (earlier) class's of that name, or it does not
 /// parse (logged: then the class's annotation is read instead).
-pub fn decode(data: &BTreeMap<String, String>, name: &str, uid: &str) -> Option<State> {
+pub fn decode(data: &BTreeMap<String, String>, name: &str, uid: &str) -> Option<Entry> {
     let text = data.get(name)?;
     match serde_json::from_str::<Entry>(text) {
-        Ok(entry) if entry.uid == uid => Some(entry.state),
+        Ok(entry) if entry.uid == uid => Some(entry),
         Ok(_) => None,
         Err(error) => {
             tracing::warn!(nodeclass = %name, %error, configmap = STORE_NAME, "rollout state in the store does not parse; ignored");
@@ -145,15 +165,16 @@ pub fn decode(data: &BTreeMap<String, String>, name: &str, uid: &str) -> Option<
     }
 }
 
-/// `data` with class `name`'s entry set to `state` and the entries of
-/// classes that are not `live` (by name and UID) dropped: refused when
-/// the entry is over its [`ENTRY_BUDGET`], or the other classes' take
-/// every one of the [`SLOTS`].
+/// `data` with class `name`'s entry set to `state`, the class's `copy`
+/// (its annotation's text, when it has one) added to what the entry has
+/// seen, and the entries of classes that are not `live` (by name and UID)
+/// dropped: refused when the entry is over its [`ENTRY_BUDGET`], or the
+/// other classes' take every one of the [`SLOTS`].
 pub fn next_data(
     data: &BTreeMap<String, String>,
     name: &str,
     uid: &str,
-    state: &State,
+    (state, copy): (&State, Option<&str>),
     live: &(dyn Fn(&str, &str) -> bool + Sync),
 ) -> Result<BTreeMap<String, String>, StoreError> {
     let mut next: BTreeMap<String, String> = data
@@ -161,9 +182,16 @@ pub fn next_data(
         .filter(|(key, text)| *key == name || entry_live(key, text, live))
         .map(|(key, text)| (key.clone(), text.clone()))
         .collect();
+    let mut seen = decode(data, name, uid).map(|e| e.seen).unwrap_or_default();
+    if let Some(digest) = copy.map(copy_digest).filter(|d| !seen.contains(d)) {
+        seen.push(digest);
+    }
+    let extra = seen.len().saturating_sub(SEEN);
+    seen.drain(..extra);
     let entry = Entry {
         uid: uid.to_string(),
         state: state.clone(),
+        seen,
     };
     let text = serde_json::to_string(&entry)?;
     let bytes = name.len() + text.len();
@@ -266,7 +294,7 @@ impl Store {
         }
         let data = copy.as_ref().map(|s| &s.data);
         Ok(match data.and_then(|d| decode(d, name, uid)) {
-            Some(state) => Lookup::Found(Box::new(state)),
+            Some(entry) => Lookup::Found(Box::new(entry)),
             None => Lookup::Absent,
         })
     }
@@ -283,16 +311,17 @@ impl Store {
     ) -> Result<(), StoreError> {
         let copy = self.copy.lock().await;
         let data = copy.as_ref().map(|s| s.data.clone()).unwrap_or_default();
-        next_data(&data, name, uid, state, live).map(|_| ())
+        next_data(&data, name, uid, (state, None), live).map(|_| ())
     }
 
-    /// Records `state` for class `name` with `uid`, dropping the entries
-    /// of classes not `live`.
+    /// Records `state` for class `name` with `uid`, and the class's `copy`
+    /// of a state as seen (see [`Entry::seen`]), dropping the entries of
+    /// classes not `live`.
     pub async fn record(
         &self,
         name: &str,
         uid: &str,
-        state: &State,
+        state: (&State, Option<&str>),
         live: &(dyn Fn(&str, &str) -> bool + Sync),
     ) -> Result<Recorded, StoreError> {
         let mut copy = self.copy.lock().await;
@@ -424,33 +453,62 @@ mod tests {
         true
     }
 
+    /// `data` with a reverted state for class `name` with `uid`.
+    fn put(data: &BTreeMap<String, String>, name: &str, uid: &str) -> BTreeMap<String, String> {
+        next_data(data, name, uid, (&reverted(), None), &all_live).unwrap()
+    }
+
     #[test]
     fn a_state_reads_back_for_its_class_only() {
-        let data = next_data(&BTreeMap::new(), "a", "uid-a", &reverted(), &all_live).unwrap();
-        assert_eq!(decode(&data, "a", "uid-a"), Some(reverted()));
+        let data = put(&BTreeMap::new(), "a", "uid-a");
+        assert_eq!(
+            decode(&data, "a", "uid-a").map(|e| e.state),
+            Some(reverted())
+        );
         // Deleted and made again under the name: another UID, afresh.
         assert_eq!(decode(&data, "a", "uid-a2"), None);
         assert_eq!(decode(&data, "b", "uid-a"), None);
     }
 
     #[test]
+    fn an_entry_remembers_the_last_copies_seen_on_its_class() {
+        let mut data = BTreeMap::new();
+        for n in 0..SEEN + 2 {
+            let copy = format!("copy {n}");
+            data = next_data(&data, "a", "u", (&reverted(), Some(&copy)), &all_live).unwrap();
+            // The same copy again is remembered once.
+            data = next_data(&data, "a", "u", (&reverted(), Some(&copy)), &all_live).unwrap();
+        }
+        let seen = decode(&data, "a", "u").unwrap().seen;
+        assert_eq!(seen.len(), SEEN);
+        assert!(!seen.contains(&copy_digest("copy 1")));
+        assert_eq!(
+            seen.last(),
+            Some(&copy_digest(&format!("copy {}", SEEN + 1)))
+        );
+        // A class made again under the name starts with none seen.
+        let again = next_data(&data, "a", "u2", (&reverted(), None), &all_live).unwrap();
+        assert!(decode(&again, "a", "u2").unwrap().seen.is_empty());
+    }
+
+    #[test]
     fn an_entry_that_does_not_parse_reads_as_none_and_is_kept() {
         let data = BTreeMap::from([("a".to_string(), "{not json".to_string())]);
         assert_eq!(decode(&data, "a", "uid-a"), None);
-        let next = next_data(&data, "b", "uid-b", &reverted(), &|_, _| false).unwrap();
+        let next = next_data(&data, "b", "uid-b", (&reverted(), None), &|_, _| false).unwrap();
         assert!(next.contains_key("a") && next.contains_key("b"), "{next:?}");
     }
 
     #[test]
     fn a_write_drops_the_entries_of_classes_gone_but_its_own() {
-        let data = next_data(&BTreeMap::new(), "gone", "uid-g", &reverted(), &all_live).unwrap();
-        let data = next_data(&data, "kept", "uid-k", &reverted(), &all_live).unwrap();
+        let data = put(&BTreeMap::new(), "gone", "uid-g");
+        let data = put(&data, "kept", "uid-k");
         let live = |name: &str, uid: &str| name == "kept" && uid == "uid-k";
-        let next = next_data(&data, "mine", "uid-m", &reverted(), &live).unwrap();
+        let next = next_data(&data, "mine", "uid-m", (&reverted(), None), &live).unwrap();
         assert_eq!(next.keys().collect::<Vec<_>>(), ["kept", "mine"]);
         // A class made again under the name: its predecessor's entry goes.
         let live = |name: &str, uid: &str| name == "kept" && uid == "uid-k2";
-        let next = next_data(&data, "mine", "uid-m", &reverted(), &live).unwrap();
+        let next = next_data(&data, "mine", "uid-m", (&reverted(), None), &live).unwrap();
         assert_eq!(next.keys().collect::<Vec<_>>(), ["mine"]);
     }
 
@@ -480,25 +538,25 @@ mod tests {
     fn a_class_over_its_budget_is_refused_alone() {
         let mut data = BTreeMap::new();
         for i in 0..SLOTS - 1 {
-            data = next_data(&data, &format!("c{i}"), "u", &reverted(), &all_live).unwrap();
+            data = next_data(&data, &format!("c{i}"), "u", (&reverted(), None), &all_live).unwrap();
         }
-        let grown = next_data(&data, "c0", "u", &full(40), &all_live);
+        let grown = next_data(&data, "c0", "u", (&full(40), None), &all_live);
         assert!(
             matches!(grown, Err(StoreError::OverBudget { .. })),
             "{grown:?}"
         );
         // The others still fit, the last slot included.
-        let data = next_data(&data, "last", "u", &reverted(), &all_live).unwrap();
+        let data = next_data(&data, "last", "u", (&reverted(), None), &all_live).unwrap();
         assert_eq!(data.len(), SLOTS);
-        let data = next_data(&data, "c1", "u", &full(8), &all_live).unwrap();
+        let data = next_data(&data, "c1", "u", (&full(8), None), &all_live).unwrap();
         // Every slot taken: a new class waits; one that has an entry grows.
-        let new = next_data(&data, "new", "u", &reverted(), &all_live);
+        let new = next_data(&data, "new", "u", (&reverted(), None), &all_live);
         assert!(matches!(new, Err(StoreError::Full { .. })), "{new:?}");
         assert!(new.unwrap_err().is_full());
-        next_data(&data, "c2", "u", &full(8), &all_live).unwrap();
+        next_data(&data, "c2", "u", (&full(8), None), &all_live).unwrap();
         // A class deleted frees its slot.
         let live = |name: &str, _: &str| name != "c3";
-        next_data(&data, "new", "u", &reverted(), &live).unwrap();
+        next_data(&data, "new", "u", (&reverted(), None), &live).unwrap();
         // Full to the last byte, the store is under its cap.
         let bytes: usize = data.iter().map(|(k, v)| k.len() + v.len()).sum();
         assert!(bytes <= SLOTS * ENTRY_BUDGET && SLOTS * ENTRY_BUDGET <= MAX_BYTES);
@@ -512,17 +570,18 @@ mod tests {
                 retried: Some("r".repeat(3 * ENTRY_BUDGET)),
                 ..reverted()
             },
+            seen: Vec::new(),
         })
         .unwrap();
         let mut data: BTreeMap<String, String> = (0..SLOTS.div_ceil(4))
             .map(|i| (format!("old{i}"), big.clone()))
             .collect();
         // Each spans four slots: none is left for a new class.
-        let new = next_data(&data, "new", "u", &reverted(), &all_live);
+        let new = next_data(&data, "new", "u", (&reverted(), None), &all_live);
         assert!(matches!(new, Err(StoreError::Full { .. })), "{new:?}");
         // Rewritten by this server (the retry value as its digest), an
         // entry shrinks and frees its slots.
-        data = next_data(&data, "old0", "u", &reverted(), &all_live).unwrap();
-        next_data(&data, "new", "u", &reverted(), &all_live).unwrap();
+        data = next_data(&data, "old0", "u", (&reverted(), None), &all_live).unwrap();
+        next_data(&data, "new", "u", (&reverted(), None), &all_live).unwrap();
     }
 }

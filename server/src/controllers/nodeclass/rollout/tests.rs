@@ -690,3 +690,60 @@ fn a_filled_in_trial_start_alone_is_no_change() {
     );
     assert!(!unchanged_but_start(&read, &more));
 }
+
+/// The state a revert of `to` back to good `from` leaves.
+fn reverted(from: &Values, to: &Values) -> State {
+    State {
+        refused: Some(Refused {
+            values: to.clone(),
+            failed: vec![Failure {
+                nodeclaim: "n1".into(),
+                reason: "broke".into(),
+            }],
+        }),
+        ..settled(from)
+    }
+}
+
+#[test]
+fn a_copy_a_downgrades_leader_sealed_since_is_taken_over() {
+    let (one, two) = (values("ami-1"), values("ami-2"));
+    // The store settled on ami-1; the previous release's leader then
+    // tried ami-2 and reverted it: taken, so ami-2 stays refused.
+    assert!(newer_copy(&settled(&one), &reverted(&one, &two), None));
+    // Or promoted it: taken, ami-2 is the last good.
+    assert!(newer_copy(&settled(&one), &settled(&two), None));
+    assert!(newer_copy(&settled(&one), &begun(trying(&one, &two)), None));
+    // A retry the class asks for, acted on by that leader.
+    let mut retried = settled(&two);
+    retried.retried = Some("2026-12-06".into());
+    assert!(newer_copy(
+        &reverted(&one, &two),
+        &retried,
+        Some("2026-12-06")
+    ));
+}
+
+#[test]
+fn a_copy_that_would_forget_what_the_store_holds_is_not_taken() {
+    let (one, two) = (values("ami-1"), values("ami-2"));
+    // The same state, but for a trial's start: nothing to take.
+    let trial = trying(&one, &two);
+    assert!(!newer_copy(&begun(trial.clone()), &trial, None));
+    // An older copy put back: it forgets the store's refusal of ami-2.
+    assert!(!newer_copy(&reverted(&one, &two), &trial, None));
+    assert!(!newer_copy(&reverted(&one, &two), &settled(&one), None));
+    // A retry value alone does not clear it: only the one the class asks
+    // for now, and not the one the store acted on already.
+    let mut cleared = settled(&two);
+    cleared.retried = Some("1".into());
+    assert!(!newer_copy(&reverted(&one, &two), &cleared, None));
+    assert!(!newer_copy(&reverted(&one, &two), &cleared, Some("2")));
+    let mut stored = reverted(&one, &two);
+    stored.retried = Some("1".into());
+    assert!(!newer_copy(&stored, &cleared, Some("1")));
+    // A copy sealed before a retry the store saw is older.
+    let mut after_retry = settled(&two);
+    after_retry.retried = Some("1".into());
+    assert!(!newer_copy(&after_retry, &reverted(&one, &two), None));
+}
