@@ -232,7 +232,8 @@ pub struct ServeArgs {
     pub leader_namespace: String,
 
     /// Seconds a leader's Lease lasts unrenewed before another replica
-    /// takes over the controllers.
+    /// takes over the controllers. A leader that has not renewed within
+    /// two thirds of it stops leading first, so two never overlap.
     #[arg(
         long = "leader-lease",
         env = "AUTONODE_LEADER_LEASE",
