@@ -450,6 +450,11 @@ const STUBS: &[(&str, &str)] = &[
     ),
     ("stubs/cargo-cyclonedx", "#!/bin/sh\nexit 0\n"),
     (
+        "packaging/chart",
+        "#!/usr/bin/env bash\nset -e\nmkdir -p \"$4\"\ncat \"$2/Chart.yaml\" >\"$4/autonode-server-$3.tgz\"\n",
+    ),
+    ("packaging/buildinfo", "#!/bin/sh\necho stood-in\n"),
+    (
         "stubs/helm",
         "#!/usr/bin/env bash\nset -e\n[ \"$1\" = package ] || exit 1\nv=$4\nd=${@: -1}\n\
          cat \"$2/Chart.yaml\" >\"$d/autonode-server-$v.tgz\"\n",
@@ -534,7 +539,8 @@ fn release_builds_the_recorded_commit_and_holds_it_to_the_recorded_hashes() -> R
     let recorded = release_run(&[release, "--record"])?;
     assert!(recorded.status.success(), "{}", said(&recorded));
     let text = fs::read_to_string(&record)?;
-    assert_eq!(text.matches(" = \"").count(), 3 + 8, "{text}");
+    // version, date, commit; then the nine artifacts (BUILDINFO among them).
+    assert_eq!(text.matches(" = \"").count(), 3 + 9, "{text}");
     let again = release_run(&[release])?;
     assert!(
         again.status.success() && said(&again).contains("every artifact has the SHA-256"),
