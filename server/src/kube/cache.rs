@@ -248,6 +248,25 @@ where
         )
     }
 
+    /// Like [`Cache::with_config`], with a `filter` that may hold state
+    /// (the issuer's hands each CSR's outcome to the join waiting for it,
+    /// then keeps none of it).
+    pub fn with_filter(
+        api: Api<K>,
+        config: watcher::Config,
+        what: &'static str,
+        filter: impl Fn(&mut K) + Send + Sync + 'static,
+    ) -> (Self, impl Future<Output = ()> + Send + 'static) {
+        Self::build(
+            api,
+            config,
+            what,
+            Arc::new(filter),
+            false,
+            (Gone::new(0, None), None),
+        )
+    }
+
     /// Like [`Cache::with_config`], keeping objects as parsed,
     /// managedFields included: for a controller that reads who owns which
     /// field (the EC2NodeClass upkeep, whose type parses of managedFields

@@ -18,20 +18,19 @@ use crate::kube::cache::{self, Cache};
 use crate::kube::csr_outcome::{self, CsrOutcome, Outcome};
 use crate::kube::marks;
 use crate::kube::reason::Reason;
+use crate::primitives::bounded::Bounded;
 use autonode_shared::csr::{self, usages_for, ParsedCsr, Purpose};
 use autonode_shared::issued::{self, IssuedError};
-use futures::StreamExt;
 use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestSpec,
 };
 use k8s_openapi::ByteString;
 use kube::api::{DeleteParams, ObjectMeta, PostParams, Preconditions};
-use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, Client};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 /// Label on every CSR autonode creates (anyone may set it: it selects
@@ -113,15 +112,32 @@ pub enum IssueError {
 #[derive(Clone)]
 pub struct Issuer {
     api: Api<CertificateSigningRequest>,
-    store: Store<CsrOutcome>,
-    waiters: Arc<Mutex<HashMap<String, watch::Sender<Outcome>>>>,
+    waiters: Arc<Mutex<Waiters>>,
     timeout: Duration,
+}
+
+/// Outcomes the watch saw decided while no join waited, kept for a join
+/// that subscribes just after (its CSR signed between its read of the
+/// object and its subscription): this long, and at most this many (the
+/// least recently seen go first; a join that misses its certificate so
+/// times out, and the agent's retry finds it issued).
+const RECENT_TTL: Duration = Duration::from_secs(30);
+const RECENT: usize = 1024;
+
+/// The joins waiting for a CSR's outcome, and outcomes no join waited for
+/// yet, both by the CSR's UID: one lock, so an outcome is either handed to
+/// a waiter or kept for one that comes after, never lost in between.
+struct Waiters {
+    waiting: HashMap<String, watch::Sender<Outcome>>,
+    recent: Bounded<String, Outcome>,
 }
 
 impl Issuer {
     /// Starts the watch over autonode's CSRs: a [`Cache`], so a failed
     /// watch lists again (a certificate signed while it was away still
-    /// wakes its join), with each change waking whoever waits for it.
+    /// wakes its join). Each CSR's outcome goes to the join waiting for it
+    /// as the watch delivers it; the cache keeps each CSR's identity
+    /// alone, no certificate.
     pub fn start(client: Client, timeout: Duration) -> Self {
         let api: Api<CertificateSigningRequest> = Api::all(client);
         let config = watcher::Config::default()
@@ -130,21 +146,16 @@ impl Issuer {
         // The watch parses each CSR as a [`CsrOutcome`]: its identity and
         // outcome, not the request, labels or managedFields.
         let watched: Api<CsrOutcome> = Api::all(api.clone().into_client());
-        let (csrs, watching) =
-            Cache::with_config(watched, config, "autonode CSR", CsrOutcome::trim);
-        tokio::spawn(watching);
-        let waiters: Arc<Mutex<HashMap<String, watch::Sender<Outcome>>>> = Arc::default();
+        let waiters = Arc::new(Mutex::new(Waiters {
+            waiting: HashMap::new(),
+            recent: Bounded::new(RECENT_TTL, RECENT),
+        }));
         let notify = waiters.clone();
-        let changes = csrs.changes();
-        tokio::spawn(async move {
-            let mut changes = std::pin::pin!(changes);
-            while let Some(csr) = changes.next().await {
-                wake(&notify, &csr);
-            }
-        });
+        let hand_over = move |csr: &mut CsrOutcome| wake(&notify, csr);
+        let (_csrs, watching) = Cache::with_filter(watched, config, "autonode CSR", hand_over);
+        tokio::spawn(watching);
         Self {
             api,
-            store: csrs.store,
             waiters,
             timeout,
         }
@@ -164,7 +175,7 @@ impl Issuer {
             Outcome::Issued(cert) => cert,
             Outcome::Failed(message) => return Err(failed(&name, message)),
             Outcome::Pending => {
-                let mut rx = self.subscribe(&name, &uid);
+                let mut rx = self.subscribe(&uid);
                 let approved = match is_approved(&csr) {
                     true => Ok(()),
                     false => self.approve(&name, &uid, &request.approval_message).await,
@@ -308,22 +319,18 @@ impl Issuer {
         }
     }
 
-    /// Registers interest in the CSR with `uid`, seeded with what the cache
-    /// knows now so a certificate signed before we subscribed is not
-    /// missed. Waiters are keyed by UID: an object re-created under the same
-    /// name is another object, and wakes no one.
-    fn subscribe(&self, name: &str, uid: &str) -> watch::Receiver<Outcome> {
-        let known = self
-            .store
-            .get(&ObjectRef::new(name))
-            .filter(|csr| csr.metadata.uid.as_deref() == Some(uid))
-            .map(|csr| csr.outcome())
-            .unwrap_or(Outcome::Pending);
+    /// Registers interest in the CSR with `uid`, seeded with its outcome if
+    /// the watch saw it decided before, so a certificate signed before we
+    /// subscribed is not missed. Waiters are keyed by UID: an object
+    /// re-created under the same name is another object, and wakes no one.
+    fn subscribe(&self, uid: &str) -> watch::Receiver<Outcome> {
         let mut waiters = lock(&self.waiters);
+        let known = waiters.recent.remove(&uid.to_string());
         let sender = waiters
+            .waiting
             .entry(uid.to_string())
             .or_insert_with(|| watch::channel(Outcome::Pending).0);
-        if known != Outcome::Pending {
+        if let Some(known) = known {
             sender.send_replace(known);
         }
         sender.subscribe()
@@ -331,20 +338,31 @@ impl Issuer {
 
     fn unsubscribe(&self, uid: &str) {
         let mut waiters = lock(&self.waiters);
-        if waiters.get(uid).is_some_and(|s| s.receiver_count() <= 1) {
-            waiters.remove(uid);
+        let done = waiters
+            .waiting
+            .get(uid)
+            .is_some_and(|s| s.receiver_count() <= 1);
+        if done {
+            waiters.waiting.remove(uid);
         }
     }
 }
 
-fn wake(waiters: &Mutex<HashMap<String, watch::Sender<Outcome>>>, csr: &CsrOutcome) {
-    let state = csr.outcome();
+/// Hands the outcome of `csr` (as the watch delivered it) to the join
+/// waiting for it, or keeps it a while for one about to; leaves `csr`
+/// its identity alone.
+fn wake(waiters: &Mutex<Waiters>, csr: &mut CsrOutcome) {
+    let state = csr.take_outcome();
     if state == Outcome::Pending {
         return;
     }
-    let uid = csr.metadata.uid.as_deref().unwrap_or_default();
-    if let Some(sender) = lock(waiters).get(uid) {
-        sender.send_replace(state);
+    let uid = csr.metadata.uid.clone().unwrap_or_default();
+    let mut waiters = lock(waiters);
+    match waiters.waiting.get(&uid) {
+        Some(sender) => {
+            sender.send_replace(state);
+        }
+        None => waiters.recent.insert(uid, Instant::now(), state),
     }
 }
 
