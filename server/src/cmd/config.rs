@@ -232,8 +232,7 @@ pub struct ServeArgs {
     pub leader_namespace: String,
 
     /// Seconds a leader's Lease lasts unrenewed before another replica
-    /// takes over the controllers. A leader that has not renewed within
-    /// two thirds of it stops leading first, so two never overlap.
+    /// takes over the controllers.
     #[arg(
         long = "leader-lease",
         env = "AUTONODE_LEADER_LEASE",
