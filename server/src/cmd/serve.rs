@@ -207,9 +207,6 @@ fn start_election(
         identity: format!("{}_{:08x}", args.instance_name, rand::random::<u32>()),
         lease_duration: lease,
         renew_every: lease / 3,
-        // client-go's proportions (10 s of a 15 s Lease): a third of the
-        // Lease for the leader to have stopped before anyone may take it.
-        renew_deadline: lease * 2 / 3,
         clock,
     };
     tokio::spawn(election.run(client.clone(), tx));

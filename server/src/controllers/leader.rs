@@ -7,15 +7,6 @@
 //! replica takes over once the Lease has gone unrenewed for its duration.
 //! Writes carry the resourceVersion they were decided on, so two replicas
 //! racing for an expired Lease cannot both win.
-//!
-//! A leader also stops on its own clock: once [`Election::renew_deadline`]
-//! has passed since the start of its last successful renewal, it steps
-//! down, even while a renewal is still in flight. Without that, a renewal
-//! held up (a busy worker thread, a slow API server) kept a replica leading
-//! after the others had seen its Lease expire and taken it: two leaders for
-//! as long as the request hung (seen in the fleet benchmark, up to 30 s).
-//! The deadline is shorter than the Lease, so the replica has stopped
-//! before any other may take over.
 
 use crate::primitives::clock::{Clock, KubeTime};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -25,7 +16,6 @@ use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
 use std::time::Duration;
 use tokio::sync::watch;
-use tokio::time::Instant;
 
 /// Lease settings.
 #[derive(Debug, Clone)]
@@ -38,10 +28,6 @@ pub struct Election {
     pub lease_duration: Duration,
     /// How often the leader renews, and others check.
     pub renew_every: Duration,
-    /// How long after the start of its last successful renewal a leader
-    /// keeps leading without another: less than `lease_duration`, so that
-    /// it has stepped down before another replica may take the Lease.
-    pub renew_deadline: Duration,
     /// What "now" is for renewals and expiry.
     pub clock: Clock,
 }
@@ -50,12 +36,23 @@ impl Election {
     /// Runs forever, publishing whether this replica leads.
     pub async fn run(self, client: Client, leading: watch::Sender<bool>) {
         let api: Api<Lease> = Api::namespaced(client, &self.namespace);
-        let (every, deadline) = (self.renew_every, self.renew_deadline);
-        let identity = self.identity.clone();
-        keep_leading(every, deadline, &identity, leading, || {
-            self.try_acquire_or_renew(&api)
-        })
-        .await;
+        let mut tick = tokio::time::interval(self.renew_every);
+        loop {
+            tick.tick().await;
+            let now_leading = match self.try_acquire_or_renew(&api).await {
+                Ok(leads) => leads,
+                Err(e) => {
+                    tracing::warn!(error = %e, lease = %self.name, "leader election: cannot reach the Lease");
+                    // Without a renewal we may already have lost it: stop
+                    // acting as leader rather than risk two leaders.
+                    false
+                }
+            };
+            if *leading.borrow() != now_leading {
+                tracing::info!(identity = %self.identity, leading = now_leading, "leadership changed");
+                leading.send_replace(now_leading);
+            }
+        }
     }
 
     /// One round: `Ok(true)` when this replica holds the Lease afterwards.
@@ -122,50 +119,6 @@ fn expired(spec: &LeaseSpec, now: Timestamp) -> bool {
             .is_empty()
 }
 
-/// The election's loop, apart from the Lease so that its timing can be
-/// tested: every `every`, one `round` (`Ok(true)`: this replica holds the
-/// Lease); a leader whose round has not succeeded within `deadline` of the
-/// start of its last successful one stops leading, in flight or not.
-async fn keep_leading<F, Fut>(
-    every: Duration,
-    deadline: Duration,
-    identity: &str,
-    leading: watch::Sender<bool>,
-    mut round: F,
-) where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<bool, kube::Error>>,
-{
-    let mut tick = tokio::time::interval(every);
-    // The start of the last round that left this replica holding the Lease.
-    let mut held_since: Option<Instant> = None;
-    loop {
-        tick.tick().await;
-        let started = Instant::now();
-        let budget = held_since.map_or(deadline, |held| {
-            (held + deadline).saturating_duration_since(started)
-        });
-        let now_leading = match tokio::time::timeout(budget, round()).await {
-            Ok(Ok(leads)) => leads,
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, identity, "leader election: cannot reach the Lease");
-                // Without a renewal we may already have lost it: stop
-                // acting as leader rather than risk two leaders.
-                false
-            }
-            Err(_) => {
-                tracing::warn!(identity, deadline_secs = deadline.as_secs_f64(), "leader election: no renewal within the deadline; stepping down before the Lease can expire");
-                false
-            }
-        };
-        held_since = now_leading.then_some(started);
-        if *leading.borrow() != now_leading {
-            tracing::info!(identity, leading = now_leading, "leadership changed");
-            leading.send_replace(now_leading);
-        }
-    }
-}
-
 fn conflict_is_loss(result: Result<bool, kube::Error>) -> Result<bool, kube::Error> {
     match result {
         Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
@@ -210,41 +163,6 @@ mod tests {
             renew_time: Some(MicroTime(renewed)),
             ..Default::default()
         }
-    }
-
-    /// A leader whose renewal hangs steps down at the deadline, before the
-    /// Lease it last renewed can expire for the others (fails without the
-    /// deadline: the hung round would keep it leading).
-    #[tokio::test(start_paused = true)]
-    async fn a_leader_whose_renewal_hangs_steps_down_before_its_lease_expires() {
-        let (every, deadline, lease) = (
-            Duration::from_secs(5),
-            Duration::from_secs(10),
-            Duration::from_secs(15),
-        );
-        let (tx, mut rx) = watch::channel(false);
-        let rounds = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let counted = rounds.clone();
-        let start = Instant::now();
-        tokio::spawn(keep_leading(every, deadline, "test", tx, move || {
-            let n = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            async move {
-                if n == 0 {
-                    Ok(true)
-                } else {
-                    // Every later renewal hangs.
-                    std::future::pending::<()>().await;
-                    Ok(true)
-                }
-            }
-        }));
-        rx.wait_for(|leads| *leads).await.expect("leads");
-        rx.wait_for(|leads| !*leads).await.expect("steps down");
-        let stepped_down = start.elapsed();
-        assert!(
-            stepped_down >= deadline && stepped_down < lease,
-            "stepped down after {stepped_down:?}: the deadline is {deadline:?}, the Lease {lease:?}"
-        );
     }
 
     #[test]
