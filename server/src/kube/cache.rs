@@ -238,14 +238,7 @@ where
         what: &'static str,
         filter: fn(&mut K),
     ) -> (Self, impl Future<Output = ()> + Send + 'static) {
-        Self::build(
-            api,
-            config,
-            what,
-            Arc::new(filter),
-            false,
-            (Gone::new(0, None), None),
-        )
+        Self::with_filter(api, config, what, filter)
     }
 
     /// Like [`Cache::with_config`], with a `filter` that may hold state
