@@ -10,38 +10,12 @@
 
 use autonode_shared::identity::{verify, ParsedSignature, TrustStore};
 use std::hint::black_box;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+mod common;
+use common::{env_or, median, rate};
 
 const SAMPLE: &str = include_str!("../data/aws-iid/samples/real-us-west-2-2021/rsa2048.b64");
-
-fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// Operations per second of `op`, run for about `round` (time is read only
-/// every 32 operations so the clock does not dominate).
-fn rate(round: Duration, mut op: impl FnMut()) -> f64 {
-    let start = Instant::now();
-    let mut n = 0u64;
-    loop {
-        for _ in 0..32 {
-            op();
-        }
-        n += 32;
-        let elapsed = start.elapsed();
-        if elapsed >= round {
-            return n as f64 / elapsed.as_secs_f64();
-        }
-    }
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
-}
 
 fn main() {
     let rounds = env_or("IID_BENCH_ROUNDS", 7).max(1);

@@ -17,6 +17,8 @@
 //!   (`TrustStore::load_file`/`load_dir`); AWS's are parsed once, lazily.
 //! - [`karpenter_crds`]: Karpenter's CRDs, embedded.
 //! - [`labels`]: which node labels kubelet may set on itself.
+//! - [`nitro`]: verifying AWS Nitro attestation documents (NitroTPM and
+//!   enclaves) against a pinned root.
 //! - [`pem`]: certificates written as PEM, one spelling per certificate.
 //! - [`proof`]: proof that a report comes from the node's bound client key.
 //! - [`csr`]: parsing kubelet CSRs and the rules for approving them.
@@ -37,6 +39,7 @@ pub mod ignition;
 pub mod issued;
 pub mod karpenter_crds;
 pub mod labels;
+pub mod nitro;
 pub mod pem;
 pub mod proof;
 pub mod protocol;

@@ -1,0 +1,65 @@
+//! Benchmark (not a test): the CPU of one attested join's verification,
+//! [`autonode_shared::nitro::verify`] on the real AWS-signed documents in
+//! `shared/src/nitro/testdata/`, each checked at its own timestamp (CBOR →
+//! COSE → payload rules → 5-certificate chain, 5 ECDSA P-384 verifications →
+//! COSE signature, the 6th).
+//!
+//! `cargo run --release -p autonode-shared --example nitro_bench`
+//!
+//! Output: one `key=value` per line, per document kind: the median
+//! verifications per second on one core over the rounds, the slowest and
+//! fastest round, and the median's microseconds per verification.
+//!
+//! Env: `NITRO_BENCH_ROUNDS` (default 7), `NITRO_BENCH_ROUND_MS` (default 1000).
+
+use autonode_shared::nitro::{verify, At, Root};
+use std::hint::black_box;
+use std::time::Duration;
+
+mod common;
+use common::{env_or, median, rate};
+
+const NITROTPM: &[&[u8]] = &[
+    include_bytes!("../src/nitro/testdata/nitrotpm-biomodel-2026-08-13.cbor"),
+    include_bytes!("../src/nitro/testdata/nitrotpm-vaportpm-2026-02-03.cbor"),
+];
+/// The largest real document (1024 bytes each of nonce, user data, key).
+const ENCLAVE_LARGEST: &[&[u8]] = &[include_bytes!(
+    "../src/nitro/testdata/enclave-blocky-2024-09-07.cbor"
+)];
+
+fn report(name: &str, docs: &[&[u8]], root: &Root, rounds: u64, round: Duration) {
+    for doc in docs {
+        verify(doc, root, At::DocumentTime).expect("the real document verifies");
+    }
+    let rates: Vec<f64> = (0..rounds)
+        .map(|_| {
+            rate(round, || {
+                for doc in docs {
+                    black_box(verify(black_box(doc), root, At::DocumentTime).is_ok());
+                }
+            }) * docs.len() as f64
+        })
+        .collect();
+    let min = rates.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = rates.iter().copied().fold(0.0, f64::max);
+    let median = median(rates);
+    println!("{name}_verify_per_s_min={min:.0}");
+    println!("{name}_verify_per_s_max={max:.0}");
+    println!("{name}_verify_per_s={median:.0}");
+    println!("{name}_verify_us={:.0}", 1e6 / median);
+}
+
+fn main() {
+    let rounds = env_or("NITRO_BENCH_ROUNDS", 7).max(1);
+    let round = Duration::from_millis(env_or("NITRO_BENCH_ROUND_MS", 1000));
+    let root = Root::aws();
+    println!("rounds={rounds}");
+    println!("round_ms={}", round.as_millis());
+    report("nitrotpm", NITROTPM, &root, rounds, round);
+    report("enclave_7kb", ENCLAVE_LARGEST, &root, rounds, round);
+    let parse_root = rate(round, || {
+        black_box(Root::aws());
+    });
+    println!("root_parse_per_s={parse_root:.0}");
+}

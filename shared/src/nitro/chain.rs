@@ -1,0 +1,274 @@
+//! The certificate chain: pinned root → regional → zonal → instance CA →
+//! leaf, checked link by link.
+//!
+//! Two steps, so the failure says what is wrong: [`Chain::authenticate`]
+//! checks everything that makes the chain authentic (pinned root, shapes,
+//! issuer names, signatures, CA and leaf rules), any of which is
+//! [`Failure::Untrusted`]; [`Chain::check_valid_at`] then checks each
+//! certificate's dates at the chosen instant ([`Failure::Expired`]). The
+//! caller checks the COSE signature between the two, so "expired" is only
+//! ever said of a document that is authentic in every other way.
+//!
+//! [`Failure::Untrusted`]: super::Failure::Untrusted
+//! [`Failure::Expired`]: super::Failure::Expired
+
+use std::borrow::Cow;
+use std::time::SystemTime;
+
+use ring::signature::{UnparsedPublicKey, ECDSA_P384_SHA384_ASN1};
+use x509_parser::certificate::X509Certificate;
+use x509_parser::oid_registry::{
+    OID_KEY_TYPE_EC_PUBLIC_KEY, OID_NIST_EC_P384, OID_SIG_ECDSA_WITH_SHA384,
+    OID_X509_EXT_BASIC_CONSTRAINTS, OID_X509_EXT_KEY_USAGE,
+};
+use x509_parser::prelude::FromDer;
+use x509_parser::x509::X509Version;
+
+use super::error::NitroError;
+
+/// `AlgorithmIdentifier { ecdsa-with-SHA384 (1.2.840.10045.4.3.3) }`, no
+/// parameters (RFC 5758 §3.2).
+const ECDSA_WITH_SHA384_DER: [u8; 12] = [
+    0x30, 0x0a, 0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04, 0x03, 0x03,
+];
+
+/// Appends a DER length (up to 65535: certificates here are at most 1024
+/// bytes).
+fn der_length(out: &mut Vec<u8>, len: usize) {
+    match len {
+        0..=0x7f => out.push(len as u8),
+        0x80..=0xff => out.extend_from_slice(&[0x81, len as u8]),
+        _ => {
+            out.push(0x82);
+            out.extend_from_slice(&(len as u16).to_be_bytes());
+        }
+    }
+}
+
+/// One certificate of the chain, parsed.
+struct Link<'a> {
+    cert: X509Certificate<'a>,
+}
+
+impl<'a> Link<'a> {
+    fn parse(index: usize, der: &'a [u8]) -> Result<Link<'a>, NitroError> {
+        let (rest, cert) = X509Certificate::from_der(der)
+            .map_err(|e| NitroError::chain(index, format!("not a DER certificate: {e}")))?;
+        if !rest.is_empty() {
+            return Err(NitroError::chain(index, "bytes after the certificate"));
+        }
+        if cert.version() != X509Version::V3 {
+            return Err(NitroError::chain(index, "not an X.509 v3 certificate"));
+        }
+        let link = Link { cert };
+        link.check_algorithms(index)?;
+        Ok(link)
+    }
+
+    /// Signed with ecdsa-with-SHA384 (both copies of the algorithm), and a
+    /// P-384 key.
+    fn check_algorithms(&self, index: usize) -> Result<(), NitroError> {
+        let inner = &self.cert.tbs_certificate.signature;
+        if inner.algorithm != OID_SIG_ECDSA_WITH_SHA384 || inner.parameters.is_some() {
+            return Err(NitroError::chain(
+                index,
+                "not signed with ecdsa-with-SHA384",
+            ));
+        }
+        self.check_unsigned_tail(index)?;
+        let spki = self.cert.public_key();
+        let curve = spki
+            .algorithm
+            .parameters
+            .as_ref()
+            .and_then(|p| p.as_oid().ok());
+        if spki.algorithm.algorithm != OID_KEY_TYPE_EC_PUBLIC_KEY || curve != Some(OID_NIST_EC_P384)
+        {
+            return Err(NitroError::chain(index, "the key is not EC P-384"));
+        }
+        Ok(())
+    }
+
+    /// What follows the signed part is exactly the DER of ecdsa-with-SHA384
+    /// and of a BIT STRING holding the signature. These bytes are covered by
+    /// no signature, and the parser forgives some of their encodings (a
+    /// wrong tag on the algorithm's OID); so they are compared byte for
+    /// byte, and a certificate has one encoding only.
+    fn check_unsigned_tail(&self, index: usize) -> Result<(), NitroError> {
+        let signature = &self.cert.signature_value.data;
+        let mut tail = ECDSA_WITH_SHA384_DER.to_vec();
+        tail.push(0x03); // BIT STRING
+        der_length(&mut tail, signature.len() + 1);
+        tail.push(0x00); // no unused bits
+        tail.extend_from_slice(signature);
+        let raw = self.cert.as_raw();
+        let exact = raw.len() > tail.len()
+            && raw.ends_with(&tail)
+            && raw[..raw.len() - tail.len()].ends_with(self.cert.tbs_certificate.as_ref());
+        if exact {
+            Ok(())
+        } else {
+            Err(NitroError::chain(
+                index,
+                "the signature algorithm or signature is not encoded as ecdsa-with-SHA384 DER",
+            ))
+        }
+    }
+
+    fn point(&self) -> &[u8] {
+        &self.cert.public_key().subject_public_key.data
+    }
+
+    /// Issued and signed by `parent` (the root by itself).
+    fn check_issued_by(&self, index: usize, parent: &Link<'_>) -> Result<(), NitroError> {
+        if self.cert.issuer().as_raw() != parent.cert.subject().as_raw() {
+            return Err(NitroError::chain(
+                index,
+                "its issuer is not its parent's subject",
+            ));
+        }
+        let signature = &self.cert.signature_value;
+        if signature.unused_bits != 0 {
+            return Err(NitroError::chain(index, "the signature is not whole bytes"));
+        }
+        UnparsedPublicKey::new(&ECDSA_P384_SHA384_ASN1, parent.point())
+            .verify(self.cert.tbs_certificate.as_ref(), &signature.data)
+            .map_err(|_| NitroError::chain(index, "its parent's signature does not verify"))
+    }
+
+    /// Only basicConstraints and keyUsage may be critical: a critical
+    /// extension this check does not understand must refuse the certificate
+    /// (RFC 5280 §4.2).
+    fn check_critical(&self, index: usize) -> Result<(), NitroError> {
+        let understood = [OID_X509_EXT_BASIC_CONSTRAINTS, OID_X509_EXT_KEY_USAGE];
+        let unknown = self
+            .cert
+            .extensions()
+            .iter()
+            .any(|e| e.critical && !understood.contains(&e.oid));
+        if unknown {
+            return Err(NitroError::chain(index, "an unknown critical extension"));
+        }
+        Ok(())
+    }
+
+    /// A CA with `below` CA certificates under it before the leaf: critical
+    /// basicConstraints CA=true whose pathLen allows them, and keyCertSign.
+    fn check_ca(&self, index: usize, below: usize) -> Result<(), NitroError> {
+        let constraints = self
+            .cert
+            .basic_constraints()
+            .map_err(|e| NitroError::chain(index, format!("basicConstraints: {e}")))?;
+        let Some(constraints) = constraints.filter(|c| c.critical && c.value.ca) else {
+            return Err(NitroError::chain(
+                index,
+                "issues certificates but is not a CA (critical basicConstraints CA=true)",
+            ));
+        };
+        if let Some(len) = constraints.value.path_len_constraint {
+            if below > len as usize {
+                return Err(NitroError::chain(index, format!("pathLen {len} exceeded")));
+            }
+        }
+        match self.cert.key_usage() {
+            Ok(Some(usage)) if usage.value.key_cert_sign() => Ok(()),
+            _ => Err(NitroError::chain(index, "a CA without keyCertSign")),
+        }
+    }
+
+    /// The leaf: not a CA, and digitalSignature.
+    fn check_leaf(&self, index: usize) -> Result<(), NitroError> {
+        match self.cert.basic_constraints() {
+            Ok(None) => {}
+            Ok(Some(c)) if !c.value.ca => {}
+            _ => return Err(NitroError::chain(index, "the leaf is a CA")),
+        }
+        match self.cert.key_usage() {
+            Ok(Some(usage)) if usage.value.digital_signature() => Ok(()),
+            _ => Err(NitroError::chain(index, "the leaf lacks digitalSignature")),
+        }
+    }
+
+    fn check_valid_at(&self, index: usize, at_ms: i128) -> Result<(), NitroError> {
+        let validity = self.cert.validity();
+        let not_before = validity.not_before.timestamp();
+        let not_after = validity.not_after.timestamp();
+        let valid = i128::from(not_before) * 1000 <= at_ms && at_ms <= i128::from(not_after) * 1000;
+        if valid {
+            Ok(())
+        } else {
+            Err(NitroError::NotValidAt {
+                index,
+                at_ms,
+                not_before,
+                not_after,
+            })
+        }
+    }
+}
+
+/// An authentic chain: every link checked except the validity dates.
+pub struct Chain<'a> {
+    links: Vec<Link<'a>>,
+}
+
+impl<'a> Chain<'a> {
+    /// Checks `root → cabundle[1..] → leaf` link by link, dates aside.
+    pub fn authenticate(
+        root_der: &[u8],
+        cabundle: &'a [Cow<'a, [u8]>],
+        leaf: &'a [u8],
+    ) -> Result<Chain<'a>, NitroError> {
+        if cabundle.first().map(|c| &c[..]) != Some(root_der) {
+            return Err(NitroError::NotPinnedRoot);
+        }
+        let ders = cabundle.iter().map(|c| &c[..]).chain(std::iter::once(leaf));
+        let links = ders
+            .enumerate()
+            .map(|(index, der)| Link::parse(index, der))
+            .collect::<Result<Vec<_>, _>>()?;
+        let leaf_index = links.len() - 1;
+        for (index, link) in links.iter().enumerate() {
+            let parent = if index == 0 { link } else { &links[index - 1] };
+            link.check_issued_by(index, parent)?;
+            link.check_critical(index)?;
+            if index == leaf_index {
+                link.check_leaf(index)?;
+            } else {
+                link.check_ca(index, leaf_index - index - 1)?;
+            }
+        }
+        Ok(Chain { links })
+    }
+
+    /// The leaf's key as an uncompressed SEC1 P-384 point.
+    pub fn leaf_point(&self) -> &[u8] {
+        // `authenticate` parsed at least the root and the leaf.
+        self.links.last().map(Link::point).unwrap_or_default()
+    }
+
+    /// Every certificate is valid at `at`.
+    pub fn check_valid_at(&self, at: SystemTime) -> Result<(), NitroError> {
+        let at_ms = millis_since_epoch(at);
+        self.links
+            .iter()
+            .enumerate()
+            .try_for_each(|(index, link)| link.check_valid_at(index, at_ms))
+    }
+}
+
+/// Milliseconds since the Unix epoch, negative before it.
+fn millis_since_epoch(at: SystemTime) -> i128 {
+    match at.duration_since(SystemTime::UNIX_EPOCH) {
+        Ok(after) => after.as_millis() as i128,
+        Err(before) => -(before.duration().as_millis() as i128),
+    }
+}
+
+/// A root given by an operator must be what the chain's first link has to
+/// be anyway: a self-signed P-384 CA; refused when loaded, not at each join.
+pub(crate) fn check_root(der: &[u8]) -> Result<(), NitroError> {
+    let link = Link::parse(0, der)?;
+    link.check_issued_by(0, &link)?;
+    link.check_ca(0, 0)
+}
