@@ -5,8 +5,10 @@
 use crate::csr::{self, CsrError};
 use crate::imds::Identity;
 use crate::state::{StateDir, StateError};
-use autonode_shared::protocol::{InstanceIdentity, JoinRequest, JoinResponse};
-use rcgen::KeyPair;
+use autonode_shared::protocol::{
+    attested_keys_digest, InstanceIdentity, JoinRequest, JoinResponse,
+};
+use rcgen::{KeyPair, PublicKeyData};
 use std::net::IpAddr;
 
 /// The server's answer does not fit this node: a refusal.
@@ -55,6 +57,16 @@ pub fn request(
         serving_csr: csr::serving_csr(serving_key, &identity.local_hostname, &identity.ips)?,
         agent_version: env!("CARGO_PKG_VERSION").to_string(),
     })
+}
+
+/// What a NitroTPM document's `user_data` must hold for a join with these
+/// two keys: the digest of their SubjectPublicKeyInfo, as the CSRs carry
+/// them.
+pub fn keys_digest(client_key: &KeyPair, serving_key: &KeyPair) -> [u8; 32] {
+    attested_keys_digest(
+        &client_key.subject_public_key_info(),
+        &serving_key.subject_public_key_info(),
+    )
 }
 
 /// Values that end up in flags must be plain tokens: no spaces, quotes or

@@ -11,6 +11,8 @@
 //! - [`keys`], [`csr`]: the node's two keys and their CSRs.
 //! - [`join`]: the join request, and the check of the server's answer
 //!   before any of it is used.
+//! - [`nitrotpm`]: the machine's attestation evidence, from AWS's
+//!   `nitro-tpm-attest` tool, for the join.
 //! - [`server_client`]: the HTTPS client the join and [`report`]s share;
 //!   [`trust`] decides whom it trusts, [`proxy`] how it gets there.
 //! - [`ignition`], [`kubelet`]: what the answer is applied with.
@@ -33,6 +35,7 @@ pub mod join;
 pub mod keys;
 pub mod kubelet;
 pub mod logging;
+pub mod nitrotpm;
 pub mod proxy;
 pub mod report;
 pub mod retry;

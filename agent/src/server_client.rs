@@ -10,18 +10,21 @@
 
 use crate::config::Config;
 use crate::http::{self, HttpError};
+use crate::nitrotpm::NitroTpm;
 use crate::proxy::{Proxy, Route};
 use crate::retry::{retry_observed, Attempt, Deadline, RetryError, RetryPolicy, Retrying};
 use crate::trust::{self, TrustError};
 use autonode_shared::clock::Clock;
 use autonode_shared::protocol::{
-    ErrorResponse, JoinRequest, JoinResponse, JOIN_PATH, REQUEST_ID_HEADER,
+    ChallengeRequest, ChallengeResponse, ErrorResponse, JoinRequest, JoinRequestV2, JoinResponse,
+    CHALLENGE_PATH, JOIN_PATH, JOIN_V2_PATH, REQUEST_ID_HEADER,
 };
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{Method, StatusCode, Uri};
 use rustls::pki_types::ServerName;
 use rustls::ClientConfig;
+use std::cell::Cell;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_rustls::TlsConnector;
@@ -30,6 +33,14 @@ use tokio_rustls::TlsConnector;
 pub const JOIN_TRY_TIMEOUT: Duration = Duration::from_secs(60);
 /// A JoinResponse carries certificates and an Ignition config.
 const MAX_RESPONSE: usize = 4 * 1024 * 1024;
+
+/// What a join attests with: the instance's NitroTPM, and the digest of
+/// the request's two keys its document vouches for
+/// ([`autonode_shared::protocol::attested_keys_digest`]).
+pub struct Attester<'a> {
+    pub tpm: &'a NitroTpm,
+    pub keys_digest: [u8; 32],
+}
 
 /// Why the server gave no answer the agent can use.
 #[derive(Debug, thiserror::Error)]
@@ -77,27 +88,94 @@ impl ServerClient {
     }
 
     /// Asks to join, retrying transient failures until `deadline`;
-    /// `observe` hears of each failed attempt that will be retried.
+    /// `observe` hears of each failed attempt that will be retried. Each
+    /// attempt asks for a fresh challenge and attests with `attester`
+    /// (`/v2`); a server that has no challenge (404: before 0.3.0) is
+    /// joined through `/v1`, without evidence, from then on.
     pub async fn join(
         &self,
         request: &JoinRequest,
+        attester: &Attester<'_>,
         deadline: &Deadline,
         observe: impl FnMut(&Retrying<'_, JoinError>),
     ) -> Result<JoinResponse, JoinError> {
-        let body =
-            serde_json::to_vec(request).map_err(|e| JoinError::BadResponse(e.to_string()))?;
-        let policy = &RetryPolicy::JOIN;
-        let answer = self
-            .post(
-                JOIN_PATH,
-                body.into(),
-                policy,
-                deadline,
-                JOIN_TRY_TIMEOUT,
-                observe,
-            )
-            .await?;
+        let v1 = Bytes::from(
+            serde_json::to_vec(request).map_err(|e| JoinError::BadResponse(e.to_string()))?,
+        );
+        let v1_only = Cell::new(false);
+        let attempt = |_| self.join_attempt(request, &v1, attester, &v1_only, deadline);
+        let answer = retry_observed(&RetryPolicy::JOIN, deadline, "join", attempt, observe)
+            .await
+            .map_err(|e| match e {
+                RetryError::Fatal(e) => e,
+                RetryError::GaveUp { attempts, last } => JoinError::GaveUp {
+                    attempts,
+                    last: last.to_string(),
+                },
+            })?;
         serde_json::from_slice(&answer).map_err(|e| JoinError::BadResponse(e.to_string()))
+    }
+
+    /// One join attempt: challenge, evidence, `/v2` join; or the `/v1`
+    /// join for a server without challenges.
+    async fn join_attempt(
+        &self,
+        request: &JoinRequest,
+        v1: &Bytes,
+        attester: &Attester<'_>,
+        v1_only: &Cell<bool>,
+        deadline: &Deadline,
+    ) -> Attempt<Bytes, JoinError> {
+        if !v1_only.get() {
+            let asked = ChallengeRequest {
+                agent_version: request.agent_version.clone(),
+            };
+            let body = Bytes::from(serde_json::to_vec(&asked).unwrap_or_default());
+            let limit = deadline.clamp(JOIN_TRY_TIMEOUT);
+            match self.attempt(CHALLENGE_PATH, body, limit).await {
+                Attempt::Done(answer) => {
+                    return self.attested(request, &answer, attester, deadline).await
+                }
+                Attempt::Fatal(JoinError::Refused { status: 404, .. }) => {
+                    log::info!("the server has no {CHALLENGE_PATH} (a server of before 0.3.0): joining through {JOIN_PATH}, without attestation");
+                    v1_only.set(true);
+                }
+                other => return other,
+            }
+        }
+        self.attempt(JOIN_PATH, v1.clone(), deadline.clamp(JOIN_TRY_TIMEOUT))
+            .await
+    }
+
+    /// The `/v2` join for the challenge in `answer`.
+    async fn attested(
+        &self,
+        request: &JoinRequest,
+        answer: &[u8],
+        attester: &Attester<'_>,
+        deadline: &Deadline,
+    ) -> Attempt<Bytes, JoinError> {
+        let challenge: ChallengeResponse = match serde_json::from_slice(answer) {
+            Ok(challenge) => challenge,
+            Err(e) => return Attempt::Fatal(JoinError::BadResponse(format!("the challenge: {e}"))),
+        };
+        let attestation = attester
+            .tpm
+            .evidence(&challenge.nonce, &attester.keys_digest)
+            .await;
+        let request = JoinRequestV2 {
+            identity: request.identity.clone(),
+            client_csr: request.client_csr.clone(),
+            serving_csr: request.serving_csr.clone(),
+            agent_version: request.agent_version.clone(),
+            attestation,
+        };
+        let body = match serde_json::to_vec(&request) {
+            Ok(body) => Bytes::from(body),
+            Err(e) => return Attempt::Fatal(JoinError::BadResponse(e.to_string())),
+        };
+        self.attempt(JOIN_V2_PATH, body, deadline.clamp(JOIN_TRY_TIMEOUT))
+            .await
     }
 
     /// POSTs JSON to `path` with `policy`; the 2xx body. `observe` hears of

@@ -10,6 +10,9 @@
 //!   are the one list of those steps. Services return their own errors;
 //!   [`join::refusal`] is where the join turns them into a verdict, and
 //!   [`join::render`] turns a node's config inputs into JSON.
+//! - [`attestation`]: attested joins (NitroTPM): the challenge's nonces,
+//!   the operator's policy of which classes must attest, and the verdict
+//!   on a join's evidence, which the join's attest step asks for.
 //! - [`report`]: one agent report, its steps (authenticate, act) a file
 //!   each, shaped as the join is: who the report speaks for and how far to
 //!   believe it, then what it does to the NodeClaim.
@@ -27,6 +30,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod attestation;
 pub mod controllers;
 pub mod ec2;
 pub mod front;

@@ -19,7 +19,14 @@ use std::collections::BTreeMap;
 pub const JOIN_PATH: &str = "/v1/join";
 /// Path of the progress report endpoint.
 pub const REPORT_PATH: &str = "/v1/report";
-/// Largest request body the server reads; a join is a few KiB.
+/// Path of the attestation challenge (servers of 0.3.0 and later; an
+/// older server answers 404, and the agent then joins through
+/// [`JOIN_PATH`] without evidence).
+pub const CHALLENGE_PATH: &str = "/v2/challenge";
+/// Path of the join that carries attestation evidence ([`JoinRequestV2`]).
+pub const JOIN_V2_PATH: &str = "/v2/join";
+/// Largest request body the server reads; a join is a few KiB (with a
+/// NitroTPM document, about 10).
 pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
 /// Header a response carries so logs on both sides can be correlated.
 pub const REQUEST_ID_HEADER: &str = "x-autonode-request-id";
@@ -47,6 +54,96 @@ pub struct JoinRequest {
     pub serving_csr: String,
     /// The agent's version, for logs and compatibility decisions.
     pub agent_version: String,
+}
+
+/// `POST /v2/challenge`: the agent asks for a nonce to attest with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ChallengeRequest {
+    /// The agent's version, for logs.
+    pub agent_version: String,
+}
+
+/// The server's challenge: a nonce any replica accepts once, until it
+/// expires.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ChallengeResponse {
+    /// Base64 (standard, padded) of the nonce's bytes: what the agent asks
+    /// the NitroTPM to sign as the document's `nonce`, byte for byte.
+    pub nonce: String,
+    /// Seconds the nonce stays valid from when it was made.
+    pub expires_in_seconds: u64,
+}
+
+/// `POST /v2/join`: a [`JoinRequest`] with the machine's attestation
+/// evidence, or why it has none. The answer is a [`JoinResponse`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct JoinRequestV2 {
+    pub identity: InstanceIdentity,
+    /// As in [`JoinRequest::client_csr`].
+    pub client_csr: String,
+    /// As in [`JoinRequest::serving_csr`].
+    pub serving_csr: String,
+    /// The agent's version, for logs and compatibility decisions.
+    pub agent_version: String,
+    /// The attestation evidence, or why there is none.
+    pub attestation: Attestation,
+}
+
+impl JoinRequestV2 {
+    /// The request without its evidence, as a `/v1` join reads.
+    pub fn split(self) -> (JoinRequest, Attestation) {
+        let request = JoinRequest {
+            identity: self.identity,
+            client_csr: self.client_csr,
+            serving_csr: self.serving_csr,
+            agent_version: self.agent_version,
+        };
+        (request, self.attestation)
+    }
+}
+
+/// What a machine offers to prove how it booted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub enum Attestation {
+    /// A NitroTPM attestation document whose `nonce` is the server's
+    /// challenge and whose `user_data` is [`attested_keys_digest`] of the
+    /// request's two CSR keys.
+    #[serde(rename_all = "camelCase")]
+    NitroTpm {
+        /// The challenge's nonce, as the server gave it (base64).
+        nonce: String,
+        /// Base64 (standard, padded) of the document's raw bytes
+        /// (COSE_Sign1, CBOR), exactly as the NitroTPM returned them.
+        document: String,
+    },
+    /// The machine could not attest, and says why (no NitroTPM, no
+    /// `nitro-tpm-attest` tool, the tool failed).
+    Unavailable {
+        /// The agent's words, for the server's log and Event.
+        reason: String,
+    },
+}
+
+/// What a NitroTPM document's `user_data` holds for a join: SHA-256 over a
+/// purpose label and the two keys' DER SubjectPublicKeyInfo, each
+/// length-prefixed, so the document vouches for exactly the keys the CSRs
+/// carry and no other pair.
+pub fn attested_keys_digest(client_spki_der: &[u8], serving_spki_der: &[u8]) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    let mut hash = Sha256::new();
+    for field in [
+        b"autonode.dev/attested kubelet keys v1".as_slice(),
+        client_spki_der,
+        serving_spki_der,
+    ] {
+        hash.update((field.len() as u64).to_be_bytes());
+        hash.update(field);
+    }
+    hash.finalize().into()
 }
 
 /// Answer to a successful join.
@@ -375,5 +472,57 @@ mod tests {
             request_id: "r".into(),
         };
         assert_eq!(fields(&refusal), ["error", "requestId"]);
+    }
+
+    /// The `/v2` messages, held like `/v1`'s: servers of 0.3.0 read them
+    /// strictly, so they too only ever grow by a new path.
+    #[test]
+    fn v2_messages_keep_their_fields() {
+        let challenge = ChallengeRequest {
+            agent_version: "v".into(),
+        };
+        assert_eq!(fields(&challenge), ["agentVersion"]);
+        let nonce = ChallengeResponse {
+            nonce: "n".into(),
+            expires_in_seconds: 1,
+        };
+        assert_eq!(fields(&nonce), ["expiresInSeconds", "nonce"]);
+        let join = JoinRequestV2 {
+            identity: InstanceIdentity {
+                rsa2048: "x".into(),
+            },
+            client_csr: "c".into(),
+            serving_csr: "s".into(),
+            agent_version: "v".into(),
+            attestation: Attestation::NitroTpm {
+                nonce: "n".into(),
+                document: "d".into(),
+            },
+        };
+        assert_eq!(
+            fields(&join),
+            [
+                "agentVersion",
+                "attestation",
+                "attestation.nitroTpm",
+                "attestation.nitroTpm.document",
+                "attestation.nitroTpm.nonce",
+                "clientCsr",
+                "identity",
+                "identity.rsa2048",
+                "servingCsr"
+            ]
+        );
+        let unavailable = Attestation::Unavailable { reason: "r".into() };
+        assert_eq!(fields(&unavailable), ["unavailable", "unavailable.reason"]);
+    }
+
+    #[test]
+    fn the_keys_digest_tells_the_keys_and_their_order_apart() {
+        let a = attested_keys_digest(b"client", b"serving");
+        assert_eq!(a, attested_keys_digest(b"client", b"serving"));
+        assert_ne!(a, attested_keys_digest(b"serving", b"client"));
+        // Length prefixes: moving a byte across the boundary is another pair.
+        assert_ne!(a, attested_keys_digest(b"clients", b"erving"));
     }
 }

@@ -5,9 +5,10 @@ use super::keys::NodeKeys;
 use super::{record, started, succeeded, Run};
 use crate::failure::{Failure, OrFail as _};
 use autonode_agent::imds::Identity;
+use autonode_agent::nitrotpm::NitroTpm;
 use autonode_agent::report::{Reporter, RetryNotices};
 use autonode_agent::retry::Retrying;
-use autonode_agent::server_client::{JoinError, ServerClient};
+use autonode_agent::server_client::{Attester, JoinError, ServerClient};
 use autonode_agent::{join, kubelet};
 use autonode_shared::protocol::{JoinResponse, Outcome, Phase};
 
@@ -45,7 +46,12 @@ pub(super) async fn run(
             reporter.send_later(reports, Phase::Join, Outcome::Retrying, message, key);
         }
     };
-    let answer = client.join(&request, &deadline, observe).await;
+    let tpm = NitroTpm::from_env();
+    let attester = Attester {
+        tpm: &tpm,
+        keys_digest: join::keys_digest(&keys.client, &keys.serving),
+    };
+    let answer = client.join(&request, &attester, &deadline, observe).await;
     let answer = answer.or_fail_in(Phase::Join, "joining")?;
     log::debug!("the server answered in {:?}", asked.elapsed());
     // Checked before it is saved, and so before its Ignition runs.

@@ -211,6 +211,25 @@ pub struct ServeArgs {
     #[arg(long, env = "AUTONODE_MIN_AGENT_VERSION", value_name = "VERSION")]
     pub min_agent_version: Option<autonode_server::join::agents::MinVersion>,
 
+    /// YAML file naming the EC2NodeClasses whose machines must prove their
+    /// boot with a NitroTPM attestation document, and the measurements
+    /// (PCR values, from the bake's measurements.yaml) each admits
+    /// (docs/operations.md, "Attested joins"). Read at start (a bad file
+    /// stops the server) and every 10 s after: a bad change is logged as
+    /// an error and the policy before it kept. Kept here, where autonode's
+    /// operator writes, never on the class: a class editor cannot turn it
+    /// off. Unset: no class must attest, and every join is judged as
+    /// before.
+    #[arg(long, env = "AUTONODE_ATTESTATION_POLICY", value_name = "FILE")]
+    pub attestation_policy: Option<PathBuf>,
+
+    /// PEM certificate of the Nitro attestation root that NitroTPM
+    /// documents must chain to. Default: AWS's "aws.nitro-enclaves" root
+    /// (G1), built in. Only tests (a test PKI standing in for AWS's) have
+    /// reason to set it.
+    #[arg(long, env = "AUTONODE_NITRO_ROOT", value_name = "FILE")]
+    pub nitro_root: Option<PathBuf>,
+
     /// Approve the CSRs kubelet makes itself (client renewals, serving
     /// certificates) when they match the node's NodeClaim and EC2 facts.
     #[arg(long, env = "AUTONODE_APPROVE_KUBELET_CSRS", default_value = "true", action = clap::ArgAction::Set)]

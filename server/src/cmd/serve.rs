@@ -3,6 +3,8 @@
 
 use crate::cmd::config::{self, ServeArgs};
 use anyhow::{Context, Result};
+use autonode_server::attestation::policy::{Policy as AttestationPolicy, PolicyFile};
+use autonode_server::attestation::{watch_policy, Attestation};
 use autonode_server::controllers::watches::Leader;
 use autonode_server::ec2::{Ec2Client, Ec2Settings, InstanceLookup};
 use autonode_server::front::api::{self, Api};
@@ -22,6 +24,7 @@ use autonode_server::primitives::limiter::refusal_line_limiter;
 use autonode_server::report::{Replays, ReportContext};
 use autonode_server::{controllers::approver, controllers::leader};
 use autonode_shared::identity::{Policy, TrustStore};
+use autonode_shared::nitro::Root as NitroRoot;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use std::sync::Arc;
 use tokio::net::TcpListener;
@@ -84,6 +87,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         },
         events.clone(),
     );
+    let attestation = attestation(&args, key)?;
     let join = Arc::new(JoinContext {
         trust: trust.clone(),
         policy: policy.clone(),
@@ -98,6 +102,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         lifetimes: args.certificate_lifetimes(),
         lookups: autonode_server::join::lookup_limiter(),
         min_agent_version: args.min_agent_version,
+        attestation,
         refusal_lines: refusal_line_limiter(),
     });
     let report = Arc::new(ReportContext {
@@ -113,6 +118,35 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     });
     let readiness = probes::Readiness { claims, nodeconfig };
     serve(&args, join, report, readiness, metrics).await
+}
+
+/// Attested joins: the Nitro root, the operator's policy (read now, and
+/// watched for changes), nonces under the replicas' sealing key.
+fn attestation(args: &ServeArgs, key: StateKey) -> Result<Arc<Attestation>> {
+    let root = match &args.nitro_root {
+        Some(path) => {
+            let pem = std::fs::read(path)
+                .with_context(|| format!("reading --nitro-root {}", path.display()))?;
+            NitroRoot::from_pem(&pem).with_context(|| format!("--nitro-root {}", path.display()))?
+        }
+        None => NitroRoot::aws(),
+    };
+    let Some(path) = &args.attestation_policy else {
+        return Ok(Arc::new(Attestation::new(
+            key,
+            root,
+            AttestationPolicy::default(),
+        )));
+    };
+    let (file, policy) = PolicyFile::load(path)?;
+    tracing::info!(
+        file = %path.display(),
+        classes = policy.classes(),
+        "attestation policy read: the classes it names must attest with NitroTPM"
+    );
+    let attestation = Arc::new(Attestation::new(key, root, policy));
+    tokio::spawn(watch_policy(attestation.clone(), file));
+    Ok(attestation)
 }
 
 /// EC2, as the join and the approver look instances up.

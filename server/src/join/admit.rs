@@ -16,7 +16,7 @@ use crate::kube::karpenter::{aws_provider_id, NodeClaim};
 use crate::kube::metrics::AgentLabels;
 use autonode_shared::csr::{self, ParsedCsr};
 use autonode_shared::identity::{self, IdentityDocument};
-use autonode_shared::protocol::JoinRequest;
+use autonode_shared::protocol::{Attestation, JoinRequest};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -30,15 +30,20 @@ pub struct Admitted {
     pub(super) serving_csr: ParsedCsr,
     pub(super) doc: IdentityDocument,
     pub(super) provider_id: String,
+    /// The attestation evidence a `/v2` join sent; `None` for `/v1`.
+    pub(super) evidence: Option<Attestation>,
     pub(super) started: Instant,
 }
 
 /// The admit step: the document (its signature, then the policy), then
-/// the CSRs. A refusal is recorded here like any other.
+/// the CSRs. A refusal is recorded here like any other. `evidence` is
+/// carried to the attest step, which alone knows whether the instance's
+/// class must attest.
 pub fn admit(
     ctx: &JoinContext,
     request_id: &str,
     request: JoinRequest,
+    evidence: Option<Attestation>,
 ) -> Result<Admitted, JoinError> {
     let started = Instant::now();
     let mut steps = ctx.metrics.steps();
@@ -80,6 +85,7 @@ pub fn admit(
         serving_csr,
         doc,
         provider_id,
+        evidence,
         started,
     })
 }

@@ -13,6 +13,7 @@
 
 use super::admit::Admitted;
 use super::JoinContext;
+use crate::attestation::Verdict;
 use crate::ec2::{Ec2Instance, LookupError};
 use crate::join::refusal::{JoinError, Refusal};
 use crate::kube::binding::{self, Keys, Record};
@@ -22,6 +23,7 @@ use crate::kube::reuse;
 use crate::primitives::clock::KubeTime;
 use autonode_shared::csr::{self, ParsedCsr};
 use autonode_shared::identity::IdentityDocument;
+use autonode_shared::protocol::Attestation;
 use k8s_openapi::jiff::Timestamp;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -77,6 +79,7 @@ pub(super) async fn attest(
         serving_csr,
         doc,
         provider_id,
+        evidence,
         ..
     } = admitted;
     let registered = match nodeclaim::check(&claim, doc.pending_time) {
@@ -101,6 +104,7 @@ pub(super) async fn attest(
         return Err(registered_refusal(ctx, &claim, &doc, existing.as_ref(), node).await);
     }
     below_minimum(ctx, &doc, &request.agent_version)?;
+    attestation(ctx, &claim, &doc, &csrs, evidence.as_ref())?;
     let instance = lookup(ctx, &doc).await?;
     check_csrs(&csrs, &instance, &request.agent_version)?;
     let held = name_held_by_others(ctx, &instance, &doc.instance_id);
@@ -298,6 +302,37 @@ fn too_old(serving: &ParsedCsr, instance: &Ec2Instance, agent_version: &str) -> 
 /// own machine's; before EC2 is asked, so a fleet of retired AMIs costs no
 /// `DescribeInstances`. A Registered claim never reaches it: a node that
 /// joined is not touched by a minimum raised later.
+/// The class's attestation, when the operator's policy names it: after
+/// the binding (a replay is refused before a document costs any
+/// verifying) and before EC2 is asked.
+fn attestation(
+    ctx: &JoinContext,
+    claim: &NodeClaim,
+    doc: &IdentityDocument,
+    csrs: &Csrs,
+    evidence: Option<&Attestation>,
+) -> Result<(), Refusal> {
+    let class = claim.spec.node_class_ref.as_ref().map(|r| r.name.as_str());
+    let keys = [
+        csrs.client.spki_der.as_slice(),
+        csrs.serving.spki_der.as_slice(),
+    ];
+    let now = std::time::SystemTime::from(ctx.clock.now());
+    match ctx
+        .attestation
+        .judge(class, &doc.instance_id, keys, evidence, now)?
+    {
+        Verdict::Attested(measurement) => tracing::info!(
+            instance = %doc.instance_id,
+            class = class.unwrap_or_default(),
+            measurement,
+            "NitroTPM attestation passed"
+        ),
+        Verdict::NotRequired => {}
+    }
+    Ok(())
+}
+
 fn below_minimum(
     ctx: &JoinContext,
     doc: &IdentityDocument,

@@ -13,7 +13,9 @@
 //! 2. **attest** (`attest`): the instance's one NodeClaim
 //!    ([`NodeClaims::one_for`], waiting out the cache's grace only for
 //!    documents that passed) and its rules, its binding (another key is a
-//!    replay, refused before EC2 is asked), the instance as EC2 sees it
+//!    replay, refused before EC2 is asked), for a class the operator's
+//!    policy names its NitroTPM evidence ([`crate::attestation`]), the
+//!    instance as EC2 sees it
 //!    ([`crate::ec2`]), the CSRs against what EC2 says the machine is,
 //!    and whether its name was another instance's lately
 //!    ([`crate::kube::reuse`]).
@@ -123,6 +125,9 @@ pub struct JoinContext {
     /// The oldest agent release admitted (`--min-agent-version`); `None`:
     /// every agent the wire format serves.
     pub min_agent_version: Option<agents::MinVersion>,
+    /// Attested joins: the challenge's nonces, the Nitro root, the
+    /// operator's policy (`--attestation-policy`).
+    pub attestation: Arc<crate::attestation::Attestation>,
     /// Warn lines about refused joins, per reason
     /// ([`refusal_line_limiter`](crate::primitives::limiter::refusal_line_limiter)).
     pub refusal_lines: Limiter,

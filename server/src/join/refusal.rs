@@ -10,6 +10,7 @@
 //! decides which of their failures refuse a join and which only make it
 //! unavailable for now.
 
+use crate::attestation::verdict::AttestationRefusal;
 use crate::ec2::LookupError;
 use crate::join::render::inputs::ConfigError;
 use crate::kube::binding::{BindingError, BindingRefusal};
@@ -114,6 +115,10 @@ pub enum Refusal {
         agent_version: String,
         minimum: MinVersion,
     },
+    /// The class must attest (the operator's `--attestation-policy`) and
+    /// the join's evidence did not pass; the verdict's own words.
+    #[error(transparent)]
+    Attestation(#[from] AttestationRefusal),
     #[error("kube-controller-manager refused to sign {csr}: {message}")]
     SigningFailed { csr: String, message: String },
     #[error("CSR object {csr} is not the one this join created and judged: {detail}")]
@@ -161,6 +166,7 @@ impl Refusal {
             | Self::AgentTooOld { .. }
             | Self::AgentBelowMinimum { .. } => Some(Cause::Machine),
             Self::NodeSpoofed { .. } => Some(Cause::Impostor),
+            Self::Attestation(a) if a.is_the_machines() => Some(Cause::Machine),
             _ => None,
         }
     }
@@ -241,6 +247,7 @@ impl Refusal {
             Self::AgentTooOld { .. } => "agent_too_old",
             Self::AgentBelowMinimum { .. } => "agent_below_minimum",
             Self::NodeSpoofed { .. } => "node_spoofed",
+            Self::Attestation(a) => a.reason(),
             Self::SigningFailed { .. } => "signing_failed",
             Self::CsrSubstituted { .. } => "csr_substituted",
             Self::CertificateMismatch { .. } => "certificate_mismatch",

@@ -111,6 +111,12 @@ impl StateKey {
         Some(self)
     }
 
+    /// A key from `secret`, for other modules' unit tests.
+    #[cfg(test)]
+    pub(crate) fn for_tests(secret: [u8; 32]) -> Self {
+        Self::derive(&secret, FROM_KEY_FILE)
+    }
+
     /// How many previous keys the ring holds.
     pub fn previous_keys(&self) -> usize {
         self.previous.iter().flatten().count()

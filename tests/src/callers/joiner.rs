@@ -7,7 +7,8 @@ use crate::cloud::fakecloud::signer::TestCa;
 use crate::cloud::fakecloud::Instance;
 use anyhow::{Context, Result};
 use autonode_shared::protocol::{
-    ErrorResponse, InstanceIdentity, JoinRequest, JoinResponse, JOIN_PATH,
+    ChallengeRequest, ChallengeResponse, ErrorResponse, InstanceIdentity, JoinRequest,
+    JoinRequestV2, JoinResponse, CHALLENGE_PATH, JOIN_PATH, JOIN_V2_PATH,
 };
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -106,7 +107,35 @@ impl Joiner {
 
     /// Sends a join request.
     pub async fn join(&self, request: &JoinRequest) -> Result<Answer> {
-        let (status, body) = self.post(JOIN_PATH, serde_json::to_vec(request)?).await?;
+        self.answer(JOIN_PATH, serde_json::to_vec(request)?).await
+    }
+
+    /// Sends a `/v2` join request (with attestation evidence).
+    pub async fn join_v2(&self, request: &JoinRequestV2) -> Result<Answer> {
+        self.answer(JOIN_V2_PATH, serde_json::to_vec(request)?)
+            .await
+    }
+
+    /// Asks for a challenge: the nonce's bytes.
+    pub async fn challenge(&self) -> Result<Vec<u8>> {
+        let asked = ChallengeRequest {
+            agent_version: "test".into(),
+        };
+        let (status, body) = self
+            .post(CHALLENGE_PATH, serde_json::to_vec(&asked)?)
+            .await?;
+        anyhow::ensure!(
+            status == 200,
+            "challenge: {status} {}",
+            String::from_utf8_lossy(&body)
+        );
+        let challenge: ChallengeResponse = serde_json::from_slice(&body)?;
+        use base64::Engine;
+        Ok(base64::engine::general_purpose::STANDARD.decode(challenge.nonce)?)
+    }
+
+    async fn answer(&self, path: &str, request: Vec<u8>) -> Result<Answer> {
+        let (status, body) = self.post(path, request).await?;
         if status == 200 {
             return Ok(Answer::Granted(Box::new(serde_json::from_slice(&body)?)));
         }

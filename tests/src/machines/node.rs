@@ -129,7 +129,19 @@ impl SimulatedNode {
     /// [`Self::run_agent`] with another agent binary (an earlier
     /// revision's, for the skew tests: [`crate::server::skew`]).
     pub async fn run_agent_binary(&self, binary: &Path, extra: &[&str]) -> Result<Output> {
+        self.run_agent_env(binary, extra, &[]).await
+    }
+
+    /// [`Self::run_agent_binary`] with `env` set for the agent (and so for
+    /// the tools it runs: the NitroTPM stand-in's settings).
+    pub async fn run_agent_env(
+        &self,
+        binary: &Path,
+        extra: &[&str],
+        env: &[(&str, &std::ffi::OsStr)],
+    ) -> Result<Output> {
         let mut command = self.netns.command(binary);
+        command.envs(env.iter().copied());
         command
             .args(self.agent_args())
             .args(extra)

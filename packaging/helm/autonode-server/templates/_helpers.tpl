@@ -92,6 +92,9 @@ seal-key-file: /etc/autonode/rollout-state-key/key
 seal-key-file: /etc/autonode/seal/seal.key
 previous-seal-key-file: /etc/autonode/seal/previous.key
 {{- end }}
+{{- if .Values.attestation.policy }}
+attestation-policy: /etc/autonode/attestation/policy.yaml
+{{- end }}
 {{- end }}
 
 {{/* One value of `serve` as the flag takes it: lists joined with commas,

@@ -37,8 +37,8 @@ use crate::join::{self, JoinContext};
 use crate::kube::metrics::Metrics;
 use crate::report::{self, ReportContext};
 use autonode_shared::protocol::{
-    ErrorResponse, JoinRequest, ReportRequest, JOIN_PATH, MAX_REQUEST_BYTES, REPORT_PATH,
-    REQUEST_ID_HEADER,
+    Attestation, ChallengeRequest, ErrorResponse, JoinRequest, JoinRequestV2, ReportRequest,
+    CHALLENGE_PATH, JOIN_PATH, JOIN_V2_PATH, MAX_REQUEST_BYTES, REPORT_PATH, REQUEST_ID_HEADER,
 };
 use bytes::Bytes;
 use gate::{Gate, Ticket};
@@ -211,8 +211,10 @@ async fn route(
     let (ip, id) = (peer.ip(), request_id.as_str());
     let reply = match (req.method(), path.as_str()) {
         (&Method::POST, JOIN_PATH) => handle_join(&api, ip, &ticket, id, req).await,
+        (&Method::POST, JOIN_V2_PATH) => handle_join_v2(&api, ip, &ticket, id, req).await,
+        (&Method::POST, CHALLENGE_PATH) => closing(handle_challenge(&api, ip, id, req).await),
         (&Method::POST, REPORT_PATH) => handle_report(&api, ip, &ticket, id, req).await,
-        (_, JOIN_PATH | REPORT_PATH) => {
+        (_, JOIN_PATH | JOIN_V2_PATH | CHALLENGE_PATH | REPORT_PATH) => {
             closing(error(StatusCode::METHOD_NOT_ALLOWED, "use POST", id))
         }
         _ => closing(error(StatusCode::NOT_FOUND, "no such endpoint", id)),
@@ -228,10 +230,25 @@ async fn route(
     Ok(with_request_id(reply, &request_id))
 }
 
-/// A join: admission (body, parse, verify) with no permit held, then a
-/// place under the join caps (waiting its turn for the global one), then
-/// the join. Its connection keeps its
-/// place from the parsed body on.
+/// A challenge: a fresh nonce, made from nothing stored (no permit, no
+/// state; the connection is closed after it like any request but a join
+/// or a report).
+async fn handle_challenge(
+    api: &Api,
+    peer: IpAddr,
+    request_id: &str,
+    req: Request<Incoming>,
+) -> Reply {
+    let asked: ChallengeRequest = match read_json(api, peer, req, request_id).await {
+        Ok(asked) => asked,
+        Err(reply) => return reply,
+    };
+    let now = std::time::SystemTime::from(api.join.clock.now());
+    tracing::debug!(request_id, agent = %asked.agent_version.chars().take(64).collect::<String>(), "challenge made");
+    json(StatusCode::OK, &api.join.attestation.challenge(now))
+}
+
+/// A `/v1` join: one without attestation evidence.
 async fn handle_join(
     api: &Api,
     peer: IpAddr,
@@ -243,8 +260,39 @@ async fn handle_join(
         Ok(request) => request,
         Err(reply) => return closing(reply),
     };
+    join_request(api, peer, ticket, request_id, request, None).await
+}
+
+/// A `/v2` join: a `/v1` join with its attestation evidence.
+async fn handle_join_v2(
+    api: &Api,
+    peer: IpAddr,
+    ticket: &Ticket,
+    request_id: &str,
+    req: Request<Incoming>,
+) -> Reply {
+    let request: JoinRequestV2 = match read_json(api, peer, req, request_id).await {
+        Ok(request) => request,
+        Err(reply) => return closing(reply),
+    };
+    let (request, evidence) = request.split();
+    join_request(api, peer, ticket, request_id, request, Some(evidence)).await
+}
+
+/// A join: admission (body, parse, verify) with no permit held, then a
+/// place under the join caps (waiting its turn for the global one), then
+/// the join. Its connection keeps its
+/// place from the parsed body on.
+async fn join_request(
+    api: &Api,
+    peer: IpAddr,
+    ticket: &Ticket,
+    request_id: &str,
+    request: JoinRequest,
+    evidence: Option<Attestation>,
+) -> Reply {
     let _busy = ticket.busy();
-    let admitted = match join::admit(&api.join, request_id, request) {
+    let admitted = match join::admit(&api.join, request_id, request, evidence) {
         Ok(admitted) => admitted,
         Err(e) => return join_verdict(api, request_id, e),
     };
