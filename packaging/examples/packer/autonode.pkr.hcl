@@ -15,32 +15,12 @@
 # `repository`, the .deb is uploaded from `packages` instead (packaging/build
 # makes them in target/packages/), as before.
 #
+# The Packer and plugin it needs and the region and kubernetes_version
+# inputs are in shared.pkr.hcl, which the attestable template
+# (attestable/) shares.
+#
 # Tested by `packer validate` in tests/run (Packer 1.9.4, amazon plugin
 # 1.3.4); not built against AWS there. Walkthrough: ../AMI.md.
-
-packer {
-  required_version = ">= 1.9.4"
-  required_plugins {
-    amazon = {
-      source  = "github.com/hashicorp/amazon"
-      version = ">= 1.3.4"
-    }
-  }
-}
-
-variable "region" {
-  type        = string
-  description = "The AWS region the AMIs are made in."
-}
-
-variable "kubernetes_version" {
-  type        = string
-  description = "The kubelet's version, X.Y.Z (one your control plane supports): downloaded from dl.k8s.io on the build instance and checked against its published SHA-256."
-  validation {
-    condition     = can(regex("^1\\.[0-9]+\\.[0-9]+$", var.kubernetes_version))
-    error_message = "The kubernetes_version is X.Y.Z, e.g. 1.34.2 (no leading v)."
-  }
-}
 
 variable "agent_version" {
   type        = string

@@ -1179,3 +1179,116 @@ fn the_release_has_every_artifact_an_sbom_per_binary_and_checksums_that_verify()
     }
     Ok(())
 }
+
+/// `nitro-tpm-pcr-compute`'s output for an attestable AMI, as the tool
+/// prints it: its shape is aws/NitroTPM-Tools'
+/// nitro-tpm-pcr-compute/src/build_info.rs (a pretty-printed object whose
+/// one key `Measurements` holds `HashAlgorithm`, the Debug name of
+/// aws-lc-rs's SHA384, then `PCR<n>` in index order) and its README's
+/// "Output". The values are real: PCR4, PCR7 and PCR12 of the NitroTPM
+/// document `nitrotpm-biomodel-2026-08-13.cbor` (a real AWS-signed
+/// document, shared/nitro-attestation/), whose PCR7 is also the standard
+/// boot value the tool computes (Secure Boot off, no PK, KEK, db or dbx)
+/// and PCR12 the tool's zero (no command line given to the UKI).
+const PCR_COMPUTE_OUTPUT: &str = r#"{
+  "Measurements": {
+    "HashAlgorithm": "SHA384",
+    "PCR4": "3c428daf639a86655cbe8aeff1eeb298f59c6a82d8ea6fdc34c6f3af1d2582f091a25aca4a6f390c32f0f7701952829a",
+    "PCR7": "98441c7f7625d10058c47683aec486ce311c633235eb555593a7ee791121e3578ae72d04ecef661f272d59058b77af35",
+    "PCR12": "000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000"
+  }
+}
+"#;
+
+/// Runs packaging/bake/measurements on `input` (its stdin) for the AMI
+/// `name`: its exit status, stdout and stderr.
+fn measurements(name: &str, input: &str) -> Result<(bool, String, String)> {
+    use std::io::Write as _;
+    let mut child = Command::new(workspace().join("packaging/bake/measurements"))
+        .args(["--name", name])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("running packaging/bake/measurements")?;
+    child
+        .stdin
+        .take()
+        .context("its stdin")?
+        .write_all(input.as_bytes())?;
+    let out = child.wait_with_output()?;
+    Ok((
+        out.status.success(),
+        String::from_utf8(out.stdout)?,
+        String::from_utf8(out.stderr)?,
+    ))
+}
+
+/// The attestable bake's output: nitro-tpm-pcr-compute's JSON becomes the
+/// one `measurements:` entry the server's --attestation-policy reads,
+/// named after the AMI, each PCR an index and a quoted 96-hex string (the
+/// all-zero PCR12 a string, not a number). What is not that tool's SHA-384
+/// output with PCR4, PCR7 and PCR12 is refused with a reason, and nothing
+/// is written.
+#[test]
+fn the_bake_turns_the_pcr_tools_output_into_the_policys_measurements() -> Result<()> {
+    let name = "autonode-node-al2023-0.3.0-dev-x86_64-202612061830";
+    let (ok, yaml, err) = measurements(name, PCR_COMPUTE_OUTPUT)?;
+    ensure!(ok, "refused the tool's real output: {err}");
+    let policy: serde_yaml::Value = serde_yaml::from_str(&yaml)?;
+    let entries = policy["measurements"]
+        .as_mapping()
+        .context("no measurements map")?;
+    assert_eq!(entries.len(), 1, "{yaml}");
+    let pcrs = entries
+        .get(name)
+        .and_then(|e| e["pcrs"].as_mapping())
+        .with_context(|| format!("no {name}.pcrs in {yaml}"))?;
+    let got: Vec<(u64, String)> = pcrs
+        .iter()
+        .map(|(k, v)| Some((k.as_u64()?, v.as_str()?.to_string())))
+        .collect::<Option<_>>()
+        .with_context(|| format!("PCRs not index: string in {yaml}"))?;
+    let source: serde_json::Value = serde_json::from_str(PCR_COMPUTE_OUTPUT)?;
+    let want: Vec<(u64, String)> = [4, 7, 12]
+        .iter()
+        .map(|i| (*i, source["Measurements"][format!("PCR{i}")].to_string()))
+        .map(|(i, quoted)| (i, quoted.trim_matches('"').to_string()))
+        .collect();
+    assert_eq!(got, want, "{yaml}");
+
+    let good: serde_json::Value = serde_json::from_str(PCR_COMPUTE_OUTPUT)?;
+    let with = |key: &str, value: serde_json::Value| {
+        let mut doc = good.clone();
+        doc["Measurements"][key] = value;
+        doc.to_string()
+    };
+    let without = |key: &str| {
+        let mut doc = good.clone();
+        if let Some(m) = doc["Measurements"].as_object_mut() {
+            m.remove(key);
+        }
+        doc.to_string()
+    };
+    let pcr4 = "PCR4";
+    let bad = [
+        (with("HashAlgorithm", "SHA256".into()), "HashAlgorithm"),
+        (with(pcr4, "ab".repeat(32).into()), "96 hex"),
+        (with(pcr4, "g".repeat(96).into()), "96 hex"),
+        (with(pcr4, 4.into()), "96 hex"),
+        (without("PCR4"), "PCR4"),
+        (without("PCR7"), "PCR7"),
+        (without("PCR12"), "PCR12"),
+        (with("PCR30", "0".repeat(96).into()), "unknown key"),
+        (good["Measurements"].to_string(), "Measurements"),
+        ("not json".to_string(), "line 1"),
+    ];
+    for (input, reason) in bad {
+        let (ok, out, err) = measurements(name, &input)?;
+        assert!(!ok && out.is_empty(), "accepted {input}: {out}");
+        assert!(err.contains(reason), "{input}: {err} (wanted {reason})");
+    }
+    let (ok, _, err) = measurements("a\"b", PCR_COMPUTE_OUTPUT)?;
+    assert!(!ok && err.contains("AMI name"), "{err}");
+    Ok(())
+}

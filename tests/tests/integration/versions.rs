@@ -53,6 +53,14 @@ fn after<'a>(text: &'a str, prefix: &str) -> Option<&'a str> {
         .map(|v| v.trim().trim_matches('"'))
 }
 
+/// A Packer template's `agent_version` default.
+fn agent_version(template: &str) -> Option<&str> {
+    template
+        .split("variable \"agent_version\"")
+        .nth(1)
+        .and_then(|s| after(s, "  default     = "))
+}
+
 fn read(root: &Path, path: &str) -> Result<String> {
     fs::read_to_string(root.join(path)).with_context(|| format!("reading {path}"))
 }
@@ -129,10 +137,11 @@ fn check_tree(root: &Path) -> Result<String> {
     let chart = read(root, "packaging/helm/autonode-server/Chart.yaml")?;
     let kustomize = read(root, "packaging/server/kustomization.yaml")?;
     let packer = read(root, "packaging/examples/packer/autonode.pkr.hcl")?;
-    let packer_default = packer
-        .split("variable \"agent_version\"")
-        .nth(1)
-        .and_then(|s| after(s, "  default     = "));
+    let attestable = read(
+        root,
+        "packaging/examples/packer/attestable/autonode-attestable.pkr.hcl",
+    )?;
+
     let places = [
         (
             "the chart's version",
@@ -151,7 +160,12 @@ fn check_tree(root: &Path) -> Result<String> {
         ),
         (
             "the Packer template's agent_version default",
-            packer_default,
+            agent_version(&packer),
+            &package,
+        ),
+        (
+            "the attestable Packer template's agent_version default",
+            agent_version(&attestable),
             &package,
         ),
     ];
@@ -318,6 +332,7 @@ const CUT_FILES: &[&str] = &[
     "packaging/server/README.md",
     "packaging/examples/AMI.md",
     "packaging/examples/packer/autonode.pkr.hcl",
+    "packaging/examples/packer/attestable/autonode-attestable.pkr.hcl",
     "server/src/join/agents.rs",
     "tests/skew/revisions",
     "tests/public-surface.txt",
