@@ -168,8 +168,8 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
     use std::path::Path;
 
-    fn tool(dir: &Path, script: &str) -> NitroTpm {
-        let path = dir.join("tool");
+    fn tool(dir: &Path, name: &str, script: &str) -> NitroTpm {
+        let path = dir.join(name);
         std::fs::write(&path, format!("#!/bin/sh\n{script}\n")).unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
         NitroTpm::at(path)
@@ -179,7 +179,7 @@ mod tests {
     async fn the_tool_gets_the_nonce_and_the_keys_digest_as_files_and_its_output_is_the_document() {
         let dir = tempfile::tempdir().unwrap();
         // The stand-in prints the two files it was given, nonce first.
-        let tpm = tool(dir.path(), r#"cat "$2" "$4""#);
+        let tpm = tool(dir.path(), "echoing", r#"cat "$2" "$4""#);
         let nonce = base64::engine::general_purpose::STANDARD.encode(b"the-nonce");
         let evidence = tpm.evidence(&nonce, &[7; 32]).await;
         let Attestation::NitroTpm {
@@ -201,8 +201,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let nonce = base64::engine::general_purpose::STANDARD.encode(b"n");
         let missing = NitroTpm::at(dir.path().join("none"));
-        let failing = tool(dir.path(), "echo 'no TPM device' >&2; exit 1");
-        let silent = tool(dir.path(), "true");
+        let failing = tool(dir.path(), "failing", "echo 'no TPM device' >&2; exit 1");
+        let silent = tool(dir.path(), "silent", "true");
         for (tpm, words) in [
             (missing, "install aws-nitro-tpm-tools"),
             (failing, "no TPM device"),

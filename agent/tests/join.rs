@@ -4,11 +4,16 @@
 //! end-to-end tests; this only plays the status codes.)
 
 use autonode_agent::config::Config;
+use autonode_agent::nitrotpm::NitroTpm;
 use autonode_agent::retry::Deadline;
+use autonode_agent::server_client::Attester;
 use autonode_agent::server_client::{JoinError, ServerClient};
 use autonode_agent::trust::ServerTrust;
 use autonode_shared::clock::Clock;
-use autonode_shared::protocol::{InstanceIdentity, JoinRequest, JoinResponse, KubeletSettings};
+use autonode_shared::protocol::{
+    ChallengeRequest, ChallengeResponse, InstanceIdentity, JoinRequest, JoinRequestV2,
+    JoinResponse, KubeletSettings, CHALLENGE_PATH, JOIN_PATH, JOIN_V2_PATH,
+};
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full};
 use hyper::{Request, Response, StatusCode};
@@ -17,7 +22,7 @@ use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use sha2::Digest as _;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 struct Pki {
@@ -44,8 +49,25 @@ fn pki() -> Pki {
     }
 }
 
-/// Answers with `script[n]` for the n-th request (the last one repeats).
+/// Answers the n-th join with `script[n]` (the last one repeats), as a
+/// server of this release: a challenge first (not counted).
 async fn serve(pki: &Pki, script: Vec<(u16, Option<&'static str>)>) -> (String, Arc<AtomicU32>) {
+    let (url, count, _) = serve_as(pki, script, true).await;
+    (url, count)
+}
+
+/// The bodies the server was sent, path first, in order.
+type Seen = Arc<Mutex<Vec<(String, serde_json::Value)>>>;
+/// The status (and `Retry-After`) of each join, in order.
+type Script = Arc<Vec<(u16, Option<&'static str>)>>;
+
+/// [`serve`], as a server of this release (`challenges`) or of before
+/// 0.3.0 (no `/v2`: 404); also what it was sent.
+async fn serve_as(
+    pki: &Pki,
+    script: Vec<(u16, Option<&'static str>)>,
+    challenges: bool,
+) -> (String, Arc<AtomicU32>, Seen) {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -57,25 +79,22 @@ async fn serve(pki: &Pki, script: Vec<(u16, Option<&'static str>)>) -> (String, 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("https://{}", listener.local_addr().unwrap());
     let count = Arc::new(AtomicU32::new(0));
-    let counter = count.clone();
-    let script = Arc::new(script);
+    let seen: Seen = Arc::default();
+    let state = (count.clone(), Arc::new(script), seen.clone());
     tokio::spawn(async move {
         while let Ok((tcp, _)) = listener.accept().await {
-            let (acceptor, counter, script) = (acceptor.clone(), counter.clone(), script.clone());
+            let (acceptor, state) = (acceptor.clone(), state.clone());
             tokio::spawn(async move {
                 let Ok(tls) = acceptor.accept(tcp).await else {
                     return;
                 };
                 let service =
                     hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
-                        let (counter, script) = (counter.clone(), script.clone());
+                        let state = state.clone();
                         async move {
+                            let path = request.uri().path().to_string();
                             let body = request.into_body().collect().await?.to_bytes();
-                            let _: JoinRequest =
-                                serde_json::from_slice(&body).expect("a JoinRequest");
-                            let n = counter.fetch_add(1, Ordering::SeqCst) as usize;
-                            let (status, retry_after) = script[n.min(script.len() - 1)];
-                            Ok::<_, hyper::Error>(answer(status, retry_after))
+                            Ok::<_, hyper::Error>(respond(&state, challenges, path, &body))
                         }
                     });
                 let _ = hyper::server::conn::http1::Builder::new()
@@ -84,7 +103,42 @@ async fn serve(pki: &Pki, script: Vec<(u16, Option<&'static str>)>) -> (String, 
             });
         }
     });
-    (url, count)
+    (url, count, seen)
+}
+
+/// One answer of the scripted server.
+fn respond(
+    (counter, script, seen): &(Arc<AtomicU32>, Script, Seen),
+    challenges: bool,
+    path: String,
+    body: &[u8],
+) -> Response<Full<Bytes>> {
+    let value: serde_json::Value = serde_json::from_slice(body).expect("JSON");
+    seen.lock().unwrap().push((path.clone(), value));
+    match path.as_str() {
+        CHALLENGE_PATH if challenges => {
+            let _: ChallengeRequest = serde_json::from_slice(body).expect("a ChallengeRequest");
+            let nonce = ChallengeResponse {
+                nonce: "bm9uY2U=".into(),
+                expires_in_seconds: 120,
+            };
+            let mut reply =
+                Response::new(Full::new(Bytes::from(serde_json::to_vec(&nonce).unwrap())));
+            *reply.status_mut() = StatusCode::OK;
+            reply
+        }
+        JOIN_PATH | JOIN_V2_PATH => {
+            if path == JOIN_PATH {
+                let _: JoinRequest = serde_json::from_slice(body).expect("a JoinRequest");
+            } else {
+                let _: JoinRequestV2 = serde_json::from_slice(body).expect("a JoinRequestV2");
+            }
+            let n = counter.fetch_add(1, Ordering::SeqCst) as usize;
+            let (status, retry_after) = script[n.min(script.len() - 1)];
+            answer(status, retry_after)
+        }
+        _ => answer(404, None),
+    }
 }
 
 fn answer(status: u16, retry_after: Option<&str>) -> Response<Full<Bytes>> {
@@ -115,6 +169,15 @@ fn join_response() -> JoinResponse {
             node_labels: Default::default(),
         },
         ignition: serde_json::json!({"ignition": {"version": "3.4.0"}}),
+    }
+}
+
+/// An attester on a machine without NitroTPM (no tool).
+fn no_tpm() -> Attester<'static> {
+    static TPM: std::sync::OnceLock<NitroTpm> = std::sync::OnceLock::new();
+    Attester {
+        tpm: TPM.get_or_init(|| NitroTpm::at("/nonexistent/nitro-tpm-attest".into())),
+        keys_digest: [0; 32],
     }
 }
 
@@ -152,12 +215,12 @@ async fn joins_with_a_pinned_ca_and_with_an_inline_ca() {
     let (url, _) = serve(&pki, vec![(200, None)]).await;
     let deadline = Deadline::after(Duration::from_secs(20));
     let answer = client(&url, pin(&pki))
-        .join(&request(), &deadline, |_| {})
+        .join(&request(), &no_tpm(), &deadline, |_| {})
         .await
         .unwrap();
     assert_eq!(answer, join_response());
     let answer = client(&url, ServerTrust::Ca(vec![pki.ca_der.clone()]))
-        .join(&request(), &deadline, |_| {})
+        .join(&request(), &no_tpm(), &deadline, |_| {})
         .await
         .unwrap();
     assert_eq!(answer.node_name, "ip-10-0-0-1.ec2.internal");
@@ -171,6 +234,7 @@ async fn transient_failures_are_retried_honouring_retry_after() {
     let answer = client(&url, pin(&pki))
         .join(
             &request(),
+            &no_tpm(),
             &Deadline::after(Duration::from_secs(30)),
             |_| {},
         )
@@ -187,6 +251,7 @@ async fn refusals_are_final() {
     let err = client(&url, pin(&pki))
         .join(
             &request(),
+            &no_tpm(),
             &Deadline::after(Duration::from_secs(30)),
             |_| {},
         )
@@ -205,7 +270,12 @@ async fn a_server_without_the_pinned_ca_is_never_trusted() {
     let other = self::pki();
     let (url, count) = serve(&pki, vec![(200, None)]).await;
     let err = client(&url, pin(&other))
-        .join(&request(), &Deadline::after(Duration::from_secs(3)), |_| {})
+        .join(
+            &request(),
+            &no_tpm(),
+            &Deadline::after(Duration::from_secs(3)),
+            |_| {},
+        )
         .await
         .unwrap_err();
     assert!(matches!(err, JoinError::GaveUp { .. }), "{err}");
@@ -214,5 +284,48 @@ async fn a_server_without_the_pinned_ca_is_never_trusted() {
         count.load(Ordering::SeqCst),
         0,
         "no request may reach an untrusted server"
+    );
+}
+
+#[tokio::test]
+async fn a_server_of_this_release_is_challenged_and_joined_through_v2_with_the_evidence() {
+    let pki = pki();
+    let (url, count, seen) = serve_as(&pki, vec![(503, None), (200, None)], true).await;
+    let deadline = Deadline::after(Duration::from_secs(20));
+    let answer = client(&url, pin(&pki))
+        .join(&request(), &no_tpm(), &deadline, |_| {})
+        .await;
+    assert!(answer.is_ok(), "{answer:?}");
+    assert_eq!(count.load(Ordering::SeqCst), 2);
+    let seen = seen.lock().unwrap().clone();
+    let paths: Vec<&str> = seen.iter().map(|(p, _)| p.as_str()).collect();
+    // Each attempt asks for a fresh challenge: a nonce is good once.
+    assert_eq!(
+        paths,
+        [CHALLENGE_PATH, JOIN_V2_PATH, CHALLENGE_PATH, JOIN_V2_PATH]
+    );
+    let reason = seen[1].1["attestation"]["unavailable"]["reason"]
+        .as_str()
+        .unwrap();
+    assert!(reason.contains("/nonexistent/nitro-tpm-attest"), "{reason}");
+}
+
+#[tokio::test]
+async fn a_server_of_before_the_challenge_is_joined_through_v1_without_asking_again() {
+    let pki = pki();
+    let (url, count, seen) = serve_as(&pki, vec![(503, None), (200, None)], false).await;
+    let deadline = Deadline::after(Duration::from_secs(20));
+    let answer = client(&url, pin(&pki))
+        .join(&request(), &no_tpm(), &deadline, |_| {})
+        .await;
+    assert_eq!(answer.unwrap(), join_response());
+    assert_eq!(count.load(Ordering::SeqCst), 2);
+    let seen = seen.lock().unwrap().clone();
+    let paths: Vec<&str> = seen.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(paths, [CHALLENGE_PATH, JOIN_PATH, JOIN_PATH]);
+    assert_eq!(
+        seen[1].1,
+        serde_json::to_value(request()).unwrap(),
+        "the /v1 request as before"
     );
 }

@@ -175,7 +175,7 @@ fn measurement(name: String, m: FileMeasurement) -> Result<Measurement, String> 
 
 fn parse_hex(text: &str) -> Option<Vec<u8>> {
     let text = text.trim();
-    if text.len() % 2 != 0 || !text.is_ascii() {
+    if !text.len().is_multiple_of(2) || !text.is_ascii() {
         return None;
     }
     (0..text.len())
