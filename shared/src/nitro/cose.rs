@@ -75,20 +75,9 @@ impl<'a> Sign1<'a> {
         })
     }
 
-    /// What was signed: `["Signature1", protected, h'', payload]` (RFC 9052
-    /// §4.4), built from the bytes received.
+    /// What was signed (see [`sig_structure`]), from the bytes received.
     pub fn sig_structure(&self) -> Vec<u8> {
-        const CONTEXT: &[u8] = b"Signature1";
-        let mut out = Vec::with_capacity(self.payload.len() + self.protected.len() + 32);
-        cbor::encode_head(&mut out, 4, 4);
-        cbor::encode_head(&mut out, 3, CONTEXT.len() as u64);
-        out.extend_from_slice(CONTEXT);
-        cbor::encode_head(&mut out, 2, self.protected.len() as u64);
-        out.extend_from_slice(&self.protected);
-        cbor::encode_head(&mut out, 2, 0);
-        cbor::encode_head(&mut out, 2, self.payload.len() as u64);
-        out.extend_from_slice(&self.payload);
-        out
+        sig_structure(&self.protected, &self.payload)
     }
 
     /// Checks the signature with a P-384 public key (an uncompressed SEC1
@@ -98,6 +87,26 @@ impl<'a> Sign1<'a> {
             .verify(&self.sig_structure(), &self.signature)
             .map_err(|_| NitroError::BadSignature)
     }
+}
+
+/// The protected header AWS writes, `{1: -35}`, as bytes.
+pub const PROTECTED_ES384: [u8; 4] = [0xa1, 0x01, 0x38, 0x22];
+
+/// The bytes a COSE_Sign1 signature covers:
+/// `["Signature1", protected, h'', payload]` (RFC 9052 §4.4), with no
+/// external data. Also what a signer (a test PKI) signs.
+pub fn sig_structure(protected: &[u8], payload: &[u8]) -> Vec<u8> {
+    const CONTEXT: &[u8] = b"Signature1";
+    let mut out = Vec::with_capacity(payload.len() + protected.len() + 32);
+    cbor::encode_head(&mut out, 4, 4);
+    cbor::encode_head(&mut out, 3, CONTEXT.len() as u64);
+    out.extend_from_slice(CONTEXT);
+    cbor::encode_head(&mut out, 2, protected.len() as u64);
+    out.extend_from_slice(protected);
+    cbor::encode_head(&mut out, 2, 0);
+    cbor::encode_head(&mut out, 2, payload.len() as u64);
+    out.extend_from_slice(payload);
+    out
 }
 
 /// The protected header must decode to exactly `{1: -35}`.
@@ -130,7 +139,7 @@ mod tests {
         out
     }
 
-    const ES384_HEADER: &[u8] = &[0xa1, 0x01, 0x38, 0x22];
+    const ES384_HEADER: &[u8] = &PROTECTED_ES384;
 
     #[test]
     fn the_shape_aws_sends_parses_tagged_or_not() {

@@ -534,7 +534,7 @@ fn every_byte_of_the_nitrotpm_fields_autonode_reads_is_signed() {
     }
 }
 
-const ES384: &[u8] = &[0xa1, 0x01, 0x38, 0x22];
+const ES384: &[u8] = &super::cose::PROTECTED_ES384;
 
 #[test]
 fn the_envelope_must_be_exactly_what_aws_sends() {

@@ -11,6 +11,9 @@
 //! - [`TestCa`]: signs identity documents in AWS's exact PKCS#7 shape; the
 //!   server is configured to trust [`TestCa::ca_pem`] in place of AWS's
 //!   regional certificates.
+//! - [`nitro::TestNitroPki`]: a Nitro attestation PKI of AWS's shape, whose
+//!   root a server pins in place of AWS's, and the NitroTPM of a simulated
+//!   instance (read by the `nitro-tpm-attest-standin` binary).
 //! - [`FakeCloud`]: the instances EC2 knows, mutable from the test (launch,
 //!   modify, terminate), and the CA.
 //! - [`Faults`]: each server can start late (connections refused until
@@ -25,6 +28,7 @@
 pub mod ec2;
 mod http;
 pub mod imds;
+pub mod nitro;
 pub mod signer;
 
 pub use ec2::{Ec2, TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY};
