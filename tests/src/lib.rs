@@ -47,6 +47,8 @@
 //!
 //! autonode-server and what is around it ([`server`]: the server as a real
 //! process, under the shipped RBAC):
+//! - [`server::attestation`]: a server that makes one class attest
+//!   (NitroTPM) with a test Nitro PKI, and an honest machine's evidence.
 //! - [`server::helm`]: the Helm chart rendered by the real helm.
 //! - [`server::ignition`]: the operator's Ignition ConfigMaps and Secrets.
 //! - [`server::skew`]: earlier revisions' agents and servers, built from

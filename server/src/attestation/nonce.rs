@@ -34,7 +34,7 @@ const SKEW: Duration = Duration::from_secs(30);
 /// admission). Past it the oldest are forgotten first.
 const REMEMBERED: usize = 65_536;
 /// What the MAC is over, first.
-const PURPOSE: &[u8] = b"autonode.dev/attestation nonce v1";
+const PURPOSE: &[u8] = b"autonode attestation nonce v1";
 const VERSION: u8 = 1;
 const RANDOM: usize = 16;
 const BODY: usize = 1 + 8 + RANDOM;

@@ -10,6 +10,7 @@
 //! agent for the [`skew`] tests, and one test's [`world`] (control plane,
 //! fake cloud and server together).
 
+pub mod attestation;
 pub mod helm;
 pub mod ignition;
 pub mod skew;

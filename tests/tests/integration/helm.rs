@@ -1675,3 +1675,55 @@ async fn helm_makes_the_sealing_key_once_and_keeps_it() -> Result<()> {
     );
     Ok(())
 }
+
+/// `attestation.policy` becomes a ConfigMap mounted whole (so an edit
+/// reaches the pod) and the flag naming its file; unset, none of them.
+#[test]
+fn the_attestation_policy_is_a_configmap_the_server_is_pointed_at() -> Result<()> {
+    const POLICY: &str = "classes:\n  secure:\n    require: nitrotpm\n    measurements: [m]\n";
+    let docs = template(
+        NAMESPACE,
+        &["--set-string", &format!("attestation.policy={POLICY}")],
+    )?;
+    let policy = docs
+        .iter()
+        .find(|d| {
+            d["kind"] == "ConfigMap"
+                && d["metadata"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.ends_with("-attestation"))
+        })
+        .context("no attestation ConfigMap")?;
+    assert_eq!(
+        policy["data"]["policy.yaml"].as_str().map(str::trim_end),
+        Some(POLICY.trim_end())
+    );
+    let flag = "--attestation-policy=/etc/autonode/attestation/policy.yaml";
+    assert!(args(&docs)?.iter().any(|a| a == flag), "{:?}", args(&docs)?);
+    let mounts = container(&docs)?["volumeMounts"]
+        .as_array()
+        .context("mounts")?;
+    let mount = mounts
+        .iter()
+        .find(|m| m["name"] == "attestation-policy")
+        .context("no mount")?;
+    assert_eq!(mount["mountPath"], "/etc/autonode/attestation");
+    assert!(
+        mount.get("subPath").is_none(),
+        "a subPath mount never sees an edit"
+    );
+    let pod = &only(&docs, "Deployment")?["spec"]["template"]["spec"];
+    let volume = pod["volumes"].as_array().context("volumes")?.iter();
+    let volume = volume
+        .clone()
+        .find(|v| v["name"] == "attestation-policy")
+        .context("no volume")?;
+    assert_eq!(volume["configMap"]["name"], policy["metadata"]["name"]);
+
+    let plain = template(NAMESPACE, &[])?;
+    assert!(!args(&plain)?
+        .iter()
+        .any(|a| a.starts_with("--attestation-policy")));
+    assert!(!plain.iter().any(|d| d["kind"] == "ConfigMap"));
+    Ok(())
+}

@@ -11,6 +11,7 @@ mod agent_join;
 mod agent_proxy;
 mod alerts;
 mod attacks;
+mod attested;
 mod budget;
 mod burst;
 mod capacity;

@@ -174,10 +174,21 @@ fn surface(root: &Path, binaries: [PathBuf; 2]) -> Result<BTreeSet<String>> {
         }
     }
     let label = |s: &String| s.bytes().all(|b| b.is_ascii_lowercase() || b == b'_');
-    for reason in literals_after(&read("server/src/join/refusal.rs")?, "=> ") {
-        if label(&reason) {
-            out.insert(format!("refusal {reason}"));
+    // The join's refusals, and those the attestation verdict names for it.
+    let refusals = [
+        "server/src/join/refusal.rs",
+        "server/src/attestation/verdict.rs",
+    ];
+    for file in refusals {
+        for reason in literals_after(&read(file)?, "=> ") {
+            if label(&reason) {
+                out.insert(format!("refusal {reason}"));
+            }
         }
+    }
+    // The agent's own environment variables (those not behind a flag).
+    for var in literals_after(&read("agent/src/nitrotpm.rs")?, "_ENV: &str = ") {
+        out.insert(format!("env {var}"));
     }
     let camel = |s: &String| {
         s.starts_with(|c: char| c.is_ascii_uppercase())

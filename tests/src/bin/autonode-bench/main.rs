@@ -40,6 +40,8 @@
 //! 7. **renewal wave**: `--renewal-wave` joined nodes' client renewals and
 //!    serving CSRs at once, approved by the server; beside it the stock
 //!    approvers (`wave`).
+//! 8. **attested**: `--attested N`: joins proving a NitroTPM boot beside
+//!    plain ones, one of each in turn on one server (`attested`).
 //!
 //! Writes the numbers as JSON (merged with `tests/bench/identity`'s when
 //! `--identity` names its file), the raw timings beside it
@@ -51,6 +53,7 @@
 //! (and each line the agent logs, with the time since its start),
 //! `AUTONODE_BENCH_WRAP="strace -f -tt -o FILE"` runs the agent under a tool.
 
+mod attested;
 mod burst;
 mod failover;
 mod fill;
@@ -116,6 +119,10 @@ async fn main() -> Result<()> {
     }
     if !options.fleet.is_empty() {
         fleet::fleet(&options.fleet, &mut results).await?;
+    }
+    if options.attested > 0 {
+        eprintln!("== {} attested joins beside plain ones", options.attested);
+        attested::attested(options.attested, &mut results).await?;
     }
     if options.renewal_wave > 0 {
         eprintln!(

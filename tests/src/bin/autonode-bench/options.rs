@@ -8,7 +8,7 @@ use std::time::Duration;
 
 pub(crate) const USAGE: &str =
     "usage: autonode-bench [--joins N] [--bare N] [--burst N] [--hostile-burst N] \
-[--burst-large N] [--stock N] [--fleet N,N..] [--renewal-wave N] [--renewal-wave-stock N] [--warmup N] [--ignition-kib N] [--agent PATH] [--identity FILE] [--out FILE]
+[--burst-large N] [--stock N] [--fleet N,N..] [--attested N] [--renewal-wave N] [--renewal-wave-stock N] [--warmup N] [--ignition-kib N] [--agent PATH] [--identity FILE] [--out FILE]
 
   --joins N        agent joins one at a time (100; 0 with --bare 0: none)
   --bare N         bare kubelet CSRs and join's writes alone, interleaved (100)
@@ -20,6 +20,8 @@ pub(crate) const USAGE: &str =
   --stock N        kubelet TLS bootstraps at once the stock way (client CSR
                    approved by kube-controller-manager, serving CSR by a
                    one-worker approver) (1000; 0: none)
+  --attested N     attested joins (challenge, NitroTPM document, /v2)
+                   interleaved with plain ones on one server (0: none)
   --renewal-wave N N joined nodes' client renewals and serving CSRs at once,
                    approved by the server (0: none)
   --renewal-wave-stock N  the same for N nodes the stock way (kcm's client
@@ -44,6 +46,8 @@ pub(crate) struct Options {
     /// Fleet sizes to measure the server among (`--fleet`).
     pub(crate) fleet: Vec<usize>,
     pub(crate) renewal_wave: usize,
+    /// Attested joins beside as many plain ones (`--attested`).
+    pub(crate) attested: usize,
     pub(crate) renewal_wave_stock: usize,
     pub(crate) warmup: usize,
     /// For the joins one at a time: a base Ignition layer of this many KiB
@@ -65,6 +69,7 @@ impl Options {
             stock: 1000,
             fleet: Vec::new(),
             renewal_wave: 0,
+            attested: 0,
             renewal_wave_stock: 1000,
             warmup: WARMUP,
             ignition_kib: 0,
@@ -89,6 +94,7 @@ impl Options {
                         .collect::<Result<_, _>>()?
                 }
                 "--renewal-wave" => options.renewal_wave = value()?.parse()?,
+                "--attested" => options.attested = value()?.parse()?,
                 "--renewal-wave-stock" => options.renewal_wave_stock = value()?.parse()?,
                 "--warmup" => options.warmup = value()?.parse()?,
                 "--ignition-kib" => options.ignition_kib = value()?.parse()?,
