@@ -4,7 +4,10 @@
 //! `tests/setup/build-revisions` builds each revision's agent and server
 //! from this repository's history and caches them by commit, like the
 //! Kubernetes binaries (`tests/run` builds them before the tests; a test
-//! finds them already there).
+//! finds them already there). A release's agent is the one it ships:
+//! `tests/setup/build-releases` builds its `.deb` for amd64 and arm64 from
+//! the commit its record (`packaging/releases/`) names, held to the
+//! record's hashes, and the tests run the binary those packages hold.
 
 use anyhow::{bail, Context, Result};
 use std::net::SocketAddr;
@@ -23,12 +26,58 @@ pub struct Revision {
     /// revision).
     pub name: String,
     dir: PathBuf,
+    /// A release's packages (`tests/setup/build-releases`' directory).
+    packages: Option<PathBuf>,
+}
+
+/// An architecture a release's agent is packaged for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arch {
+    /// x86_64, run natively.
+    Amd64,
+    /// aarch64, run under QEMU's user-mode emulation (the binfmt_misc
+    /// handler `tests/setup/install-arm64` registers).
+    Arm64,
+}
+
+impl Arch {
+    /// As Debian names it (the `.deb`'s architecture).
+    pub fn deb(self) -> &'static str {
+        match self {
+            Self::Amd64 => "amd64",
+            Self::Arm64 => "arm64",
+        }
+    }
 }
 
 impl Revision {
-    /// Its `autonode-agent` (a debug build).
+    /// Its `autonode-agent`: a release's as its amd64 package ships it
+    /// (static, release-built), any other revision's a debug build.
     pub fn agent(&self) -> PathBuf {
-        self.dir.join("autonode-agent")
+        match &self.packages {
+            Some(dir) => packaged_agent(dir, Arch::Amd64),
+            None => self.dir.join("autonode-agent"),
+        }
+    }
+
+    /// Whether it is a release, whose agent is its package's.
+    pub fn is_release(&self) -> bool {
+        self.packages.is_some()
+    }
+
+    /// A release's agent as its `arch` package ships it (the file the
+    /// `.deb` installs as `/usr/bin/autonode-agent`). An arm64 binary runs
+    /// here under QEMU's user-mode emulation, through the kernel's
+    /// binfmt_misc handler: an error says when there is none.
+    pub fn packaged_agent(&self, arch: Arch) -> Result<PathBuf> {
+        let dir = self
+            .packages
+            .as_ref()
+            .with_context(|| format!("{} is no release: it has no packages", self.label()))?;
+        if arch == Arch::Arm64 && !Path::new(ARM64_BINFMT).exists() {
+            bail!("no binfmt_misc handler for aarch64 ({ARM64_BINFMT}): run tests/setup/install-arm64");
+        }
+        Ok(packaged_agent(dir, arch))
     }
 
     /// Its `autonode-server` (a debug build).
@@ -57,6 +106,48 @@ impl Revision {
         }
     }
 
+    /// A file of its tree as committed (`git show COMMIT:PATH` in this
+    /// repository's history): what the build caches do not keep, such as
+    /// its guest RBAC.
+    pub fn file(&self, path: &str) -> Result<String> {
+        let output = std::process::Command::new("git")
+            .arg("-C")
+            .arg(crate::harness::bench::repo_root())
+            .args(["show", &format!("{}:{path}", self.commit)])
+            .output()
+            .context("running git show")?;
+        if !output.status.success() {
+            bail!(
+                "{}: git show {path}: {}",
+                self.label(),
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        Ok(String::from_utf8(output.stdout)?)
+    }
+
+    /// The guest RBAC files its `packaging/guest/kustomization.yaml` lists
+    /// (what `kubectl apply -k packaging/guest` of its tree applies), as
+    /// `(name, text)`.
+    pub fn guest_rbac(&self) -> Result<Vec<(String, String)>> {
+        let kustomization = self.file("packaging/guest/kustomization.yaml")?;
+        let mut files = Vec::new();
+        for line in kustomization.lines() {
+            let Some(name) = line.trim().strip_prefix("- ") else {
+                continue;
+            };
+            let name = name.trim();
+            files.push((
+                name.to_string(),
+                self.file(&format!("packaging/guest/{name}"))?,
+            ));
+        }
+        if files.is_empty() {
+            bail!("{}: its guest kustomization lists no file", self.label());
+        }
+        Ok(files)
+    }
+
     /// `name (short commit)`, for messages.
     pub fn label(&self) -> String {
         let short: String = self.commit.chars().take(7).collect();
@@ -64,16 +155,82 @@ impl Revision {
     }
 }
 
+/// The kernel's handler that runs aarch64 binaries under QEMU.
+const ARM64_BINFMT: &str = "/proc/sys/fs/binfmt_misc/qemu-aarch64";
+
+/// The agent binary a package of `arch` holds, unpacked under `dir`.
+fn packaged_agent(dir: &Path, arch: Arch) -> PathBuf {
+    dir.join(arch.deb()).join("usr/bin/autonode-agent")
+}
+
 /// Every revision of the list, oldest first, built (cached builds answer at
-/// once; a missing one is built now, which takes minutes).
+/// once; a missing one is built now, which takes minutes), each release's
+/// packages with it.
 pub fn all() -> Result<Vec<Revision>> {
     let listed = listed()?;
     if listed.is_empty() {
         bail!("tests/skew/revisions lists no revision");
     }
-    let script = crate::harness::bench::repo_root().join("tests/setup/build-revisions");
+    let commits: Vec<&str> = listed.iter().map(|(commit, _)| commit.as_str()).collect();
+    let dirs = setup_dirs("tests/setup/build-revisions", &commits)?;
+    // The releases of the list: a name vX.Y.Z with a record of that commit.
+    let mut releases = Vec::new();
+    for (commit, name) in &listed {
+        if let Some(version) = release_of(name, commit)? {
+            releases.push(version);
+        }
+    }
+    let versions: Vec<&str> = releases.iter().map(String::as_str).collect();
+    let mut packages = setup_dirs("tests/setup/build-releases", &versions)?.into_iter();
+    let mut out = Vec::new();
+    for ((commit, name), dir) in listed.into_iter().zip(dirs) {
+        let packages = match release_of(&name, &commit)? {
+            Some(_) => Some(packages.next().context("build-releases printed too few")?),
+            None => None,
+        };
+        out.push(Revision {
+            commit,
+            name,
+            dir,
+            packages,
+        });
+    }
+    Ok(out)
+}
+
+/// The release `name` (`vX.Y.Z`) is, when `packaging/releases/X.Y.Z.toml`
+/// records it; an error when that record names another commit.
+fn release_of(name: &str, commit: &str) -> Result<Option<String>> {
+    let Some(version) = name.strip_prefix('v') else {
+        return Ok(None);
+    };
+    let path =
+        crate::harness::bench::repo_root().join(format!("packaging/releases/{version}.toml"));
+    let Ok(record) = std::fs::read_to_string(&path) else {
+        return Ok(None);
+    };
+    let recorded = record
+        .lines()
+        .find_map(|l| l.strip_prefix("commit = \""))
+        .map(|c| c.trim_end_matches('"'));
+    if recorded != Some(commit) {
+        bail!(
+            "tests/skew/revisions names {commit} as {name}, {} {recorded:?}",
+            path.display()
+        );
+    }
+    Ok(Some(version.to_string()))
+}
+
+/// Runs the setup `script` (a path from the repository's root) with `args`
+/// and returns the directories it prints, one per argument.
+fn setup_dirs(script: &str, args: &[&str]) -> Result<Vec<PathBuf>> {
+    if args.is_empty() {
+        return Ok(Vec::new());
+    }
+    let script = crate::harness::bench::repo_root().join(script);
     let output = std::process::Command::new(&script)
-        .args(listed.iter().map(|(commit, _)| commit))
+        .args(args)
         .output()
         .with_context(|| format!("running {}", script.display()))?;
     if !output.status.success() {
@@ -87,18 +244,15 @@ pub fn all() -> Result<Vec<Revision>> {
         .lines()
         .map(PathBuf::from)
         .collect();
-    if dirs.len() != listed.len() {
+    if dirs.len() != args.len() {
         bail!(
-            "build-revisions printed {} directories for {} revisions",
+            "{} printed {} directories for {} arguments",
+            script.display(),
             dirs.len(),
-            listed.len()
+            args.len()
         );
     }
-    Ok(listed
-        .into_iter()
-        .zip(dirs)
-        .map(|((commit, name), dir)| Revision { commit, name, dir })
-        .collect())
+    Ok(dirs)
 }
 
 /// The previous release: the list's last line.

@@ -454,3 +454,79 @@ async fn a_node_carrying_another_instances_provider_id_does_not_make_that_machin
     wait_condition(&claims, &victim.claim, "True", "NodeReady").await?;
     Ok(())
 }
+
+/// A join request for `instance` with `keys`, its agent claiming `version`.
+fn claiming(
+    world: &World,
+    instance: &Instance,
+    keys: &NodeKeys,
+    version: &str,
+) -> Result<autonode_shared::protocol::JoinRequest> {
+    let mut request = joiner::honest_request(instance, world.cloud.ca(), keys)?;
+    request.agent_version = version.into();
+    Ok(request)
+}
+
+/// The server's log line of the refused join `answer`, which must be a 403.
+fn refusal_line(world: &World, answer: Answer) -> Result<String> {
+    let Answer::Refused(403, body) = answer else {
+        anyhow::bail!("answered {answer:?}, not refused");
+    };
+    world
+        .server
+        .log()
+        .lines()
+        .find(|l| l.contains(&body.request_id))
+        .map(str::to_string)
+        .context("no log line for the refusal")
+}
+
+/// Attack (docs/design.md, the `--min-agent-version` row): someone holding
+/// a leaked identity document joins with keys of their own, claiming an
+/// agent older than the server's minimum, to have the machine replaced.
+/// A bound machine is judged on its binding first: the join is
+/// `possible_replay`, its version never read, the NodeClaim kept and the
+/// machine's own resume still granted. An unbound machine's is refused as
+/// `agent_below_minimum` and replaced (the row's residual: binding it
+/// first with keys of their own denies that machine all the same); played
+/// on every booting machine of the pool, the failure budget bounds it: a
+/// third in a row is kept, marked, not replaced.
+#[tokio::test]
+async fn a_leaked_document_claiming_an_old_agent_has_no_bound_machine_replaced() -> Result<()> {
+    let world = World::start_with(&["--min-agent-version=0.2.0".into()]).await?;
+    let api = standin::nodeclaims(&world.cp.admin().await?);
+    let (claim, instance) = world.launch(|i| i).await?;
+    let keys = NodeKeys::generate()?;
+    let own = claiming(&world, &instance, &keys, "0.2.0")?;
+    world.joiner.join(&own).await?.granted();
+
+    let forged = claiming(&world, &instance, &NodeKeys::generate()?, "0.1.0")?;
+    let line = refusal_line(&world, world.joiner.join(&forged).await?)?;
+    ensure!(
+        line.contains("possible_replay") && !line.contains("agent_below_minimum"),
+        "the bound machine's forged join: {line}"
+    );
+    world.joiner.join(&own).await?.granted();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let kept = api.get(&claim).await?;
+    ensure!(
+        kept.metadata.deletion_timestamp.is_none(),
+        "the bound machine's NodeClaim is being deleted"
+    );
+
+    let mut outcomes = Vec::new();
+    for _ in 0..3 {
+        let (claim, instance) = world.launch(|i| i).await?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let forged = claiming(&world, &instance, &NodeKeys::generate()?, "0.1.0")?;
+        let line = refusal_line(&world, world.joiner.join(&forged).await?)?;
+        ensure!(line.contains("agent_below_minimum"), "{line}");
+        let outcome = crate::budget::deleted_or_kept(&api, &claim).await?;
+        outcomes.push(outcome);
+    }
+    ensure!(
+        outcomes == ["deleted", "deleted", "kept"],
+        "the unbound machines: {outcomes:?}"
+    );
+    Ok(())
+}

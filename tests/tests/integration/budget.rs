@@ -12,6 +12,7 @@ use autonode_tests::cloud::fakecloud::{Instance, InstanceState};
 use autonode_tests::harness::poll;
 use autonode_tests::karpenter::standin::{self, nodeclaims};
 use autonode_tests::server::world::{World, ACCOUNT, REGION};
+use kube::api::{Api, DynamicObject};
 use std::time::Duration;
 
 const FAILED: &str = "autonode.dev/bootstrap-failed";
@@ -167,24 +168,7 @@ async fn a_group_failing_again_and_again_is_replaced_twice_then_kept_until_one_i
     let mut outcomes = Vec::new();
     for _ in 0..4 {
         let (claim, instance) = fail_one(&world).await?;
-        let gone = poll::until(
-            &format!("{claim} deleted or marked"),
-            Duration::from_secs(15),
-            Duration::from_millis(200),
-            || async {
-                let Some(now) = api.get_opt(&claim).await? else {
-                    return Ok(Some("deleted"));
-                };
-                let annotations = now.metadata.annotations.unwrap_or_default();
-                let deleting = now.metadata.deletion_timestamp.is_some();
-                Ok(match (deleting, annotations.contains_key(FAILED)) {
-                    (true, _) => Some("deleted"),
-                    (false, true) => Some("kept"),
-                    _ => None,
-                })
-            },
-        )
-        .await?;
+        let gone = deleted_or_kept(&api, &claim).await?;
         // Kept ones stay kept a while (no later deletion).
         tokio::time::sleep(Duration::from_millis(300)).await;
         eprintln!("{claim} ({}): {gone}", instance.instance_id);
@@ -224,6 +208,29 @@ async fn a_group_failing_again_and_again_is_replaced_twice_then_kept_until_one_i
     tokio::time::sleep(Duration::from_secs(1)).await;
     let (claim, _) = fail_one(&world).await?;
     wait_deleted(&api, &claim).await
+}
+
+/// What became of failed NodeClaim `claim`: `"deleted"` (replaced) or
+/// `"kept"` (marked failed, past the budget), once it is either.
+pub(crate) async fn deleted_or_kept(api: &Api<DynamicObject>, claim: &str) -> Result<&'static str> {
+    poll::until(
+        &format!("{claim} deleted or marked"),
+        Duration::from_secs(15),
+        Duration::from_millis(200),
+        || async {
+            let Some(now) = api.get_opt(claim).await? else {
+                return Ok(Some("deleted"));
+            };
+            let annotations = now.metadata.annotations.unwrap_or_default();
+            let deleting = now.metadata.deletion_timestamp.is_some();
+            Ok(match (deleting, annotations.contains_key(FAILED)) {
+                (true, _) => Some("deleted"),
+                (false, true) => Some("kept"),
+                _ => None,
+            })
+        },
+    )
+    .await
 }
 
 /// A NodeClaim of pool and class `default` whose instance is stopped in

@@ -1124,3 +1124,86 @@ async fn an_editors_long_retry_values_do_not_keep_other_classes_from_the_store()
     );
     Ok(())
 }
+
+/// The class's rollout annotation as it is (the sealed copy's text).
+fn copy_text(class: &DynamicObject) -> Result<String> {
+    class
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(STATE))
+        .cloned()
+        .context("the class carries no copy of its state")
+}
+
+/// Attack (docs/design.md, the rollout rows: a replay): a class editor
+/// saw the state autonode sealed on the class while `OLD_AMI` was its
+/// last good values; `NEW_AMI` has since been tried and promoted. She puts
+/// that copy back, under autonode's own field manager name (so
+/// managedFields name autonode-server alone, and the seal, made for this
+/// class, opens), with a hold to keep its values: were it taken over, the
+/// class would be held at the replaced `OLD_AMI`. The store's entry has
+/// seen that copy on the class, so it is no newer state of a downgrade's
+/// leader: it is not taken, the class keeps `NEW_AMI` resync after resync,
+/// the store is unchanged and the class's copy is autonode's again.
+#[tokio::test]
+async fn a_class_editor_replaying_an_old_sealed_copy_brings_back_no_replaced_ami() -> Result<()> {
+    let flags = Flags::new()?;
+    let (world, proven) = proven_world(&flags).await?;
+    let old_copy = copy_text(&proven)?;
+    let (second, _) = new_ami_server(&world, &flags).await?;
+    class_when(&world, "on the new AMI", |c| ami(c) == NEW_AMI).await?;
+    let (claim, _) = launch(&world, NEW_AMI).await?;
+    mark_ready(&world, &claim).await?;
+    class_when(&world, "the new AMI promoted", |c| {
+        state(c)["good"]["amiSelectorTerms"][0]["id"] == NEW_AMI && state(c)["trial"].is_null()
+    })
+    .await?;
+    let before = stored(&world).await?;
+    ensure!(
+        before["good"]["amiSelectorTerms"][0]["id"] == NEW_AMI,
+        "{before}"
+    );
+
+    let admin = world.cp.admin().await?;
+    let verbs = ["get", "list", "watch", "patch"];
+    standin::grant_on_nodeclasses(&admin, "mallory", &verbs).await?;
+    let mallory = ec2nodeclasses(&world.cp.client_as("mallory", None).await?);
+    let replay =
+        json!({"metadata": {"annotations": {STATE: old_copy, "autonode.dev/hold": "true"}}});
+    let as_autonode = PatchParams {
+        field_manager: Some("autonode-server".into()),
+        ..PatchParams::default()
+    };
+    let written = mallory
+        .patch(CLASS, &as_autonode, &Patch::Merge(&replay))
+        .await
+        .context("mallory's replay")?;
+    ensure!(copy_text(&written)? == old_copy, "the replay did not land");
+
+    let api = ec2nodeclasses(&admin);
+    let checks = "autonode_nodeclass_checks_total";
+    let start = metric(&second, checks).await?;
+    while metric(&second, checks).await? < start + 5.0 {
+        let class = api.get(CLASS).await?;
+        ensure!(
+            ami(&class) == NEW_AMI,
+            "the replayed copy was taken: the class selects {}, state {}\n{}",
+            ami(&class),
+            state(&class),
+            second.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    ensure!(
+        stored(&world).await? == before,
+        "the store changed: {}",
+        stored(&world).await?
+    );
+    class_when(&world, "with autonode's copy back", |c| {
+        state(c)["good"]["amiSelectorTerms"][0]["id"] == NEW_AMI
+    })
+    .await?;
+    ensure!(!second.log().contains("taking it over"), "{}", second.log());
+    Ok(())
+}

@@ -14,7 +14,7 @@ use autonode_tests::harness::poll;
 use autonode_tests::karpenter::standin::{self, ec2nodeclasses, nodeclaims};
 use autonode_tests::kube::events::events_of;
 use autonode_tests::machines::node::{agent_binary, registration, SimulatedNode};
-use autonode_tests::server::skew::{self, Revision};
+use autonode_tests::server::skew::{self, Arch, Revision};
 use autonode_tests::server::world::World;
 use autonode_tests::server::{self, Setup};
 use k8s_openapi::api::core::v1::Node;
@@ -192,12 +192,27 @@ async fn assert_too_old(world: &World, claim: &str, run: &Output, who: &str) -> 
     assert_refused_and_replaced(world, (claim, run), words, "agent_too_old", who).await
 }
 
+/// Every earlier agent's ordinary life through this tree's server: a
+/// release's as its packages ship it (the static release binary of its
+/// amd64 `.deb`, and of its arm64 one under QEMU's user-mode emulation),
+/// the revisions between releases as debug builds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_earlier_agent_joins_the_current_server_boots_again_and_resumes() -> Result<()> {
     let world = World::start().await?;
+    let mut packaged = 0;
     for revision in skew::all()? {
         ordinary_life(&world, &revision.agent(), &revision.label()).await?;
+        if revision.is_release() {
+            let arm64 = revision.packaged_agent(Arch::Arm64)?;
+            let who = format!("{}'s arm64 package, under qemu-user", revision.label());
+            ordinary_life(&world, &arm64, &who).await?;
+            packaged += 1;
+        }
     }
+    assert!(
+        packaged > 0,
+        "no release in tests/skew/revisions: no package ran"
+    );
     Ok(())
 }
 
@@ -967,6 +982,147 @@ async fn helm_rollback_to_the_previous_releases_chart_renders_its_own_flags() ->
         image == old_image && flags == old_flags,
         "rolled back to {version}'s chart, the Deployment runs {image} with {flags:?}, \
          not {old_image} with {old_flags:?}"
+    );
+    Ok(())
+}
+
+/// The previous release's own guest RBAC (the files its
+/// `packaging/guest/kustomization.yaml` lists, as its tree has them: no
+/// Role for the rollout store, the admission policy of its day where the
+/// API server serves it) under this tree's server with its default flags,
+/// as after an image upgrade whose guest RBAC was left behind. Machines
+/// join (this tree's agent and the release's packaged one), a machine
+/// refused for good has its NodeClaim deleted, the upkeep keeps the class
+/// and the rollout guard promotes with its state on the class; what the
+/// server may not do (the store) is said once in its log and by an Event
+/// naming the Role to apply, and no other request of it is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn this_server_runs_under_the_previous_releases_own_guest_rbac() -> Result<()> {
+    use crate::rollout::{self as guard, ami, state, OLD_AMI};
+    let revisions = skew::all()?;
+    let previous = revisions.last().context("no previous release")?;
+    let serves_policy =
+        server::serves_nodeclass_admission(autonode_tests::kube::version::under_test()?);
+    let mut docs = Vec::new();
+    for (name, text) in previous.guest_rbac()? {
+        if name == server::NODECLASS_ADMISSION_FILE && !serves_policy {
+            continue;
+        }
+        docs.push(text);
+    }
+    let manifest = docs.join("\n---\n");
+    anyhow::ensure!(
+        !manifest.contains("autonode-server-rollout-store"),
+        "{}'s guest RBAC has the store's Role: the test would prove nothing",
+        previous.label()
+    );
+    let flags = guard::Flags::new()?;
+    let args = flags.with_ami(OLD_AMI);
+    let world = World::start_setup(&Setup {
+        extra_args: &args,
+        rbac_manifest: Some(&manifest),
+        ..Setup::default()
+    })
+    .await?;
+    let admin = world.cp.admin().await?;
+    if serves_policy {
+        server::set_nodeclass_admission_settings(&admin, &args).await?;
+    }
+    // A class as its creator writes it before autonode keeps it (a create
+    // bringing userData is the policy's to refuse).
+    let spec = standin::custom_spec(serde_json::json!({}));
+    standin::create_nodeclass(&admin, CLASS, serde_json::json!({}), spec).await?;
+    guard::class_when(&world, "kept, its state on the class", |c| {
+        ami(c) == OLD_AMI && state(c)["trial"].is_object()
+    })
+    .await?;
+    let told = guard::class_events(&world, "RolloutStoreUnavailable").await?;
+    anyhow::ensure!(
+        told.iter()
+            .any(|m| m.contains("autonode-server-rollout-store")),
+        "the Event does not name the Role: {told:?}"
+    );
+
+    let (claim, _) = guard::launch(&world, OLD_AMI).await?;
+    guard::mark_ready(&world, &claim).await?;
+    guard::class_when(&world, "promoted", |c| {
+        state(c)["good"] == state(c)["applied"] && state(c)["trial"].is_null()
+    })
+    .await?;
+
+    ordinary_life(&world, &agent_binary()?, "this agent").await?;
+    ordinary_life(&world, &previous.agent(), &previous.label()).await?;
+    // NodeClaim deletion: the oldest agent on a multi-address instance is
+    // refused for good and its machine replaced.
+    let oldest = revisions.first().context("no revision")?;
+    let (claim, node) = machine(&world, multi_address).await?;
+    let run = node.run_agent_binary(&oldest.agent(), &[]).await?;
+    assert_too_old(&world, &claim, &run, &oldest.label()).await?;
+
+    let log = world.server.log();
+    let store = "may not use ConfigMap autonode-rollout";
+    let warned = log.matches(store).count();
+    anyhow::ensure!(
+        warned == 1,
+        "the store's refusal said {warned} times:\n{log}"
+    );
+    let refused: Vec<&str> = log
+        .lines()
+        .filter(|l| {
+            // The API server's 403: "… is forbidden: User … cannot …".
+            l.to_ascii_lowercase().contains("forbidden") && !l.contains("autonode-rollout")
+        })
+        .collect();
+    anyhow::ensure!(
+        refused.is_empty(),
+        "refused more than the store under {}'s guest RBAC:\n{}",
+        previous.label(),
+        refused.join("\n")
+    );
+    Ok(())
+}
+
+/// `tests/setup/build-releases` holds each release's packages to its
+/// record: with a copy of the records in which one `.deb` hash of each is
+/// changed by a digit, it fails loudly, naming both hashes, instead of
+/// handing the skew tests another agent than the release's; with the
+/// records as they are, it answers with the same (cached) packages.
+#[test]
+fn release_packages_that_are_not_the_recorded_bytes_fail_the_setup() -> Result<()> {
+    let released = skew::all()?
+        .into_iter()
+        .filter(Revision::is_release)
+        .count();
+    anyhow::ensure!(released > 0, "no release in tests/skew/revisions");
+    let root = autonode_tests::harness::bench::repo_root();
+    let records = tempfile::tempdir()?;
+    for entry in std::fs::read_dir(root.join("packaging/releases"))? {
+        let path = entry?.path();
+        let text = std::fs::read_to_string(&path)?;
+        let line = text
+            .lines()
+            .find(|l| l.contains(".deb\" = \""))
+            .with_context(|| format!("{} lists no .deb hash", path.display()))?;
+        let (name, hash) = line.split_once(" = \"").context("name = \"hash\"")?;
+        let flipped = if hash.starts_with('0') { "1" } else { "0" };
+        let forged = format!("{name} = \"{flipped}{}", &hash[1..]);
+        let file = records.path().join(path.file_name().context("a name")?);
+        std::fs::write(file, text.replace(line, &forged))?;
+    }
+    let script = root.join("tests/setup/build-releases");
+    let run = std::process::Command::new(&script)
+        .env("AUTONODE_RELEASE_RECORDS", records.path())
+        .output()?;
+    let said = String::from_utf8_lossy(&run.stderr);
+    anyhow::ensure!(
+        !run.status.success() && said.contains("are not the ones") && said.contains("< "),
+        "a build other than the record was not refused:\n{said}"
+    );
+    let again = std::process::Command::new(&script).output()?;
+    anyhow::ensure!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
     );
     Ok(())
 }
