@@ -301,6 +301,10 @@ fn a_root_must_be_one_self_signed_p384_ca_certificate() {
     let p256 = params.self_signed(&key).unwrap();
     let err = Root::from_pem(p256.pem().as_bytes()).unwrap_err();
     assert_eq!(err.kind(), Failure::Malformed);
+    // AWS's root with its self-signature broken (the last byte of r or s).
+    let mut broken = Root::aws().der().to_vec();
+    *broken.last_mut().unwrap() ^= 0x01;
+    assert!(Root::from_der(broken).is_err());
 }
 
 #[test]
