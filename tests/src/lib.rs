@@ -24,7 +24,9 @@
 //! The clouds ([`cloud`]):
 //! - [`cloud::fakecloud`]: the fake AWS: IMDSv2 for an instance, EC2
 //!   `DescribeInstances`, and a test CA that signs identity documents in
-//!   AWS's exact PKCS#7 shape; with faults on demand.
+//!   AWS's exact PKCS#7 shape; with faults on demand; and a test Nitro PKI
+//!   whose NitroTPM documents have AWS's shape (`nitro-tpm-attest-standin`
+//!   plays AWS's `nitro-tpm-attest` on a simulated instance).
 //! - [`cloud::moto`]: moto, a third-party EC2, for the real Karpenter.
 //!
 //! The network between the parts ([`network`]):

@@ -229,8 +229,12 @@ impl<'a> Chain<'a> {
             .collect::<Result<Vec<_>, _>>()?;
         let leaf_index = links.len() - 1;
         for (index, link) in links.iter().enumerate() {
-            let parent = if index == 0 { link } else { &links[index - 1] };
-            link.check_issued_by(index, parent)?;
+            // The root is the pinned one, byte for byte, and its
+            // self-signature was checked when it was pinned (`check_root`):
+            // one P-384 verification less per document.
+            if index > 0 {
+                link.check_issued_by(index, &links[index - 1])?;
+            }
             link.check_critical(index)?;
             if index == leaf_index {
                 link.check_leaf(index)?;
@@ -271,4 +275,159 @@ pub(crate) fn check_root(der: &[u8]) -> Result<(), NitroError> {
     let link = Link::parse(0, der)?;
     link.check_issued_by(0, &link)?;
     link.check_ca(0, 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rcgen::{
+        BasicConstraints, CertificateParams, CertifiedIssuer, CustomExtension, IsCa, KeyPair,
+        KeyUsagePurpose, SignatureAlgorithm, PKCS_ECDSA_P256_SHA256, PKCS_ECDSA_P384_SHA384,
+    };
+
+    type Ca = CertifiedIssuer<'static, KeyPair>;
+
+    fn params(cn: &str, is_ca: IsCa, usages: &[KeyUsagePurpose]) -> CertificateParams {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, cn);
+        params.is_ca = is_ca;
+        params.key_usages = usages.to_vec();
+        params
+    }
+
+    fn ca_params(cn: &str, path_len: Option<u8>) -> CertificateParams {
+        let constraints = match path_len {
+            Some(n) => BasicConstraints::Constrained(n),
+            None => BasicConstraints::Unconstrained,
+        };
+        params(cn, IsCa::Ca(constraints), &[KeyUsagePurpose::KeyCertSign])
+    }
+
+    fn leaf_params() -> CertificateParams {
+        params(
+            "leaf",
+            IsCa::ExplicitNoCa,
+            &[KeyUsagePurpose::DigitalSignature],
+        )
+    }
+
+    fn key(alg: &'static SignatureAlgorithm) -> KeyPair {
+        KeyPair::generate_for(alg).unwrap()
+    }
+
+    fn root() -> Ca {
+        CertifiedIssuer::self_signed(ca_params("root", None), key(&PKCS_ECDSA_P384_SHA384)).unwrap()
+    }
+
+    fn ca(params: CertificateParams, parent: &Ca) -> Ca {
+        CertifiedIssuer::signed_by(params, key(&PKCS_ECDSA_P384_SHA384), parent).unwrap()
+    }
+
+    fn leaf(params: CertificateParams, parent: &Ca, alg: &'static SignatureAlgorithm) -> Vec<u8> {
+        params.signed_by(&key(alg), parent).unwrap().der().to_vec()
+    }
+
+    /// Authenticates root → `cas` → `leaf` (the root pinned).
+    fn check(root: &Ca, cas: &[&Ca], leaf: &[u8]) -> Result<(), NitroError> {
+        let bundle: Vec<Cow<'_, [u8]>> = std::iter::once(root)
+            .chain(cas.iter().copied())
+            .map(|c| Cow::Owned(c.der().to_vec()))
+            .collect();
+        Chain::authenticate(root.der(), &bundle, leaf).map(|_| ())
+    }
+
+    fn refused(result: Result<(), NitroError>, index: usize, why: &str) {
+        match result {
+            Err(NitroError::Chain { index: at, reason }) => {
+                assert_eq!(at, index, "{reason}");
+                assert!(reason.contains(why), "{reason}");
+            }
+            other => panic!("{other:?}, expected certificate {index}: {why}"),
+        }
+    }
+
+    #[test]
+    fn a_chain_of_aws_shape_is_authentic() {
+        let root = root();
+        let ca = ca(ca_params("instance", Some(0)), &root);
+        let p384 = &PKCS_ECDSA_P384_SHA384;
+        check(&root, &[&ca], &leaf(leaf_params(), &ca, p384)).unwrap();
+    }
+
+    #[test]
+    fn each_link_rule_refuses_on_its_own() {
+        let p384 = &PKCS_ECDSA_P384_SHA384;
+        let root = root();
+        let ca0 = ca(ca_params("instance", Some(0)), &root);
+        let good_leaf = leaf(leaf_params(), &ca0, p384);
+        // A CA signed by another key of the same name.
+        let other = self::root();
+        refused(
+            check(&other, &[&ca0], &good_leaf),
+            1,
+            "signature does not verify",
+        );
+        // A CA with pathLen 0 may not have a CA under it.
+        let below = ca(ca_params("below", Some(0)), &ca0);
+        let deep_leaf = leaf(leaf_params(), &below, p384);
+        refused(
+            check(&root, &[&ca0, &below], &deep_leaf),
+            1,
+            "pathLen 0 exceeded",
+        );
+        // The links out of order: names no longer chain.
+        refused(check(&root, &[&below, &ca0], &good_leaf), 1, "issuer");
+        // An issuer without CA=true, or without keyCertSign.
+        let no_ca = ca(
+            params("not-a-ca", IsCa::NoCa, &[KeyUsagePurpose::KeyCertSign]),
+            &root,
+        );
+        refused(
+            check(&root, &[&no_ca], &leaf(leaf_params(), &no_ca, p384)),
+            1,
+            "not a CA",
+        );
+        let no_sign = ca(
+            params(
+                "no-sign",
+                IsCa::Ca(BasicConstraints::Constrained(0)),
+                &[KeyUsagePurpose::DigitalSignature],
+            ),
+            &root,
+        );
+        refused(
+            check(&root, &[&no_sign], &leaf(leaf_params(), &no_sign, p384)),
+            1,
+            "keyCertSign",
+        );
+        // A leaf that is a CA, or cannot sign.
+        let ca_leaf = leaf(ca_params("leaf", Some(0)), &ca0, p384);
+        refused(check(&root, &[&ca0], &ca_leaf), 2, "the leaf is a CA");
+        let mute = leaf(
+            params(
+                "leaf",
+                IsCa::ExplicitNoCa,
+                &[KeyUsagePurpose::KeyEncipherment],
+            ),
+            &ca0,
+            p384,
+        );
+        refused(check(&root, &[&ca0], &mute), 2, "digitalSignature");
+        // A critical extension nobody here understands.
+        let mut strange = leaf_params();
+        let mut ext =
+            CustomExtension::from_oid_content(&[1, 3, 6, 1, 4, 1, 99999, 1], vec![0x05, 0x00]);
+        ext.set_criticality(true);
+        strange.custom_extensions = vec![ext];
+        refused(
+            check(&root, &[&ca0], &leaf(strange, &ca0, p384)),
+            2,
+            "critical extension",
+        );
+        // A P-256 leaf key.
+        let p256 = leaf(leaf_params(), &ca0, &PKCS_ECDSA_P256_SHA256);
+        refused(check(&root, &[&ca0], &p256), 2, "not EC P-384");
+    }
 }

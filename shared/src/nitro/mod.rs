@@ -27,7 +27,11 @@
 //!    root with AWS's name), then each link to the leaf: issuer name is the
 //!    parent's subject, ECDSA P-384/SHA-384 signature by the parent's key,
 //!    CAs with critical basicConstraints CA=true within their pathLen and
-//!    keyCertSign, a leaf that is not a CA and has digitalSignature.
+//!    keyCertSign, a leaf that is not a CA and has digitalSignature, no
+//!    critical extension other than those two, and the bytes outside each
+//!    signed part (signature algorithm, signature) in their one DER
+//!    encoding. The root's own self-signature is checked once, when it is
+//!    pinned ([`Root::from_pem`]), not per document.
 //! 6. **Signature**: ECDSA P-384/SHA-384 by the leaf's key over
 //!    `["Signature1", protected, h'', payload]`, built from the bytes
 //!    received, never from a re-encoding (AWS's NitroTPM payloads are

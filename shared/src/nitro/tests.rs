@@ -301,6 +301,10 @@ fn a_root_must_be_one_self_signed_p384_ca_certificate() {
     let p256 = params.self_signed(&key).unwrap();
     let err = Root::from_pem(p256.pem().as_bytes()).unwrap_err();
     assert_eq!(err.kind(), Failure::Malformed);
+    // AWS's root with its self-signature broken (the last byte of r or s).
+    let mut broken = Root::aws().der().to_vec();
+    *broken.last_mut().unwrap() ^= 0x01;
+    assert!(Root::from_der(broken).is_err());
 }
 
 #[test]
@@ -776,4 +780,40 @@ fn payload_rules_refuse_what_aws_never_sends() {
         ));
     });
     assert!(enclave.is_ok());
+}
+
+#[test]
+fn random_mutations_never_panic_and_never_verify() {
+    use rand::{Rng as _, SeedableRng as _};
+    // A fixed seed: the same inputs every run, so a failure reproduces.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(50);
+    let root = Root::aws();
+    for f in &FIXTURES {
+        for round in 0..2000 {
+            let mut bytes = f.bytes.to_vec();
+            for _ in 0..rng.gen_range(1..=4) {
+                let at = rng.gen_range(0..bytes.len());
+                match rng.gen_range(0..4) {
+                    0 => bytes[at] = rng.gen(),
+                    1 => bytes.truncate(at.max(1)),
+                    2 => bytes.insert(at, rng.gen()),
+                    _ => {
+                        bytes.remove(at);
+                    }
+                }
+            }
+            // The parsers alone on every input (cheap), the whole verifier
+            // on some (each costs five signature checks when it gets far).
+            if let Ok(sign1) = Sign1::parse(&bytes) {
+                let _ = Payload::parse(&sign1.payload);
+            }
+            if round % 100 == 0 && bytes != f.bytes {
+                assert!(
+                    verify(&bytes, &root, At::DocumentTime).is_err(),
+                    "{}",
+                    f.file
+                );
+            }
+        }
+    }
 }
