@@ -132,6 +132,7 @@ const SERVER_TOP: &[&str] = &[
     "report/",
     "kube/",
     "ec2/",
+    "attestation/",
     "controllers/",
     "primitives/",
 ];
@@ -173,7 +174,7 @@ fn the_servers_top_level_holds_its_role_folders_only() {
     assert!(
         stray.is_empty(),
         "server/src holds more than its role folders: {stray:?} (put each where its role is: \
-         cmd/, front/, join/, report/, kube/, ec2/, controllers/ or primitives/)"
+         cmd/, front/, join/, report/, kube/, ec2/, attestation/, controllers/ or primitives/)"
     );
 }
 
