@@ -19,14 +19,14 @@ pub mod policy;
 pub mod verdict;
 
 use crate::kube::seal::StateKey;
-use autonode_shared::nitro::Root;
+use autonode_shared::nitro::{Memo, Root};
 use autonode_shared::protocol::{Attestation as Evidence, ChallengeResponse};
 use base64::Engine;
 use nonce::Nonces;
 use policy::{Policy, PolicyFile};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, SystemTime};
-use verdict::{AttestationRefusal, Judged};
+use verdict::{AttestationRefusal, Judged, Trust};
 
 /// How often the policy file is looked at for a change (a mounted
 /// ConfigMap changes within about a minute of its edit).
@@ -35,9 +35,13 @@ pub const POLICY_POLL: Duration = Duration::from_secs(10);
 /// What attested joins need, shared by every request.
 pub struct Attestation {
     nonces: Nonces,
-    root: Root,
+    trust: Trust,
     policy: RwLock<Arc<Policy>>,
 }
+
+/// The shared CAs' links remembered: a zone's regional and zonal CAs are
+/// two a zone and last days, so this covers a fleet across many regions.
+const REMEMBERED_LINKS: usize = 256;
 
 /// What a class's attestation concluded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,7 +58,10 @@ impl Attestation {
     pub fn new(key: StateKey, root: Root, policy: Policy) -> Self {
         Self {
             nonces: Nonces::new(key),
-            root,
+            trust: Trust {
+                root,
+                memo: Memo::new(REMEMBERED_LINKS),
+            },
             policy: RwLock::new(Arc::new(policy)),
         }
     }
@@ -102,7 +109,7 @@ impl Attestation {
             instance_id,
             keys,
         };
-        verdict::judge(&self.nonces, &self.root, &judged, evidence, now).map(Verdict::Attested)
+        verdict::judge(&self.nonces, &self.trust, &judged, evidence, now).map(Verdict::Attested)
     }
 }
 

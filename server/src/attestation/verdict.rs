@@ -13,7 +13,7 @@
 
 use super::nonce::{NonceError, Nonces};
 use super::policy::ClassPolicy;
-use autonode_shared::nitro::{self, Document, Failure, Kind, NitroError, Root};
+use autonode_shared::nitro::{self, Document, Failure, Kind, Memo, NitroError, Root};
 use autonode_shared::protocol::{attested_keys_digest, Attestation};
 use base64::Engine;
 use std::time::{Duration, SystemTime};
@@ -113,10 +113,17 @@ pub struct Judged<'a> {
     pub keys: [&'a [u8]; 2],
 }
 
+/// The pinned root, and the shared CAs' signatures already verified
+/// under it.
+pub struct Trust {
+    pub root: Root,
+    pub memo: Memo,
+}
+
 /// The verdict: the name of the measurement the boot matched.
 pub fn judge(
     nonces: &Nonces,
-    root: &Root,
+    trust: &Trust,
     judged: &Judged<'_>,
     evidence: Option<&Attestation>,
     now: SystemTime,
@@ -150,7 +157,7 @@ pub fn judge(
         class: class(),
         source,
     })?;
-    let doc = verify(root, judged.class, document)?;
+    let doc = verify(trust, judged.class, document)?;
     if doc.nonce.as_deref() != Some(nonce.as_slice()) {
         return Err(AttestationRefusal::NonceMismatch { class: class() });
     }
@@ -167,14 +174,15 @@ pub fn judge(
 
 /// The document, verified at its own time: its certificates last hours,
 /// and its freshness is the nonce's, checked after.
-fn verify(root: &Root, class: &str, document: &str) -> Result<Document, AttestationRefusal> {
+fn verify(trust: &Trust, class: &str, document: &str) -> Result<Document, AttestationRefusal> {
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(document)
         .map_err(|e| AttestationRefusal::Undecodable {
             class: class.to_string(),
             detail: e.to_string(),
         })?;
-    nitro::verify(&bytes, root, nitro::At::DocumentTime).map_err(|source| {
+    let at = nitro::At::DocumentTime;
+    nitro::verify_with(&bytes, &trust.root, at, &trust.memo).map_err(|source| {
         AttestationRefusal::Document {
             class: class.to_string(),
             source,

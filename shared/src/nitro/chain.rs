@@ -13,7 +13,11 @@
 //! [`Failure::Expired`]: super::Failure::Expired
 
 use std::borrow::Cow;
+use std::collections::VecDeque;
+use std::sync::{Mutex, PoisonError};
 use std::time::SystemTime;
+
+use sha2::{Digest, Sha256};
 
 use ring::signature::{UnparsedPublicKey, ECDSA_P384_SHA384_ASN1};
 use x509_parser::certificate::X509Certificate;
@@ -48,6 +52,69 @@ fn der_length(out: &mut Vec<u8>, len: usize) {
 /// One certificate of the chain, parsed.
 struct Link<'a> {
     cert: X509Certificate<'a>,
+    der: &'a [u8],
+}
+
+/// The signatures over the PKI's shared CAs (those with CAs under them:
+/// AWS's regional and zonal CAs, which sign for every instance of a zone
+/// for days) already verified, so that a fleet's documents cost three
+/// P-384 checks each instead of five. A link is remembered only once its
+/// parent was authenticated (the chain is walked from the pinned root
+/// down, and stops at the first failure), so only links of the pinned
+/// PKI are ever here; at most `cap`, the oldest forgotten first. What is
+/// remembered is the bytes of both certificates: the name, CA and date
+/// checks still run on every document.
+#[derive(Debug, Default)]
+pub struct Memo {
+    cap: usize,
+    seen: Mutex<VecDeque<[u8; 32]>>,
+}
+
+impl Memo {
+    /// Remembers at most `cap` links (0: none, every signature checked).
+    pub fn new(cap: usize) -> Self {
+        Self {
+            cap,
+            seen: Mutex::default(),
+        }
+    }
+
+    /// How many links it remembers now.
+    pub fn len(&self) -> usize {
+        self.seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    /// Whether it remembers none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn key(parent: &[u8], child: &[u8]) -> [u8; 32] {
+        let mut hash = Sha256::new();
+        hash.update((parent.len() as u64).to_be_bytes());
+        hash.update(parent);
+        hash.update(child);
+        hash.finalize().into()
+    }
+
+    fn knows(&self, key: &[u8; 32]) -> bool {
+        let seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        seen.contains(key)
+    }
+
+    fn remember(&self, key: [u8; 32]) {
+        if self.cap == 0 {
+            return;
+        }
+        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        if seen.len() >= self.cap {
+            seen.pop_front();
+        }
+        seen.push_back(key);
+    }
 }
 
 impl<'a> Link<'a> {
@@ -60,7 +127,7 @@ impl<'a> Link<'a> {
         if cert.version() != X509Version::V3 {
             return Err(NitroError::chain(index, "not an X.509 v3 certificate"));
         }
-        let link = Link { cert };
+        let link = Link { cert, der };
         link.check_algorithms(index)?;
         Ok(link)
     }
@@ -119,14 +186,33 @@ impl<'a> Link<'a> {
         &self.cert.public_key().subject_public_key.data
     }
 
-    /// Issued and signed by `parent` (the root by itself).
-    fn check_issued_by(&self, index: usize, parent: &Link<'_>) -> Result<(), NitroError> {
+    /// Issued and signed by `parent` (the root by itself); a shared CA's
+    /// signature once verified is remembered in `memo`.
+    fn check_issued_by(
+        &self,
+        index: usize,
+        parent: &Link<'_>,
+        memo: Option<&Memo>,
+    ) -> Result<(), NitroError> {
         if self.cert.issuer().as_raw() != parent.cert.subject().as_raw() {
             return Err(NitroError::chain(
                 index,
                 "its issuer is not its parent's subject",
             ));
         }
+        let Some(memo) = memo else {
+            return self.check_signed_by(index, parent);
+        };
+        let key = Memo::key(parent.der, self.der);
+        if !memo.knows(&key) {
+            self.check_signed_by(index, parent)?;
+            memo.remember(key);
+        }
+        Ok(())
+    }
+
+    /// Its signature verifies under `parent`'s key.
+    fn check_signed_by(&self, index: usize, parent: &Link<'_>) -> Result<(), NitroError> {
         let signature = &self.cert.signature_value;
         if signature.unused_bits != 0 {
             return Err(NitroError::chain(index, "the signature is not whole bytes"));
@@ -213,11 +299,13 @@ pub struct Chain<'a> {
 }
 
 impl<'a> Chain<'a> {
-    /// Checks `root → cabundle[1..] → leaf` link by link, dates aside.
+    /// Checks `root → cabundle[1..] → leaf` link by link, dates aside;
+    /// the shared CAs' signatures are looked up in `memo` first.
     pub fn authenticate(
         root_der: &[u8],
         cabundle: &'a [Cow<'a, [u8]>],
         leaf: &'a [u8],
+        memo: &Memo,
     ) -> Result<Chain<'a>, NitroError> {
         if cabundle.first().map(|c| &c[..]) != Some(root_der) {
             return Err(NitroError::NotPinnedRoot);
@@ -233,7 +321,10 @@ impl<'a> Chain<'a> {
             // self-signature was checked when it was pinned (`check_root`):
             // one P-384 verification less per document.
             if index > 0 {
-                link.check_issued_by(index, &links[index - 1])?;
+                // Only a CA with CAs under it is shared between instances.
+                let shared = index + 1 < leaf_index;
+                let memo = shared.then_some(memo);
+                link.check_issued_by(index, &links[index - 1], memo)?;
             }
             link.check_critical(index)?;
             if index == leaf_index {
@@ -273,7 +364,7 @@ fn millis_since_epoch(at: SystemTime) -> i128 {
 /// be anyway: a self-signed P-384 CA; refused when loaded, not at each join.
 pub(crate) fn check_root(der: &[u8]) -> Result<(), NitroError> {
     let link = Link::parse(0, der)?;
-    link.check_issued_by(0, &link)?;
+    link.check_issued_by(0, &link, None)?;
     link.check_ca(0, 0)
 }
 
@@ -331,11 +422,56 @@ mod tests {
 
     /// Authenticates root → `cas` → `leaf` (the root pinned).
     fn check(root: &Ca, cas: &[&Ca], leaf: &[u8]) -> Result<(), NitroError> {
+        check_with(root, cas, leaf, &Memo::new(0))
+    }
+
+    /// [`check`], remembering shared CAs' signatures in `memo`.
+    fn check_with(root: &Ca, cas: &[&Ca], leaf: &[u8], memo: &Memo) -> Result<(), NitroError> {
         let bundle: Vec<Cow<'_, [u8]>> = std::iter::once(root)
             .chain(cas.iter().copied())
             .map(|c| Cow::Owned(c.der().to_vec()))
             .collect();
-        Chain::authenticate(root.der(), &bundle, leaf).map(|_| ())
+        Chain::authenticate(root.der(), &bundle, leaf, memo).map(|_| ())
+    }
+
+    #[test]
+    fn only_the_shared_cas_authenticated_links_are_remembered() {
+        let p384 = &PKCS_ECDSA_P384_SHA384;
+        let root = root();
+        let regional = ca(ca_params("regional", Some(2)), &root);
+        let zonal = ca(ca_params("zonal", Some(1)), &regional);
+        let memo = Memo::new(8);
+        for instance in ["i-1", "i-2"] {
+            let instance = ca(ca_params(instance, Some(0)), &zonal);
+            let end = leaf(leaf_params(), &instance, p384);
+            check_with(&root, &[&regional, &zonal, &instance], &end, &memo).unwrap();
+        }
+        // root → regional and regional → zonal; never an instance's links.
+        assert_eq!(memo.len(), 2);
+
+        // A zonal CA of another key under the same name is checked, not
+        // taken for the remembered one, and nothing under it is kept.
+        let forged_regional = ca(ca_params("regional", Some(2)), &self::root());
+        let forged = ca(ca_params("zonal", Some(1)), &forged_regional);
+        let instance = ca(ca_params("i-3", Some(0)), &forged);
+        let end = leaf(leaf_params(), &instance, p384);
+        let chain = [&regional, &forged, &instance];
+        refused(
+            check_with(&root, &chain, &end, &memo),
+            2,
+            "signature does not verify",
+        );
+        assert_eq!(memo.len(), 2);
+
+        // Full, the oldest is forgotten; with no room, nothing is kept.
+        let small = Memo::new(1);
+        let instance = ca(ca_params("i-4", Some(0)), &zonal);
+        let end = leaf(leaf_params(), &instance, p384);
+        check_with(&root, &[&regional, &zonal, &instance], &end, &small).unwrap();
+        assert_eq!(small.len(), 1);
+        let none = Memo::new(0);
+        check_with(&root, &[&regional, &zonal, &instance], &end, &none).unwrap();
+        assert!(none.is_empty());
     }
 
     fn refused(result: Result<(), NitroError>, index: usize, why: &str) {

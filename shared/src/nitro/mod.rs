@@ -76,6 +76,7 @@ use std::time::SystemTime;
 
 use x509_parser::pem::Pem;
 
+pub use chain::Memo;
 pub use document::{Document, Kind};
 pub use error::{Failure, NitroError};
 
@@ -149,6 +150,13 @@ pub enum At {
 /// writes) against `root`, with certificates valid at `at`, and returns
 /// what it says. See the module docs for every check.
 pub fn verify(bytes: &[u8], root: &Root, at: At) -> Result<Document, NitroError> {
+    verify_with(bytes, root, at, &Memo::new(0))
+}
+
+/// [`verify`], with the shared CAs' signatures remembered in `memo` from
+/// one document to the next (a server verifying a fleet's documents keeps
+/// one [`Memo`]).
+pub fn verify_with(bytes: &[u8], root: &Root, at: At, memo: &Memo) -> Result<Document, NitroError> {
     if bytes.len() > MAX_DOCUMENT_BYTES {
         return Err(NitroError::TooLarge(bytes.len()));
     }
@@ -160,7 +168,8 @@ pub fn verify(bytes: &[u8], root: &Root, at: At) -> Result<Document, NitroError>
     };
     // Authenticity first (chain, then signature), dates last: a tampered
     // document is never reported as merely expired.
-    let chain = chain::Chain::authenticate(root.der(), &payload.cabundle, &payload.certificate)?;
+    let chain =
+        chain::Chain::authenticate(root.der(), &payload.cabundle, &payload.certificate, memo)?;
     sign1.verify(chain.leaf_point())?;
     chain.check_valid_at(instant)?;
     Ok(payload.document)
