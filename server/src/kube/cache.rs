@@ -60,8 +60,9 @@ pub const LIST_PAGE: u32 = 100;
 /// Objects per page when listing what anyone holding a node credential can
 /// create large (CSRs: up to the API server's 1.5 MiB object limit each,
 /// as many as they like): ten such objects are a bounded spike, 500 (the
-/// watcher's default) would be most of the server's memory limit. Only
-/// where the API server refuses streaming lists (see [`Listing`]).
+/// watcher's default) would be most of the server's memory limit. Used
+/// only where the API server refuses streaming lists: elsewhere a cache
+/// lists as one stream of watch events, parsed an object at a time.
 pub const SMALL_PAGE: u32 = 10;
 /// Changes a controller may fall behind by before it is handed the whole
 /// store again (see [`Cache::changes`]). Held only while a controller reads.
