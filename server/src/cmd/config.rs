@@ -251,7 +251,10 @@ pub struct ServeArgs {
     pub leader_namespace: String,
 
     /// Seconds a leader's Lease lasts unrenewed before another replica
-    /// takes over the controllers.
+    /// takes over the controllers. The leader renews every third of it; one
+    /// that has not renewed within two thirds of it (the API server
+    /// unreachable or not answering) stops leading first, so two never
+    /// overlap.
     #[arg(
         long = "leader-lease",
         env = "AUTONODE_LEADER_LEASE",

@@ -38,7 +38,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     args.check()?;
     let trust = trust_store(&args)?;
     let policy = policy(&args)?;
-    let (client, cluster) = guest_cluster(&args).await?;
+    let (client, config, cluster) = guest_cluster(&args).await?;
     if args.nodeclasses.install_crds {
         autonode_server::controllers::crds::install(&client)
             .await
@@ -72,7 +72,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     )?;
     // The approver, the feedback and the EC2NodeClass upkeep, on the
     // watches they share (see `watches`).
-    let leading = start_election(&args, &client, &metrics, clock);
+    let leading = start_election(&args, config, &metrics, clock)?;
     tokio::spawn(leader::while_leading(
         leading,
         "leader-controllers",
@@ -225,14 +225,14 @@ async fn serve(
     Ok(())
 }
 
-/// Starts leader election; the receiver says whether this replica leads.
+/// Starts leader election on its own thread, with its own client made
+/// from `config`; the receiver says whether this replica leads.
 fn start_election(
     args: &ServeArgs,
-    client: &kube::Client,
+    config: kube::Config,
     metrics: &Metrics,
     clock: Clock,
-) -> watch::Receiver<bool> {
-    let (tx, rx) = watch::channel(false);
+) -> Result<watch::Receiver<bool>> {
     let lease = std::time::Duration::from_secs(args.leader_lease_secs.max(3));
     let election = leader::Election {
         namespace: args.leader_namespace.clone(),
@@ -241,23 +241,19 @@ fn start_election(
         identity: format!("{}_{:08x}", args.instance_name, rand::random::<u32>()),
         lease_duration: lease,
         renew_every: lease / 3,
+        // client-go's proportions (10 s of a 15 s Lease): a third of the
+        // Lease for the leader to have stopped before anyone may take it.
+        renew_deadline: lease * 2 / 3,
         clock,
     };
-    tokio::spawn(election.run(client.clone(), tx));
-    let (mut watching, gauge) = (rx.clone(), metrics.leader.clone());
-    tokio::spawn(async move {
-        loop {
-            gauge.set(i64::from(*watching.borrow_and_update()));
-            if watching.changed().await.is_err() {
-                return;
-            }
-        }
-    });
-    rx
+    election
+        .start(config, metrics.leader.clone())
+        .context("starting leader election")
 }
 
-/// A client for the guest cluster, and how nodes are to reach it.
-async fn guest_cluster(args: &ServeArgs) -> Result<(kube::Client, ClusterInfo)> {
+/// A client for the guest cluster, its settings (for the election's own
+/// client), and how nodes are to reach it.
+async fn guest_cluster(args: &ServeArgs) -> Result<(kube::Client, kube::Config, ClusterInfo)> {
     let kubeconfig = Kubeconfig::read_from(&args.kubeconfig)
         .with_context(|| format!("reading kubeconfig {}", args.kubeconfig.display()))?;
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
@@ -276,13 +272,15 @@ async fn guest_cluster(args: &ServeArgs) -> Result<(kube::Client, ClusterInfo)> 
         None => kubeconfig_ca(&config)
             .context("the kubeconfig has no CA data; pass --cluster-ca-file")?,
     };
-    let client = kube::Client::try_from(config).context("building the guest cluster client")?;
+    let client =
+        kube::Client::try_from(config.clone()).context("building the guest cluster client")?;
     let settings = ClusterSettings {
         cluster_dns: args.cluster_dns.clone(),
         cluster_domain: args.cluster_domain.clone(),
     };
     Ok((
         client,
+        config,
         ClusterInfo {
             api_server,
             ca_pem,

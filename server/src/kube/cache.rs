@@ -60,7 +60,9 @@ pub const LIST_PAGE: u32 = 100;
 /// Objects per page when listing what anyone holding a node credential can
 /// create large (CSRs: up to the API server's 1.5 MiB object limit each,
 /// as many as they like): ten such objects are a bounded spike, 500 (the
-/// watcher's default) would be most of the server's memory limit.
+/// watcher's default) would be most of the server's memory limit. Used
+/// only where the API server refuses streaming lists: elsewhere a cache
+/// lists as one stream of watch events, parsed an object at a time.
 pub const SMALL_PAGE: u32 = 10;
 /// Changes a controller may fall behind by before it is handed the whole
 /// store again (see [`Cache::changes`]). Held only while a controller reads.
@@ -450,10 +452,13 @@ where
     K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
 {
     /// List and watch until the watch fails; then again, after a backoff.
+    /// Lists as a stream of watch events where the API server serves them
+    /// (see [`Listing`]), in pages where it refuses to.
     async fn run(mut self) {
         let mut backoff = WatchBackoff::default();
+        let mut listing = Listing::Streaming;
         loop {
-            let events = watcher(self.api.clone(), self.config.clone());
+            let events = watcher(self.api.clone(), listing.config(&self.config));
             let mut events = std::pin::pin!(events);
             while let Some(event) = events.next().await {
                 match event {
@@ -480,6 +485,11 @@ where
                             self.in_sync();
                             backoff.reset();
                         }
+                    }
+                    Err(e) if listing.refused(&e) => {
+                        listing = Listing::Paged;
+                        told_paged(self.what, &e);
+                        break;
                     }
                     Err(e) => {
                         self.fresh.store(false, Ordering::Release);
@@ -563,6 +573,67 @@ where
         if !self.fresh.swap(true, Ordering::AcqRel) {
             tracing::info!("{} cache in sync", self.what);
         }
+    }
+}
+
+/// How a cache lists, first and after each failed watch.
+///
+/// Streaming first: one watch that starts with every object as an event
+/// (`sendInitialEvents`, the API server's WatchList, on by default from
+/// Kubernetes 1.32), served from the API server's watch cache. A paged
+/// list with selectors costs the API server a scan of the whole kind per
+/// page, each page charged by priority and fairness as a list of the whole
+/// kind: a 10,000-node renewal wave relisted kubelet's CSRs in pages of 10
+/// ([`SMALL_PAGE`]), 1 to 12 s a page and every other one refused 429,
+/// and approved nothing in 8 minutes. A stream is parsed an event at a
+/// time, so one large object, not a page of them, is the most held at
+/// once, whatever the page size was chosen for.
+///
+/// Paged (the watch's own page size) once the API server refuses the
+/// stream: before 1.27 (`resourceVersionMatch` is refused for a watch), and
+/// from 1.27 to 1.31 or with the `WatchList` feature gate off
+/// (`sendInitialEvents` refused). Decided by the API server's answer, not
+/// its version: the gate can be off on any version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Listing {
+    Streaming,
+    Paged,
+}
+
+impl Listing {
+    fn config(self, config: &watcher::Config) -> watcher::Config {
+        match self {
+            Listing::Streaming => config.clone().streaming_lists(),
+            Listing::Paged => config.clone(),
+        }
+    }
+
+    /// Whether `error` is the API server refusing a streaming list: its
+    /// first watch refused as a bad request (400, 422). Any other failure
+    /// (no connection, 403, 410, 429, 5xx) is retried as it is.
+    fn refused(self, error: &watcher::Error) -> bool {
+        self == Listing::Streaming
+            && matches!(
+                error,
+                watcher::Error::WatchStartFailed(kube::Error::Api(status))
+                    if matches!(status.code, 400 | 422)
+            )
+    }
+}
+
+/// Says once per process, as a warning, that the API server refuses
+/// streaming lists (every cache learns it for itself; the rest say it at
+/// debug).
+fn told_paged(what: &str, error: &watcher::Error) {
+    static TOLD: AtomicBool = AtomicBool::new(false);
+    if TOLD.swap(true, Ordering::AcqRel) {
+        tracing::debug!(error = %error, "{what}: streaming list refused; listing in pages");
+    } else {
+        tracing::warn!(
+            error = %error,
+            "the API server refuses streaming lists (WatchList: off, or Kubernetes before 1.32); \
+             the caches list in pages, which a large cluster's API server serves slowly (docs/operations.md)"
+        );
     }
 }
 
@@ -742,6 +813,35 @@ mod tests {
             what: "test",
         };
         (tx, status)
+    }
+
+    fn start_refused(code: u16) -> watcher::Error {
+        let mut status = kube::core::Status::failure("refused", "Invalid");
+        status.code = code;
+        watcher::Error::WatchStartFailed(kube::Error::Api(status.boxed()))
+    }
+
+    #[test]
+    fn only_a_refused_stream_turns_to_pages() {
+        for code in [400, 422] {
+            assert!(Listing::Streaming.refused(&start_refused(code)));
+            assert!(
+                !Listing::Paged.refused(&start_refused(code)),
+                "already paged"
+            );
+        }
+        for code in [403, 410, 429, 500, 503] {
+            assert!(!Listing::Streaming.refused(&start_refused(code)), "{code}");
+        }
+        let mut gone = kube::core::Status::failure("too old", "Expired");
+        gone.code = 410;
+        assert!(!Listing::Streaming.refused(&watcher::Error::WatchError(gone.boxed())));
+        let config = watcher::Config::default().page_size(SMALL_PAGE);
+        assert_eq!(
+            Listing::Streaming.config(&config).initial_list_strategy,
+            watcher::InitialListStrategy::StreamingList
+        );
+        assert_eq!(Listing::Paged.config(&config), config);
     }
 
     #[tokio::test]

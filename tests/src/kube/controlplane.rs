@@ -353,6 +353,10 @@ pub fn apiserver_version_args(version: KubeVersion) -> Vec<String> {
     args
 }
 
+/// Names the API server's `--feature-gates` for every control plane of a
+/// run (e.g. `WatchList=false`), when set and not empty.
+pub const FEATURE_GATES_ENV: &str = "AUTONODE_KUBE_FEATURE_GATES";
+
 /// kube-controller-manager's flags that depend on its version.
 pub fn controller_manager_version_args(version: KubeVersion) -> Vec<String> {
     let mut args = Vec::new();
@@ -491,6 +495,13 @@ fn start_apiserver(
         "--v=1".into(),
     ];
     args.extend(apiserver_version_args(version));
+    // A run with some of the API server's features off (`WatchList=false`:
+    // a guest whose API server refuses streaming lists).
+    if let Ok(gates) = std::env::var(FEATURE_GATES_ENV) {
+        if !gates.is_empty() {
+            args.push(format!("--feature-gates={gates}"));
+        }
+    }
     Daemon::spawn(
         "kube-apiserver",
         &bin.join("kube-apiserver"),

@@ -555,6 +555,18 @@ impl TestServer {
         self.daemon.pid()
     }
 
+    /// Whether it leads now, as its `autonode_leader` gauge says.
+    pub async fn leads(&self) -> Result<bool> {
+        let metrics = http_get(&format!("{}/metrics", self.metrics_url()))
+            .await?
+            .1;
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with("autonode_leader "))
+            .context("no autonode_leader metric")?;
+        Ok(line.trim_start_matches("autonode_leader ").trim() == "1")
+    }
+
     /// A new serving key and certificate from `ca` (the `join_ca` it was
     /// started with) in place of its files, as a cert-manager renewal with
     /// `rotationPolicy: Always` (its default since v1.18) leaves them: read

@@ -337,7 +337,7 @@ async fn when_the_leader_stops_another_replica_takes_over() -> Result<()> {
         "takeover by the follower",
         Duration::from_secs(20),
         Duration::from_millis(200),
-        || async { Ok((leads(follower).await? == 1).then_some(())) },
+        || async { Ok(follower.leads().await?.then_some(())) },
     )
     .await?;
     // Joins keep working through the survivor.
@@ -456,18 +456,6 @@ pub(crate) async fn wait_condition(
     .await
 }
 
-/// `autonode_leader` of a server (1 leading, 0 not).
-async fn leads(server: &TestServer) -> Result<u8> {
-    let metrics = http_get(&format!("{}/metrics", server.metrics_url()))
-        .await?
-        .1;
-    let line = metrics
-        .lines()
-        .find(|l| l.starts_with("autonode_leader "))
-        .context("no autonode_leader metric")?;
-    Ok(line.trim_start_matches("autonode_leader ").trim().parse()?)
-}
-
 /// Index of the one server that leads, once exactly one does.
 async fn wait_leader(servers: &[&TestServer]) -> Result<usize> {
     poll::until(
@@ -477,7 +465,7 @@ async fn wait_leader(servers: &[&TestServer]) -> Result<usize> {
         || async {
             let mut leading = Vec::new();
             for (i, server) in servers.iter().enumerate() {
-                if leads(server).await? == 1 {
+                if server.leads().await? {
                     leading.push(i);
                 }
             }

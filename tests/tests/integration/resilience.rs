@@ -784,3 +784,74 @@ fn watch_failures(server: &TestServer) -> usize {
         .filter(|l| l.contains("watch failed"))
         .count()
 }
+
+/// A leader cut off from the API server (every byte between them held,
+/// nothing closed: its renewals hang unanswered) stops leading before the
+/// other replica takes the Lease over: never two leaders. Without the
+/// renew deadline the cut-off replica went on leading while its renewal
+/// hung, after the other had taken the Lease. Then, let through again, it
+/// stays a follower.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_the_api_server_stops_leading_before_another_takes_over() -> Result<()>
+{
+    let lease = vec!["--leader-lease=6".to_string()];
+    let world = World::start_with(&lease).await?;
+    let settings = cloud_settings(&world.cloud, &world.ec2);
+    let blip = Blip::start(world.cp.url()).await?;
+    let api_url = blip.url();
+    let cut_off = TestServer::launch(
+        &world.cp,
+        &settings,
+        &Setup {
+            api_url: Some(&api_url),
+            extra_args: &lease,
+            ..Setup::default()
+        },
+    )
+    .await?;
+    // The world's server gives the Lease up to the replica behind the
+    // relay, then the other starts.
+    world.server.kill();
+    poll::until(
+        "the replica behind the relay leads",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async { Ok(cut_off.leads().await?.then_some(())) },
+    )
+    .await?;
+    let other = TestServer::start(&world.cp, &settings, &lease).await?;
+    ensure!(!other.leads().await?, "two leaders before the cut");
+
+    blip.hold();
+    let held = Instant::now();
+    let (mut stopped, mut took_over) = (None, None);
+    while took_over.is_none() {
+        ensure!(
+            held.elapsed() < Duration::from_secs(30),
+            "no takeover 30 s after the cut; the cut-off replica stopped leading after {stopped:?}"
+        );
+        let (first, second) = (cut_off.leads().await?, other.leads().await?);
+        if !first && stopped.is_none() {
+            stopped = Some(held.elapsed());
+        }
+        if second {
+            took_over = Some(held.elapsed());
+        }
+        ensure!(
+            !(first && second),
+            "two leaders {:?} after the cut: the cut-off replica still leads",
+            held.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!("cut-off replica stopped leading {stopped:?} after the cut, the other took over at {took_over:?}");
+
+    blip.release();
+    // Three renewals' time (the Lease's 6 s): it has seen the other's Lease.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    ensure!(
+        (cut_off.leads().await?, other.leads().await?) == (false, true),
+        "let through again, the cut-off replica took the Lease back"
+    );
+    Ok(())
+}
