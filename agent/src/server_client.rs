@@ -106,13 +106,7 @@ impl ServerClient {
         let attempt = |_| self.join_attempt(request, &v1, attester, &v1_only, deadline);
         let answer = retry_observed(&RetryPolicy::JOIN, deadline, "join", attempt, observe)
             .await
-            .map_err(|e| match e {
-                RetryError::Fatal(e) => e,
-                RetryError::GaveUp { attempts, last } => JoinError::GaveUp {
-                    attempts,
-                    last: last.to_string(),
-                },
-            })?;
+            .map_err(settled)?;
         serde_json::from_slice(&answer).map_err(|e| JoinError::BadResponse(e.to_string()))
     }
 
@@ -193,13 +187,7 @@ impl ServerClient {
         let attempt = |_| self.attempt(path, body.clone(), deadline.clamp(per_try));
         retry_observed(policy, deadline, &what, attempt, observe)
             .await
-            .map_err(|e| match e {
-                RetryError::Fatal(e) => e,
-                RetryError::GaveUp { attempts, last } => JoinError::GaveUp {
-                    attempts,
-                    last: last.to_string(),
-                },
-            })
+            .map_err(settled)
     }
 
     async fn attempt(&self, path: &str, body: Bytes, limit: Duration) -> Attempt<Bytes, JoinError> {
@@ -271,6 +259,17 @@ impl ServerClient {
                 reason: e.to_string(),
             })?;
         http::send(tls, request, MAX_RESPONSE).await
+    }
+}
+
+/// The error retries ended with.
+fn settled(e: RetryError<JoinError>) -> JoinError {
+    match e {
+        RetryError::Fatal(e) => e,
+        RetryError::GaveUp { attempts, last } => JoinError::GaveUp {
+            attempts,
+            last: last.to_string(),
+        },
     }
 }
 

@@ -210,8 +210,10 @@ async fn route(
     let path = req.uri().path().to_string();
     let (ip, id) = (peer.ip(), request_id.as_str());
     let reply = match (req.method(), path.as_str()) {
-        (&Method::POST, JOIN_PATH) => handle_join(&api, ip, &ticket, id, req).await,
-        (&Method::POST, JOIN_V2_PATH) => handle_join_v2(&api, ip, &ticket, id, req).await,
+        (&Method::POST, JOIN_PATH) => handle_join::<JoinRequest>(&api, ip, &ticket, id, req).await,
+        (&Method::POST, JOIN_V2_PATH) => {
+            handle_join::<JoinRequestV2>(&api, ip, &ticket, id, req).await
+        }
         (&Method::POST, CHALLENGE_PATH) => closing(handle_challenge(&api, ip, id, req).await),
         (&Method::POST, REPORT_PATH) => handle_report(&api, ip, &ticket, id, req).await,
         (_, JOIN_PATH | JOIN_V2_PATH | CHALLENGE_PATH | REPORT_PATH) => {
@@ -248,35 +250,40 @@ async fn handle_challenge(
     json(StatusCode::OK, &api.join.attestation.challenge(now))
 }
 
-/// A `/v1` join: one without attestation evidence.
-async fn handle_join(
-    api: &Api,
-    peer: IpAddr,
-    ticket: &Ticket,
-    request_id: &str,
-    req: Request<Incoming>,
-) -> Reply {
-    let request: JoinRequest = match read_json(api, peer, req, request_id).await {
-        Ok(request) => request,
-        Err(reply) => return closing(reply),
-    };
-    join_request(api, peer, ticket, request_id, request, None).await
+/// A join message: `/v1`'s, or `/v2`'s with its attestation evidence.
+trait JoinMessage: serde::de::DeserializeOwned {
+    /// The join, and the evidence (`None` for `/v1`).
+    fn split(self) -> (JoinRequest, Option<Attestation>);
 }
 
-/// A `/v2` join: a `/v1` join with its attestation evidence.
-async fn handle_join_v2(
+impl JoinMessage for JoinRequest {
+    fn split(self) -> (JoinRequest, Option<Attestation>) {
+        (self, None)
+    }
+}
+
+impl JoinMessage for JoinRequestV2 {
+    fn split(self) -> (JoinRequest, Option<Attestation>) {
+        let (request, evidence) = JoinRequestV2::split(self);
+        (request, Some(evidence))
+    }
+}
+
+/// A join through `/v1` or `/v2` (`M`): the body read and parsed, then
+/// [`join_request`].
+async fn handle_join<M: JoinMessage>(
     api: &Api,
     peer: IpAddr,
     ticket: &Ticket,
     request_id: &str,
     req: Request<Incoming>,
 ) -> Reply {
-    let request: JoinRequestV2 = match read_json(api, peer, req, request_id).await {
-        Ok(request) => request,
+    let message: M = match read_json(api, peer, req, request_id).await {
+        Ok(message) => message,
         Err(reply) => return closing(reply),
     };
-    let (request, evidence) = request.split();
-    join_request(api, peer, ticket, request_id, request, Some(evidence)).await
+    let (request, evidence) = message.split();
+    join_request(api, peer, ticket, request_id, request, evidence).await
 }
 
 /// A join: admission (body, parse, verify) with no permit held, then a
