@@ -90,8 +90,11 @@ impl ServerClient {
     /// Asks to join, retrying transient failures until `deadline`;
     /// `observe` hears of each failed attempt that will be retried. Each
     /// attempt asks for a fresh challenge and attests with `attester`
-    /// (`/v2`); a server that has no challenge (404: before 0.3.0) is
-    /// joined through `/v1`, without evidence, from then on.
+    /// (`/v2`). Where `/v2` is answered 404 (a server of before 0.3.0, or
+    /// one of its replicas behind the same address during a rolling
+    /// upgrade) that attempt joins through `/v1`, without evidence; the
+    /// next asks for a challenge again, so a replica of this release is
+    /// attested to whenever one answers.
     pub async fn join(
         &self,
         request: &JoinRequest,
@@ -102,8 +105,8 @@ impl ServerClient {
         let v1 = Bytes::from(
             serde_json::to_vec(request).map_err(|e| JoinError::BadResponse(e.to_string()))?,
         );
-        let v1_only = Cell::new(false);
-        let attempt = |_| self.join_attempt(request, &v1, attester, &v1_only, deadline);
+        let told = Cell::new(false);
+        let attempt = |_| self.join_attempt(request, &v1, attester, &told, deadline);
         let answer = retry_observed(&RetryPolicy::JOIN, deadline, "join", attempt, observe)
             .await
             .map_err(settled)?;
@@ -111,31 +114,31 @@ impl ServerClient {
     }
 
     /// One join attempt: challenge, evidence, `/v2` join; or the `/v1`
-    /// join for a server without challenges.
+    /// join where `/v2` is not served (`told`: whether that was logged).
     async fn join_attempt(
         &self,
         request: &JoinRequest,
         v1: &Bytes,
         attester: &Attester<'_>,
-        v1_only: &Cell<bool>,
+        told: &Cell<bool>,
         deadline: &Deadline,
     ) -> Attempt<Bytes, JoinError> {
-        if !v1_only.get() {
-            let asked = ChallengeRequest {
-                agent_version: request.agent_version.clone(),
-            };
-            let body = Bytes::from(serde_json::to_vec(&asked).unwrap_or_default());
-            let limit = deadline.clamp(JOIN_TRY_TIMEOUT);
-            match self.attempt(CHALLENGE_PATH, body, limit).await {
-                Attempt::Done(answer) => {
-                    return self.attested(request, &answer, attester, deadline).await
+        let asked = ChallengeRequest {
+            agent_version: request.agent_version.clone(),
+        };
+        let body = Bytes::from(serde_json::to_vec(&asked).unwrap_or_default());
+        let limit = deadline.clamp(JOIN_TRY_TIMEOUT);
+        let attested = match self.attempt(CHALLENGE_PATH, body, limit).await {
+            Attempt::Done(answer) => self.attested(request, &answer, attester, deadline).await,
+            other => other,
+        };
+        match attested {
+            Attempt::Fatal(JoinError::Refused { status: 404, .. }) => {
+                if !told.replace(true) {
+                    log::info!("the server has no /v2 (a server of before 0.3.0): joining through {JOIN_PATH}, without attestation");
                 }
-                Attempt::Fatal(JoinError::Refused { status: 404, .. }) => {
-                    log::info!("the server has no {CHALLENGE_PATH} (a server of before 0.3.0): joining through {JOIN_PATH}, without attestation");
-                    v1_only.set(true);
-                }
-                other => return other,
             }
+            other => return other,
         }
         self.attempt(JOIN_PATH, v1.clone(), deadline.clamp(JOIN_TRY_TIMEOUT))
             .await

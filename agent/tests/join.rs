@@ -49,10 +49,22 @@ fn pki() -> Pki {
     }
 }
 
+/// Which release the scripted server plays.
+#[derive(Clone, Copy, PartialEq)]
+enum Release {
+    /// This one: `/v2/challenge` and `/v2/join`.
+    This,
+    /// One of before 0.3.0: no `/v2` (404).
+    Before,
+    /// A rolling upgrade: challenges answered, `/v2/join` not (the join
+    /// reached an older replica).
+    Rolling,
+}
+
 /// Answers the n-th join with `script[n]` (the last one repeats), as a
 /// server of this release: a challenge first (not counted).
 async fn serve(pki: &Pki, script: Vec<(u16, Option<&'static str>)>) -> (String, Arc<AtomicU32>) {
-    let (url, count, _) = serve_as(pki, script, true).await;
+    let (url, count, _) = serve_as(pki, script, Release::This).await;
     (url, count)
 }
 
@@ -61,12 +73,11 @@ type Seen = Arc<Mutex<Vec<(String, serde_json::Value)>>>;
 /// The status (and `Retry-After`) of each join, in order.
 type Script = Arc<Vec<(u16, Option<&'static str>)>>;
 
-/// [`serve`], as a server of this release (`challenges`) or of before
-/// 0.3.0 (no `/v2`: 404); also what it was sent.
+/// [`serve`], as a server of `release`; also what it was sent.
 async fn serve_as(
     pki: &Pki,
     script: Vec<(u16, Option<&'static str>)>,
-    challenges: bool,
+    release: Release,
 ) -> (String, Arc<AtomicU32>, Seen) {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ServerConfig::builder_with_provider(provider)
@@ -94,7 +105,7 @@ async fn serve_as(
                         async move {
                             let path = request.uri().path().to_string();
                             let body = request.into_body().collect().await?.to_bytes();
-                            Ok::<_, hyper::Error>(respond(&state, challenges, path, &body))
+                            Ok::<_, hyper::Error>(respond(&state, release, path, &body))
                         }
                     });
                 let _ = hyper::server::conn::http1::Builder::new()
@@ -109,14 +120,14 @@ async fn serve_as(
 /// One answer of the scripted server.
 fn respond(
     (counter, script, seen): &(Arc<AtomicU32>, Script, Seen),
-    challenges: bool,
+    release: Release,
     path: String,
     body: &[u8],
 ) -> Response<Full<Bytes>> {
     let value: serde_json::Value = serde_json::from_slice(body).expect("JSON");
     seen.lock().unwrap().push((path.clone(), value));
     match path.as_str() {
-        CHALLENGE_PATH if challenges => {
+        CHALLENGE_PATH if release != Release::Before => {
             let _: ChallengeRequest = serde_json::from_slice(body).expect("a ChallengeRequest");
             let nonce = ChallengeResponse {
                 nonce: "bm9uY2U=".into(),
@@ -127,6 +138,7 @@ fn respond(
             *reply.status_mut() = StatusCode::OK;
             reply
         }
+        JOIN_V2_PATH if release != Release::This => answer(404, None),
         JOIN_PATH | JOIN_V2_PATH => {
             if path == JOIN_PATH {
                 let _: JoinRequest = serde_json::from_slice(body).expect("a JoinRequest");
@@ -290,7 +302,7 @@ async fn a_server_without_the_pinned_ca_is_never_trusted() {
 #[tokio::test]
 async fn a_server_of_this_release_is_challenged_and_joined_through_v2_with_the_evidence() {
     let pki = pki();
-    let (url, count, seen) = serve_as(&pki, vec![(503, None), (200, None)], true).await;
+    let (url, count, seen) = serve_as(&pki, vec![(503, None), (200, None)], Release::This).await;
     let deadline = Deadline::after(Duration::from_secs(20));
     let answer = client(&url, pin(&pki))
         .join(&request(), &no_tpm(), &deadline, |_| {})
@@ -311,9 +323,9 @@ async fn a_server_of_this_release_is_challenged_and_joined_through_v2_with_the_e
 }
 
 #[tokio::test]
-async fn a_server_of_before_the_challenge_is_joined_through_v1_without_asking_again() {
+async fn a_server_of_before_the_challenge_is_joined_through_v1_and_asked_again_next_time() {
     let pki = pki();
-    let (url, count, seen) = serve_as(&pki, vec![(503, None), (200, None)], false).await;
+    let (url, count, seen) = serve_as(&pki, vec![(503, None), (200, None)], Release::Before).await;
     let deadline = Deadline::after(Duration::from_secs(20));
     let answer = client(&url, pin(&pki))
         .join(&request(), &no_tpm(), &deadline, |_| {})
@@ -322,10 +334,36 @@ async fn a_server_of_before_the_challenge_is_joined_through_v1_without_asking_ag
     assert_eq!(count.load(Ordering::SeqCst), 2);
     let seen = seen.lock().unwrap().clone();
     let paths: Vec<&str> = seen.iter().map(|(p, _)| p.as_str()).collect();
-    assert_eq!(paths, [CHALLENGE_PATH, JOIN_PATH, JOIN_PATH]);
+    // Asked again: the next try may reach a replica of this release.
+    assert_eq!(
+        paths,
+        [CHALLENGE_PATH, JOIN_PATH, CHALLENGE_PATH, JOIN_PATH]
+    );
     assert_eq!(
         seen[1].1,
         serde_json::to_value(request()).unwrap(),
         "the /v1 request as before"
     );
+}
+
+/// During a rolling upgrade the challenge may come from a replica of this
+/// release and the join reach an older one: the same attempt then joins
+/// through `/v1` rather than giving up on the 404.
+#[tokio::test]
+async fn a_v2_join_answered_404_by_an_older_replica_joins_through_v1_in_the_same_attempt() {
+    let pki = pki();
+    let (url, count, seen) = serve_as(&pki, vec![(200, None)], Release::Rolling).await;
+    let deadline = Deadline::after(Duration::from_secs(20));
+    let answer = client(&url, pin(&pki))
+        .join(&request(), &no_tpm(), &deadline, |_| {})
+        .await;
+    assert_eq!(answer.unwrap(), join_response());
+    assert_eq!(
+        count.load(Ordering::SeqCst),
+        1,
+        "one join counted: the /v1 one"
+    );
+    let seen = seen.lock().unwrap().clone();
+    let paths: Vec<&str> = seen.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(paths, [CHALLENGE_PATH, JOIN_V2_PATH, JOIN_PATH]);
 }
