@@ -138,3 +138,9 @@ pub async fn watch_policy(attestation: Arc<Attestation>, mut file: PolicyFile) {
         }
     }
 }
+
+/// Lowercase hex: what operators compare PCRs in, and the nonce's MACed
+/// text.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

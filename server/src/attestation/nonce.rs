@@ -15,6 +15,7 @@
 //! private halves the replayer does not hold (a CSR is signed by its key),
 //! so what it could win is certificates it cannot use (docs/design.md).
 
+use super::hex;
 use crate::kube::seal::StateKey;
 use crate::primitives::bounded::Bounded;
 use base64::Engine;
@@ -129,10 +130,6 @@ impl Nonces {
             .decode(mac)
             .unwrap_or_default()
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]

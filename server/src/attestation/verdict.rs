@@ -234,13 +234,7 @@ fn pinned_pcrs(policy: &ClassPolicy, doc: &Document) -> String {
         .flat_map(|m| m.pcrs.keys().copied())
         .collect();
     let shown = pinned.iter().map(|i| match doc.pcrs.get(i) {
-        Some(value) => format!(
-            "{i}={}…",
-            value[..4]
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect::<String>()
-        ),
+        Some(value) => format!("{i}={}…", super::hex(&value[..4])),
         None => format!("{i}=absent"),
     });
     shown.collect::<Vec<_>>().join(" ")
