@@ -9,7 +9,7 @@
 //! | cache | built in | runs | read by |
 //! |---|---|---|---|
 //! | NodeClaims | [`NodeClaims::start`] (from `serve`) | every replica | the join and reports; here, the feedback controller (store and changes) and the upkeep's rollout guard |
-//! | Nodes | here, [`Leader::run`] | the leader | the approver and the feedback controller ([`cache::strip_node`] keeps what both read) |
+//! | Nodes | here, [`Leader::run`] | the leader | the approver and the feedback controller ([`crate::kube::node::Node`] is what both read, parsed as such) |
 //! | autonode's CSRs, by label | [`crate::kube::issuer::Issuer::start`] | every replica | the join, waiting for its certificates |
 //! | kubelet's CSRs, one per signer | [`approver::run`] | the leader | the approver only |
 //! | EC2NodeClasses, stripped; Ignition ConfigMaps and Secrets | [`crate::join::render::inputs::NodeConfig::start`] | every replica | the join's render |
@@ -31,15 +31,15 @@
 //! that stops leading drops it, and every leader-only watch with it (the
 //! approver and the upkeep poll their own caches' watches inside theirs).
 
-use crate::kube::cache::{self, Cache};
+use crate::kube::cache::Cache;
 use crate::kube::events::Events;
 use crate::kube::metrics::Metrics;
+use crate::kube::node::Node;
 use crate::kube::nodeclaim::NodeClaims;
 use crate::primitives::clock::Clock;
 use crate::{
     controllers::approver, controllers::capacity, controllers::feedback, controllers::nodeclass,
 };
-use k8s_openapi::api::core::v1::Node;
 use kube::{Api, Client};
 
 /// What the leader runs.
@@ -65,7 +65,7 @@ impl Leader {
     /// dropped (leadership lost) or their streams end.
     pub async fn run(self) {
         let nodes_api: Api<Node> = Api::all(self.client.clone());
-        let (nodes, watching_nodes) = Cache::new(nodes_api, "Node", cache::strip_node);
+        let (nodes, watching_nodes) = Cache::new(nodes_api, "Node", |_| {});
         let approver = {
             let (client, store) = (self.client.clone(), nodes.store.clone());
             async move {

@@ -26,6 +26,10 @@ const CONTENT_TYPE: &str = "application/x-www-form-urlencoded; charset=utf-8";
 const MAX_RESPONSE_BYTES: usize = 1024 * 1024;
 /// Idle pooled connections are closed before EC2's load balancers would.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(20);
+/// Idle connections kept for reuse. hyper keeps every one by default: after
+/// a renewal wave the leader held a connection (and its buffers) for each
+/// lookup that had run at once, until the idle timeout.
+const POOL_MAX_IDLE: usize = 8;
 
 /// Where requests for a region go: the override, or EC2's regional endpoint.
 #[derive(Clone, Debug)]
@@ -192,6 +196,7 @@ impl HttpClient {
             .wrap_connector(tcp);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .pool_max_idle_per_host(POOL_MAX_IDLE)
             .build(https);
         Ok(Self(client))
     }

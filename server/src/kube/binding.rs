@@ -22,8 +22,8 @@
 
 use crate::kube::karpenter::{parse_aws_provider_id, NodeClaim};
 use crate::kube::marks;
+use crate::kube::node::Node;
 use autonode_shared::csr::Purpose;
-use k8s_openapi::api::core::v1::Node;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::ResourceExt;
 use serde::{Deserialize, Serialize};
@@ -104,7 +104,7 @@ pub fn is_its_node(claim: &NodeClaim, record: &Record, node: &Node) -> bool {
     let Some(provider_id) = claim.provider_id() else {
         return false;
     };
-    let node_provider_id = node.spec.as_ref().and_then(|s| s.provider_id.as_deref());
+    let node_provider_id = node.provider_id();
     let named = claim.status.as_ref().and_then(|s| s.node_name.as_deref());
     node.name_any() == record.node_name
         && node_provider_id == Some(provider_id)

@@ -37,7 +37,6 @@
 use crate::kube::index::Index;
 use crate::primitives::backoff::WatchBackoff;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::reflector::{self, Store};
@@ -67,9 +66,6 @@ pub const SMALL_PAGE: u32 = 10;
 /// Changes a controller may fall behind by before it is handed the whole
 /// store again (see [`Cache::changes`]). Held only while a controller reads.
 const CHANGES_BUFFER: usize = 1024;
-/// The longest `spec.providerID` kept of a Node. An AWS one
-/// (`aws:///<zone>/<instance>`) is under 64 bytes; a node writes its own.
-pub const MAX_PROVIDER_ID: usize = 256;
 
 /// A cache of `K`, kept by a background task.
 pub struct Cache<K>
@@ -701,109 +697,10 @@ pub fn identity_only(meta: &mut ObjectMeta) {
     *meta = identity.into();
 }
 
-/// What the approver and the feedback controller keep of a Node (they read
-/// the leader's one Node cache): its name, UID and creation time (the
-/// `registered` milestone), `spec.providerID` (when it is of a sane length)
-/// and whether it is Ready, with the Ready condition's last transition (the
-/// `ready` milestone), and of `status.allocatable` the resources the
-/// capacity check compares ([`crate::primitives::quantity::Resource`]), each of a sane length. A
-/// node writes its own Node, status included: its images, annotations,
-/// labels, conditions and extended resources are as large as it likes.
-pub fn strip_node(node: &mut Node) {
-    identity_only(&mut node.metadata);
-    let provider_id = node
-        .spec
-        .take()
-        .and_then(|spec| spec.provider_id)
-        .filter(|id| id.len() <= MAX_PROVIDER_ID);
-    node.spec = Some(NodeSpec {
-        provider_id,
-        ..NodeSpec::default()
-    });
-    let status = node.status.take().unwrap_or_default();
-    let allocatable = status.allocatable.map(|mut all| {
-        all.retain(|resource, value| {
-            crate::primitives::quantity::Resource::ALL
-                .iter()
-                .any(|r| r.name() == resource.as_str())
-                && value.0.len() <= crate::primitives::quantity::MAX_LEN
-        });
-        all
-    });
-    let ready = status
-        .conditions
-        .and_then(|conditions| conditions.into_iter().find(|c| c.type_ == "Ready"))
-        .map(|c| NodeCondition {
-            type_: c.type_,
-            status: c.status,
-            last_transition_time: c.last_transition_time,
-            ..NodeCondition::default()
-        });
-    node.status = Some(NodeStatus {
-        conditions: ready.map(|c| vec![c]),
-        allocatable: allocatable.filter(|a| !a.is_empty()),
-        ..NodeStatus::default()
-    });
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
     use std::time::Duration;
-
-    #[test]
-    fn a_node_keeps_its_name_provider_id_readiness_and_allocatable_only() {
-        let big = "x".repeat(100_000);
-        let mut node: Node = serde_json::from_value(json!({
-            "metadata": {
-                "name": "n1", "uid": "u1",
-                "annotations": {"a": big}, "labels": {"l": "v"},
-                "managedFields": [{"manager": "kubelet"}],
-            },
-            "spec": {"providerID": "aws:///us-west-2a/i-1", "podCIDR": "10.0.0.0/24"},
-            "status": {
-                "conditions": [
-                    {"type": "MemoryPressure", "status": "False", "message": big},
-                    {"type": "Ready", "status": "True", "message": big},
-                ],
-                "images": [{"names": [big], "sizeBytes": 1}],
-                "allocatable": {
-                    "cpu": "3920m", "memory": "15Gi", "pods": "110",
-                    "ephemeral-storage": big, "example.com/big": "1",
-                },
-                "capacity": {"cpu": "4"},
-            },
-        }))
-        .unwrap();
-        strip_node(&mut node);
-        let kept = serde_json::to_value(&node).unwrap();
-        assert_eq!(
-            kept,
-            json!({
-                "apiVersion": "v1", "kind": "Node",
-                "metadata": {"name": "n1", "uid": "u1"},
-                "spec": {"providerID": "aws:///us-west-2a/i-1"},
-                "status": {
-                    "conditions": [{"type": "Ready", "status": "True"}],
-                    "allocatable": {"cpu": "3920m", "memory": "15Gi", "pods": "110"},
-                },
-            })
-        );
-    }
-
-    #[test]
-    fn an_overlong_provider_id_is_not_kept() {
-        let mut node = Node {
-            spec: Some(NodeSpec {
-                provider_id: Some("a".repeat(MAX_PROVIDER_ID + 1)),
-                ..NodeSpec::default()
-            }),
-            ..Node::default()
-        };
-        strip_node(&mut node);
-        assert_eq!(node.spec.and_then(|s| s.provider_id), None);
-    }
 
     fn status() -> (watch::Sender<bool>, Status) {
         let (tx, listed) = watch::channel(false);

@@ -16,6 +16,7 @@ pub mod issuer;
 pub mod karpenter;
 pub mod marks;
 pub mod metrics;
+pub mod node;
 pub mod nodeclaim;
 pub mod reason;
 pub mod reuse;

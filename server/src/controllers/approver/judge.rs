@@ -42,9 +42,8 @@ pub(super) async fn judge(
         .get(&ObjectRef::new(node))
         .ok_or_else(|| Decline::NoNode(node.to_string()))?;
     let provider_id = node_obj
-        .spec
-        .as_ref()
-        .and_then(|s| s.provider_id.clone())
+        .provider_id()
+        .map(str::to_string)
         .ok_or_else(|| Decline::NoProviderId(node.to_string()))?;
     let (_zone, instance_id) = parse_aws_provider_id(&provider_id)
         .ok_or_else(|| Decline::NoProviderId(node.to_string()))?;

@@ -43,6 +43,7 @@ use crate::ec2::{InstanceLookup, LookupCache};
 use crate::kube::approval::ApprovalError;
 use crate::kube::events::Events;
 use crate::kube::metrics::Metrics;
+use crate::kube::node::Node;
 use crate::kube::nodeclaim::NodeClaims;
 use crate::primitives::clock::Clock;
 use crate::primitives::limiter::Limiter;
@@ -51,7 +52,6 @@ use autonode_shared::csr::{self, Purpose};
 use futures::{Stream, StreamExt};
 use index::ByNode;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
-use k8s_openapi::api::core::v1::Node;
 use kube::runtime::controller::{self, applier, trigger_self, Action};
 use kube::runtime::reflector::Store;
 use kube::{Api, Client};
@@ -60,6 +60,16 @@ use std::sync::Arc;
 use std::time::Duration;
 use store::{count_pending, kubelet_csrs};
 use thiserror::Error;
+
+/// CSRs of one signer judged at once. kube-runtime's default is no limit:
+/// a new leader among 3,000 nodes judged every pending renewal at once,
+/// each judgement holding its own connection to the API server (and to
+/// EC2) open, so the leader's memory grew with the fleet (about 5 MiB of
+/// connection buffers per 1,000 nodes, docs/benchmarks.md) and its
+/// approvals met the API server's fairness limits all together. 32 at
+/// once, at tens of milliseconds a judgement, is still hundreds of
+/// approvals a second per signer.
+pub const JUDGED_AT_ONCE: u16 = 32;
 
 /// CSRs one requester may have pending or approved within
 /// [`RECENT_WINDOW`] before more are left alone. A kubelet makes one client
@@ -221,7 +231,7 @@ fn judging(
         ctx,
         store,
         trigger_self(csrs, ()),
-        controller::Config::default(),
+        controller::Config::default().concurrency(JUDGED_AT_ONCE),
     )
     .map(|result| result.map(|_| ()).map_err(|e| e.to_string()))
 }

@@ -36,8 +36,8 @@ pub use crate::primitives::quantity::{
 use crate::kube::events::Events;
 use crate::kube::karpenter::{Ec2NodeClass, NodeClaim};
 use crate::kube::metrics::{CapacityLabels, Metrics};
+use crate::kube::node::Node;
 use crate::kube::reason::Reason;
-use k8s_openapi::api::core::v1::Node;
 use kube::{Api, Client, Resource as _, ResourceExt};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -150,14 +150,8 @@ pub fn shortfalls(
 
 /// The compared resources of a Node's `status.allocatable`.
 pub fn node_allocatable(node: &Node) -> BTreeMap<String, String> {
-    let allocatable = node.status.as_ref().and_then(|s| s.allocatable.as_ref());
-    Resource::ALL
-        .into_iter()
-        .filter_map(|r| {
-            let value = allocatable?.get(r.name())?;
-            Some((r.name().to_string(), value.0.clone()))
-        })
-        .collect()
+    // Only those are kept of a Node (crate::kube::node).
+    node.status.allocatable.clone()
 }
 
 /// What the operator is told about `found` on the Node `node` of a

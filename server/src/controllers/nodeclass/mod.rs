@@ -90,6 +90,12 @@ pub use crate::kube::marks::{FIELD_MANAGER, HANDOVER_MANAGER};
 /// The `amiFamily` under which Karpenter passes userData verbatim.
 pub const AMI_FAMILY: &str = "Custom";
 
+/// EC2NodeClasses kept at once. A class editor may make a class large (up
+/// to the API server's object limit) and classes many: each reconcile
+/// holds its class's rendered userData and an API request, so they are
+/// bounded like every loop the server drives.
+const KEPT_AT_ONCE: u16 = 4;
+
 /// `metadataOptions.httpTokens` kept: IMDSv2 only, every read needs a token.
 pub const HTTP_TOKENS: &str = "required";
 /// `metadataOptions.httpPutResponseHopLimit` kept: a token's answer reaches
@@ -221,7 +227,7 @@ pub async fn run(client: Client, settings: Settings, claims: NodeClaims) {
         trigger_self(classes.changes().map(Ok::<_, Infallible>), ()),
         claim_wakes(&claims),
     );
-    let config = controller::Config::default();
+    let config = controller::Config::default().concurrency(KEPT_AT_ONCE);
     let reconciler = |class, ctx| Box::pin(reconcile::reconcile(class, ctx));
     let controller =
         applier(reconciler, error_policy, ctx, classes.store, queue, config).for_each(|result| {
