@@ -13,9 +13,17 @@
 //! Memory is bounded twice, by the server's one bounded map: entries expire
 //! after the TTL, and the map never holds more than its capacity (expired
 //! entries go first, then the least recently used).
+//!
+//! A question asked while EC2 is being asked the same one waits for that
+//! answer rather than asking again: a node's two CSRs, judged at the same
+//! moment, both missed the cache and made two calls (6,076 for 3,000 nodes
+//! in a renewal wave, docs/benchmarks.md). What waits is bounded by the
+//! callers, each waiting on one lookup.
 
 use super::{Ec2Instance, InstanceLookup, LookupError, LookupFuture};
 use crate::primitives::bounded::Bounded;
+use futures::future::{BoxFuture, FutureExt, Shared};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -28,12 +36,16 @@ struct Entry {
     stored: Instant,
 }
 
+/// A lookup on its way to EC2, which every caller asking the same may await.
+type Asking = Shared<BoxFuture<'static, Result<Ec2Instance, LookupError>>>;
+
 /// An [`InstanceLookup`] that remembers successful answers for `ttl`.
 pub struct LookupCache {
     inner: Arc<dyn InstanceLookup>,
     ttl: Duration,
     capacity: usize,
     entries: Mutex<Bounded<Key, Entry>>,
+    asking: Mutex<HashMap<Key, Asking>>,
 }
 
 impl LookupCache {
@@ -45,6 +57,7 @@ impl LookupCache {
             capacity,
             // An entry unused for the TTL is older than the TTL too.
             entries: Mutex::new(Bounded::new(ttl, capacity)),
+            asking: Mutex::default(),
         }
     }
 
@@ -54,15 +67,40 @@ impl LookupCache {
         self.cached_at(region, instance_id, Instant::now())
     }
 
-    /// Asks EC2 (always) and keeps a successful answer.
+    /// Asks EC2 (or waits for the same question already asked of it) and
+    /// keeps a successful answer.
     pub async fn refresh(
         &self,
         region: &str,
         instance_id: &str,
     ) -> Result<Ec2Instance, LookupError> {
-        let instance = self.inner.describe_instance(region, instance_id).await?;
+        let key = (region.to_string(), instance_id.to_string());
+        let asking = self.ask(&key);
+        let answer = asking.clone().await;
+        {
+            let mut all = self.asking.lock().unwrap_or_else(PoisonError::into_inner);
+            // Only this question's: a later one may have begun since.
+            if all.get(&key).is_some_and(|a| a.ptr_eq(&asking)) {
+                all.remove(&key);
+            }
+        }
+        let instance = answer?;
         self.insert_at(region, instance_id, instance.clone(), Instant::now());
         Ok(instance)
+    }
+
+    /// The lookup of `key` on its way to EC2, begun now if there is none.
+    fn ask(&self, key: &Key) -> Asking {
+        let mut all = self.asking.lock().unwrap_or_else(PoisonError::into_inner);
+        all.entry(key.clone())
+            .or_insert_with(|| {
+                let inner = self.inner.clone();
+                let (region, instance_id) = key.clone();
+                async move { inner.describe_instance(&region, &instance_id).await }
+                    .boxed()
+                    .shared()
+            })
+            .clone()
     }
 
     /// How many answers are kept (expired ones included until evicted).
@@ -167,6 +205,51 @@ mod tests {
         // Another region is another instance.
         cache.describe_instance("eu-west-1", "i-1").await.unwrap();
         assert_eq!(ec2.0.load(Ordering::SeqCst), 2);
+    }
+
+    /// Answers after a pause, counting the calls.
+    #[derive(Default)]
+    struct Slow(AtomicUsize);
+
+    impl InstanceLookup for Slow {
+        fn describe_instance<'a>(&'a self, _: &'a str, id: &'a str) -> LookupFuture<'a> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async move {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                if id == "i-gone" {
+                    return Err(LookupError::NotFound {
+                        instance_id: id.to_string(),
+                    });
+                }
+                Ok(instance(id))
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn questions_asked_while_ec2_is_asked_the_same_share_its_answer() {
+        let ec2 = Arc::new(Slow::default());
+        let cache = LookupCache::new(ec2.clone(), Duration::from_secs(60), 10);
+        let (a, b, c) = tokio::join!(
+            cache.refresh("r", "i-1"),
+            cache.refresh("r", "i-1"),
+            cache.refresh("r", "i-2"),
+        );
+        assert_eq!(a.unwrap().instance_id, "i-1");
+        assert_eq!(b.unwrap().instance_id, "i-1");
+        assert_eq!(c.unwrap().instance_id, "i-2");
+        assert_eq!(ec2.0.load(Ordering::SeqCst), 2, "one call an instance");
+        // A failure is shared too, and not kept: the next question asks again.
+        let (x, y) = tokio::join!(cache.refresh("r", "i-gone"), cache.refresh("r", "i-gone"));
+        assert!(matches!(x, Err(LookupError::NotFound { .. })));
+        assert!(matches!(y, Err(LookupError::NotFound { .. })));
+        assert_eq!(ec2.0.load(Ordering::SeqCst), 3);
+        assert!(cache.refresh("r", "i-gone").await.is_err());
+        assert_eq!(ec2.0.load(Ordering::SeqCst), 4);
+        // Nothing left waiting, and a later refresh asks EC2 again.
+        assert!(cache.asking.lock().unwrap().is_empty());
+        cache.refresh("r", "i-1").await.unwrap();
+        assert_eq!(ec2.0.load(Ordering::SeqCst), 5);
     }
 
     #[test]

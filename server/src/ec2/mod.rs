@@ -97,7 +97,7 @@ impl InstanceState {
 }
 
 /// Why a lookup gave no instance.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum LookupError {
     /// EC2 does not know the instance (or the ID is not an instance ID).
     #[error("instance {instance_id} not found")]
