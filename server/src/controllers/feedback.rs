@@ -56,7 +56,7 @@ use crate::kube::events::Events;
 use crate::kube::karpenter::NodeClaim;
 use crate::kube::marks;
 use crate::kube::metrics::Metrics;
-use crate::kube::node::{Node, Ready};
+use crate::kube::node::Node;
 use crate::kube::nodeclaim::{pending, Milestone, NodeClaims};
 use crate::kube::reason::Reason;
 use crate::primitives::bounded::Bounded;
@@ -374,10 +374,6 @@ pub fn stage(claim: &NodeClaim, node: Option<&Node>) -> Stage {
     }
 }
 
-fn ready_condition(node: &Node) -> Option<&Ready> {
-    node.status.ready.as_ref()
-}
-
 /// The condition autonode wants on the NodeClaim at this stage.
 pub fn desired(stage: Stage, claim: &NodeClaim, clock: Clock) -> Desired {
     let (status, reason, message) = match stage {
@@ -447,7 +443,10 @@ impl NodeTimes {
     fn of(node: &Node) -> Self {
         NodeTimes {
             registered: node.metadata.creation_timestamp.as_ref().map(|t| t.0),
-            ready: ready_condition(node)
+            ready: node
+                .status
+                .ready
+                .as_ref()
                 .and_then(|c| c.last_transition_time.as_ref())
                 .map(|t| t.0),
         }

@@ -14,9 +14,7 @@ use crate::kube::cache::Identity;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::ByteString;
-use kube::core::{ClusterResourceScope, Resource};
 use serde::Deserialize;
-use std::borrow::Cow;
 
 /// Where a CSR stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,29 +114,13 @@ pub fn of(csr: &CertificateSigningRequest) -> Outcome {
     .outcome()
 }
 
-impl Resource for CsrOutcome {
-    type DynamicType = ();
-    type Scope = ClusterResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        "CertificateSigningRequest".into()
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        "certificates.k8s.io".into()
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        "v1".into()
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        "certificatesigningrequests".into()
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+cluster_resource!(
+    CsrOutcome,
+    "CertificateSigningRequest",
+    "certificates.k8s.io",
+    "v1",
+    "certificatesigningrequests"
+);
 
 #[cfg(test)]
 mod tests {

@@ -6,9 +6,7 @@
 //! never by sending a whole object back, so unknown fields are never lost.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::core::{ClusterResourceScope, Resource};
 use serde::{Deserialize, Serialize};
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 /// Karpenter's condition type set once the Node has registered.
@@ -122,29 +120,7 @@ impl NodeClaim {
     }
 }
 
-impl Resource for NodeClaim {
-    type DynamicType = ();
-    type Scope = ClusterResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        "NodeClaim".into()
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        "karpenter.sh".into()
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        "v1".into()
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        "nodeclaims".into()
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+cluster_resource!(NodeClaim, "NodeClaim", "karpenter.sh", "v1", "nodeclaims");
 
 /// `karpenter.k8s.aws/v1` EC2NodeClass, as far as autonode reads it.
 /// Whoever may create one makes it as large as they like: its metadata
@@ -254,29 +230,13 @@ pub struct KubeletSpec {
     pub system_reserved: Option<BTreeMap<String, String>>,
 }
 
-impl Resource for Ec2NodeClass {
-    type DynamicType = ();
-    type Scope = ClusterResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        "EC2NodeClass".into()
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        "karpenter.k8s.aws".into()
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        "v1".into()
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        "ec2nodeclasses".into()
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+cluster_resource!(
+    Ec2NodeClass,
+    "EC2NodeClass",
+    "karpenter.k8s.aws",
+    "v1",
+    "ec2nodeclasses"
+);
 
 /// How Karpenter and kubelet name an EC2 instance; the agent names itself
 /// with the same code.

@@ -17,10 +17,8 @@
 use crate::kube::cache::Identity;
 use crate::primitives::quantity::{self, Resource};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use kube::core::{ClusterResourceScope, Resource as KubeResource};
 use serde::de::{IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -153,29 +151,7 @@ fn compared_only<'de, D: Deserializer<'de>>(from: D) -> Result<BTreeMap<String, 
     from.deserialize_any(Allocatable)
 }
 
-impl KubeResource for Node {
-    type DynamicType = ();
-    type Scope = ClusterResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        "Node".into()
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        "".into()
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        "v1".into()
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        "nodes".into()
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+cluster_resource!(Node, "Node", "", "v1", "nodes");
 
 #[cfg(test)]
 mod tests {

@@ -149,9 +149,9 @@ pub fn shortfalls(
 }
 
 /// The compared resources of a Node's `status.allocatable`.
-pub fn node_allocatable(node: &Node) -> BTreeMap<String, String> {
+pub fn node_allocatable(node: &Node) -> &BTreeMap<String, String> {
     // Only those are kept of a Node (crate::kube::node).
-    node.status.allocatable.clone()
+    &node.status.allocatable
 }
 
 /// What the operator is told about `found` on the Node `node` of a
@@ -189,7 +189,7 @@ impl Check {
         let Some(expected) = claim.status.as_ref().map(|s| &s.allocatable) else {
             return;
         };
-        let found = shortfalls(expected, &node_allocatable(node), self.tolerance);
+        let found = shortfalls(expected, node_allocatable(node), self.tolerance);
         if found.is_empty() {
             return;
         }
