@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use autonode_server::attestation::policy::{Policy as AttestationPolicy, PolicyFile};
 use autonode_server::attestation::{watch_policy, Attestation};
 use autonode_server::controllers::watches::Leader;
-use autonode_server::ec2::{Ec2Client, Ec2Settings, InstanceLookup};
+use autonode_server::ec2::{Batched, Ec2Client, Ec2Settings, InstanceLookup};
 use autonode_server::front::api::{self, Api};
 use autonode_server::front::probes;
 use autonode_server::front::tls::ReloadingCert;
@@ -149,7 +149,8 @@ fn attestation(args: &ServeArgs, key: StateKey) -> Result<Arc<Attestation>> {
     Ok(attestation)
 }
 
-/// EC2, as the join and the approver look instances up.
+/// EC2, as the join and the approver look instances up: the lookups that
+/// wait together asked in one call (`ec2::Batched`).
 async fn ec2_lookup(args: &ServeArgs) -> Result<Arc<dyn InstanceLookup>> {
     let ec2 = Ec2Client::new(Ec2Settings {
         endpoint: args.ec2_endpoint.clone(),
@@ -157,7 +158,7 @@ async fn ec2_lookup(args: &ServeArgs) -> Result<Arc<dyn InstanceLookup>> {
     })
     .await
     .context("setting up the EC2 client")?;
-    Ok(Arc::new(ec2))
+    Ok(Arc::new(Batched::new(Arc::new(ec2))))
 }
 
 /// What the leader runs, from the settings.

@@ -159,7 +159,7 @@ impl InstanceLookup for LookupCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ec2::InstanceState;
+    use crate::ec2::tests::running as instance;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// Answers every lookup with a running instance, counting the calls.
@@ -170,21 +170,6 @@ mod tests {
         fn describe_instance<'a>(&'a self, _: &'a str, id: &'a str) -> LookupFuture<'a> {
             self.0.fetch_add(1, Ordering::SeqCst);
             Box::pin(async move { Ok(instance(id)) })
-        }
-    }
-
-    fn instance(id: &str) -> Ec2Instance {
-        Ec2Instance {
-            instance_id: id.to_string(),
-            state: InstanceState::Running,
-            image_id: "ami-1".into(),
-            instance_type: "m5.large".into(),
-            availability_zone: "us-west-2a".into(),
-            architecture: "x86_64".into(),
-            private_dns_name: format!("{id}.internal"),
-            private_ips: vec![],
-            interface_ips: vec![],
-            tags: Default::default(),
         }
     }
 

@@ -1,5 +1,6 @@
-//! [`Ec2Client`]: `DescribeInstances` for one instance, with a timeout per
-//! attempt and retries of what may pass (throttling, 5xx, network).
+//! [`Ec2Client`]: `DescribeInstances` for one instance or a batch, with a
+//! timeout per attempt and retries of what may pass (throttling, 5xx,
+//! network).
 
 use std::time::Duration;
 
@@ -86,17 +87,36 @@ impl Ec2Client {
         region: &str,
         instance_id: &str,
     ) -> Result<Ec2Instance, LookupError> {
-        if !is_instance_id(instance_id) {
-            return Err(not_found(instance_id));
+        // Asked by ID, EC2 answers with the instance or with an error; an
+        // empty success is treated as "not there" all the same.
+        self.describe_many(region, &[instance_id])
+            .await?
+            .into_iter()
+            .find(|found| found.instance_id == instance_id)
+            .ok_or_else(|| not_found(instance_id))
+    }
+
+    /// The instances `instance_ids` in `region`, in one `DescribeInstances`
+    /// (retried as a whole), as EC2 describes them now, each under the ID
+    /// EC2 gives it. Fails as a whole as EC2 does: an ID it does not know
+    /// (or one not an instance ID, refused here before any request) makes
+    /// the answer [`LookupError::NotFound`] naming every ID asked.
+    pub async fn describe_many(
+        &self,
+        region: &str,
+        instance_ids: &[&str],
+    ) -> Result<Vec<Ec2Instance>, LookupError> {
+        if let Some(bad) = instance_ids.iter().find(|id| !is_instance_id(id)) {
+            return Err(not_found(bad));
         }
         let policy = self.settings.retry;
         let mut attempt = 0;
         loop {
-            let result = self.attempt(region, instance_id).await;
+            let result = self.attempt(region, instance_ids).await;
             match &result {
                 Err(e) if retryable(e) && attempt + 1 < policy.attempts => {
                     let delay = policy.delay(attempt);
-                    tracing::debug!(instance_id, region, attempt, ?delay, error = %e, "EC2 lookup failed, retrying");
+                    tracing::debug!(?instance_ids, region, attempt, ?delay, error = %e, "EC2 lookup failed, retrying");
                     tokio::time::sleep(delay).await;
                     attempt += 1;
                 }
@@ -110,15 +130,19 @@ impl Ec2Client {
         }
     }
 
-    async fn attempt(&self, region: &str, instance_id: &str) -> Result<Ec2Instance, LookupError> {
+    async fn attempt(
+        &self,
+        region: &str,
+        instance_ids: &[&str],
+    ) -> Result<Vec<Ec2Instance>, LookupError> {
         let uri = self.endpoint.uri(region)?;
         let credentials = self.credentials.get().await?;
-        let request = signed_request(&uri, region, &describe_body(instance_id), &credentials)?;
+        let request = signed_request(&uri, region, &describe_body(instance_ids), &credentials)?;
         let timeout = self.settings.timeout;
         let (status, body) = tokio::time::timeout(timeout, self.http.send(request))
             .await
             .map_err(|_| LookupError::Unavailable(format!("no answer within {timeout:?}")))??;
-        interpret(status, &body, instance_id)
+        interpret(status, &body, instance_ids)
     }
 }
 
@@ -140,19 +164,17 @@ fn not_found(instance_id: &str) -> LookupError {
     }
 }
 
-/// What an HTTP answer means for the lookup.
+/// What an HTTP answer means for the lookup of `instance_ids`.
 fn interpret(
     status: StatusCode,
     body: &Bytes,
-    instance_id: &str,
-) -> Result<Ec2Instance, LookupError> {
+    instance_ids: &[&str],
+) -> Result<Vec<Ec2Instance>, LookupError> {
     if status.is_success() {
-        // Asked by ID, EC2 answers with the instance or with an error; an
-        // empty success is treated as "not there" all the same.
-        return xml::parse_describe(body, instance_id)?.ok_or_else(|| not_found(instance_id));
+        return xml::parse_instances(body);
     }
     match xml::parse_error(body) {
-        Some(error) => Err(classify(status, &error, instance_id)),
+        Some(error) => Err(classify(status, &error, &instance_ids.join(","))),
         None if status.is_server_error() => Err(LookupError::Unavailable(format!("HTTP {status}"))),
         None => Err(LookupError::Malformed(format!(
             "HTTP {status} without an EC2 error"
@@ -203,7 +225,7 @@ mod tests {
             "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>{code}</Code><Message>m</Message></Error></Errors><RequestID>req-1</RequestID></Response>"
         );
         let status = StatusCode::from_u16(status).expect("status");
-        interpret(status, &Bytes::from(body), ID).expect_err("an error")
+        interpret(status, &Bytes::from(body), &[ID]).expect_err("an error")
     }
 
     #[test]
@@ -249,19 +271,19 @@ mod tests {
     fn answers_without_an_ec2_error() {
         let html = Bytes::from_static(b"<html>Bad Gateway</html>");
         assert!(matches!(
-            interpret(StatusCode::BAD_GATEWAY, &html, ID),
+            interpret(StatusCode::BAD_GATEWAY, &html, &[ID]),
             Err(LookupError::Unavailable(_))
         ));
         assert!(matches!(
-            interpret(StatusCode::NOT_FOUND, &html, ID),
+            interpret(StatusCode::NOT_FOUND, &html, &[ID]),
             Err(LookupError::Malformed(_))
         ));
         let empty = Bytes::from_static(
             b"<DescribeInstancesResponse><reservationSet/></DescribeInstancesResponse>",
         );
         assert!(matches!(
-            interpret(StatusCode::OK, &empty, ID),
-            Err(LookupError::NotFound { .. })
+            interpret(StatusCode::OK, &empty, &[ID]).as_deref(),
+            Ok([])
         ));
     }
 

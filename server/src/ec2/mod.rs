@@ -3,7 +3,8 @@
 //! The identity document proves which instance is asking; only EC2 itself
 //! says whether that instance is still alive, which image it runs and which
 //! names and addresses are its own. [`InstanceLookup`] is the question the
-//! join path asks; [`Ec2Client`] answers it with `DescribeInstances`.
+//! join path asks; [`Ec2Client`] answers it with `DescribeInstances`, and
+//! [`Batched`] makes the lookups that wait together one call.
 //!
 //! One trait per cloud: another cloud is another file beside this one, with
 //! its own lookup trait and client, and the join path picks one.
@@ -16,6 +17,7 @@
 //! web identity/IRSA, profile, container, IMDS), which is the part that is
 //! worth reusing.
 
+mod batch;
 mod cache;
 mod client;
 mod credentials;
@@ -24,6 +26,7 @@ mod transport;
 mod xml;
 
 pub use aws_credential_types::Credentials;
+pub use batch::{Batched, DescribeMany, ManyFuture, CALLS_IN_FLIGHT, MAX_IDS};
 pub use cache::LookupCache;
 pub use client::{Ec2Client, Ec2Settings, SetupError};
 pub use retry::LookupRetries;
@@ -167,8 +170,25 @@ pub fn is_instance_id(id: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// A running instance as EC2 would describe `id`, for the lookups'
+    /// stand-ins.
+    pub(crate) fn running(id: &str) -> Ec2Instance {
+        Ec2Instance {
+            instance_id: id.to_string(),
+            state: InstanceState::Running,
+            image_id: "ami-1".into(),
+            instance_type: "m5.large".into(),
+            availability_zone: "us-west-2a".into(),
+            architecture: "x86_64".into(),
+            private_dns_name: format!("{id}.internal"),
+            private_ips: vec![],
+            interface_ips: vec![],
+            tags: Default::default(),
+        }
+    }
 
     #[test]
     fn instance_ids() {

@@ -22,8 +22,10 @@ use crate::primitives::clock::Clock;
 /// The signing name of EC2.
 const SERVICE: &str = "ec2";
 const CONTENT_TYPE: &str = "application/x-www-form-urlencoded; charset=utf-8";
-/// A one-instance answer is a few KiB; anything near this is not one.
-const MAX_RESPONSE_BYTES: usize = 1024 * 1024;
+/// An instance's answer is a few KiB (tens with many interfaces and
+/// addresses), and a request names at most `batch::MAX_IDS` (50):
+/// anything near this is not an answer to it.
+const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
 /// Idle pooled connections are closed before EC2's load balancers would.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(20);
 /// Idle connections kept for reuse. hyper keeps every one by default: after
@@ -106,13 +108,17 @@ fn dns_suffix(region: &str) -> &'static str {
     }
 }
 
-/// `Action=DescribeInstances&Version=2016-11-15&InstanceId.1=<id>`.
-pub(super) fn describe_body(instance_id: &str) -> String {
-    form_urlencoded::Serializer::new(String::new())
-        .append_pair("Action", "DescribeInstances")
-        .append_pair("Version", API_VERSION)
-        .append_pair("InstanceId.1", instance_id)
-        .finish()
+/// `Action=DescribeInstances&Version=2016-11-15&InstanceId.1=<id>&...`:
+/// the instances by ID, as EC2 answers for each by itself (an ID it does
+/// not know fails the whole request; see `batch`).
+pub(super) fn describe_body(instance_ids: &[&str]) -> String {
+    let mut form = form_urlencoded::Serializer::new(String::new());
+    form.append_pair("Action", "DescribeInstances")
+        .append_pair("Version", API_VERSION);
+    for (n, id) in instance_ids.iter().enumerate() {
+        form.append_pair(&format!("InstanceId.{}", n + 1), id);
+    }
+    form.finish()
 }
 
 /// A `POST` of `body` to `uri`, signed with SigV4 for EC2 in `region`.
@@ -295,8 +301,12 @@ mod tests {
     #[test]
     fn body_is_pinned_to_the_api_version() {
         assert_eq!(
-            describe_body("i-1234abcd"),
+            describe_body(&["i-1234abcd"]),
             "Action=DescribeInstances&Version=2016-11-15&InstanceId.1=i-1234abcd"
+        );
+        assert_eq!(
+            describe_body(&["i-1234abcd", "i-5678abcd"]),
+            "Action=DescribeInstances&Version=2016-11-15&InstanceId.1=i-1234abcd&InstanceId.2=i-5678abcd"
         );
     }
 

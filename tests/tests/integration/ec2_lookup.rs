@@ -6,7 +6,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use autonode_server::ec2::{
-    Credentials, Ec2Client, Ec2Settings, InstanceLookup, InstanceState, LookupError, LookupRetries,
+    Batched, Credentials, Ec2Client, Ec2Settings, InstanceLookup, InstanceState, LookupError,
+    LookupRetries, MAX_IDS,
 };
 use autonode_tests::cloud::fakecloud::{
     self, BoundSocket, Ec2, FakeCloud, Instance, TestCa, TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY,
@@ -299,4 +300,46 @@ async fn default_chain_takes_credentials_from_the_environment() {
         .describe(REGION, &launched.instance_id)
         .await
         .expect("found");
+}
+
+/// Lookups made at once are asked in few calls (`ec2::Batched`, as the
+/// server holds its client), each answered with its own instance; an ID
+/// EC2 does not know, which fails a whole call, costs only its own lookup
+/// (its batch is asked again one instance at a time).
+#[tokio::test]
+async fn lookups_at_once_share_calls_and_get_their_own_answers() {
+    let cloud = cloud();
+    let launched: Vec<Instance> = (0..120)
+        .map(|_| cloud.launch(Instance::builder().build()))
+        .collect();
+    let ec2 = cloud.start_ec2(REGION).expect("start EC2");
+    let lookup: Arc<dyn InstanceLookup> = Arc::new(Batched::new(Arc::new(client(&ec2, 1))));
+    let unknown = fakecloud::aws_id("i");
+    let asked: Vec<String> = launched
+        .iter()
+        .map(|i| i.instance_id.clone())
+        .chain([unknown.clone()])
+        .collect();
+    let answers = futures::future::join_all(asked.iter().map(|id| {
+        let lookup = lookup.clone();
+        async move { (id, lookup.describe_instance(REGION, id).await) }
+    }))
+    .await;
+    for (id, answer) in answers {
+        match answer {
+            Ok(found) => assert_eq!(&found.instance_id, id),
+            Err(LookupError::NotFound { instance_id }) => {
+                assert_eq!((id, &instance_id), (&unknown, &unknown))
+            }
+            Err(other) => panic!("{id}: {other}"),
+        }
+    }
+    // 121 lookups: at most a few calls of up to MAX_IDS, plus, for the
+    // batch that held the unknown ID, its instances alone.
+    let calls = ec2.calls() as usize;
+    assert!(
+        calls <= 121 / MAX_IDS + 1 + 1 + MAX_IDS,
+        "{calls} calls for 121 lookups"
+    );
+    assert!(calls < 121 / 2, "{calls} calls for 121 lookups");
 }

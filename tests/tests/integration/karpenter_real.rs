@@ -7,7 +7,9 @@
 //! chooses one): the harness refuses any other.
 
 use anyhow::{bail, Context, Result};
-use autonode_server::ec2::{Credentials, Ec2Client, Ec2Settings, InstanceState, LookupRetries};
+use autonode_server::ec2::{
+    Credentials, Ec2Client, Ec2Settings, InstanceState, LookupError, LookupRetries,
+};
 use autonode_tests::cloud::moto::{Moto, MotoInstance, AMD64_AMI, INSTANCE_TYPE, REGION, ZONE};
 use autonode_tests::fleet::cluster::{
     create_class, create_pending_pod, create_pod, create_pool, CLASS, LAUNCH_TIMEOUT, POOL,
@@ -212,6 +214,29 @@ async fn the_servers_ec2_lookup_reads_a_moto_instance_as_moto_describes_it() -> 
     assert_eq!(
         seen.tags.get("karpenter.sh/nodeclaim").map(String::as_str),
         Some("autonode-abcde")
+    );
+
+    // A batch (`ec2::Batched`): moto, as EC2, describes every instance
+    // asked for, each under its own ID, and fails the whole call for one ID
+    // it does not know; the batcher counts on both.
+    let second = moto
+        .run_instance(
+            &seeded,
+            AMD64_AMI,
+            ("karpenter.sh/nodeclaim", "autonode-fghij"),
+        )
+        .await?;
+    let both = client.describe_many(REGION, &[&id, &second]).await?;
+    let mut ids: Vec<&str> = both.iter().map(|i| i.instance_id.as_str()).collect();
+    ids.sort_unstable();
+    let mut asked = [id.as_str(), second.as_str()];
+    asked.sort_unstable();
+    assert_eq!(ids, asked);
+    let unknown = "i-0123456789abcdef0";
+    let failed = client.describe_many(REGION, &[&id, unknown]).await;
+    assert!(
+        matches!(failed, Err(LookupError::NotFound { .. })),
+        "{failed:?}"
     );
 
     // A terminated instance must read as terminated: the server refuses

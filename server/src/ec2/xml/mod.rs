@@ -23,10 +23,22 @@ pub(super) struct ApiError {
 
 /// The instance with `instance_id` in a `DescribeInstancesResponse`;
 /// `Ok(None)` if the response does not hold it.
+#[cfg(test)]
 pub(super) fn parse_describe(
     body: &[u8],
     instance_id: &str,
 ) -> Result<Option<Ec2Instance>, LookupError> {
+    Ok(parse_instances(body)?
+        .into_iter()
+        .find(|found| found.instance_id == instance_id))
+}
+
+/// Every instance in a `DescribeInstancesResponse`, each with the ID EC2
+/// gave it: a batched lookup hands each caller only the instance whose
+/// `instanceId` is the one it asked for. One instance that cannot be read
+/// makes the whole answer malformed (the batch is then asked again one
+/// instance at a time, so it costs only that instance its answer).
+pub(super) fn parse_instances(body: &[u8]) -> Result<Vec<Ec2Instance>, LookupError> {
     let body = std::str::from_utf8(body).map_err(|e| malformed(format!("not UTF-8: {e}")))?;
     let doc = Document::parse(body).map_err(|e| malformed(format!("not XML: {e}")))?;
     let root = doc.root_element();
@@ -38,11 +50,11 @@ pub(super) fn parse_describe(
     }
     let reservations =
         child(root, "reservationSet").ok_or_else(|| malformed("no reservationSet".into()))?;
-    let found = children(reservations, "item")
+    children(reservations, "item")
         .filter_map(|reservation| child(reservation, "instancesSet"))
         .flat_map(|set| children(set, "item"))
-        .find(|item| text(*item, &["instanceId"]) == Some(instance_id));
-    found.map(instance).transpose()
+        .map(instance)
+        .collect()
 }
 
 /// The error in an EC2 error response, if the body is one.

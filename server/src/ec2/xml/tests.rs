@@ -303,3 +303,34 @@ fn an_unparsable_interface_address_is_skipped_not_a_failed_lookup() {
     assert_eq!(interface, ["10.0.1.23", "2600:1f14:abc:de00::17"]);
     assert_eq!(instance.private_ips.len(), 2);
 }
+
+#[test]
+fn a_batchs_answer_gives_each_instance_under_its_own_id() {
+    // Two reservations, the second a terminated instance of another ID.
+    let inner = |xml: &str| {
+        let start = xml.find("<reservationSet>").expect("set") + "<reservationSet>".len();
+        let end = xml.find("</reservationSet>").expect("set end");
+        xml[start..end].to_string()
+    };
+    let other = "i-0123456789abcdef0";
+    let both = RUNNING.replace(
+        "</reservationSet>",
+        &format!("{}</reservationSet>", inner(&TERMINATED.replace(ID, other))),
+    );
+    let found = parse_instances(both.as_bytes()).expect("parses");
+    let ids: Vec<&str> = found.iter().map(|i| i.instance_id.as_str()).collect();
+    assert_eq!(ids, [ID, other]);
+    assert_eq!(found[0].state, InstanceState::Running);
+    assert_eq!(found[1].state, InstanceState::Terminated);
+    assert_eq!(
+        parse_describe(both.as_bytes(), other).expect("parses"),
+        Some(found[1].clone())
+    );
+    // One instance that cannot be read fails the answer: the batch is then
+    // asked again one instance at a time (`ec2::batch`).
+    let broken = both.replace("<name>terminated</name>", "");
+    assert!(matches!(
+        parse_instances(broken.as_bytes()),
+        Err(LookupError::Malformed(_))
+    ));
+}
