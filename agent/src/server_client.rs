@@ -17,7 +17,7 @@ use crate::trust::{self, TrustError};
 use autonode_shared::clock::Clock;
 use autonode_shared::protocol::{
     ChallengeRequest, ChallengeResponse, ErrorResponse, JoinRequest, JoinRequestV2, JoinResponse,
-    CHALLENGE_PATH, JOIN_PATH, JOIN_V2_PATH, REQUEST_ID_HEADER,
+    CHALLENGE_PATH, JOIN_PATH, JOIN_V2_PATH, PATIENCE_HEADER, REQUEST_ID_HEADER,
 };
 use bytes::Bytes;
 use http_body_util::Full;
@@ -127,8 +127,10 @@ impl ServerClient {
             agent_version: request.agent_version.clone(),
         };
         let body = Bytes::from(serde_json::to_vec(&asked).unwrap_or_default());
-        let limit = deadline.clamp(JOIN_TRY_TIMEOUT);
-        let attested = match self.attempt(CHALLENGE_PATH, body, limit).await {
+        let attested = match self
+            .attempt(CHALLENGE_PATH, body, deadline, JOIN_TRY_TIMEOUT)
+            .await
+        {
             Attempt::Done(answer) => self.attested(request, &answer, attester, deadline).await,
             other => other,
         };
@@ -140,7 +142,7 @@ impl ServerClient {
             }
             other => return other,
         }
-        self.attempt(JOIN_PATH, v1.clone(), deadline.clamp(JOIN_TRY_TIMEOUT))
+        self.attempt(JOIN_PATH, v1.clone(), deadline, JOIN_TRY_TIMEOUT)
             .await
     }
 
@@ -171,7 +173,7 @@ impl ServerClient {
             Ok(body) => Bytes::from(body),
             Err(e) => return Attempt::Fatal(JoinError::BadResponse(e.to_string())),
         };
-        self.attempt(JOIN_V2_PATH, body, deadline.clamp(JOIN_TRY_TIMEOUT))
+        self.attempt(JOIN_V2_PATH, body, deadline, JOIN_TRY_TIMEOUT)
             .await
     }
 
@@ -187,14 +189,24 @@ impl ServerClient {
         observe: impl FnMut(&Retrying<'_, JoinError>),
     ) -> Result<Bytes, JoinError> {
         let what = format!("POST {path}");
-        let attempt = |_| self.attempt(path, body.clone(), deadline.clamp(per_try));
+        let attempt = |_| self.attempt(path, body.clone(), deadline, per_try);
         retry_observed(policy, deadline, &what, attempt, observe)
             .await
             .map_err(settled)
     }
 
-    async fn attempt(&self, path: &str, body: Bytes, limit: Duration) -> Attempt<Bytes, JoinError> {
-        let response = match tokio::time::timeout(limit, self.exchange(path, body)).await {
+    /// One request, within `per_try` and the deadline.
+    async fn attempt(
+        &self,
+        path: &str,
+        body: Bytes,
+        deadline: &Deadline,
+        per_try: Duration,
+    ) -> Attempt<Bytes, JoinError> {
+        let limit = deadline.clamp(per_try);
+        let patience = deadline.remaining();
+        let response = match tokio::time::timeout(limit, self.exchange(path, body, patience)).await
+        {
             Ok(Ok(response)) => response,
             Ok(Err(e)) => {
                 return Attempt::Retry {
@@ -237,7 +249,15 @@ impl ServerClient {
         })
     }
 
-    async fn exchange(&self, path: &str, body: Bytes) -> Result<http::Response, HttpError> {
+    /// One request; it says how long this agent will keep trying
+    /// (`patience`, [`PATIENCE_HEADER`]), so a busy server can tell it a
+    /// turn that far off rather than have it come back every 30 s.
+    async fn exchange(
+        &self,
+        path: &str,
+        body: Bytes,
+        patience: Duration,
+    ) -> Result<http::Response, HttpError> {
         let (host, port) = http::host_port(&self.base)?;
         let full_path = format!("{}{}", self.base.path().trim_end_matches('/'), path);
         let request = http::request(Method::POST, &self.base, &full_path)?
@@ -246,6 +266,7 @@ impl ServerClient {
                 hyper::header::USER_AGENT,
                 concat!("autonode-agent/", env!("CARGO_PKG_VERSION")),
             )
+            .header(PATIENCE_HEADER, patience.as_secs())
             .body(Full::new(body))
             .map_err(|e| HttpError::BadUrl(e.to_string()))?;
         let tcp = match &self.proxy {

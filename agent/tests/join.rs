@@ -12,7 +12,7 @@ use autonode_agent::trust::ServerTrust;
 use autonode_shared::clock::Clock;
 use autonode_shared::protocol::{
     ChallengeRequest, ChallengeResponse, InstanceIdentity, JoinRequest, JoinRequestV2,
-    JoinResponse, KubeletSettings, CHALLENGE_PATH, JOIN_PATH, JOIN_V2_PATH,
+    JoinResponse, KubeletSettings, CHALLENGE_PATH, JOIN_PATH, JOIN_V2_PATH, PATIENCE_HEADER,
 };
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full};
@@ -68,8 +68,9 @@ async fn serve(pki: &Pki, script: Vec<(u16, Option<&'static str>)>) -> (String, 
     (url, count)
 }
 
-/// The bodies the server was sent, path first, in order.
-type Seen = Arc<Mutex<Vec<(String, serde_json::Value)>>>;
+/// The requests the server was sent, in order: path, body, and the
+/// agent's patience header.
+type Seen = Arc<Mutex<Vec<(String, serde_json::Value, Option<String>)>>>;
 /// The status (and `Retry-After`) of each join, in order.
 type Script = Arc<Vec<(u16, Option<&'static str>)>>;
 
@@ -104,8 +105,14 @@ async fn serve_as(
                         let state = state.clone();
                         async move {
                             let path = request.uri().path().to_string();
+                            let patience = request
+                                .headers()
+                                .get(PATIENCE_HEADER)
+                                .and_then(|v| v.to_str().ok())
+                                .map(str::to_string);
                             let body = request.into_body().collect().await?.to_bytes();
-                            Ok::<_, hyper::Error>(respond(&state, release, path, &body))
+                            let asked = (path, patience);
+                            Ok::<_, hyper::Error>(respond(&state, release, asked, &body))
                         }
                     });
                 let _ = hyper::server::conn::http1::Builder::new()
@@ -121,11 +128,11 @@ async fn serve_as(
 fn respond(
     (counter, script, seen): &(Arc<AtomicU32>, Script, Seen),
     release: Release,
-    path: String,
+    (path, patience): (String, Option<String>),
     body: &[u8],
 ) -> Response<Full<Bytes>> {
     let value: serde_json::Value = serde_json::from_slice(body).expect("JSON");
-    seen.lock().unwrap().push((path.clone(), value));
+    seen.lock().unwrap().push((path.clone(), value, patience));
     match path.as_str() {
         CHALLENGE_PATH if release != Release::Before => {
             let _: ChallengeRequest = serde_json::from_slice(body).expect("a ChallengeRequest");
@@ -310,7 +317,7 @@ async fn a_server_of_this_release_is_challenged_and_joined_through_v2_with_the_e
     assert!(answer.is_ok(), "{answer:?}");
     assert_eq!(count.load(Ordering::SeqCst), 2);
     let seen = seen.lock().unwrap().clone();
-    let paths: Vec<&str> = seen.iter().map(|(p, _)| p.as_str()).collect();
+    let paths: Vec<&str> = seen.iter().map(|(p, ..)| p.as_str()).collect();
     // Each attempt asks for a fresh challenge: a nonce is good once.
     assert_eq!(
         paths,
@@ -333,7 +340,7 @@ async fn a_server_of_before_the_challenge_is_joined_through_v1_and_asked_again_n
     assert_eq!(answer.unwrap(), join_response());
     assert_eq!(count.load(Ordering::SeqCst), 2);
     let seen = seen.lock().unwrap().clone();
-    let paths: Vec<&str> = seen.iter().map(|(p, _)| p.as_str()).collect();
+    let paths: Vec<&str> = seen.iter().map(|(p, ..)| p.as_str()).collect();
     // Asked again: the next try may reach a replica of this release.
     assert_eq!(
         paths,
@@ -364,6 +371,30 @@ async fn a_v2_join_answered_404_by_an_older_replica_joins_through_v1_in_the_same
         "one join counted: the /v1 one"
     );
     let seen = seen.lock().unwrap().clone();
-    let paths: Vec<&str> = seen.iter().map(|(p, _)| p.as_str()).collect();
+    let paths: Vec<&str> = seen.iter().map(|(p, ..)| p.as_str()).collect();
     assert_eq!(paths, [CHALLENGE_PATH, JOIN_V2_PATH, JOIN_PATH]);
+}
+
+/// Every request says how long the agent will keep trying: what is left
+/// of its deadline, in whole seconds, so a busy server can tell it a turn
+/// that far off.
+#[tokio::test]
+async fn every_request_says_how_long_the_agent_keeps_trying() {
+    let pki = pki();
+    let (url, _, seen) = serve_as(&pki, vec![(503, Some("1")), (200, None)], Release::This).await;
+    let deadline = Deadline::after(Duration::from_secs(300));
+    client(&url, pin(&pki))
+        .join(&request(), &no_tpm(), &deadline, |_| {})
+        .await
+        .unwrap();
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 4, "challenge, join, challenge, join");
+    for (path, _, patience) in &seen {
+        let seconds: u64 = patience
+            .as_deref()
+            .unwrap_or_else(|| panic!("{path} without patience"))
+            .parse()
+            .unwrap();
+        assert!((290..300).contains(&seconds), "{path}: {seconds}");
+    }
 }

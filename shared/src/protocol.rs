@@ -30,6 +30,13 @@ pub const JOIN_V2_PATH: &str = "/v2/join";
 pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
 /// Header a response carries so logs on both sides can be correlated.
 pub const REQUEST_ID_HEADER: &str = "x-autonode-request-id";
+/// Header an agent's requests carry since 0.3.0: how many whole seconds it
+/// will keep trying (what is left of its deadline). A server of 0.3.0 or
+/// later that turns a join away for its queue then tells the agent its
+/// turn up to that far off (less the time an attempt needs; at most five
+/// minutes), where it tells an agent that does not say at most 30 s, the
+/// longest backoff of every released agent. Older servers ignore it.
+pub const PATIENCE_HEADER: &str = "x-autonode-patience";
 
 /// The instance's proof of identity, exactly as IMDS served it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -7,10 +7,12 @@
 //! once an instance, 10,000 nodes renewing together took about 500 s of it
 //! and throttled the autoscaler meanwhile; batched, a few hundred calls.
 //!
-//! How: a lookup is sent at once when fewer than [`CALLS_IN_FLIGHT`] calls
-//! of its region are out, so a quiet server adds no wait to a join. While
-//! that many are out, lookups queue, and each call that goes next takes up
-//! to [`MAX_IDS`] of them: the busier EC2 is asked, the fuller its calls.
+//! How: a region's calls are budgeted, [`CALLS_PER_SECOND`] with a burst
+//! of as many, and at most [`CALLS_IN_FLIGHT`] out at once. A lookup is
+//! sent at once while the budget allows, so a quiet server adds no wait to
+//! a join; past it, lookups queue, and each call that goes next takes up
+//! to [`MAX_IDS`] of them: the busier the server, the fuller its calls,
+//! and never more calls than the budget, however many nodes renew at once.
 //!
 //! A failed call is not every instance's answer. EC2 fails a whole call
 //! for one ID it does not know (an instance too new for its eventual
@@ -21,18 +23,21 @@
 //! missing credentials are everyone's answer as they are: asking again one
 //! at a time would only spend more of the budget.
 //!
-//! Bounds: at most [`CALLS_IN_FLIGHT`] calls of a region out at once (a
-//! failed batch's single lookups are made by its call, at most
-//! [`MAX_IDS`]); the queue holds one entry a waiting caller, and callers
-//! are bounded where they start (joins by `--max-concurrent-joins`, the
-//! approver by its concurrency).
+//! Bounds: at most [`CALLS_PER_SECOND`] calls of a region a second and
+//! [`CALLS_IN_FLIGHT`] at once, a failed batch's single lookups included
+//! (made one after the other by its call, each within the budget); the
+//! queue holds one entry a waiting caller, and callers are bounded where
+//! they start (joins by `--max-concurrent-joins`, the approver by its
+//! concurrency).
 
 use super::client::Ec2Client;
 use super::{is_instance_id, Ec2Instance, InstanceLookup, LookupError, LookupFuture};
+use crate::primitives::limiter::{Bucket, Rate};
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 /// Instance IDs in one call. EC2 takes more, but an answer's size grows
@@ -42,6 +47,16 @@ pub const MAX_IDS: usize = 50;
 /// Calls of one region out at once. More than one, so one slow answer
 /// (EC2's timeout is seconds) does not hold every lookup behind it.
 pub const CALLS_IN_FLIGHT: usize = 4;
+/// Calls of one region a second, and the burst: half of what AWS refills
+/// an account's `DescribeInstances` bucket with by default (20 a second),
+/// leaving the rest to Karpenter. At [`MAX_IDS`] a call, 500 lookups a
+/// second.
+pub const CALLS_PER_SECOND: u32 = 10;
+
+/// The budget as the one token bucket's rate.
+fn budget() -> Rate {
+    Rate::new(CALLS_PER_SECOND, Duration::from_secs(1) / CALLS_PER_SECOND)
+}
 
 /// The boxed future [`DescribeMany::describe_many`] returns.
 pub type ManyFuture<'a> =
@@ -69,12 +84,29 @@ struct Shared {
     regions: Mutex<HashMap<String, Region>>,
 }
 
-/// A region's lookups waiting and its calls out. Removed once it has
-/// neither, so the map holds only regions being asked about.
-#[derive(Default)]
+/// A region's lookups waiting, its calls out and its budget. Removed once
+/// it has none of the first two and its budget is whole again, so nothing
+/// is lost by forgetting it (regions come from AWS-signed documents and
+/// the server's own bindings: a few dozen at most).
 struct Region {
     waiting: VecDeque<Waiter>,
     calls: usize,
+    budget: Bucket,
+}
+
+impl Region {
+    fn new(now: Instant) -> Self {
+        Self {
+            waiting: VecDeque::new(),
+            calls: 0,
+            budget: Bucket::full(budget(), now),
+        }
+    }
+
+    /// Whether forgetting it loses nothing.
+    fn idle(&self, now: Instant) -> bool {
+        self.calls == 0 && self.waiting.is_empty() && self.budget.is_full(budget(), now)
+    }
 }
 
 type Answer = Result<Ec2Instance, LookupError>;
@@ -130,7 +162,9 @@ impl Shared {
     /// [`CALLS_IN_FLIGHT`] are out), counted as out from now.
     fn enqueue(&self, region: &str, waiter: Waiter) -> bool {
         let mut regions = self.lock();
-        let queue = regions.entry(region.to_string()).or_default();
+        let queue = regions
+            .entry(region.to_string())
+            .or_insert_with(|| Region::new(Instant::now()));
         queue.waiting.push_back(waiter);
         let start = queue.calls < CALLS_IN_FLIGHT;
         if start {
@@ -140,15 +174,35 @@ impl Shared {
     }
 
     /// One call's life: asks for the waiting lookups, up to [`MAX_IDS`] at
-    /// a time, until none wait.
+    /// a time, each call within the region's budget, until none wait.
     async fn call(self: Arc<Self>, region: String) {
         let mut out = Out {
             shared: &self,
             region: &region,
             counted: true,
         };
-        while let Some(batch) = out.next_batch() {
+        while out.anything_waiting() {
+            // Lookups arriving while it waits for the budget join its batch.
+            self.within_budget(&region).await;
+            let Some(batch) = out.next_batch() else {
+                break;
+            };
             self.answer(&region, batch).await;
+        }
+    }
+
+    /// Takes one call of `region`'s budget, waiting for it if spent.
+    async fn within_budget(&self, region: &str) {
+        loop {
+            let taken = match self.lock().get_mut(region) {
+                Some(queue) => queue.budget.take(budget(), Instant::now()),
+                // Forgotten only when idle: no call of this one's is out.
+                None => Ok(()),
+            };
+            match taken {
+                Ok(()) => return,
+                Err(pause) => tokio::time::sleep(pause).await,
+            }
         }
     }
 
@@ -180,9 +234,13 @@ impl Shared {
         }
     }
 
-    /// Each of `ids` in a call of its own, at once.
+    /// Each of `ids` in a call of its own, one after the other, each within
+    /// the budget: a failed batch costs the budget no more than unbatched
+    /// lookups would have.
     async fn one_at_a_time(&self, region: &str, ids: &[&str]) -> HashMap<String, Answer> {
-        let alone = ids.iter().map(|id| async move {
+        let mut answers = HashMap::new();
+        for id in ids {
+            self.within_budget(region).await;
             let answer = self
                 .ec2
                 .describe_many(region, &[id])
@@ -193,9 +251,9 @@ impl Shared {
                         .find(|instance| instance.instance_id == *id)
                         .ok_or_else(|| not_found(id))
                 });
-            (id.to_string(), answer)
-        });
-        futures::future::join_all(alone).await.into_iter().collect()
+            answers.insert(id.to_string(), answer);
+        }
+        answers
     }
 }
 
@@ -225,19 +283,42 @@ struct Out<'a> {
 }
 
 impl Out<'_> {
+    /// Whether lookups wait; if none do, the call is no longer counted.
+    fn anything_waiting(&mut self) -> bool {
+        let mut regions = self.shared.lock();
+        let waiting = regions
+            .get(self.region)
+            .is_some_and(|queue| !queue.waiting.is_empty());
+        if !waiting {
+            self.done(&mut regions);
+        }
+        waiting
+    }
+
+    /// The call ends with nothing waiting: uncounted, and the region
+    /// forgotten if that loses nothing.
+    fn done(&mut self, regions: &mut HashMap<String, Region>) {
+        let now = Instant::now();
+        if let Some(queue) = regions.get_mut(self.region) {
+            queue.calls = queue.calls.saturating_sub(1);
+            if queue.idle(now) {
+                regions.remove(self.region);
+            }
+        }
+        self.counted = false;
+    }
+
     /// The next lookups to ask for, up to [`MAX_IDS`] IDs; `None`, with
     /// the call no longer counted, when none wait.
     fn next_batch(&mut self) -> Option<Vec<Waiter>> {
         let mut regions = self.shared.lock();
-        let queue = regions.get_mut(self.region)?;
-        if queue.waiting.is_empty() {
-            queue.calls = queue.calls.saturating_sub(1);
-            if queue.calls == 0 {
-                regions.remove(self.region);
-            }
-            self.counted = false;
+        let Some(queue) = regions
+            .get_mut(self.region)
+            .filter(|queue| !queue.waiting.is_empty())
+        else {
+            self.done(&mut regions);
             return None;
-        }
+        };
         let mut batch = Vec::new();
         let mut ids = std::collections::HashSet::new();
         while let Some(next) = queue.waiting.front() {
@@ -262,12 +343,10 @@ impl Drop for Out<'_> {
         };
         queue.calls = queue.calls.saturating_sub(1);
         if queue.calls == 0 {
-            if let Some(queue) = regions.remove(self.region) {
-                for waiter in queue.waiting {
-                    let _ = waiter.answer.send(Err(LookupError::Unavailable(
-                        "the EC2 lookup's call ended early".into(),
-                    )));
-                }
+            for waiter in queue.waiting.drain(..) {
+                let _ = waiter.answer.send(Err(LookupError::Unavailable(
+                    "the EC2 lookup's call ended early".into(),
+                )));
             }
         }
     }
@@ -371,6 +450,27 @@ mod tests {
         held
     }
 
+    /// Once answered, no lookup waits and soon no call is out (a call may
+    /// still wait for the budget, to find nothing left; the region is kept
+    /// while its budget refills).
+    async fn assert_quiet(batched: &Batched) {
+        let busy = || {
+            batched
+                .shared
+                .lock()
+                .values()
+                .map(|region| (region.calls, region.waiting.len()))
+                .find(|&busy| busy != (0, 0))
+        };
+        for _ in 0..200 {
+            if busy().is_none() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("calls out, lookups waiting: {:?}", busy());
+    }
+
     /// Holds every call out, queues `ids`' lookups behind them, then lets
     /// EC2 answer: every lookup's answer, the held ones' first.
     async fn behind_busy_calls(
@@ -388,10 +488,7 @@ mod tests {
         );
         ec2.gate.add_permits(Semaphore::MAX_PERMITS / 2);
         let answers = futures::future::join_all(held.into_iter().chain(queued)).await;
-        assert!(
-            batched.shared.lock().is_empty(),
-            "nothing kept once answered"
-        );
+        assert_quiet(&batched).await;
         answers.into_iter().map(|task| task.unwrap()).collect()
     }
 
@@ -405,10 +502,7 @@ mod tests {
             .unwrap();
         assert_eq!(found.instance_id, id(1));
         assert_eq!(ec2.calls(), vec![vec![id(1)]]);
-        assert!(
-            batched.shared.lock().is_empty(),
-            "nothing kept once answered"
-        );
+        assert_quiet(&batched).await;
     }
 
     #[tokio::test]
@@ -502,5 +596,33 @@ mod tests {
             );
         }
         drop(first);
+    }
+
+    #[tokio::test]
+    async fn calls_stay_within_the_budget_however_the_lookups_come() {
+        let ec2 = Fake::new(everyone, true);
+        let batched = Arc::new(Batched::new(ec2.clone()));
+        // One lookup every 10 ms, each of which EC2 answers at once: alone,
+        // each would be a call, 100 a second.
+        let started = Instant::now();
+        let mut lookups = Vec::new();
+        for n in 0..150 {
+            lookups.extend(look_up(&batched, [id(n)]));
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        for task in lookups {
+            let (asked, answer) = task.await.unwrap();
+            assert_eq!(answer.unwrap().instance_id, asked);
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        let calls = ec2.calls();
+        let allowed = f64::from(CALLS_PER_SECOND) * (1.0 + seconds) + 1.0;
+        assert!(
+            (calls.len() as f64) <= allowed,
+            "{} calls in {seconds:.2} s",
+            calls.len()
+        );
+        assert_eq!(calls.iter().map(Vec::len).sum::<usize>(), 150);
+        assert_quiet(&batched).await;
     }
 }

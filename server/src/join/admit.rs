@@ -35,6 +35,13 @@ pub struct Admitted {
     pub(super) started: Instant,
 }
 
+impl Admitted {
+    /// The instance the verified document names.
+    pub fn instance_id(&self) -> &str {
+        &self.doc.instance_id
+    }
+}
+
 /// The admit step: the document (its signature, then the policy), then
 /// the CSRs. A refusal is recorded here like any other. `evidence` is
 /// carried to the attest step, which alone knows whether the instance's

@@ -14,7 +14,7 @@
 //! NAT address held every place of that source with connections that never
 //! joined, and every booting node behind it was closed on accept.
 
-use super::queue::{Holding, Queue};
+use super::queue::{Caller, Holding, Queue};
 use crate::kube::metrics::{AdmissionLabels, Metrics};
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, Ipv6Addr};
@@ -252,9 +252,11 @@ impl Gate {
 
     /// How long a join turned away now (for either join cap) should wait
     /// before it comes back: its turn in the queue when the queue is past
-    /// what it can serve, else `--retry-after`'s floor.
-    pub fn retry_after(&self) -> Duration {
-        self.queue.retry_after(Instant::now())
+    /// what it can serve (as far off as the caller's patience allows; the
+    /// same turn again to an instance told one), else `--retry-after`'s
+    /// floor.
+    pub fn retry_after(&self, caller: &Caller<'_>) -> Duration {
+        self.queue.retry_after(Instant::now(), caller)
     }
 
     /// Counts and logs a caller turned away.
@@ -651,7 +653,11 @@ mod tests {
             started.elapsed() < Duration::from_secs(5),
             "turned away at once"
         );
-        assert!(gate.retry_after() >= Duration::from_secs(15));
+        let caller = Caller {
+            instance: "i-0123456789abcdef0",
+            patience: None,
+        };
+        assert!(gate.retry_after(&caller) >= Duration::from_secs(15));
         drop(held);
         for waiter in waiting {
             assert_eq!(waiter.await.unwrap(), Ok(()));

@@ -38,15 +38,17 @@ use crate::kube::metrics::Metrics;
 use crate::report::{self, ReportContext};
 use autonode_shared::protocol::{
     Attestation, ChallengeRequest, ErrorResponse, JoinRequest, JoinRequestV2, ReportRequest,
-    CHALLENGE_PATH, JOIN_PATH, JOIN_V2_PATH, MAX_REQUEST_BYTES, REPORT_PATH, REQUEST_ID_HEADER,
+    CHALLENGE_PATH, JOIN_PATH, JOIN_V2_PATH, MAX_REQUEST_BYTES, PATIENCE_HEADER, REPORT_PATH,
+    REQUEST_ID_HEADER,
 };
 use bytes::Bytes;
 use gate::{Gate, Ticket};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, CONNECTION, CONTENT_TYPE, RETRY_AFTER};
+use hyper::header::{HeaderMap, HeaderValue, CONNECTION, CONTENT_TYPE, RETRY_AFTER};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
+use queue::Caller;
 use serde::Serialize;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -278,12 +280,38 @@ async fn handle_join<M: JoinMessage>(
     request_id: &str,
     req: Request<Incoming>,
 ) -> Reply {
+    let patience = patience(req.headers());
     let message: M = match read_json(api, peer, req, request_id).await {
         Ok(message) => message,
         Err(reply) => return closing(reply),
     };
     let (request, evidence) = message.split();
-    join_request(api, peer, ticket, request_id, request, evidence).await
+    let join = Join {
+        request,
+        evidence,
+        patience,
+    };
+    join_request(api, peer, ticket, request_id, join).await
+}
+
+/// How long the agent says it will keep trying ([`PATIENCE_HEADER`]):
+/// whole seconds in digits; anything else counts as not said. It only ever
+/// lengthens the caller's own `Retry-After`.
+fn patience(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers.get(PATIENCE_HEADER)?.to_str().ok()?;
+    if value.is_empty() || value.len() > 6 || !value.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    value.parse().ok().map(Duration::from_secs)
+}
+
+/// A join as read from its request.
+struct Join {
+    request: JoinRequest,
+    /// The attestation evidence (`None` for `/v1`).
+    evidence: Option<Attestation>,
+    /// How long the agent will keep trying, if it said.
+    patience: Option<Duration>,
 }
 
 /// A join: admission (body, parse, verify) with no permit held, then a
@@ -295,11 +323,10 @@ async fn join_request(
     peer: IpAddr,
     ticket: &Ticket,
     request_id: &str,
-    request: JoinRequest,
-    evidence: Option<Attestation>,
+    join: Join,
 ) -> Reply {
     let _busy = ticket.busy();
-    let admitted = match join::admit(&api.join, request_id, request, evidence) {
+    let admitted = match join::admit(&api.join, request_id, join.request, join.evidence) {
         Ok(admitted) => admitted,
         Err(e) => return join_verdict(api, request_id, e),
     };
@@ -307,7 +334,11 @@ async fn join_request(
         Ok(pass) => pass,
         Err(why) => {
             api.gate.turned(why, peer, Some(request_id));
-            return closing(busy(api, why, request_id));
+            let caller = Caller {
+                instance: admitted.instance_id(),
+                patience: join.patience,
+            };
+            return closing(busy(api, why, request_id, &caller));
         }
     };
     match join::handle(&api.join, request_id, admitted).await {
@@ -320,7 +351,7 @@ async fn join_request(
 /// the global one; either way, when to come back: its turn, when the queue
 /// is longer than it can serve in its wait. The connection is closed after
 /// it: its buffers are not held through a wait that may last a minute.
-fn busy(api: &Api, why: Turned, request_id: &str) -> Reply {
+fn busy(api: &Api, why: Turned, request_id: &str, caller: &Caller<'_>) -> Reply {
     let mut reply = if why == Turned::SourceJoins {
         error(
             StatusCode::TOO_MANY_REQUESTS,
@@ -334,7 +365,7 @@ fn busy(api: &Api, why: Turned, request_id: &str) -> Reply {
             request_id,
         )
     };
-    let after = api.gate.retry_after().as_secs_f64().ceil() as u64;
+    let after = api.gate.retry_after(caller).as_secs_f64().ceil() as u64;
     reply.headers_mut().insert(RETRY_AFTER, after.into());
     reply
 }
@@ -482,4 +513,24 @@ fn with_request_id(mut reply: Reply, request_id: &str) -> Reply {
 
 fn new_request_id() -> String {
     format!("{:016x}", rand::random::<u64>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patience_is_whole_seconds_in_digits_or_not_said() {
+        let said = |value: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(PATIENCE_HEADER, value.parse().unwrap());
+            patience(&headers)
+        };
+        assert_eq!(patience(&HeaderMap::new()), None);
+        assert_eq!(said("540"), Some(Duration::from_secs(540)));
+        assert_eq!(said("0"), Some(Duration::ZERO));
+        for not in ["", "-5", "+5", "5.5", "1e3", " 5", "9999999", "ten"] {
+            assert_eq!(said(not), None, "{not:?}");
+        }
+    }
 }

@@ -18,16 +18,32 @@
 //! so a caller without a valid document moves nothing here. Every moment
 //! given is at most [`MAX_RETRY_AFTER`] away.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-/// The longest `Retry-After` given: the agent's own longest backoff
-/// (`RetryPolicy::JOIN`'s cap, the same in every released agent), so no
-/// agent waits longer than it would have on its own, and one with a short
-/// `deadline` gives up no sooner. Joins whose turn is further come back
-/// and are given a later one.
+/// The longest `Retry-After` given to an agent that does not say how long
+/// it will keep trying: the agent's own longest backoff (`RetryPolicy::JOIN`'s
+/// cap, the same in every released agent), so no agent waits longer than
+/// it would have on its own, and one with a short `deadline` gives up no
+/// sooner. Joins whose turn is further come back and are given a later one.
 pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
+/// The longest `Retry-After` given to an agent that says how long it will
+/// keep trying ([`PATIENCE_HEADER`], agents since 0.3.0): a 10,000-machine
+/// burst's last joins wait about six minutes here, and told at most 30 s,
+/// each came back a dozen times, every return a TLS handshake and an
+/// admission (docs/benchmarks.md).
+///
+/// [`PATIENCE_HEADER`]: autonode_shared::protocol::PATIENCE_HEADER
+pub const MAX_PATIENT_RETRY_AFTER: Duration = Duration::from_secs(300);
+/// Kept off an agent's patience: its next attempt (a challenge, a join, a
+/// TLS handshake each) must fit before its deadline, or it gives up.
+const PATIENCE_MARGIN: Duration = Duration::from_secs(60);
+
+/// Turns told and not yet come that are remembered, one an instance: more
+/// than the largest burst measured (10,000), a few MiB at most. Past it a
+/// join is told a moment at random, as past the cap.
+const MAX_TURNS: usize = 20_000;
 /// The fewest that may wait while the rate is not known, however few the
 /// places: that many connections' buffers are a few MiB.
 const MIN_QUEUE: usize = 64;
@@ -60,6 +76,21 @@ struct State {
     waiting: usize,
     /// The last moment handed to a join turned away.
     last_slot: Option<Instant>,
+    /// The turn each instance was told and that has not come yet: asked
+    /// again (a join back early, or a leaked document sent over and over),
+    /// it is told the same turn, so one document holds one turn and
+    /// cannot push every other join's turn back.
+    turns: HashMap<String, Instant>,
+    /// The same turns in the order told, which is their order in time.
+    told: VecDeque<(Instant, String)>,
+}
+
+/// A join turned away: the instance its (verified) document names, and
+/// how long its agent says it will keep trying.
+#[derive(Clone, Copy, Debug)]
+pub struct Caller<'a> {
+    pub instance: &'a str,
+    pub patience: Option<Duration>,
 }
 
 /// A join waiting for a place; counted until dropped.
@@ -116,8 +147,11 @@ impl Queue {
     /// How long a join turned away `now` should wait before it comes back:
     /// the floor while the queue has room; past it, the next moment after
     /// the queue ahead has drained and after every join turned away before
-    /// it, one place's time apart, at most [`MAX_RETRY_AFTER`].
-    pub fn retry_after(&self, now: Instant) -> Duration {
+    /// it, one place's time apart, at most [`Queue::longest_wait`] for an
+    /// agent of the caller's patience; the same turn again to an instance
+    /// that was told one which has not come yet.
+    pub fn retry_after(&self, now: Instant, caller: &Caller<'_>) -> Duration {
+        let cap = Self::longest_wait(caller.patience);
         let mut state = self.state();
         let rate = state.rate(now);
         if self.room(&state, rate) {
@@ -132,20 +166,40 @@ impl Queue {
             let half = self.wait / 2;
             return (half + half.mul_f64(rand::random::<f64>())).max(self.floor);
         };
+        state.forget_passed(now);
+        if let Some(&turn) = state.turns.get(caller.instance) {
+            if turn <= now + cap {
+                return (turn - now).max(self.floor);
+            }
+        }
         let drained = now + self.wait;
         let after = state.last_slot.map_or(drained, |last| last.max(drained));
         let slot = after + Duration::from_secs_f64(1.0 / per_second);
-        if slot <= now + MAX_RETRY_AFTER {
+        if slot <= now + cap && state.turns.len() < MAX_TURNS {
             state.last_slot = Some(slot);
+            state.turns.insert(caller.instance.to_string(), slot);
+            state.told.push_back((slot, caller.instance.to_string()));
             return (slot - now).max(self.floor);
         }
         // Past the cap: a moment between the queue's drain and the cap, at
         // random, so that joins past it come back spread out and keep the
         // queue fed, where all told the cap came back together after the
         // queue had long drained and left its places idle.
-        let earliest = self.wait.min(MAX_RETRY_AFTER);
-        let spread = (MAX_RETRY_AFTER - earliest).mul_f64(rand::random::<f64>());
+        let earliest = self.wait.min(cap);
+        let spread = (cap - earliest).mul_f64(rand::random::<f64>());
         (earliest + spread).max(self.floor)
+    }
+
+    /// The furthest turn an agent is told: [`MAX_RETRY_AFTER`] unless it
+    /// said how long it will keep trying; then that, less the time its next
+    /// attempt needs, up to [`MAX_PATIENT_RETRY_AFTER`], never less than
+    /// [`MAX_RETRY_AFTER`] (its backoff would wait that long anyway).
+    pub fn longest_wait(patience: Option<Duration>) -> Duration {
+        patience.map_or(MAX_RETRY_AFTER, |patience| {
+            patience
+                .saturating_sub(PATIENCE_MARGIN)
+                .clamp(MAX_RETRY_AFTER, MAX_PATIENT_RETRY_AFTER)
+        })
     }
 }
 
@@ -158,6 +212,18 @@ impl Queue {
 }
 
 impl State {
+    /// Forgets the turns that have come by `now`.
+    fn forget_passed(&mut self, now: Instant) {
+        while let Some((turn, _)) = self.told.front().filter(|(turn, _)| *turn <= now) {
+            let turn = *turn;
+            if let Some((_, instance)) = self.told.pop_front() {
+                if self.turns.get(&instance) == Some(&turn) {
+                    self.turns.remove(&instance);
+                }
+            }
+        }
+    }
+
     /// Places freed a second, over the last finished joins in the window.
     fn rate(&mut self, now: Instant) -> Option<f64> {
         while self
@@ -203,6 +269,31 @@ mod tests {
     const FLOOR: Duration = Duration::from_secs(2);
     const PLACES: usize = 256;
 
+    /// The `n`th of many instances, its agent of `patience`.
+    fn caller(n: usize, patience: Option<Duration>) -> (String, Option<Duration>) {
+        (format!("i-{n:08x}"), patience)
+    }
+
+    /// When the queue tells each of `callers` to come back, in order.
+    fn told(queue: &Queue, now: Instant, callers: &[(String, Option<Duration>)]) -> Vec<Duration> {
+        callers
+            .iter()
+            .map(|(instance, patience)| {
+                queue.retry_after(
+                    now,
+                    &Caller {
+                        instance,
+                        patience: *patience,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    fn many(count: usize, patience: Option<Duration>) -> Vec<(String, Option<Duration>)> {
+        (0..count).map(|n| caller(n, patience)).collect()
+    }
+
     /// A queue that saw `count` joins finish over the last `over`.
     fn measured(count: usize, over: Duration) -> (Arc<Queue>, Instant) {
         let queue = Arc::new(Queue::new(WAIT, FLOOR, PLACES));
@@ -222,7 +313,7 @@ mod tests {
         waiting.push(queue.enter());
         assert!(!queue.has_room(now));
         // Told to come back in the wait's second half.
-        let turns: Vec<_> = (0..100).map(|_| queue.retry_after(now)).collect();
+        let turns = told(&queue, now, &many(100, None));
         assert!(
             turns.iter().all(|t| (WAIT / 2..=WAIT).contains(t)),
             "{turns:?}"
@@ -240,16 +331,19 @@ mod tests {
         let (queue, now) = measured(200, Duration::from_secs(10));
         let mut waiting: Vec<_> = (0..190).map(|_| queue.enter()).collect();
         assert!(queue.has_room(now));
-        assert_eq!(queue.retry_after(now), FLOOR);
+        assert_eq!(told(&queue, now, &many(1, None)), [FLOOR]);
         waiting.extend((0..20).map(|_| queue.enter()));
         assert!(!queue.has_room(now));
         let ms = |d: Duration| (d.as_secs_f64() * 1000.0).round() as u64;
-        let turns: Vec<_> = (0..3).map(|_| ms(queue.retry_after(now))).collect();
+        let turns: Vec<_> = told(&queue, now, &many(3, None))
+            .into_iter()
+            .map(ms)
+            .collect();
         assert_eq!(turns, [10_050, 10_100, 10_150]);
         // Asked 5 s later, with no place freed since: the queue ahead
         // drains from then on, and at the lower rate (199 in 14.95 s).
         let later = now + Duration::from_secs(5);
-        assert_eq!(ms(queue.retry_after(later)), 10_075);
+        assert_eq!(ms(told(&queue, later, &[caller(3, None)])[0]), 10_075);
         drop(waiting);
         assert!(queue.has_room(now));
     }
@@ -259,7 +353,7 @@ mod tests {
         // 2 places a second: 40 turns fit before the 30 s cap.
         let (queue, now) = measured(20, Duration::from_secs(10));
         let _waiting: Vec<_> = (0..100).map(|_| queue.enter()).collect();
-        let turns: Vec<_> = (0..1000).map(|_| queue.retry_after(now)).collect();
+        let turns = told(&queue, now, &many(1000, None));
         assert!(turns.iter().all(|t| (WAIT..=MAX_RETRY_AFTER).contains(t)));
         let ordered = turns.windows(2).take_while(|w| w[0] < w[1]).count();
         assert_eq!(ordered + 1, 40, "one place's time apart up to the cap");
@@ -279,5 +373,75 @@ mod tests {
         assert_eq!(queue.state().rate(Instant::now()), None);
         drop((0..10).map(|_| queue.hold()).collect::<Vec<_>>());
         assert!(queue.state().rate(Instant::now()).is_some());
+    }
+
+    #[test]
+    fn an_agent_that_says_how_long_it_keeps_trying_is_told_its_turn_that_far_off() {
+        // 2 places a second: 40 turns fit before the 30 s cap, 580 before
+        // 300 s.
+        let (queue, now) = measured(20, Duration::from_secs(10));
+        let _waiting: Vec<_> = (0..100).map(|_| queue.enter()).collect();
+        let patient = Some(Duration::from_secs(600));
+        let turns = told(&queue, now, &many(600, patient));
+        let ordered = turns.windows(2).take_while(|w| w[0] < w[1]).count();
+        assert_eq!(ordered + 1, 580, "one place's time apart up to 300 s");
+        assert!(turns.iter().all(|t| *t <= MAX_PATIENT_RETRY_AFTER));
+        // An agent that does not say, arriving after them, is told at most
+        // the 30 s it would wait anyway; its turn is past that now.
+        let [late] = told(&queue, now, &[caller(600, None)])[..] else {
+            unreachable!("one caller, one answer")
+        };
+        assert!((WAIT..=MAX_RETRY_AFTER).contains(&late), "{late:?}");
+    }
+
+    #[test]
+    fn patience_is_kept_off_by_a_margin_and_bounded_both_ways() {
+        let secs = |s| Some(Duration::from_secs(s));
+        assert_eq!(Queue::longest_wait(None), MAX_RETRY_AFTER);
+        // Too little to wait longer than its backoff would: as before.
+        assert_eq!(Queue::longest_wait(secs(0)), MAX_RETRY_AFTER);
+        assert_eq!(Queue::longest_wait(secs(80)), MAX_RETRY_AFTER);
+        assert_eq!(Queue::longest_wait(secs(200)), Duration::from_secs(140));
+        assert_eq!(Queue::longest_wait(secs(600)), MAX_PATIENT_RETRY_AFTER);
+        assert_eq!(Queue::longest_wait(secs(u64::MAX)), MAX_PATIENT_RETRY_AFTER);
+    }
+
+    #[test]
+    fn an_instance_asking_again_is_told_the_same_turn_and_holds_back_no_other() {
+        // 20 places a second, past what the wait can serve.
+        let (queue, now) = measured(200, Duration::from_secs(10));
+        let _waiting: Vec<_> = (0..210).map(|_| queue.enter()).collect();
+        let patient = Some(Duration::from_secs(600));
+        let ms = |d: Duration| (d.as_secs_f64() * 1000.0).round() as u64;
+        // One document sent a thousand times holds one turn.
+        let again = vec![caller(7, patient); 1000];
+        let turns: Vec<_> = told(&queue, now, &again).into_iter().map(ms).collect();
+        assert!(turns.iter().all(|t| *t == 10_050), "{:?}", &turns[..3]);
+        // The next instance's turn is one place after it, not a thousand.
+        assert_eq!(ms(told(&queue, now, &[caller(8, patient)])[0]), 10_100);
+        // Once its turn has come, an instance asking again gets a new one.
+        let later = now + Duration::from_secs(11);
+        let next = ms(told(&queue, later, &[caller(7, patient)])[0]);
+        assert!(next > 9_000, "a new turn after the queue ahead: {next}");
+        assert_eq!(queue.state().turns.len(), 1, "the turns come forgotten");
+    }
+
+    #[test]
+    fn turns_remembered_are_bounded() {
+        let (queue, now) = measured(200, Duration::from_secs(10));
+        let _waiting: Vec<_> = (0..210).map(|_| queue.enter()).collect();
+        let patient = Some(Duration::from_secs(600));
+        // 20 a second for 290 s: 5,800 turns fit before the 300 s cap; with
+        // a thousand times the rate, MAX_TURNS would fit.
+        told(&queue, now, &many(6000, patient));
+        assert!(queue.state().turns.len() <= MAX_TURNS);
+        assert_eq!(queue.state().turns.len(), queue.state().told.len());
+        queue.state().finished = (0..RATE_SAMPLES).map(|_| now).collect();
+        told(
+            &queue,
+            now + Duration::from_millis(1),
+            &many(MAX_TURNS + 100, patient),
+        );
+        assert_eq!(queue.state().turns.len(), MAX_TURNS);
     }
 }

@@ -7,7 +7,7 @@ use crate::measure::{cpu_seconds, keep_logs, ms, percentile, round, vm_hwm_bytes
 use crate::options::{BURST_DEADLINE, LAUNCH_CONCURRENCY};
 use crate::requests;
 use anyhow::{anyhow, bail, ensure, Context, Result};
-use autonode_shared::protocol::{JoinRequest, JoinResponse, JOIN_PATH};
+use autonode_shared::protocol::{JoinRequest, JoinResponse, JOIN_PATH, PATIENCE_HEADER};
 use autonode_tests::callers::hostile::{self, Answers, Attackers};
 use autonode_tests::callers::joiner::{self, NodeKeys};
 use autonode_tests::cloud::fakecloud::Instance;
@@ -378,7 +378,13 @@ impl JoinClient {
         let started = Instant::now();
         let mut busy_answers = 0;
         for attempt in 1u32.. {
-            let (status, retry_after, text) = match self.post(machine, body.clone()).await {
+            // Says how long it keeps trying, as agents since 0.3.0 do, with
+            // the agent's default deadline (the bench's own may be longer).
+            let patience = deadline
+                .min(autonode_shared::contract::DEFAULT_DEADLINE)
+                .saturating_sub(started.elapsed());
+            let (status, retry_after, text) = match self.post(machine, body.clone(), patience).await
+            {
                 Ok(answer) => answer,
                 Err(e) => (0, None, format!("{e:#}")),
             };
@@ -415,9 +421,15 @@ impl JoinClient {
         unreachable!("the loop returns or bails")
     }
 
-    async fn post(&self, machine: usize, body: Bytes) -> Result<(u16, Option<Duration>, String)> {
+    async fn post(
+        &self,
+        machine: usize,
+        body: Bytes,
+        patience: Duration,
+    ) -> Result<(u16, Option<Duration>, String)> {
         let request = hyper::Request::post(&*self.url)
             .header("content-type", "application/json")
+            .header(PATIENCE_HEADER, patience.as_secs())
             .body(Full::new(body).boxed())?;
         let client = &self.clients[machine % self.clients.len()];
         let response = tokio::time::timeout(Duration::from_secs(60), client.request(request))
