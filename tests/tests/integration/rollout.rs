@@ -259,6 +259,15 @@ pub(crate) async fn proven_world_by(
     })
     .await?;
     ensure!(state(&class)["good"]["amiSelectorTerms"][0]["id"] == OLD_AMI);
+    if binary.is_none() {
+        // This tree's server writes the class first and records it in its
+        // store after (an older release's keeps no store).
+        eventually("the proven AMI in the store", || async {
+            let entry = stored(&world).await?;
+            Ok((entry["good"] == state(&class)["good"]).then_some(()))
+        })
+        .await?;
+    }
     Ok((world, class))
 }
 
