@@ -31,7 +31,7 @@
 //! concurrency).
 
 use super::client::Ec2Client;
-use super::{is_instance_id, Ec2Instance, InstanceLookup, LookupError, LookupFuture};
+use super::{is_instance_id, the_one, Ec2Instance, InstanceLookup, LookupError, LookupFuture};
 use crate::primitives::limiter::{Bucket, Rate};
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -133,7 +133,7 @@ impl InstanceLookup for Batched {
             // Refused here, not in a batch, where it would fail the others'
             // call: the ID is the caller's until EC2 has answered for it.
             if !is_instance_id(instance_id) {
-                return Err(not_found(instance_id));
+                return Err(LookupError::not_found(instance_id));
             }
             let (answer, answered) = oneshot::channel();
             let waiter = Waiter {
@@ -228,7 +228,7 @@ impl Shared {
             let answer = answers
                 .get(&waiter.instance_id)
                 .cloned()
-                .unwrap_or_else(|| Err(not_found(&waiter.instance_id)));
+                .unwrap_or_else(|| Err(LookupError::not_found(&waiter.instance_id)));
             // A caller that stopped waiting dropped its receiver; nothing to do.
             let _ = waiter.answer.send(answer);
         }
@@ -245,12 +245,7 @@ impl Shared {
                 .ec2
                 .describe_many(region, &[id])
                 .await
-                .and_then(|found| {
-                    found
-                        .into_iter()
-                        .find(|instance| instance.instance_id == *id)
-                        .ok_or_else(|| not_found(id))
-                });
+                .and_then(|found| the_one(found, id));
             answers.insert(id.to_string(), answer);
         }
         answers
@@ -264,12 +259,6 @@ fn shared_by_all(error: &LookupError) -> bool {
         error,
         LookupError::Throttled | LookupError::Denied(_) | LookupError::Credentials(_)
     )
-}
-
-fn not_found(instance_id: &str) -> LookupError {
-    LookupError::NotFound {
-        instance_id: instance_id.to_string(),
-    }
 }
 
 /// A call counted as out in its region until it finds nothing waiting,
@@ -396,7 +385,7 @@ mod tests {
                     return Err(LookupError::Throttled);
                 }
                 if let Some(unknown) = ids.iter().find(|id| !(self.known)(id)) {
-                    return Err(not_found(unknown));
+                    return Err(LookupError::not_found(unknown));
                 }
                 Ok(ids.iter().map(|id| instance(id)).collect())
             })

@@ -12,7 +12,7 @@ use super::credentials::CachedCredentials;
 use super::transport::{describe_body, signed_request, Endpoint, HttpClient};
 use super::xml::{self, ApiError};
 use super::{
-    is_instance_id, Ec2Instance, InstanceLookup, LookupError, LookupFuture, LookupRetries,
+    is_instance_id, the_one, Ec2Instance, InstanceLookup, LookupError, LookupFuture, LookupRetries,
 };
 
 /// How to reach EC2.
@@ -89,11 +89,10 @@ impl Ec2Client {
     ) -> Result<Ec2Instance, LookupError> {
         // Asked by ID, EC2 answers with the instance or with an error; an
         // empty success is treated as "not there" all the same.
-        self.describe_many(region, &[instance_id])
-            .await?
-            .into_iter()
-            .find(|found| found.instance_id == instance_id)
-            .ok_or_else(|| not_found(instance_id))
+        the_one(
+            self.describe_many(region, &[instance_id]).await?,
+            instance_id,
+        )
     }
 
     /// The instances `instance_ids` in `region`, in one `DescribeInstances`
@@ -107,7 +106,7 @@ impl Ec2Client {
         instance_ids: &[&str],
     ) -> Result<Vec<Ec2Instance>, LookupError> {
         if let Some(bad) = instance_ids.iter().find(|id| !is_instance_id(id)) {
-            return Err(not_found(bad));
+            return Err(LookupError::not_found(bad));
         }
         let policy = self.settings.retry;
         let mut attempt = 0;
@@ -158,12 +157,6 @@ fn retryable(error: &LookupError) -> bool {
     matches!(error, LookupError::Throttled | LookupError::Unavailable(_))
 }
 
-fn not_found(instance_id: &str) -> LookupError {
-    LookupError::NotFound {
-        instance_id: instance_id.to_string(),
-    }
-}
-
 /// What an HTTP answer means for the lookup of `instance_ids`.
 fn interpret(
     status: StatusCode,
@@ -193,7 +186,9 @@ fn classify(status: StatusCode, error: &ApiError, instance_id: &str) -> LookupEr
     };
     match error.code.as_str() {
         // EC2 checks the form again; ours passed, but its rules are its own.
-        "InvalidInstanceID.NotFound" | "InvalidInstanceID.Malformed" => not_found(instance_id),
+        "InvalidInstanceID.NotFound" | "InvalidInstanceID.Malformed" => {
+            LookupError::not_found(instance_id)
+        }
         "RequestLimitExceeded" | "Throttling" | "ThrottlingException" => LookupError::Throttled,
         "AuthFailure"
         | "UnauthorizedOperation"
@@ -291,7 +286,7 @@ mod tests {
     fn only_passing_trouble_is_retried() {
         assert!(retryable(&LookupError::Throttled));
         assert!(retryable(&LookupError::Unavailable("timeout".into())));
-        assert!(!retryable(&not_found(ID)));
+        assert!(!retryable(&LookupError::not_found(ID)));
         assert!(!retryable(&LookupError::Denied("AuthFailure".into())));
         assert!(!retryable(&LookupError::Credentials("none".into())));
     }

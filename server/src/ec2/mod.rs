@@ -150,6 +150,25 @@ impl LookupError {
     }
 }
 
+impl LookupError {
+    /// EC2 does not know `instance_id`.
+    pub fn not_found(instance_id: &str) -> Self {
+        Self::NotFound {
+            instance_id: instance_id.to_string(),
+        }
+    }
+}
+
+/// The instance EC2 described under `instance_id` among `found`: each
+/// lookup gets the instance EC2 put its own ID on, never another's; none
+/// is "not found".
+fn the_one(found: Vec<Ec2Instance>, instance_id: &str) -> Result<Ec2Instance, LookupError> {
+    found
+        .into_iter()
+        .find(|instance| instance.instance_id == instance_id)
+        .ok_or_else(|| LookupError::not_found(instance_id))
+}
+
 /// The boxed future [`InstanceLookup`] returns (object safe, `Send`).
 pub type LookupFuture<'a> =
     Pin<Box<dyn Future<Output = Result<Ec2Instance, LookupError>> + Send + 'a>>;
