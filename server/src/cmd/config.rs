@@ -97,6 +97,16 @@ pub struct ServeArgs {
     #[arg(long, env = "AUTONODE_EC2_ENDPOINT")]
     pub ec2_endpoint: Option<String>,
 
+    /// `DescribeInstances` calls a second, per region, and the burst: the
+    /// server's share of the account's EC2 request budget. The default (10)
+    /// is half of AWS's default refill for the account, leaving the rest to
+    /// Karpenter; lookups waiting for the budget go together, up to 50
+    /// instances a call, so 10 a second is 500 lookups a second. Raise it
+    /// only with the account's raised limit: throttled, the server's
+    /// lookups and Karpenter's launches fail together.
+    #[arg(long, env = "AUTONODE_EC2_CALLS_PER_SECOND", default_value = "10", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub ec2_calls_per_second: u32,
+
     /// Cluster DNS service IPs written into every kubelet config.
     #[arg(
         long,
@@ -980,6 +990,17 @@ mod tests {
         assert_eq!(serve(&[]).unwrap().worker_threads, 1);
         assert_eq!(serve(&["--worker-threads=4"]).unwrap().worker_threads, 4);
         for refused in ["--worker-threads=0", "--worker-threads=257"] {
+            let err = serve(&[refused]).expect_err(refused);
+            assert_eq!(err.kind(), ErrorKind::ValueValidation, "{refused}");
+        }
+    }
+
+    #[test]
+    fn ec2s_budget_is_half_the_accounts_default_unless_told_and_never_none() {
+        assert_eq!(serve(&[]).unwrap().ec2_calls_per_second, 10);
+        let raised = serve(&["--ec2-calls-per-second=40"]).unwrap();
+        assert_eq!(raised.ec2_calls_per_second, 40);
+        for refused in ["--ec2-calls-per-second=0", "--ec2-calls-per-second=1001"] {
             let err = serve(&[refused]).expect_err(refused);
             assert_eq!(err.kind(), ErrorKind::ValueValidation, "{refused}");
         }

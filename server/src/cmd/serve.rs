@@ -150,7 +150,8 @@ fn attestation(args: &ServeArgs, key: StateKey) -> Result<Arc<Attestation>> {
 }
 
 /// EC2, as the join and the approver look instances up: the lookups that
-/// wait together asked in one call (`ec2::Batched`).
+/// wait together asked in one call, within `--ec2-calls-per-second`
+/// (`ec2::Batched`).
 async fn ec2_lookup(args: &ServeArgs) -> Result<Arc<dyn InstanceLookup>> {
     let ec2 = Ec2Client::new(Ec2Settings {
         endpoint: args.ec2_endpoint.clone(),
@@ -158,7 +159,10 @@ async fn ec2_lookup(args: &ServeArgs) -> Result<Arc<dyn InstanceLookup>> {
     })
     .await
     .context("setting up the EC2 client")?;
-    Ok(Arc::new(Batched::new(Arc::new(ec2))))
+    Ok(Arc::new(Batched::new(
+        Arc::new(ec2),
+        args.ec2_calls_per_second,
+    )))
 }
 
 /// What the leader runs, from the settings.

@@ -7,8 +7,8 @@
 //! once an instance, 10,000 nodes renewing together took about 500 s of it
 //! and throttled the autoscaler meanwhile; batched, a few hundred calls.
 //!
-//! How: a region's calls are budgeted, [`CALLS_PER_SECOND`] with a burst
-//! of as many, and at most [`CALLS_IN_FLIGHT`] out at once. A lookup is
+//! How: a region's calls are budgeted (`--ec2-calls-per-second`,
+//! [`DEFAULT_CALLS_PER_SECOND`] unless set) with a burst of as many, and at most [`CALLS_IN_FLIGHT`] out at once. A lookup is
 //! sent at once while the budget allows, so a quiet server adds no wait to
 //! a join; past it, lookups queue, and each call that goes next takes up
 //! to [`MAX_IDS`] of them: the busier the server, the fuller its calls,
@@ -23,7 +23,7 @@
 //! missing credentials are everyone's answer as they are: asking again one
 //! at a time would only spend more of the budget.
 //!
-//! Bounds: at most [`CALLS_PER_SECOND`] calls of a region a second and
+//! Bounds: at most the budget's calls of a region a second and
 //! [`CALLS_IN_FLIGHT`] at once, a failed batch's single lookups included
 //! (made one after the other by its call, each within the budget); the
 //! queue holds one entry a waiting caller, and callers are bounded where
@@ -47,16 +47,12 @@ pub const MAX_IDS: usize = 50;
 /// Calls of one region out at once. More than one, so one slow answer
 /// (EC2's timeout is seconds) does not hold every lookup behind it.
 pub const CALLS_IN_FLIGHT: usize = 4;
-/// Calls of one region a second, and the burst: half of what AWS refills
-/// an account's `DescribeInstances` bucket with by default (20 a second),
+/// Calls of one region a second, and the burst, unless
+/// `--ec2-calls-per-second` says otherwise: half of what AWS refills an
+/// account's `DescribeInstances` bucket with by default (20 a second),
 /// leaving the rest to Karpenter. At [`MAX_IDS`] a call, 500 lookups a
 /// second.
-pub const CALLS_PER_SECOND: u32 = 10;
-
-/// The budget as the one token bucket's rate.
-fn budget() -> Rate {
-    Rate::new(CALLS_PER_SECOND, Duration::from_secs(1) / CALLS_PER_SECOND)
-}
+pub const DEFAULT_CALLS_PER_SECOND: u32 = 10;
 
 /// The boxed future [`DescribeMany::describe_many`] returns.
 pub type ManyFuture<'a> =
@@ -81,6 +77,8 @@ pub struct Batched {
 
 struct Shared {
     ec2: Arc<dyn DescribeMany>,
+    /// Each region's budget, as the one token bucket's rate.
+    budget: Rate,
     regions: Mutex<HashMap<String, Region>>,
 }
 
@@ -95,17 +93,17 @@ struct Region {
 }
 
 impl Region {
-    fn new(now: Instant) -> Self {
+    fn new(budget: Rate, now: Instant) -> Self {
         Self {
             waiting: VecDeque::new(),
             calls: 0,
-            budget: Bucket::full(budget(), now),
+            budget: Bucket::full(budget, now),
         }
     }
 
     /// Whether forgetting it loses nothing.
-    fn idle(&self, now: Instant) -> bool {
-        self.calls == 0 && self.waiting.is_empty() && self.budget.is_full(budget(), now)
+    fn idle(&self, budget: Rate, now: Instant) -> bool {
+        self.calls == 0 && self.waiting.is_empty() && self.budget.is_full(budget, now)
     }
 }
 
@@ -117,10 +115,14 @@ struct Waiter {
 }
 
 impl Batched {
-    pub fn new(ec2: Arc<dyn DescribeMany>) -> Self {
+    /// Lookups through `ec2`, at most `calls_per_second` calls of a region
+    /// a second (and a burst of as many; at least one).
+    pub fn new(ec2: Arc<dyn DescribeMany>, calls_per_second: u32) -> Self {
+        let calls_per_second = calls_per_second.max(1);
         Self {
             shared: Arc::new(Shared {
                 ec2,
+                budget: Rate::new(calls_per_second, Duration::from_secs(1) / calls_per_second),
                 regions: Mutex::default(),
             }),
         }
@@ -164,7 +166,7 @@ impl Shared {
         let mut regions = self.lock();
         let queue = regions
             .entry(region.to_string())
-            .or_insert_with(|| Region::new(Instant::now()));
+            .or_insert_with(|| Region::new(self.budget, Instant::now()));
         queue.waiting.push_back(waiter);
         let start = queue.calls < CALLS_IN_FLIGHT;
         if start {
@@ -195,7 +197,7 @@ impl Shared {
     async fn within_budget(&self, region: &str) {
         loop {
             let taken = match self.lock().get_mut(region) {
-                Some(queue) => queue.budget.take(budget(), Instant::now()),
+                Some(queue) => queue.budget.take(self.budget, Instant::now()),
                 // Forgotten only when idle: no call of this one's is out.
                 None => Ok(()),
             };
@@ -290,7 +292,7 @@ impl Out<'_> {
         let now = Instant::now();
         if let Some(queue) = regions.get_mut(self.region) {
             queue.calls = queue.calls.saturating_sub(1);
-            if queue.idle(now) {
+            if queue.idle(self.shared.budget, now) {
                 regions.remove(self.region);
             }
         }
@@ -466,7 +468,7 @@ mod tests {
         ec2: &Arc<Fake>,
         ids: impl IntoIterator<Item = String>,
     ) -> Vec<(String, Answer)> {
-        let batched = Arc::new(Batched::new(ec2.clone()));
+        let batched = Arc::new(Batched::new(ec2.clone(), DEFAULT_CALLS_PER_SECOND));
         let held = hold_every_call(&batched, ec2).await;
         let queued = look_up(&batched, ids);
         settle().await;
@@ -484,7 +486,7 @@ mod tests {
     #[tokio::test]
     async fn a_lookup_alone_is_asked_at_once_alone() {
         let ec2 = Fake::new(everyone, true);
-        let batched = Batched::new(ec2.clone());
+        let batched = Batched::new(ec2.clone(), DEFAULT_CALLS_PER_SECOND);
         let found = batched
             .describe_instance("us-west-2", &id(1))
             .await
@@ -553,7 +555,7 @@ mod tests {
     #[tokio::test]
     async fn an_id_that_is_not_an_instance_id_never_joins_a_batch() {
         let ec2 = Fake::new(everyone, true);
-        let batched = Batched::new(ec2.clone());
+        let batched = Batched::new(ec2.clone(), DEFAULT_CALLS_PER_SECOND);
         let refused = batched
             .describe_instance("us-west-2", "i-1&Action=RunInstances")
             .await;
@@ -564,7 +566,7 @@ mod tests {
     #[tokio::test]
     async fn a_call_that_ends_early_leaves_nobody_waiting() {
         let ec2 = Fake::new(everyone, false);
-        let batched = Arc::new(Batched::new(ec2.clone()));
+        let batched = Arc::new(Batched::new(ec2.clone(), DEFAULT_CALLS_PER_SECOND));
         let first = hold_every_call(&batched, &ec2).await;
         let rest = look_up(&batched, (400..405).map(id));
         settle().await;
@@ -590,7 +592,7 @@ mod tests {
     #[tokio::test]
     async fn calls_stay_within_the_budget_however_the_lookups_come() {
         let ec2 = Fake::new(everyone, true);
-        let batched = Arc::new(Batched::new(ec2.clone()));
+        let batched = Arc::new(Batched::new(ec2.clone(), DEFAULT_CALLS_PER_SECOND));
         // One lookup every 10 ms, each of which EC2 answers at once: alone,
         // each would be a call, 100 a second.
         let started = Instant::now();
@@ -605,7 +607,7 @@ mod tests {
         }
         let seconds = started.elapsed().as_secs_f64();
         let calls = ec2.calls();
-        let allowed = f64::from(CALLS_PER_SECOND) * (1.0 + seconds) + 1.0;
+        let allowed = f64::from(DEFAULT_CALLS_PER_SECOND) * (1.0 + seconds) + 1.0;
         assert!(
             (calls.len() as f64) <= allowed,
             "{} calls in {seconds:.2} s",

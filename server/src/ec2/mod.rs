@@ -26,7 +26,9 @@ mod transport;
 mod xml;
 
 pub use aws_credential_types::Credentials;
-pub use batch::{Batched, DescribeMany, ManyFuture, CALLS_IN_FLIGHT, MAX_IDS};
+pub use batch::{
+    Batched, DescribeMany, ManyFuture, CALLS_IN_FLIGHT, DEFAULT_CALLS_PER_SECOND, MAX_IDS,
+};
 pub use cache::LookupCache;
 pub use client::{Ec2Client, Ec2Settings, SetupError};
 pub use retry::LookupRetries;

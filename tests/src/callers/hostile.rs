@@ -8,7 +8,7 @@
 
 use crate::callers::joiner::{self, Https};
 use anyhow::{Context, Result};
-use autonode_shared::protocol::{JoinRequest, JOIN_PATH};
+use autonode_shared::protocol::{JoinRequest, JOIN_PATH, PATIENCE_HEADER};
 use bytes::Bytes;
 use futures::stream;
 use http_body_util::{BodyExt, StreamBody};
@@ -60,9 +60,23 @@ pub async fn post(
     server: &str,
     body: Body,
 ) -> Result<(u16, Option<String>, Bytes)> {
-    let request = hyper::Request::post(format!("{server}{JOIN_PATH}"))
-        .header("content-type", "application/json")
-        .body(body)?;
+    post_saying(client, server, body, None).await
+}
+
+/// Like [`post`], saying as an agent since 0.3.0 does how long it keeps
+/// trying ([`PATIENCE_HEADER`]) when `patience` is given.
+pub async fn post_saying(
+    client: &Client<Https, Body>,
+    server: &str,
+    body: Body,
+    patience: Option<Duration>,
+) -> Result<(u16, Option<String>, Bytes)> {
+    let mut request = hyper::Request::post(format!("{server}{JOIN_PATH}"))
+        .header("content-type", "application/json");
+    if let Some(patience) = patience {
+        request = request.header(PATIENCE_HEADER, patience.as_secs());
+    }
+    let request = request.body(body)?;
     let response = client.request(request).await.context("join API request")?;
     let status = response.status().as_u16();
     let retry_after = response

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use autonode_server::ec2::{
     Batched, Credentials, Ec2Client, Ec2Settings, InstanceLookup, InstanceState, LookupError,
-    LookupRetries, MAX_IDS,
+    LookupRetries, DEFAULT_CALLS_PER_SECOND, MAX_IDS,
 };
 use autonode_tests::cloud::fakecloud::{
     self, BoundSocket, Ec2, FakeCloud, Instance, TestCa, TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY,
@@ -313,7 +313,10 @@ async fn lookups_at_once_share_calls_and_get_their_own_answers() {
         .map(|_| cloud.launch(Instance::builder().build()))
         .collect();
     let ec2 = cloud.start_ec2(REGION).expect("start EC2");
-    let lookup: Arc<dyn InstanceLookup> = Arc::new(Batched::new(Arc::new(client(&ec2, 1))));
+    let lookup: Arc<dyn InstanceLookup> = Arc::new(Batched::new(
+        Arc::new(client(&ec2, 1)),
+        DEFAULT_CALLS_PER_SECOND,
+    ));
     let unknown = fakecloud::aws_id("i");
     let asked: Vec<String> = launched
         .iter()

@@ -1,21 +1,23 @@
 //! The join API under hostile load, against the real control plane: slow
 //! bodies, a stream of foreign-account documents, idle connections past a
 //! source's cap, connections kept open by a 404 a second at the nodes' own
-//! address, one source past its join cap. Honest joins must go on.
+//! address, one source past its join cap, a leaked document sent in a loop
+//! at a full queue. Honest joins must go on.
 //!
 //! A second loopback address (127.0.0.2) is a second source to the server:
 //! the whole of 127.0.0.0/8 is local on Linux, so a socket bound to it
 //! reaches the server on 127.0.0.1 from there.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use autonode_shared::protocol::{JoinRequest, JOIN_PATH};
 use autonode_tests::callers::hostile::{
-    client_from, dribble, json_body, post, Answers, Attackers, Body, OTHER_SOURCE,
+    client_from, dribble, json_body, post, post_saying, Answers, Attackers, Body, OTHER_SOURCE,
 };
 use autonode_tests::callers::joiner::{self, Https, NodeKeys};
 use autonode_tests::cloud::fakecloud::Instance;
 use autonode_tests::server::http_get;
-use autonode_tests::server::world::{World, REGION};
+use autonode_tests::server::world::{World, ACCOUNT, REGION};
+use futures::{StreamExt as _, TryStreamExt as _};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -348,6 +350,113 @@ async fn one_source_past_its_join_cap_is_told_429_and_then_joins() -> Result<()>
         "{JOINS} joins at once never met the cap of one"
     );
     assert!(turned_away(&world, "source_joins").await? > 0);
+    Ok(())
+}
+
+/// (h) A leaked identity document sent over and over while the join queue
+/// holds more than it can serve in its wait. Each join turned away used to
+/// move the queue's last turn one place later, so one document in a loop
+/// pushed every honest machine's turn back, as far as the cap (5 minutes
+/// for an agent that says it keeps trying 10). Now an instance holds one
+/// turn however often it asks: the document is told the same turn each
+/// time, and the honest machine asking after it is told the next one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_document_sent_in_a_loop_holds_one_turn_and_pushes_no_one_back() -> Result<()> {
+    const WAIT: u64 = 20;
+    const ASKS: usize = 1000;
+    let patience = Some(Duration::from_secs(600));
+    let world = World::start_with(&[
+        "--max-concurrent-joins=1".into(),
+        "--max-joins-per-source=0".into(),
+        "--max-connections-per-source=0".into(),
+        format!("--join-queue-wait={WAIT}"),
+    ])
+    .await?;
+    // 30 machines whose joins give the queue its rate; 60 machines without
+    // a NodeClaim, each holding the only place through the NodeClaim grace
+    // (3 s), to fill it; the leaked document; the honest machine.
+    let measure = honest_requests(&world, 30).await?;
+    let mut fill = Vec::new();
+    for _ in 0..60 {
+        let instance = world.cloud.launch(
+            Instance::builder()
+                .account_id(ACCOUNT)
+                .region(REGION)
+                .build(),
+        );
+        let keys = NodeKeys::generate()?;
+        fill.push(joiner::honest_request(&instance, world.cloud.ca(), &keys)?);
+    }
+    let [leaked, honest] = <[JoinRequest; 2]>::try_from(honest_requests(&world, 2).await?)
+        .map_err(|_| anyhow::anyhow!("two requests"))?;
+
+    // 30 joins finish, and the queue is filled 12 s after the first (or
+    // at once, if they took longer): at most about 2.4 places freed a
+    // second, so the queue takes at most about 48 joins for its 20 s wait,
+    // and 59 wait. (Turns are told at the higher of that and the place's
+    // own rate, one over a join's time in it, whatever this machine's.)
+    let (first, rest) = measure.split_first().context("30 requests")?;
+    assert_eq!(
+        join_each_once(&world, std::slice::from_ref(first)).await,
+        [200]
+    );
+    let started = tokio::time::Instant::now();
+    assert!(join_each_once(&world, rest).await.iter().all(|s| *s == 200));
+    tokio::time::sleep_until(started + Duration::from_secs(12)).await;
+    let filling: Vec<_> = fill
+        .into_iter()
+        .map(|request| {
+            let joiner = world.joiner.clone();
+            tokio::spawn(async move { joiner.join(&request).await.map(|a| a.status()) })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let client = client_from(world.server.ca_pem(), OTHER_SOURCE)?;
+    let turn_in = |request: &JoinRequest| {
+        let body = json_body(request);
+        let (client, url) = (&client, world.server.url());
+        async move {
+            let (status, retry_after, _) = post_saying(client, url, body?, patience).await?;
+            anyhow::ensure!(status == 503, "not turned away: {status}");
+            retry_after
+                .and_then(|s| s.parse::<u64>().ok())
+                .context("503 without a Retry-After in seconds")
+        }
+    };
+    // Asked once, then ASKS times more, 16 at a time (faster than turns
+    // are told, whatever this machine's speed: each ask used to move the
+    // last turn one place later), then the honest machine asks.
+    let first = turn_in(&leaked).await?;
+    let again: Vec<u64> = futures::stream::iter(0..ASKS)
+        .map(|_| turn_in(&leaked))
+        .buffer_unordered(16)
+        .try_collect()
+        .await?;
+    let honest_told = turn_in(&honest).await?;
+    for join in filling {
+        join.abort();
+    }
+    let latest = again.iter().max().copied().unwrap_or(first);
+    eprintln!(
+        "the document told {first} s, then at most {latest} s over {ASKS} asks; \
+         the honest machine {honest_told} s"
+    );
+
+    assert!(
+        first > WAIT && honest_told > WAIT,
+        "the queue was not past what it serves at a measured rate: the document \
+         was told {first} s, the honest machine {honest_told} s"
+    );
+    assert!(
+        latest <= first,
+        "the document asking again was told a later turn: {first} s, then {latest} s"
+    );
+    assert!(
+        honest_told <= first + 3,
+        "after a document asked {ASKS} times, the honest machine was told {honest_told} s, \
+         the document {first} s"
+    );
     Ok(())
 }
 

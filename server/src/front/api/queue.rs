@@ -10,9 +10,11 @@
 //! memory growing with the connections waiting. Now a join that the queue
 //! cannot serve within its wait is told at once, with a `Retry-After` at
 //! its turn: each one turned away gets the next free moment after the
-//! queue ahead of it has drained, at the rate places have been freeing,
-//! so the fleet comes back spread out at the pace the API server takes
-//! it. Agents since 0.2.0 wait `max(backoff, Retry-After)`.
+//! queue ahead of it has drained, at the rate the places serve (the rate
+//! they have been freeing, or by Little's law the places held over a join's
+//! time in one, whichever is higher: see [`Measured`]), so the fleet comes
+//! back spread out at the pace the API server takes it. Agents since 0.2.0
+//! wait `max(backoff, Retry-After)`.
 //!
 //! Only admitted joins (verified, within policy) are queued or scheduled,
 //! so a caller without a valid document moves nothing here, and an
@@ -81,8 +83,10 @@ pub struct Queue {
 
 #[derive(Default)]
 struct State {
-    /// When the last joins gave their places back, oldest first.
-    finished: VecDeque<Instant>,
+    /// The last joins to give their places back, oldest first.
+    finished: VecDeque<Finished>,
+    /// Places held now.
+    holding: usize,
     /// Joins waiting for a place now.
     waiting: usize,
     /// The last moment handed to a join turned away.
@@ -107,9 +111,35 @@ pub struct Caller<'a> {
 /// A join waiting for a place; counted until dropped.
 pub struct Waiting(Arc<Queue>);
 
-/// A join holding a place; when dropped, the place's release is counted
-/// into the rate.
-pub struct Holding(Arc<Queue>);
+/// A join holding a place since the instant; when dropped, the place's
+/// release is counted into the rate.
+pub struct Holding(Arc<Queue>, Instant);
+
+/// A join that gave its place back: when, after how long, and how many
+/// places were held just before (itself included).
+#[derive(Clone, Copy, Debug)]
+struct Finished {
+    at: Instant,
+    held_for: Duration,
+    held: usize,
+}
+
+/// What the finished joins in the window say about the rate.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Measured {
+    /// Places freed a second: the releases counted over the time they
+    /// took. What the queue's room is measured by.
+    freed: f64,
+    /// The rate turns are told at, before [`PACE`]: the higher of `freed`
+    /// and Little's law (the places held over the time a join holds one).
+    /// In a burst's first seconds the releases are few and spread (the
+    /// first joins of a cold API server finish early, the rest together
+    /// later): `freed` then reads a fraction of what the places serve, and
+    /// turns told at it would hold the whole burst to it (turns told are
+    /// never moved: a 5,000-join burst paced so took 276 s where it took
+    /// 150). Little's law reads the places' rate from the first joins.
+    pace: f64,
+}
 
 impl Queue {
     pub fn new(wait: Duration, floor: Duration, places: usize) -> Self {
@@ -137,10 +167,10 @@ impl Queue {
         self.room(&state, rate)
     }
 
-    fn room(&self, state: &State, rate: Option<f64>) -> bool {
+    fn room(&self, state: &State, rate: Option<Measured>) -> bool {
         match rate {
             None => state.waiting < self.unmeasured,
-            Some(per_second) => (state.waiting as f64) < per_second * self.wait.as_secs_f64(),
+            Some(rate) => (state.waiting as f64) < rate.freed * self.wait.as_secs_f64(),
         }
     }
 
@@ -152,7 +182,8 @@ impl Queue {
 
     /// Counts a place as taken; its release, when the guard is dropped.
     pub fn hold(self: &Arc<Self>) -> Holding {
-        Holding(self.clone())
+        self.state().holding += 1;
+        Holding(self.clone(), Instant::now())
     }
 
     /// How long a join turned away `now` should wait before it comes back:
@@ -168,7 +199,7 @@ impl Queue {
         if self.room(&state, rate) {
             return self.floor;
         }
-        let Some(per_second) = rate else {
+        let Some(rate) = rate else {
             // A full queue of a rate not known yet: its joins are served
             // within the wait, if each place frees once in it. Back in the
             // wait's second half, spread, when it has room and a rate,
@@ -185,7 +216,7 @@ impl Queue {
         }
         let drained = now + self.wait;
         let after = state.last_slot.map_or(drained, |last| last.max(drained));
-        let slot = after + Duration::from_secs_f64(1.0 / (per_second * PACE));
+        let slot = after + Duration::from_secs_f64(1.0 / (rate.pace * PACE));
         if slot <= now + cap && state.told.len() < MAX_TURNS {
             state.last_slot = Some(slot);
             state.turns.insert(caller.instance.to_string(), slot);
@@ -235,23 +266,39 @@ impl State {
         }
     }
 
-    /// Places freed a second, over the last finished joins in the window.
-    fn rate(&mut self, now: Instant) -> Option<f64> {
+    /// The rate, over the last finished joins in the window.
+    fn rate(&mut self, now: Instant) -> Option<Measured> {
         while self
             .finished
             .front()
-            .is_some_and(|&at| now.saturating_duration_since(at) > RATE_WINDOW)
+            .is_some_and(|f| now.saturating_duration_since(f.at) > RATE_WINDOW)
         {
             self.finished.pop_front();
         }
-        if self.finished.len() < RATE_MIN_SAMPLES {
+        let count = self.finished.len();
+        if count < RATE_MIN_SAMPLES {
             return None;
         }
         // Counted from the first release to now, not to the last: places
         // that stopped freeing lower the rate.
-        let first = *self.finished.front()?;
+        let first = self.finished.front()?.at;
         let span = now.saturating_duration_since(first).as_secs_f64();
-        (span > 0.0).then(|| (self.finished.len() - 1) as f64 / span)
+        if span <= 0.0 {
+            return None;
+        }
+        let freed = (count - 1) as f64 / span;
+        let held: usize = self.finished.iter().map(|f| f.held).sum();
+        let held_for: f64 = self.finished.iter().map(|f| f.held_for.as_secs_f64()).sum();
+        // Little's law: places held on average over a join's time in one.
+        let little = if held_for > 0.0 {
+            held as f64 / held_for
+        } else {
+            0.0
+        };
+        Some(Measured {
+            freed,
+            pace: freed.max(little),
+        })
     }
 }
 
@@ -264,11 +311,18 @@ impl Drop for Waiting {
 
 impl Drop for Holding {
     fn drop(&mut self) {
+        let now = Instant::now();
         let mut state = self.0.state();
         if state.finished.len() >= RATE_SAMPLES {
             state.finished.pop_front();
         }
-        state.finished.push_back(Instant::now());
+        let held = state.holding;
+        state.holding = held.saturating_sub(1);
+        state.finished.push_back(Finished {
+            at: now,
+            held_for: now.saturating_duration_since(self.1),
+            held: held.max(1),
+        });
     }
 }
 
@@ -311,7 +365,14 @@ mod tests {
         let now = Instant::now();
         let start = now - over;
         let step = over / count as u32;
-        queue.state().finished = (1..=count as u32).map(|i| start + step * i).collect();
+        // Held for no time by none: only the releases' rate counts.
+        queue.state().finished = (1..=count as u32)
+            .map(|i| Finished {
+                at: start + step * i,
+                held_for: Duration::ZERO,
+                held: 0,
+            })
+            .collect();
         (queue, now)
     }
 
@@ -360,6 +421,37 @@ mod tests {
     }
 
     #[test]
+    fn a_bursts_first_releases_do_not_hold_its_turns_to_their_rate() {
+        // 256 places held. One join finished 20 s ago, in 1 s; 15 more in
+        // the last second, each after 8 s in its place: 0.75 releases a
+        // second since the first, but the places serve about 34 a second.
+        let queue = Arc::new(Queue::new(WAIT, FLOOR, PLACES));
+        let now = Instant::now();
+        let release = |ago: f64, held_for: u64| Finished {
+            at: now - Duration::from_secs_f64(ago),
+            held_for: Duration::from_secs(held_for),
+            held: PLACES,
+        };
+        let mut finished = vec![release(20.0, 1)];
+        finished.extend((0..15).map(|i| release(1.0 - f64::from(i) / 15.0, 8)));
+        queue.state().finished = finished.into();
+        let rate = queue.state().rate(now).expect("16 releases: measured");
+        assert!((rate.freed - 0.75).abs() < 0.01, "{rate:?}");
+        // Little's law: 256 places over (1 + 15 × 8) / 16 s a join.
+        assert!((rate.pace - 4096.0 / 121.0).abs() < 0.01, "{rate:?}");
+        // The room still follows the releases (what waits holds memory):
+        // fewer than 0.75 × 10 s may wait.
+        let _waiting: Vec<_> = (0..8).map(|_| queue.enter()).collect();
+        assert!(!queue.has_room(now));
+        // Turns are told at the places' rate: 1,000 joins within about
+        // 1,000 / (1.5 × 34) = 20 s past the drain, where at the releases'
+        // rate they would be spread to the cap.
+        let turns = told(&queue, now, &many(1000, Some(Duration::from_secs(600))));
+        let last = turns.iter().max().copied().unwrap_or_default();
+        assert!(last < WAIT + Duration::from_secs(30), "{last:?}");
+    }
+
+    #[test]
     fn turns_past_the_cap_are_spread_between_the_drain_and_the_cap() {
         // 2 places a second, turns told 3 a second: 60 fit before the 30 s
         // cap.
@@ -380,7 +472,7 @@ mod tests {
         assert!(queue
             .state()
             .rate(now)
-            .is_some_and(|r| (r - 1.0).abs() < 0.05));
+            .is_some_and(|r| (r.freed - 1.0).abs() < 0.05));
         let (queue, _) = measured(10, Duration::from_secs(1));
         assert_eq!(queue.state().rate(Instant::now()), None);
         drop((0..10).map(|_| queue.hold()).collect::<Vec<_>>());

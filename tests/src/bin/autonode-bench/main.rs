@@ -85,7 +85,9 @@ async fn main() -> Result<()> {
         "no agent binary at {}",
         options.agent.display()
     );
+    let open_files = measure::raise_open_files().context("raising the open-files limit")?;
     let mut results = Map::new();
+    results.insert("open_files_limit".into(), open_files.into());
     let started = Instant::now();
 
     if options.joins > 0 {

@@ -112,6 +112,30 @@ pub(crate) fn machine() -> Value {
     })
 }
 
+/// Raises this process's open-files limit (and so that of the control
+/// plane and servers it starts) as far as it may, at most 1,048,576: a
+/// 5,000-machine burst's API writes alone hold a connection a machine and
+/// more, and at a limit of 20,000 hundreds of them fail with "Too many
+/// open files" (the bench's own limit, not the API server's). Without
+/// CAP_SYS_RESOURCE only the soft limit goes up, to the hard one. Returns
+/// the limit now, which the results record.
+pub(crate) fn raise_open_files() -> Result<u64> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    const WANTED: u64 = 1 << 20;
+    let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(WANTED);
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    let wanted = WANTED.min(nr_open).max(soft);
+    // Raising the hard limit needs CAP_SYS_RESOURCE (the bench runs as
+    // root); without it, the soft limit still goes up to the hard one.
+    if setrlimit(Resource::RLIMIT_NOFILE, wanted, wanted.max(hard)).is_err() {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard)?;
+    }
+    Ok(getrlimit(Resource::RLIMIT_NOFILE)?.0)
+}
+
 /// Whether `AUTONODE_BENCH_TRACE` asks for each run's timings.
 pub(crate) fn trace() -> bool {
     std::env::var_os("AUTONODE_BENCH_TRACE").is_some()
