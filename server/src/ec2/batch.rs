@@ -8,8 +8,8 @@
 //! and throttled the autoscaler meanwhile; batched, a few hundred calls.
 //!
 //! How: a region's calls are budgeted (`--ec2-calls-per-second`,
-//! [`DEFAULT_CALLS_PER_SECOND`] unless set) with a burst of as many, and at most [`CALLS_IN_FLIGHT`] out at once. A lookup is
-//! sent at once while the budget allows, so a quiet server adds no wait to
+//! [`DEFAULT_CALLS_PER_SECOND`] unless set) with a burst of as many, and
+//! at most [`CALLS_IN_FLIGHT`] out at once. A lookup is sent at once while the budget allows, so a quiet server adds no wait to
 //! a join; past it, lookups queue, and each call that goes next takes up
 //! to [`MAX_IDS`] of them: the busier the server, the fuller its calls,
 //! and never more calls than the budget, however many nodes renew at once.
@@ -591,29 +591,32 @@ mod tests {
 
     #[tokio::test]
     async fn calls_stay_within_the_budget_however_the_lookups_come() {
-        let ec2 = Fake::new(everyone, true);
-        let batched = Arc::new(Batched::new(ec2.clone(), DEFAULT_CALLS_PER_SECOND));
-        // One lookup every 10 ms, each of which EC2 answers at once: alone,
-        // each would be a call, 100 a second.
-        let started = Instant::now();
-        let mut lookups = Vec::new();
-        for n in 0..150 {
-            lookups.extend(look_up(&batched, [id(n)]));
-            tokio::time::sleep(Duration::from_millis(10)).await;
+        // The default, and a budget as `--ec2-calls-per-second=3` sets it.
+        for budget in [DEFAULT_CALLS_PER_SECOND, 3] {
+            let ec2 = Fake::new(everyone, true);
+            let batched = Arc::new(Batched::new(ec2.clone(), budget));
+            // One lookup every 10 ms, each of which EC2 answers at once:
+            // alone, each would be a call, 100 a second.
+            let started = Instant::now();
+            let mut lookups = Vec::new();
+            for n in 0..150 {
+                lookups.extend(look_up(&batched, [id(n)]));
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            for task in lookups {
+                let (asked, answer) = task.await.unwrap();
+                assert_eq!(answer.unwrap().instance_id, asked);
+            }
+            let seconds = started.elapsed().as_secs_f64();
+            let calls = ec2.calls();
+            let allowed = f64::from(budget) * (1.0 + seconds) + 1.0;
+            assert!(
+                (calls.len() as f64) <= allowed,
+                "{} calls in {seconds:.2} s, budget {budget} a second",
+                calls.len()
+            );
+            assert_eq!(calls.iter().map(Vec::len).sum::<usize>(), 150);
+            assert_quiet(&batched).await;
         }
-        for task in lookups {
-            let (asked, answer) = task.await.unwrap();
-            assert_eq!(answer.unwrap().instance_id, asked);
-        }
-        let seconds = started.elapsed().as_secs_f64();
-        let calls = ec2.calls();
-        let allowed = f64::from(DEFAULT_CALLS_PER_SECOND) * (1.0 + seconds) + 1.0;
-        assert!(
-            (calls.len() as f64) <= allowed,
-            "{} calls in {seconds:.2} s",
-            calls.len()
-        );
-        assert_eq!(calls.iter().map(Vec::len).sum::<usize>(), 150);
-        assert_quiet(&batched).await;
     }
 }
