@@ -880,6 +880,26 @@ pub struct JoinApiArgs {
     #[arg(long, env = "AUTONODE_MAX_HANDSHAKES_PER_SOURCE", default_value = "32")]
     pub max_handshakes_per_source: u32,
 
+    /// Joins and reports one source address (an IPv6 one by its /64) may
+    /// have refused (403) a second, after a burst of twice that. Past it,
+    /// that source's new connections wait before their TLS handshake until
+    /// its budget has one again (a wait longer than --handshake-timeout is
+    /// closed at once). A refusal is the join API's dearest answer (a
+    /// handshake and the document's signature), and an honest agent is
+    /// refused once and stops: a source refused many times a second is
+    /// sending documents in a loop. Honest machines behind the same
+    /// address wait with it, for the debt the loop ran up (about a second
+    /// for 16 looping callers at the default), and are not shut out. 0: no
+    /// limit (behind a load balancer that hides client addresses, as
+    /// --max-joins-per-source).
+    #[arg(
+        long,
+        env = "AUTONODE_REFUSALS_PER_SOURCE",
+        default_value = "16",
+        value_parser = clap::value_parser!(u32).range(0..=100_000)
+    )]
+    pub refusals_per_source: u32,
+
     /// Seconds a connection has for its TLS handshake.
     #[arg(
         long = "handshake-timeout",
@@ -914,6 +934,7 @@ impl JoinApiArgs {
             max_connections_per_source: count(self.max_connections_per_source),
             max_handshakes: count(self.max_handshakes),
             max_handshakes_per_source: count(self.max_handshakes_per_source),
+            refusals_per_source: self.refusals_per_source,
             handshake_timeout: Duration::from_secs(self.handshake_timeout_secs),
             body_timeout: Duration::from_secs(self.body_timeout_secs),
             ..autonode_server::front::api::Limits::default()
@@ -1015,6 +1036,7 @@ mod tests {
         assert_eq!(limits.max_connections_per_source, 64);
         assert_eq!(limits.max_handshakes, 2);
         assert_eq!(limits.max_handshakes_per_source, 32);
+        assert_eq!(limits.refusals_per_source, 16);
         assert_eq!(limits.handshake_timeout, Duration::from_secs(3));
         assert_eq!(limits.body_timeout, Duration::from_secs(5));
     }
@@ -1058,6 +1080,7 @@ mod tests {
             "--max-connections=0",
             "--max-handshakes=0",
             "--max-handshakes=257",
+            "--refusals-per-source=100001",
             "--rollout-failures=0",
             "--rollout-ready-deadline=0",
             "--handshake-timeout=0",

@@ -1,9 +1,11 @@
 //! The one token bucket, and the per-key limiter made of them: the
 //! renewal approver's EC2 lookups per node, the join's per instance, signed
-//! agent reports per instance and Event writes per object are each limited
-//! by one.
+//! agent reports per instance, Event writes per object and refused
+//! documents per source address are each limited by one.
 
+use std::borrow::Borrow;
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -54,6 +56,22 @@ impl Bucket {
         }
     }
 
+    /// Takes one token even when there is none: for what has already
+    /// happened (a refusal answered), which later callers pay for by
+    /// waiting ([`Bucket::ready_in`]). The debt is the caller's to bound
+    /// (by how many may be charged before anyone waits).
+    pub fn charge(&mut self, rate: Rate, now: Instant) {
+        *self = self.refilled(rate, now);
+        self.tokens -= 1.0;
+    }
+
+    /// How long until the bucket holds a token again; `None` if it does
+    /// now. Takes nothing.
+    pub fn ready_in(self, rate: Rate, now: Instant) -> Option<Duration> {
+        let tokens = self.refilled(rate, now).tokens;
+        (tokens < 1.0).then(|| rate.period.mul_f64(1.0 - tokens))
+    }
+
     /// Whether the bucket has refilled by `now`, so forgetting it loses
     /// nothing.
     pub fn is_full(self, rate: Rate, now: Instant) -> bool {
@@ -94,13 +112,13 @@ pub fn refusal_line_limiter() -> Limiter {
 /// at `capacity` keys, buckets that have refilled (indistinguishable from no
 /// bucket) are dropped; if none has, the new key waits a period, as it would
 /// have to at worst anyway.
-pub struct Limiter {
+pub struct Limiter<K = String> {
     rate: Rate,
     capacity: usize,
-    buckets: Mutex<HashMap<String, Bucket>>,
+    buckets: Mutex<HashMap<K, Bucket>>,
 }
 
-impl Limiter {
+impl<K: Hash + Eq> Limiter<K> {
     pub fn new(burst: u32, period: Duration, capacity: usize) -> Self {
         Self {
             rate: Rate::new(burst, period),
@@ -110,22 +128,67 @@ impl Limiter {
     }
 
     /// Takes one from `key`'s budget, or says how long until one.
-    pub fn try_take(&self, key: &str, now: Instant) -> Result<(), Duration> {
+    pub fn try_take<Q>(&self, key: &Q, now: Instant) -> Result<(), Duration>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         let rate = self.rate;
         let mut buckets = self.lock();
-        if !buckets.contains_key(key) && buckets.len() >= self.capacity {
-            buckets.retain(|_, b| !b.is_full(rate, now));
-            if buckets.len() >= self.capacity {
-                return Err(rate.period);
-            }
+        if !self.has_room(&mut buckets, key, now) {
+            return Err(rate.period);
         }
         buckets
-            .entry(key.to_string())
+            .entry(key.to_owned())
             .or_insert_with(|| Bucket::full(rate, now))
             .take(rate, now)
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Bucket>> {
+    /// Charges `key` one ([`Bucket::charge`]). At capacity with no bucket
+    /// refilled, a new key goes uncharged: what the limiter guards is then
+    /// guarded by the caps beside it, and no key already held is lost.
+    pub fn charge<Q>(&self, key: &Q, now: Instant)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let rate = self.rate;
+        let mut buckets = self.lock();
+        if self.has_room(&mut buckets, key, now) {
+            buckets
+                .entry(key.to_owned())
+                .or_insert_with(|| Bucket::full(rate, now))
+                .charge(rate, now);
+        }
+    }
+
+    /// How long until `key` has a token again ([`Bucket::ready_in`]);
+    /// `None` for a key with one, or none charged.
+    pub fn ready_in<Q>(&self, key: &Q, now: Instant) -> Option<Duration>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let bucket = *self.lock().get(key)?;
+        bucket.ready_in(self.rate, now)
+    }
+
+    /// Whether `key` has a bucket or may have one: at capacity, refilled
+    /// buckets make room.
+    fn has_room<Q>(&self, buckets: &mut HashMap<K, Bucket>, key: &Q, now: Instant) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        if buckets.contains_key(key) || buckets.len() < self.capacity {
+            return true;
+        }
+        let rate = self.rate;
+        buckets.retain(|_, b| !b.is_full(rate, now));
+        buckets.len() < self.capacity
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<K, Bucket>> {
         // Every change is one insert or retain: consistent after a panic.
         self.buckets.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -171,6 +234,45 @@ mod tests {
             assert!(limiter.try_take("a", much_later).is_ok());
         }
         assert!(limiter.try_take("a", much_later).is_err());
+    }
+
+    /// A charge is taken even from an empty bucket, and the bucket says
+    /// when it has a token again without taking it: every charge past the
+    /// budget is paid by a period's wait.
+    #[test]
+    fn charges_run_into_debt_that_waiting_pays() {
+        let limiter: Limiter<u8> = Limiter::new(2, Duration::from_secs(1), 10);
+        let t0 = Instant::now();
+        assert_eq!(limiter.ready_in(&1, t0), None, "never charged");
+        limiter.charge(&1, t0);
+        assert_eq!(limiter.ready_in(&1, t0), None, "one token left");
+        for _ in 0..4 {
+            limiter.charge(&1, t0);
+        }
+        // Two tokens, five charges: a debt of three, four periods from a
+        // token.
+        assert_eq!(limiter.ready_in(&1, t0), Some(Duration::from_secs(4)));
+        let later = t0 + Duration::from_secs(3);
+        assert_eq!(limiter.ready_in(&1, later), Some(Duration::from_secs(1)));
+        assert_eq!(limiter.ready_in(&1, later + Duration::from_secs(1)), None);
+        assert_eq!(limiter.ready_in(&2, t0), None, "another key");
+    }
+
+    /// Charges stay within the capacity: a new key past it goes uncharged
+    /// until a bucket has refilled, and keys held keep their debt.
+    #[test]
+    fn charges_past_the_capacity_lose_no_key_held() {
+        let limiter: Limiter<u8> = Limiter::new(1, Duration::from_secs(1), 1);
+        let t0 = Instant::now();
+        limiter.charge(&1, t0);
+        limiter.charge(&2, t0);
+        assert_eq!(limiter.lock().len(), 1);
+        assert_eq!(limiter.ready_in(&2, t0), None, "not held, not charged");
+        assert!(limiter.ready_in(&1, t0).is_some(), "its debt kept");
+        let t1 = t0 + Duration::from_secs(1);
+        limiter.charge(&2, t1);
+        assert!(limiter.ready_in(&2, t1).is_some(), "room once 1 refilled");
+        assert_eq!(limiter.lock().len(), 1);
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! bodies, a stream of foreign-account documents, idle connections past a
 //! source's cap, connections kept open by a 404 a second at the nodes' own
 //! address, one source past its join cap, a leaked document sent in a loop
-//! at a full queue. Honest joins must go on.
+//! at a full queue, foreign documents in a loop past a source's budget of
+//! refusals. Honest joins must go on.
 //!
 //! A second loopback address (127.0.0.2) is a second source to the server:
 //! the whole of 127.0.0.0/8 is local on Linux, so a socket bound to it
@@ -32,6 +33,16 @@ async fn honest_requests(world: &World, count: usize) -> Result<Vec<JoinRequest>
         requests.push(joiner::honest_request(&instance, world.cloud.ca(), &keys)?);
     }
     Ok(requests)
+}
+
+/// A join request with a document AWS signed for an account the server
+/// does not allow.
+fn foreign_request(world: &World) -> Result<JoinRequest> {
+    let foreign = Instance::builder()
+        .account_id("999999999999")
+        .region(REGION)
+        .build();
+    joiner::honest_request(&foreign, world.cloud.ca(), &NodeKeys::generate()?)
 }
 
 /// Each request once, in turn, from 127.0.0.1: the status of each (0 for
@@ -137,13 +148,16 @@ async fn foreign_documents_are_refused_before_the_nodeclaim_grace() -> Result<()
     const PERMITS: usize = 8;
     /// Well under the 3 s grace, however loaded the machine.
     const FAST: Duration = Duration::from_secs(2);
-    let world = World::start_with(&[format!("--max-concurrent-joins={PERMITS}")]).await?;
+    // The time to refuse is what is judged here, so without the budget of
+    // refusals, which would make the stream's next handshakes wait (its own
+    // test is (h)).
+    let world = World::start_with(&[
+        format!("--max-concurrent-joins={PERMITS}"),
+        "--refusals-per-source=0".into(),
+    ])
+    .await?;
     let requests = honest_requests(&world, 6).await?;
-    let foreign = Instance::builder()
-        .account_id("999999999999")
-        .region(REGION)
-        .build();
-    let foreign = joiner::honest_request(&foreign, world.cloud.ca(), &NodeKeys::generate()?)?;
+    let foreign = foreign_request(&world)?;
     let client = client_from(world.server.ca_pem(), IpAddr::V4(Ipv4Addr::LOCALHOST))?;
     let answers = Answers::default();
     let mut streams = Attackers::default();
@@ -457,6 +471,59 @@ async fn a_document_sent_in_a_loop_holds_one_turn_and_pushes_no_one_back() -> Re
         "after a document asked {ASKS} times, the honest machine was told {honest_told} s, \
          the document {first} s"
     );
+    Ok(())
+}
+
+/// (h) Foreign documents sent in a loop, 16 at a time from one source, at
+/// a budget of 4 refusals a second (a burst of 8): the source is refused
+/// no more than its budget allows over the attack (a burst, the rate, and
+/// the 16 connections it had past the budget when it ran out), and an
+/// honest machine at the same address and one elsewhere still join.
+/// (Without the budget the stream was refused as fast as the server could
+/// answer: hundreds of times a second.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_refused_in_a_loop_is_held_to_its_budget_and_its_neighbours_join() -> Result<()> {
+    const STREAMS: usize = 16;
+    const PER_SECOND: usize = 4;
+    const ATTACK: Duration = Duration::from_secs(6);
+    let world = World::start_with(&[format!("--refusals-per-source={PER_SECOND}")]).await?;
+    let requests = honest_requests(&world, 2).await?;
+    let foreign = foreign_request(&world)?;
+    let source = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 3));
+    let client = client_from(world.server.ca_pem(), source)?;
+    let answers = Answers::default();
+    let mut streams = Attackers::default();
+    let started = Instant::now();
+    for _ in 0..STREAMS {
+        streams.repeat(&client, world.server.url(), &foreign, &answers)?;
+    }
+    tokio::time::sleep(ATTACK / 2).await;
+    let url = world.server.url();
+    let neighbour = join_retrying(&client, url, &requests[0]).await?;
+    let elsewhere = world.joiner.join(&requests[1]).await?.status();
+    tokio::time::sleep(ATTACK.saturating_sub(started.elapsed())).await;
+    drop(streams);
+    let attacked = started.elapsed();
+    let answers = std::mem::take(&mut *answers.lock().expect("no panics"));
+    let refused = answers.iter().filter(|(status, _)| *status == 403).count();
+    let allowed = 2 * PER_SECOND + (attacked.as_secs_f64() * PER_SECOND as f64).ceil() as usize;
+    let closed = turned_away(&world, "source_refusals").await?;
+    eprintln!(
+        "over {attacked:?}: {refused} refused (budget {allowed} + {STREAMS} in flight), \
+         {} other answers, {closed} connections closed for the budget; \
+         the neighbour (status, attempts): {neighbour:?}; elsewhere: {elsewhere}",
+        answers.len() - refused
+    );
+    assert!(
+        refused >= 2 * PER_SECOND,
+        "the attack never got going: {refused} refused"
+    );
+    assert!(
+        refused <= allowed + STREAMS,
+        "{refused} refusals over {attacked:?}, past the budget's {allowed} and {STREAMS} in flight"
+    );
+    assert_eq!(neighbour.0, 200, "the attacker's neighbour: {neighbour:?}");
+    assert_eq!(elsewhere, 200, "a machine elsewhere");
     Ok(())
 }
 

@@ -15,6 +15,7 @@
 //! joined, and every booting node behind it was closed on accept.
 
 use super::queue::{Caller, Holding, Queue};
+use super::refusals::Refusals;
 use crate::kube::metrics::{AdmissionLabels, Metrics};
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, Ipv6Addr};
@@ -48,6 +49,10 @@ pub struct Limits {
     /// Handshakes one source may have waiting for or making that answer;
     /// more are closed at once. 0: no limit.
     pub max_handshakes_per_source: usize,
+    /// Joins and reports one source may have refused (403) a second, after
+    /// a burst of twice that; past it, its next handshakes wait until the
+    /// budget has one again ([`Refusals`]). 0: no limit.
+    pub refusals_per_source: u32,
     /// Time allowed for the TLS handshake.
     pub handshake_timeout: Duration,
     /// Time allowed for the request headers (on a kept-alive connection,
@@ -68,6 +73,7 @@ impl Default for Limits {
             max_connections_per_source: 64,
             max_handshakes: 2,
             max_handshakes_per_source: 32,
+            refusals_per_source: 16,
             handshake_timeout: Duration::from_secs(3),
             body_timeout: Duration::from_secs(5),
             retry_after_secs: 2,
@@ -92,6 +98,9 @@ pub enum Turned {
     Handshakes,
     /// Its source's handshake cap: closed at once.
     SourceHandshakes,
+    /// Its source's budget of refused documents would not have a refusal
+    /// left before its handshake's deadline: closed at once.
+    SourceRefusals,
     /// Its ClientHello needed a HelloRetryRequest: closed, since the
     /// second ClientHello would be answered outside the handshake caps.
     HelloRetry,
@@ -111,6 +120,7 @@ impl Turned {
             Turned::SourceJoins => "source_joins",
             Turned::Handshakes => "handshakes",
             Turned::SourceHandshakes => "source_handshakes",
+            Turned::SourceRefusals => "source_refusals",
             Turned::HelloRetry => "hello_retry",
             Turned::HandshakeTimeout => "handshake_timeout",
             Turned::HeaderTimeout => "header_timeout",
@@ -135,6 +145,7 @@ pub struct Gate {
     source_connections: PerSource,
     source_joins: PerSource,
     source_handshakes: PerSource,
+    refusals: Refusals,
     metrics: Metrics,
     last_warned: Mutex<Option<Instant>>,
 }
@@ -164,6 +175,7 @@ impl Gate {
             source_connections: PerSource::new(limits.max_connections_per_source),
             source_joins: PerSource::new(limits.max_joins_per_source),
             source_handshakes: PerSource::new(limits.max_handshakes_per_source),
+            refusals: Refusals::new(limits.refusals_per_source),
             metrics,
             last_warned: Mutex::new(None),
         }
@@ -223,7 +235,9 @@ impl Gate {
     }
 
     /// A place to answer `peer`'s ClientHello (the costly part of a TLS
-    /// handshake: the server's signature): under its source's cap at once
+    /// handshake: the server's signature): once its source's budget of
+    /// refusals has one left (waiting for it until `deadline`, else
+    /// [`Turned::SourceRefusals`]), under its source's cap at once
     /// (over it: [`Turned::SourceHandshakes`]), then under the global one,
     /// waiting for it in order of arrival until `deadline` (then
     /// [`Turned::Handshakes`]). The source's place is held while it waits,
@@ -234,6 +248,7 @@ impl Gate {
         peer: IpAddr,
         deadline: tokio::time::Instant,
     ) -> Result<Pass, Turned> {
+        self.refusals.paid(peer, deadline).await?;
         let source = self
             .source_handshakes
             .try_acquire(peer)
@@ -257,6 +272,12 @@ impl Gate {
     /// floor.
     pub fn retry_after(&self, caller: &Caller<'_>) -> Duration {
         self.queue.retry_after(Instant::now(), caller)
+    }
+
+    /// Counts a join or report refused to `peer` into its source's budget
+    /// of refusals.
+    pub fn refused(&self, peer: IpAddr) {
+        self.refusals.charge(peer);
     }
 
     /// Counts and logs a caller turned away.

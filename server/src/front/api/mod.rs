@@ -15,7 +15,11 @@
 //! join or a report keeps a connection alive: after any other request (an
 //! unknown path, a wrong method, a body that is not a join or a report)
 //! the server closes it, so a cheap request every second does not keep a
-//! place. Agents send one request per connection, and always have.
+//! place. Agents send one request per connection, and always have. A
+//! refused join or report (403) closes it too, and counts into its
+//! source's budget of refusals (`refusals`): a source refused faster than
+//! [`Limits::refusals_per_source`] a second waits before its next
+//! handshake.
 //!
 //! A join is admitted ([`join::admit`]: parsed, its document verified and
 //! within policy) before it takes a join permit, so neither a slow body nor
@@ -28,6 +32,7 @@
 
 mod gate;
 mod queue;
+mod refusals;
 
 pub use gate::{Limits, Turned};
 
@@ -328,7 +333,7 @@ async fn join_request(
     let _busy = ticket.busy();
     let admitted = match join::admit(&api.join, request_id, join.request, join.evidence) {
         Ok(admitted) => admitted,
-        Err(e) => return join_verdict(api, request_id, e),
+        Err(e) => return join_verdict(api, peer, request_id, e),
     };
     let _pass = match api.gate.join(peer).await {
         Ok(pass) => pass,
@@ -343,7 +348,7 @@ async fn join_request(
     };
     match join::handle(&api.join, request_id, admitted).await {
         Ok(response) => json(StatusCode::OK, &response),
-        Err(e) => join_verdict(api, request_id, e),
+        Err(e) => join_verdict(api, peer, request_id, e),
     }
 }
 
@@ -370,11 +375,17 @@ fn busy(api: &Api, why: Turned, request_id: &str, caller: &Caller<'_>) -> Reply 
     reply
 }
 
-/// The HTTP verdict on a join that did not succeed.
-fn join_verdict(api: &Api, request_id: &str, e: JoinError) -> Reply {
+/// The HTTP verdict on a join that did not succeed. A refusal is final:
+/// the connection is closed after it and counted into `peer`'s budget.
+fn join_verdict(api: &Api, peer: IpAddr, request_id: &str, e: JoinError) -> Reply {
     match e {
         JoinError::Refused(refusal) => {
-            error(StatusCode::FORBIDDEN, &refusal.caller_message(), request_id)
+            api.gate.refused(peer);
+            closing(error(
+                StatusCode::FORBIDDEN,
+                &refusal.caller_message(),
+                request_id,
+            ))
         }
         JoinError::Unavailable(_) => retry_later(
             api,
@@ -409,7 +420,8 @@ async fn handle_report(
     match report::handle(&api.report, request_id, request).await {
         Ok(()) => json(StatusCode::ACCEPTED, &serde_json::json!({})),
         Err(report::ReportError::Refused(_)) => {
-            error(StatusCode::FORBIDDEN, "report refused", request_id)
+            api.gate.refused(peer);
+            closing(error(StatusCode::FORBIDDEN, "report refused", request_id))
         }
         Err(report::ReportError::Unavailable(_)) => error(
             StatusCode::SERVICE_UNAVAILABLE,
