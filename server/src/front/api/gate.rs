@@ -51,7 +51,7 @@ pub struct Limits {
     pub max_handshakes_per_source: usize,
     /// Joins and reports one source may have refused (403) a second, after
     /// a burst of twice that; past it, its next handshakes wait until the
-    /// budget has one again ([`Refusals`]). 0: no limit.
+    /// budget has one again (`refusals`). 0: no limit.
     pub refusals_per_source: u32,
     /// Time allowed for the TLS handshake.
     pub handshake_timeout: Duration,

@@ -8,8 +8,10 @@
 //! for a report its signature too. An honest agent is refused once and
 //! stops (a 403 is final to every agent), so a source refused many times a
 //! second is a caller sending documents in a loop, and it was answered as
-//! fast as the server's one worker thread could refuse: a stream of foreign
-//! documents took half of the server's CPU from a burst of honest joins.
+//! fast as the server's one worker thread could refuse: 16 callers from one
+//! address were refused 1,000 times a second and made a burst of honest
+//! joins 1.3 to 1.6 times slower (docs/benchmarks.md, "Issue 51, sixth
+//! step").
 //!
 //! A wait, not a refusal: connections from a source in debt wait (each one
 //! holding only its connection's place, which a newcomer over a cap may
