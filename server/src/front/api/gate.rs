@@ -248,7 +248,10 @@ impl Gate {
         peer: IpAddr,
         deadline: tokio::time::Instant,
     ) -> Result<Pass, Turned> {
-        self.refusals.paid(peer, deadline).await?;
+        self.refusals
+            .paid(source_of(peer), deadline)
+            .await
+            .map_err(|_| Turned::SourceRefusals)?;
         let source = self
             .source_handshakes
             .try_acquire(peer)
@@ -277,7 +280,7 @@ impl Gate {
     /// Counts a join or report refused to `peer` into its source's budget
     /// of refusals.
     pub fn refused(&self, peer: IpAddr) {
-        self.refusals.charge(peer);
+        self.refusals.charge(source_of(peer));
     }
 
     /// Counts and logs a caller turned away.
@@ -601,6 +604,24 @@ mod tests {
             .collect();
         assert!(held.iter().all(Option::is_some));
         assert_eq!(limiter.sources(), 0);
+    }
+
+    /// A refusal counts against the peer's source, as the caps count it: an
+    /// IPv6 caller's whole /64 waits for it, another /64 does not.
+    #[tokio::test(start_paused = true)]
+    async fn refusals_count_against_the_source_an_ipv6_one_by_its_64() {
+        let limits = Limits {
+            refusals_per_source: 1,
+            ..Limits::default()
+        };
+        let gate = Gate::new(&limits, Metrics::new());
+        for _ in 0..3 {
+            gate.refused(ip("2001:db8::1"));
+        }
+        let now = tokio::time::Instant::now();
+        let same = gate.handshake(ip("2001:db8::2"), now).await.err();
+        assert_eq!(same, Some(Turned::SourceRefusals));
+        assert!(gate.handshake(ip("2001:db8:0:1::1"), now).await.is_ok());
     }
 
     #[test]
