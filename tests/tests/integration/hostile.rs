@@ -150,7 +150,7 @@ async fn foreign_documents_are_refused_before_the_nodeclaim_grace() -> Result<()
     const FAST: Duration = Duration::from_secs(2);
     // The time to refuse is what is judged here, so without the budget of
     // refusals, which would make the stream's next handshakes wait (its own
-    // test is (h)).
+    // test is (i)).
     let world = World::start_with(&[
         format!("--max-concurrent-joins={PERMITS}"),
         "--refusals-per-source=0".into(),
@@ -377,7 +377,12 @@ async fn one_source_past_its_join_cap_is_told_429_and_then_joins() -> Result<()>
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_document_sent_in_a_loop_holds_one_turn_and_pushes_no_one_back() -> Result<()> {
     const WAIT: u64 = 20;
-    const ASKS: usize = 1000;
+    // Few enough to be asked within the rate's 30 s window on a loaded
+    // machine: 1,000 outlasted it in a run beside the other hostile tests,
+    // the rate was no longer known, the queue had room again, and the
+    // document waited for the place and joined (200). 300 still push the
+    // honest turn tens of seconds back without the rule.
+    const ASKS: usize = 300;
     let patience = Some(Duration::from_secs(600));
     let world = World::start_with(&[
         "--max-concurrent-joins=1".into(),
@@ -474,7 +479,7 @@ async fn a_document_sent_in_a_loop_holds_one_turn_and_pushes_no_one_back() -> Re
     Ok(())
 }
 
-/// (h) Foreign documents sent in a loop, 16 at a time from one source, at
+/// (i) Foreign documents sent in a loop, 16 at a time from one source, at
 /// a budget of 4 refusals a second (a burst of 8): the source is refused
 /// no more than its budget allows over the attack (a burst, the rate, and
 /// the 16 connections it had past the budget when it ran out), and an
