@@ -31,6 +31,7 @@ use kube::{Client, Config};
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 use tempfile::TempDir;
@@ -580,7 +581,11 @@ fn start_controller_manager(
         // The default client limit (20 requests/s, burst 30) caps CSR
         // signing at about 20 certificates a second, 50 s for a 500-node
         // scale-out; control planes sized for such scale-outs raise it.
-        args.extend(["--kube-api-qps=100".into(), "--kube-api-burst=200".into()]);
+        let qps = CONTROLLER_MANAGER_QPS.load(Ordering::Relaxed);
+        args.extend([
+            format!("--kube-api-qps={qps}"),
+            format!("--kube-api-burst={}", qps.saturating_mul(2)),
+        ]);
     }
     args.extend(controller_manager_version_args(version));
     Daemon::spawn(
@@ -589,6 +594,20 @@ fn start_controller_manager(
         &args,
         &files.dir,
     )
+}
+
+/// kube-controller-manager's client limit (requests a second; its burst is
+/// twice that) where a control plane does not keep the defaults. Each of
+/// its controllers has a client of its own at this limit, so the CSR
+/// signer signs at most this many certificates a second: a burst of joins
+/// (two CSRs each) is held to half as many joins a second, whoever
+/// approves them.
+static CONTROLLER_MANAGER_QPS: AtomicU32 = AtomicU32::new(100);
+
+/// Sets kube-controller-manager's client limit for control planes started
+/// from now on (100 unless set; the bench's `--kcm-qps`).
+pub fn set_controller_manager_qps(qps: u32) {
+    CONTROLLER_MANAGER_QPS.store(qps.max(1), Ordering::Relaxed);
 }
 
 /// kube-scheduler, authenticated as `system:kube-scheduler`, serving its

@@ -3,7 +3,7 @@
 //! server's memory under load.
 
 use crate::floor::{join_writes, Signatures, Writes};
-use crate::measure::{cpu_seconds, keep_logs, ms, percentile, round, vm_hwm_bytes};
+use crate::measure::{cpu_seconds, keep_logs, ms, percentile, round, vm_hwm_bytes, Cores};
 use crate::options::{BURST_DEADLINE, LAUNCH_CONCURRENCY};
 use crate::requests;
 use anyhow::{anyhow, bail, ensure, Context, Result};
@@ -78,8 +78,7 @@ pub(crate) async fn burst(
     let hostile = kind == Kind::Hostile;
     let pid = world.server.pid();
     let cpu_before = cpu_seconds(pid)?;
-    let cp_pids = world.cp.pids();
-    let cp_before = cp_pids.map(|p| cpu_seconds(p).unwrap_or(0.0));
+    let cores = Cores::from_now(&world.cp);
     let client = JoinClient::new(world.server.url(), world.server.ca_pem())?;
     let foreign = Answers::default();
     let attackers = match hostile {
@@ -96,15 +95,7 @@ pub(crate) async fn burst(
     let seconds = started.elapsed().as_secs_f64();
     drop(attackers);
     let server_cpu = cpu_seconds(pid)? - cpu_before;
-    // Where else the machine's cores went: etcd, kube-apiserver, kcm.
-    for ((name, pid), before) in ["etcd", "apiserver", "kcm"]
-        .iter()
-        .zip(cp_pids)
-        .zip(cp_before)
-    {
-        let used = cpu_seconds(pid).unwrap_or(before) - before;
-        results.insert(format!("{prefix}_{name}_cpu_s"), round(used, 1).into());
-    }
+    cores.record(prefix, results);
 
     let (mut granted, mut failures, mut busy) = (Vec::new(), 0usize, 0u32);
     let mut first_failure = None;

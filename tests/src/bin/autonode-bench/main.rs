@@ -86,8 +86,10 @@ async fn main() -> Result<()> {
         options.agent.display()
     );
     let open_files = measure::raise_open_files().context("raising the open-files limit")?;
+    autonode_tests::kube::controlplane::set_controller_manager_qps(options.kcm_qps);
     let mut results = Map::new();
     results.insert("open_files_limit".into(), open_files.into());
+    results.insert("kcm_qps".into(), options.kcm_qps.into());
     let started = Instant::now();
 
     if options.joins > 0 {

@@ -2,8 +2,9 @@
 //! memory, percentiles, and the machine the figures come from.
 
 use anyhow::{Context, Result};
+use autonode_tests::kube::controlplane::ControlPlane;
 use autonode_tests::server::world::World;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -87,6 +88,39 @@ pub(crate) fn cpu_seconds(pid: u32) -> Result<f64> {
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { nix::libc::sysconf(nix::libc::_SC_CLK_TCK) }.max(1) as f64;
     Ok(ticks as f64 / hz)
+}
+
+/// The CPU the control plane's processes (etcd, kube-apiserver,
+/// kube-controller-manager) and the bench itself (the callers' side:
+/// agents' requests, their TLS, attackers) use over a span: where the
+/// machine's cores went beside the server's.
+pub(crate) struct Cores {
+    pids: [(&'static str, u32); 4],
+    before: [f64; 4],
+}
+
+impl Cores {
+    /// From now, for the processes of `cp` and this one.
+    pub(crate) fn from_now(cp: &ControlPlane) -> Self {
+        let [etcd, apiserver, kcm] = cp.pids();
+        let pids = [
+            ("etcd", etcd),
+            ("apiserver", apiserver),
+            ("kcm", kcm),
+            ("bench", std::process::id()),
+        ];
+        let before = pids.map(|(_, pid)| cpu_seconds(pid).unwrap_or(0.0));
+        Cores { pids, before }
+    }
+
+    /// Records each one's CPU seconds since [`Cores::from_now`] as
+    /// `{prefix}_{name}_cpu_s`.
+    pub(crate) fn record(&self, prefix: &str, results: &mut Map<String, Value>) {
+        for ((name, pid), before) in self.pids.iter().zip(self.before) {
+            let used = cpu_seconds(*pid).unwrap_or(before) - before;
+            results.insert(format!("{prefix}_{name}_cpu_s"), round(used, 1).into());
+        }
+    }
 }
 
 /// nproc, CPU model and memory of this machine.

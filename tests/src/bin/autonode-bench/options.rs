@@ -8,7 +8,7 @@ use std::time::Duration;
 
 pub(crate) const USAGE: &str =
     "usage: autonode-bench [--joins N] [--bare N] [--burst N] [--hostile-burst N] \
-[--burst-large N] [--stock N] [--fleet N,N..] [--attested N] [--renewal-wave N] [--renewal-wave-stock N] [--warmup N] [--ignition-kib N] [--agent PATH] [--identity FILE] [--out FILE]
+[--burst-large N] [--stock N] [--fleet N,N..] [--attested N] [--renewal-wave N] [--renewal-wave-stock N] [--warmup N] [--ignition-kib N] [--kcm-qps N] [--agent PATH] [--identity FILE] [--out FILE]
 
   --joins N        agent joins one at a time (100; 0 with --bare 0: none)
   --bare N         bare kubelet CSRs and join's writes alone, interleaved (100)
@@ -26,7 +26,11 @@ pub(crate) const USAGE: &str =
                    approved by the server (0: none)
   --renewal-wave-stock N  the same for N nodes the stock way (kcm's client
                    approver at its default limits, a one-worker serving
-                   approver), after the wave (1000, at most N; 0: none)";
+                   approver), after the wave (1000, at most N; 0: none)
+  --kcm-qps N      kube-controller-manager's client limit, requests a second
+                   (burst twice that), where the control plane raises it
+                   from the default: its CSR signer signs at most N
+                   certificates a second, for either path (100)";
 
 /// Agent runs and bare CSRs not counted, to warm connections and caches.
 pub(crate) const WARMUP: usize = 3;
@@ -53,6 +57,8 @@ pub(crate) struct Options {
     /// For the joins one at a time: a base Ignition layer of this many KiB
     /// (`--base-ignition`), or none (0).
     pub(crate) ignition_kib: usize,
+    /// kube-controller-manager's client limit (`--kcm-qps`).
+    pub(crate) kcm_qps: u32,
     pub(crate) agent: PathBuf,
     pub(crate) identity: Option<PathBuf>,
     pub(crate) out: PathBuf,
@@ -73,6 +79,7 @@ impl Options {
             renewal_wave_stock: 1000,
             warmup: WARMUP,
             ignition_kib: 0,
+            kcm_qps: 100,
             agent: node::agent_binary()?,
             identity: None,
             out: PathBuf::from("target/bench/results.json"),
@@ -98,6 +105,7 @@ impl Options {
                 "--renewal-wave-stock" => options.renewal_wave_stock = value()?.parse()?,
                 "--warmup" => options.warmup = value()?.parse()?,
                 "--ignition-kib" => options.ignition_kib = value()?.parse()?,
+                "--kcm-qps" => options.kcm_qps = value()?.parse()?,
                 "--agent" => options.agent = value()?.into(),
                 "--identity" => options.identity = Some(value()?.into()),
                 "--out" => options.out = value()?.into(),

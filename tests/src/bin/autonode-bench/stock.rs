@@ -13,7 +13,7 @@
 //! the stock path's favour too.
 
 use crate::floor::{again, approve, bench_csr, Signatures};
-use crate::measure::{ms, percentile, round};
+use crate::measure::{ms, percentile, round, Cores};
 use anyhow::{Context, Result};
 use autonode_shared::csr::Purpose;
 use autonode_tests::callers::joiner::CsrShape;
@@ -59,6 +59,7 @@ pub(crate) async fn burst(count: usize, results: &mut Map<String, Value>) -> Res
     let retried = Arc::new(AtomicU64::new(0));
     tokio::time::sleep(Duration::from_secs(1)).await;
 
+    let cores = Cores::from_now(&cp);
     let started = Instant::now();
     let runs = machines.into_iter().map(|(machine, node)| {
         let (bootstrap, node) = (Api::all(bootstrap.clone()), Api::all(node));
@@ -72,6 +73,7 @@ pub(crate) async fn burst(count: usize, results: &mut Map<String, Value>) -> Res
     });
     let outcomes = futures::future::join_all(runs).await;
     let seconds = started.elapsed().as_secs_f64();
+    cores.record("bare_bootstrap_burst", results);
     let (mut done, mut failures) = (Vec::new(), 0usize);
     for outcome in outcomes {
         match outcome? {

@@ -33,7 +33,7 @@
 
 use crate::burst::{machines, JoinClient, Machine};
 use crate::floor::{again, approve, bench_csr, BARE_LABEL};
-use crate::measure::{cpu_seconds, keep_logs, ms, percentile, round, vm_hwm_bytes};
+use crate::measure::{cpu_seconds, keep_logs, ms, percentile, round, vm_hwm_bytes, Cores};
 use crate::options::BURST_DEADLINE;
 use crate::requests;
 use anyhow::{Context, Result};
@@ -148,8 +148,7 @@ async fn autonode_wave(count: usize, results: &mut Map<String, Value>) -> Result
     let rejected_before = apf_rejected(&admin).await?;
     let pid = world.server.pid();
     let cpu_before = cpu_seconds(pid)?;
-    let cp_pids = world.cp.pids();
-    let cp_before = cp_pids.map(|p| cpu_seconds(p).unwrap_or(0.0));
+    let cores = Cores::from_now(&world.cp);
     let ec2_before = world.ec2.calls();
     let retried = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
@@ -157,14 +156,7 @@ async fn autonode_wave(count: usize, results: &mut Map<String, Value>) -> Result
     let outcome = seen.until_approved(&names, started).await;
     let server_cpu = cpu_seconds(pid)? - cpu_before;
     let ec2_calls = world.ec2.calls() - ec2_before;
-    for ((name, pid), before) in ["etcd", "apiserver", "kcm"]
-        .iter()
-        .zip(cp_pids)
-        .zip(cp_before)
-    {
-        let used = cpu_seconds(pid).unwrap_or(before) - before;
-        results.insert(format!("renewal_wave_{name}_cpu_s"), round(used, 1).into());
-    }
+    cores.record("renewal_wave", results);
     let created = created.await??;
     let failed = names.len() - created.times.len();
     let waited = seen.since_created(&created.times, started);
