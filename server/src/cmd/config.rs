@@ -51,6 +51,22 @@ pub struct ServeArgs {
     #[arg(long, env = "AUTONODE_CLUSTER_CA_FILE")]
     pub cluster_ca_file: Option<PathBuf>,
 
+    /// Requests the server has in flight to the guest cluster's API server
+    /// at once, watches apart; more wait their turn in order of arrival.
+    /// The server's client speaks HTTP/1.1, a connection (and a TLS
+    /// handshake on both sides) for each request in flight: without a
+    /// bound a burst of joins opened hundreds, which the API server answers
+    /// no faster than it has cores (docs/benchmarks.md, "Issue 51, eighth
+    /// step"). Raise it for an API server with many cores and a high
+    /// --max-mutating-requests-inflight.
+    #[arg(
+        long,
+        env = "AUTONODE_KUBE_API_IN_FLIGHT",
+        default_value = "64",
+        value_parser = clap::value_parser!(u16).range(1..)
+    )]
+    pub kube_api_in_flight: u16,
+
     /// AWS accounts whose instances may join (comma-separated). Empty
     /// refuses everyone.
     #[arg(

@@ -15,6 +15,7 @@ use autonode_server::join::render::ClusterSettings;
 use autonode_server::join::{ClusterInfo, JoinContext};
 use autonode_server::kube::budget::{self, Budget};
 use autonode_server::kube::events::Events;
+use autonode_server::kube::in_flight::InFlightLayer;
 use autonode_server::kube::issuer::Issuer;
 use autonode_server::kube::metrics::Metrics;
 use autonode_server::kube::nodeclaim::NodeClaims;
@@ -277,8 +278,11 @@ async fn guest_cluster(args: &ServeArgs) -> Result<(kube::Client, kube::Config, 
         None => kubeconfig_ca(&config)
             .context("the kubeconfig has no CA data; pass --cluster-ca-file")?,
     };
-    let client =
-        kube::Client::try_from(config.clone()).context("building the guest cluster client")?;
+    let in_flight = InFlightLayer::new(args.kube_api_in_flight.into());
+    let client = kube::client::ClientBuilder::try_from(config.clone())
+        .context("building the guest cluster client")?
+        .with_layer(&in_flight)
+        .build();
     let settings = ClusterSettings {
         cluster_dns: args.cluster_dns.clone(),
         cluster_domain: args.cluster_domain.clone(),

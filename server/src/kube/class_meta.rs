@@ -178,7 +178,22 @@ fn kept_annotation(key: &str, value: &str) -> Option<String> {
 fn read_annotations<'de, D: Deserializer<'de>>(
     from: D,
 ) -> Result<Option<BTreeMap<String, String>>, D::Error> {
-    struct Annotations;
+    let read = |key: &str| ANNOTATIONS.iter().any(|(name, _)| *name == key);
+    read_kept_annotations(from, read, |key, value| kept_annotation(key, &value))
+}
+
+/// Reads a map of annotations, keeping those whose key `read` names, as
+/// `kept` keeps them (`None`: not at all); serde steps over every other
+/// value without building it.
+pub fn read_kept_annotations<'de, D: Deserializer<'de>>(
+    from: D,
+    read: fn(&str) -> bool,
+    kept: fn(&str, String) -> Option<String>,
+) -> Result<Option<BTreeMap<String, String>>, D::Error> {
+    struct Annotations {
+        read: fn(&str) -> bool,
+        kept: fn(&str, String) -> Option<String>,
+    }
     impl<'de> Visitor<'de> for Annotations {
         type Value = Option<BTreeMap<String, String>>;
         fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -188,21 +203,20 @@ fn read_annotations<'de, D: Deserializer<'de>>(
             Ok(None)
         }
         fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-            let mut kept = BTreeMap::new();
+            let mut annotations = BTreeMap::new();
             while let Some(key) = map.next_key::<String>()? {
-                if ANNOTATIONS.iter().any(|(name, _)| *name == key) {
-                    let value: String = map.next_value()?;
-                    if let Some(value) = kept_annotation(&key, &value) {
-                        kept.insert(key, value);
+                if (self.read)(&key) {
+                    if let Some(value) = (self.kept)(&key, map.next_value()?) {
+                        annotations.insert(key, value);
                     }
                 } else {
                     map.next_value::<IgnoredAny>()?;
                 }
             }
-            Ok(Some(kept))
+            Ok(Some(annotations))
         }
     }
-    from.deserialize_any(Annotations)
+    from.deserialize_any(Annotations { read, kept })
 }
 
 /// One managedFields entry, its tree cut to [`KEPT_FIELDS`].

@@ -17,6 +17,8 @@ pub const UNREGISTERED_TAINT: &str = "karpenter.sh/unregistered";
 /// `karpenter.sh/v1` NodeClaim.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 pub struct NodeClaim {
+    /// What autonode reads of it (see [`super::claim_meta`]).
+    #[serde(deserialize_with = "super::claim_meta::read_meta")]
     pub metadata: ObjectMeta,
     #[serde(default)]
     pub spec: NodeClaimSpec,
