@@ -9,6 +9,16 @@ mod cmd;
 
 use cmd::{config, identity, ignition, render_userdata, serve};
 
+/// The server allocates with jemalloc, not the C library's malloc: a join
+/// is many small, short-lived allocations (JSON, TLS records, Kubernetes
+/// objects) across the runtime's threads, and glibc's malloc was a fifth
+/// of the server's CPU in a burst. jemalloc took a tenth off the server's
+/// CPU a join at the same peak memory (docs/benchmarks.md, "Issue 51, ninth
+/// step"). Its symbols are prefixed, so only Rust's allocations use it;
+/// `_RJEM_MALLOC_CONF` tunes it (docs/operations.md).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// Decides which EC2 instances become nodes of this cluster, approves their
 /// certificates and serves their configuration.
 #[derive(Debug, Parser)]

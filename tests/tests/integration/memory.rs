@@ -36,11 +36,13 @@ const CSRS: usize = 300;
 /// Of annotations on each: most of the API server's 256 KiB limit.
 const ANNOTATION_BYTES: usize = 200 * 1024;
 /// How much the server may grow over its baseline once it has seen them
-/// all. Measured: +7–8 MiB (39 to 47 MiB); the server before this kept the
-/// CSRs whole and grew by 130 MiB (41 to 171 MiB).
+/// all. Measured: +7–8 MiB (39 to 47 MiB), and +6 MiB (46 to 52) since the
+/// server allocates with jemalloc; the server before this kept the CSRs
+/// whole and grew by 130 MiB (41 to 171 MiB).
 const GROWTH_BOUND: u64 = 32 << 20;
 /// The peak of a replica restarted among them (listing them all again),
-/// over the first one's baseline. Measured: 70–72 MiB, 31–33 over.
+/// over the first one's baseline. Measured: 70–72 MiB, 31–33 over; 51 MiB,
+/// 5 over, with jemalloc.
 const RESTART_BOUND: u64 = 48 << 20;
 
 /// One CSR of the attack: its signer, whether it carries autonode's label,
@@ -271,7 +273,8 @@ const SHIPPED_LIMIT: u64 = 256 << 20;
 /// How much the leader may grow once it keeps them all. Measured: +19–22
 /// MiB (40 to 59, 41 to 62 MiB), most of it what the allocator keeps of
 /// the pages and watch events parsed; a replica restarted among them
-/// peaked at 73 MiB. The server before kept every class whole,
+/// peaked at 73 MiB. With jemalloc: +8 MiB (44 to 52), peaks of 54 and 50
+/// MiB. The server before kept every class whole,
 /// managedFields included: 8 such classes took it from 41 to 162 MiB.
 const CLASS_GROWTH_BOUND: u64 = 32 << 20;
 
